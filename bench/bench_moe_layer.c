@@ -1,0 +1,128 @@
+// MoE layer benchmark: forward+backward of the layer vs. the same expert GEMMs alone.
+//
+//   R_layer = median(layer fwd+bwd) / median(its 9 expert GEMMs per expert, cblas_sgemm)
+//
+// The GEMM-only baseline uses the row counts the layer's router produced in the same
+// run, so the ratio is the cost of everything that is not an expert GEMM (router,
+// dispatch, permute, SwiGLU, combine, losses). Threads: OMP_NUM_THREADS /
+// OPENBLAS_NUM_THREADS from the environment (scripts/bench_moe_layer sets both).
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "layers/moe.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void fill_normal(float *x, size_t n, float std, unsigned *seed) {
+    for (size_t i = 0; i < n; i += 2) {
+        double u1 = (rand_r(seed) + 1.0) / (RAND_MAX + 2.0), u2 = rand_r(seed) / (RAND_MAX + 1.0);
+        double r = sqrt(-2 * log(u1));
+        x[i] = (float)(std * r * cos(6.283185307179586 * u2));
+        if (i + 1 < n) x[i + 1] = (float)(std * r * sin(6.283185307179586 * u2));
+    }
+}
+
+// The 9 GEMMs of the experts' forward and backward, one cblas call each per expert.
+static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float *h1, float *h3,
+                         float *act, float *ye, float *dye, float *dact, float *dh1, float *dh3,
+                         float *dxp, const float *w1, const float *w3, const float *w2,
+                         float *dw1, float *dw3, float *dw2) {
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        size_t r = off[e];
+        const float *W1 = w1 + (size_t)e * ff * d, *W3 = w3 + (size_t)e * ff * d,
+                    *W2 = w2 + (size_t)e * d * ff;
+        float *D1 = dw1 + (size_t)e * ff * d, *D3 = dw3 + (size_t)e * ff * d,
+              *D2 = dw2 + (size_t)e * d * ff;
+        // forward: h1 = x W1^T, h3 = x W3^T, ye = act W2^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, ff, d, 1, xp + r * d, d, W1, d, 0, h1 + r * ff, ff);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, ff, d, 1, xp + r * d, d, W3, d, 0, h3 + r * ff, ff);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d, ff, 1, act + r * ff, ff, W2, ff, 0, ye + r * d, d);
+        // backward
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, ff, n, 1, dye + r * d, d, act + r * ff, ff, 1, D2, ff);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, ff, d, 1, dye + r * d, d, W2, ff, 0, dact + r * ff, ff);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ff, d, n, 1, dh1 + r * ff, ff, xp + r * d, d, 1, D1, d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ff, d, n, 1, dh3 + r * ff, ff, xp + r * d, d, 1, D3, d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, ff, 1, dh1 + r * ff, ff, W1, d, 0, dxp + r * d, d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, ff, 1, dh3 + r * ff, ff, W3, d, 1, dxp + r * d, d);
+    }
+}
+
+int main(int argc, char **argv) {
+    int T = 4096, d = 512, ff = 1408, E = 8, k = 2, reps = 7, warmup = 2, json = 0;
+    for (int i = 1; i < argc; i++) {
+        int more = i + 1 < argc;
+        if (!strcmp(argv[i], "--T") && more) T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--d") && more) d = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ff") && more) ff = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--E") && more) E = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--k") && more) k = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && more) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && more) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else moe_fatal("bench_moe_layer: unknown argument '%s' (--T --d --ff --E --k --reps --warmup --json)", argv[i]);
+    }
+    if (reps < 1 || reps > 1000) moe_fatal("bench_moe_layer: --reps must be in [1, 1000]");
+    moe_config cfg = moe_config_default(d, ff, E, k);
+    moe_layer L;
+    if (moe_layer_init(&L, moe_backend_cpu(), &cfg, T)) moe_fatal("%s", moe_last_error());
+
+    size_t nw = moe_weights_count(&cfg), nx = (size_t)T * d;
+    float *params = malloc(nw * sizeof(float)), *grads = calloc(nw, sizeof(float));
+    float *x = malloc(nx * sizeof(float)), *dout = malloc(nx * sizeof(float));
+    float *y = malloc(nx * sizeof(float)), *dx = calloc(nx, sizeof(float));
+    unsigned seed = 1234;
+    moe_weights w, g;
+    moe_weights_view(&w, params, &cfg);
+    moe_weights_view(&g, grads, &cfg);
+    fill_normal(params, nw, 0.02f, &seed);
+    fill_normal(x, nx, 1, &seed);
+    fill_normal(dout, nx, 1, &seed);
+
+    double *t_layer = malloc(reps * sizeof(double)), *t_gemm = malloc(reps * sizeof(double));
+    moe_stats st = {0};
+    for (int i = 0; i < warmup + reps; i++) {
+        double t0 = now();
+        if (moe_layer_forward(&L, y, x, &w, T, 1, &st)) moe_fatal("%s", moe_last_error());
+        if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
+        double t1 = now();
+        // the same expert GEMMs on the layer's own buffers and row counts
+        expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h1, L.h3, L.act, L.ye, L.dye, L.dact,
+                     L.dh1, L.dh3, L.dxp, w.w1, w.w3, w.w2, g.w1, g.w3, g.w2);
+        double t2 = now();
+        if (i >= warmup) t_layer[i - warmup] = t1 - t0, t_gemm[i - warmup] = t2 - t1;
+    }
+    double ml = median(t_layer, reps), mg = median(t_gemm, reps);
+    double flops = 9.0 * 2.0 * (double)T * k * d * ff; // dropless: N = T*k rows
+    if (json)
+        printf("{\"impl\":\"moe.c\",\"T\":%d,\"d\":%d,\"ff\":%d,\"E\":%d,\"k\":%d,"
+               "\"layer_median_s\":%.6f,\"gemm_median_s\":%.6f,\"R_layer\":%.4f,"
+               "\"gemm_gflops\":%.2f,\"max_over_mean\":%.4f}\n",
+               T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-9, st.max_over_mean);
+    else
+        printf("T=%d d=%d ff=%d E=%d k=%d: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
+               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f\n",
+               T, d, ff, E, k, ml, mg, flops / mg * 1e-9, ml / mg, st.max_over_mean);
+    moe_layer_free(&L);
+    free(params), free(grads), free(x), free(dout), free(y), free(dx), free(t_layer), free(t_gemm);
+    return 0;
+}

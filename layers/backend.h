@@ -1,0 +1,123 @@
+// The kernel interface: one table of function pointers that every layer calls.
+//
+// The CPU implementation (layers/cpu/, OpenMP + OpenBLAS) is the reference; a CUDA
+// implementation (cuda/) fills the same table with kernels of the same names and
+// argument order, and is tested op by op against the CPU one.
+//
+// Conventions (llm.c style): outputs first, then inputs, then sizes.
+// Matrices are row-major. `y = x W^T` with W stored [out, in].
+// All pointers are device pointers of the backend unless the comment says "host".
+// Integer index arrays are `int` (32-bit); sizes fit comfortably (T*k*d < 2^31).
+// "+=" in a comment means the kernel accumulates into its output.
+#ifndef MOE_BACKEND_H
+#define MOE_BACKEND_H
+
+#include <stddef.h>
+
+#include "layers/real.h"
+
+// How an expert that receives more than `capacity` assignments picks the ones it keeps.
+typedef enum {
+    MOE_DROP_PROBS = 0,    // keep the largest combine weights (ties: earlier token)
+    MOE_DROP_POSITION = 1, // keep the first ones in token order
+} moe_drop_policy;
+
+typedef struct moe_backend {
+    const char *name;
+
+    // ---- memory ---------------------------------------------------------
+    void *(*alloc)(size_t bytes); // zero-filled; NULL on failure
+    void (*free)(void *ptr);
+    void (*copy_to_device)(void *dst, const void *host_src, size_t bytes);
+    void (*copy_to_host)(void *host_dst, const void *src, size_t bytes);
+    void (*zero)(void *ptr, size_t bytes);
+
+    // ---- dense GEMM -----------------------------------------------------
+    // c[m,n] = op(a) @ op(b) + beta * c, op(a) is [m,kd], op(b) is [kd,n].
+    // a is stored [m,kd] (or [kd,m] if trans_a); b is stored [kd,n] (or [n,kd] if trans_b).
+    void (*matmul)(real *c, const real *a, const real *b, int m, int n, int kd,
+                   int trans_a, int trans_b, real beta);
+
+    // ---- grouped expert GEMMs --------------------------------------------
+    // Rows are grouped by expert: expert e owns rows [offsets[e], offsets[e+1]).
+    // `offsets` is a HOST array of n_experts+1 ints. weight is [E, n_out, n_in].
+    // out[r,:] = inp[r,:] @ weight[e]^T            out [N, n_out], inp [N, n_in]
+    void (*expert_matmul_forward)(real *out, const real *inp, const real *weight,
+                                  const int *offsets, int n_experts, int n_out, int n_in);
+    // dinp[r,:] (= or +=) dout[r,:] @ weight[e]     dinp [N, n_in], dout [N, n_out]
+    void (*expert_matmul_backward_input)(real *dinp, const real *dout, const real *weight,
+                                         const int *offsets, int n_experts, int n_out,
+                                         int n_in, int accumulate);
+    // dweight[e] += dout[rows_e]^T @ inp[rows_e]    dweight [E, n_out, n_in]
+    void (*expert_matmul_backward_weight)(real *dweight, const real *dout, const real *inp,
+                                          const int *offsets, int n_experts, int n_out,
+                                          int n_in);
+
+    // ---- router ----------------------------------------------------------
+    // p = softmax(logits) per token, lse = logsumexp(logits); top-k of p in descending
+    // order (ties: lower expert index first); weights = p_sel / sum(p_sel) when
+    // norm_topk_prob, else p_sel.
+    // probs [T,E], lse [T], topk_idx [T,k], weights [T,k]; logits [T,E]
+    void (*router_softmax_topk)(real *probs, real *lse, int *topk_idx, real *weights,
+                                const real *logits, int T, int E, int k, int norm_topk_prob);
+
+    // counts[e] = number of top-k assignments to expert e.   counts [E]; topk_idx [T,k]
+    void (*moe_dispatch_counts)(int *counts, const int *topk_idx, int T, int k, int E);
+
+    // keep[t,j] = 1 if assignment (t,j) survives the capacity limit, else 0.
+    // capacity <= 0 keeps everything. scratch [2*T*k] ints.
+    void (*moe_capacity_keep)(int *keep, int *scratch, const int *topk_idx,
+                              const real *weights, const int *counts, int T, int k, int E,
+                              int capacity, moe_drop_policy policy);
+
+    // Groups kept assignments by expert, in token order within an expert:
+    // offsets[e] = first row of expert e (offsets[E] = rows in all),
+    // assign_row[t,j] = row of assignment (t,j) or -1 if dropped, row_token[row] = t.
+    // offsets [E+1]; assign_row [T,k]; row_token [T*k] (first offsets[E] used)
+    void (*moe_permute_index)(int *offsets, int *assign_row, int *row_token,
+                              const int *topk_idx, const int *keep, int T, int k, int E);
+
+    // ---- data movement ---------------------------------------------------
+    // xp[r,:] = x[row_token[r],:]                          xp [N,d]; x [T,d]
+    void (*moe_permute)(real *xp, const real *x, const int *row_token, int N, int d);
+    // out[t,:] = sum_j weights[t,j] * y[assign_row[t,j],:] (kept only)   out [T,d]; y [N,d]
+    void (*moe_combine_forward)(real *out, const real *y, const real *weights,
+                                const int *assign_row, int T, int k, int d);
+    // dy[r,:] = weights[t,j] * dout[t,:]; dweights[t,j] = dout[t,:] . y[r,:] (0 if dropped)
+    void (*moe_combine_backward)(real *dy, real *dweights, const real *dout, const real *y,
+                                 const real *weights, const int *assign_row, int T, int k,
+                                 int d);
+    // dx[t,:] += sum_j dxp[assign_row[t,j],:] (kept only)     dx [T,d]; dxp [N,d]
+    void (*moe_unpermute_add)(real *dx, const real *dxp, const int *assign_row, int T, int k,
+                              int d);
+
+    // ---- SwiGLU ----------------------------------------------------------
+    // act = silu(h1) * h3, silu(a) = a * sigmoid(a)            all [n]
+    void (*swiglu_forward)(real *act, const real *h1, const real *h3, size_t n);
+    // dh1 = dact * h3 * silu'(h1), dh3 = dact * silu(h1),
+    // silu'(a) = s * (1 + a * (1 - s)), s = sigmoid(a)
+    void (*swiglu_backward)(real *dh1, real *dh3, const real *dact, const real *h1,
+                            const real *h3, size_t n);
+
+    // ---- router losses ---------------------------------------------------
+    // out[0] = L_aux = aux_coef * E * sum_e f_e P_e,  f_e = counts[e]/(k*T), P_e = mean_t p_e
+    // out[1] = L_z   = z_coef * mean_t lse(t)^2
+    // out[2] = mean router entropy = mean_t -sum_e p_e log p_e
+    void (*router_losses)(real *out, const real *probs, const real *lse, const int *counts,
+                          int T, int E, int k, real aux_coef, real z_coef);
+
+    // Gradient of the layer's loss w.r.t. the router logits:
+    //   dp[t,sel_j] from dweights through the (optional) top-k renormalisation,
+    //   + dloss * aux_coef*E*f_e/T (aux, through P only), then softmax backward,
+    //   + dloss * (2*z_coef/T) * lse(t) * p_e(t) (z-loss).
+    // dlogits [T,E] (written); dweights [T,k]; probs [T,E]; lse [T]; topk_idx, weights [T,k]
+    void (*router_backward)(real *dlogits, const real *dweights, const real *probs,
+                            const real *lse, const int *topk_idx, const real *weights,
+                            const int *counts, int T, int E, int k, int norm_topk_prob,
+                            real aux_coef, real z_coef, real dloss);
+} moe_backend;
+
+// The CPU reference backend (always built).
+const moe_backend *moe_backend_cpu(void);
+
+#endif

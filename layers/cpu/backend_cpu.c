@@ -1,0 +1,41 @@
+// The CPU backend table: host memory and the reference kernels.
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/cpu/cpu_kernels.h"
+
+static void *cpu_alloc(size_t bytes) { return calloc(1, bytes ? bytes : 1); }
+static void cpu_free(void *ptr) { free(ptr); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+}
+static void cpu_zero(void *ptr, size_t bytes) {
+    if (bytes) memset(ptr, 0, bytes);
+}
+
+static const moe_backend cpu_backend = {
+    .name = "cpu-" MOE_REAL_NAME,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_to_device = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .zero = cpu_zero,
+    .matmul = cpu_matmul,
+    .expert_matmul_forward = cpu_expert_matmul_forward,
+    .expert_matmul_backward_input = cpu_expert_matmul_backward_input,
+    .expert_matmul_backward_weight = cpu_expert_matmul_backward_weight,
+    .router_softmax_topk = cpu_router_softmax_topk,
+    .moe_dispatch_counts = cpu_moe_dispatch_counts,
+    .moe_capacity_keep = cpu_moe_capacity_keep,
+    .moe_permute_index = cpu_moe_permute_index,
+    .moe_permute = cpu_moe_permute,
+    .moe_combine_forward = cpu_moe_combine_forward,
+    .moe_combine_backward = cpu_moe_combine_backward,
+    .moe_unpermute_add = cpu_moe_unpermute_add,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .router_losses = cpu_router_losses,
+    .router_backward = cpu_router_backward,
+};
+
+const moe_backend *moe_backend_cpu(void) { return &cpu_backend; }

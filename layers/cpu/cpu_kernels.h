@@ -1,0 +1,51 @@
+// The CPU kernels: the reference implementation of layers/backend.h.
+// Each function here has the contract written next to its pointer in backend.h.
+#ifndef MOE_CPU_KERNELS_H
+#define MOE_CPU_KERNELS_H
+
+#include "layers/backend.h"
+
+// gemm.c
+void cpu_matmul(real *c, const real *a, const real *b, int m, int n, int kd, int trans_a,
+                int trans_b, real beta);
+void cpu_expert_matmul_forward(real *out, const real *inp, const real *weight,
+                               const int *offsets, int n_experts, int n_out, int n_in);
+void cpu_expert_matmul_backward_input(real *dinp, const real *dout, const real *weight,
+                                      const int *offsets, int n_experts, int n_out, int n_in,
+                                      int accumulate);
+void cpu_expert_matmul_backward_weight(real *dweight, const real *dout, const real *inp,
+                                       const int *offsets, int n_experts, int n_out, int n_in);
+
+// router.c
+void cpu_router_softmax_topk(real *probs, real *lse, int *topk_idx, real *weights,
+                             const real *logits, int T, int E, int k, int norm_topk_prob);
+void cpu_router_backward(real *dlogits, const real *dweights, const real *probs,
+                         const real *lse, const int *topk_idx, const real *weights,
+                         const int *counts, int T, int E, int k, int norm_topk_prob,
+                         real aux_coef, real z_coef, real dloss);
+
+// dispatch.c
+void cpu_moe_dispatch_counts(int *counts, const int *topk_idx, int T, int k, int E);
+void cpu_moe_capacity_keep(int *keep, int *scratch, const int *topk_idx, const real *weights,
+                           const int *counts, int T, int k, int E, int capacity,
+                           moe_drop_policy policy);
+void cpu_moe_permute_index(int *offsets, int *assign_row, int *row_token, const int *topk_idx,
+                           const int *keep, int T, int k, int E);
+void cpu_moe_permute(real *xp, const real *x, const int *row_token, int N, int d);
+void cpu_moe_combine_forward(real *out, const real *y, const real *weights,
+                             const int *assign_row, int T, int k, int d);
+void cpu_moe_combine_backward(real *dy, real *dweights, const real *dout, const real *y,
+                              const real *weights, const int *assign_row, int T, int k, int d);
+void cpu_moe_unpermute_add(real *dx, const real *dxp, const int *assign_row, int T, int k,
+                           int d);
+
+// expert.c
+void cpu_swiglu_forward(real *act, const real *h1, const real *h3, size_t n);
+void cpu_swiglu_backward(real *dh1, real *dh3, const real *dact, const real *h1,
+                         const real *h3, size_t n);
+
+// losses.c
+void cpu_router_losses(real *out, const real *probs, const real *lse, const int *counts,
+                       int T, int E, int k, real aux_coef, real z_coef);
+
+#endif

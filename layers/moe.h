@@ -1,0 +1,120 @@
+// The MoE layer (DESIGN.md §3): router -> capacity/drop -> permute -> experts (SwiGLU)
+// -> combine, with the load-balancing aux loss and the router z-loss.
+//
+// The layer is host-side orchestration: it calls the kernels of a moe_backend and
+// never loops over floats itself, so the same code runs on every backend.
+//
+//   out = moe_layer_forward(inp)            inp, out [T, d]
+//   loss contribution of the layer = L_aux + L_z (returned in moe_stats)
+//   moe_layer_backward accumulates (+=) into dinp and every weight gradient.
+#ifndef MOE_LAYER_H
+#define MOE_LAYER_H
+
+#include "layers/backend.h"
+#include "layers/status.h"
+
+typedef struct {
+    int d_model;            // d
+    int d_ff;               // ff, the expert hidden size
+    int n_experts;          // E
+    int top_k;              // k, 1 <= k <= E
+    int norm_topk_prob;     // 1: combine weights renormalised over the k selected (Mixtral)
+    double capacity_factor; // <= 0: dropless; else C = ceil((T*k/E) * capacity_factor)
+    moe_drop_policy drop_policy;
+    double aux_coef;        // load-balancing loss coefficient (>= 0)
+    double z_coef;          // router z-loss coefficient (>= 0)
+} moe_config;
+
+// Defaults: Mixtral routing, dropless, aux 0.01, z 0.001.
+moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k);
+
+// Checks every field against its contract; MOE_EINVAL with a message naming the field.
+moe_status moe_config_check(const moe_config *cfg);
+
+// The expert capacity per group of T tokens, 0 meaning "no limit" (dropless).
+// C = ceil((T*k / E) * capacity_factor), evaluated in double in that order (Megatron).
+int moe_capacity(const moe_config *cfg, int T);
+
+// Views of one MoE layer's weights (or of their gradients) in a flat buffer.
+typedef struct {
+    real *gate; // [E, d]       router
+    real *w1;   // [E, ff, d]   gate projection  (HF experts.J.w1)
+    real *w3;   // [E, ff, d]   up projection    (HF experts.J.w3)
+    real *w2;   // [E, d, ff]   down projection  (HF experts.J.w2)
+} moe_weights;
+
+// Number of reals in one layer's weights, in the order gate, w1, w3, w2.
+size_t moe_weights_count(const moe_config *cfg);
+// Points w at consecutive slices of buf (moe_weights_count(cfg) reals).
+void moe_weights_view(moe_weights *w, real *buf, const moe_config *cfg);
+
+// Load statistics of the last forward (host memory, owned by the layer).
+typedef struct {
+    int tokens;           // T
+    int capacity;         // C, 0 when dropless
+    const int *routed;    // [E] top-k assignments per expert, before dropping
+    const int *kept;      // [E] assignments per expert after dropping
+    long dropped;         // assignments dropped in all
+    double max_over_mean; // max_e routed / mean_e routed
+    double cv;            // std_e routed / mean_e routed (population std)
+    double entropy;       // mean over tokens of the router entropy -sum_e p log p (nats)
+    double aux;           // L_aux (already times aux_coef; HF's helper reports k times this)
+    double z;             // L_z (already times z_coef)
+} moe_stats;
+
+// Host-side summary of per-expert counts; shared by every backend.
+void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, int E, int T,
+                           int capacity);
+
+typedef struct {
+    moe_config cfg;
+    const moe_backend *be;
+    int max_tokens;
+    int last_tokens; // T of the last forward
+    // forward activations (device memory of the backend), shapes for T tokens, N <= T*k rows
+    real *logits;     // [T, E]
+    real *probs;      // [T, E]
+    real *lse;        // [T]
+    int *topk_idx;    // [T, k]
+    real *weights;    // [T, k]  combine weights before dropping
+    int *keep;        // [T, k]
+    int *assign_row;  // [T, k]  row of each assignment in the grouped order, -1 if dropped
+    int *row_token;   // [T*k]   token of each grouped row
+    int *scratch;     // [2*T*k] capacity-decision scratch
+    int *counts;      // [2E+1]  routed counts [E], then row offsets [E+1]
+    real *xp;         // [N, d]  permuted inputs
+    real *h1, *h3;    // [N, ff] w1 and w3 projections
+    real *act;        // [N, ff] silu(h1) * h3
+    real *ye;         // [N, d]  expert outputs
+    real *losses;     // [3]     aux, z, entropy
+    // backward scratch
+    real *dlogits;    // [T, E]
+    real *dweights;   // [T, k]
+    real *dye;        // [N, d]
+    real *dact, *dh1, *dh3; // [N, ff]
+    real *dxp;        // [N, d]
+    // host copies
+    int *host_counts; // [2E+1]  routed counts, then row offsets
+    int *host_kept;   // [E]
+    moe_stats stats;
+} moe_layer;
+
+// Allocates the activation buffers for up to max_tokens tokens per call.
+moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config *cfg,
+                          int max_tokens);
+void moe_layer_free(moe_layer *L);
+
+// out [T, d] = MoE(inp [T, d]). training=0 is inference: never drops.
+// If stats is not NULL it receives the load statistics of this call.
+moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w,
+                             int T, int training, moe_stats *stats);
+
+// Backward of the last forward (same inp and w).
+// dinp [T, d] += dL/dinp, grads += dL/dweights, where
+// L = sum(out * dout) + dloss * (L_aux + L_z); dloss scales the router losses
+// (1 for a single micro-batch, 1/n under gradient accumulation over n).
+moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads,
+                              const real *dout, const real *inp, const moe_weights *w,
+                              double dloss);
+
+#endif

@@ -1,0 +1,25 @@
+// Load statistics from per-expert counts (host side, shared by every backend).
+#include <math.h>
+
+#include "layers/moe.h"
+
+void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, int E, int T,
+                           int capacity) {
+    long total = 0, total_kept = 0;
+    int max_routed = 0;
+    for (int e = 0; e < E; e++) {
+        total += routed[e];
+        total_kept += kept[e];
+        if (routed[e] > max_routed) max_routed = routed[e];
+    }
+    double mean = (double)total / E, var = 0;
+    for (int e = 0; e < E; e++) var += (routed[e] - mean) * (routed[e] - mean);
+    var /= E;
+    st->tokens = T;
+    st->capacity = capacity;
+    st->routed = routed;
+    st->kept = kept;
+    st->dropped = total - total_kept;
+    st->max_over_mean = mean > 0 ? max_routed / mean : 0;
+    st->cv = mean > 0 ? sqrt(var) / mean : 0;
+}

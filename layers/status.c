@@ -1,0 +1,38 @@
+#include "layers/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static _Thread_local char last_error[1024];
+
+moe_status moe_error(moe_status code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *moe_last_error(void) { return last_error; }
+
+const char *moe_status_name(moe_status code) {
+    switch (code) {
+    case MOE_OK: return "ok";
+    case MOE_EINVAL: return "invalid argument";
+    case MOE_ENOMEM: return "out of memory";
+    case MOE_EIO: return "input/output error";
+    case MOE_ENUMERIC: return "non-finite value";
+    }
+    return "unknown status";
+}
+
+void moe_fatal(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("moe: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}

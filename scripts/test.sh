@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing (Debian packages), configures, builds
+# (CPU always; CUDA when nvcc is present) and runs ctest.
+#
+#   scripts/test.sh                 # build/ (Release)
+#   MOE_SANITIZE=ON scripts/test.sh # build-sanitize/ with ASan + UBSan
+#   BUILD_DIR=... CMAKE_ARGS=... scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake pkg-config libconfig-dev libopenblas-dev libcjson-dev
+          libopenmpi-dev openmpi-bin)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+sanitize=${MOE_SANITIZE:-OFF}
+build=${BUILD_DIR:-build}
+[ "$sanitize" = "ON" ] && build=${BUILD_DIR:-build-sanitize}
+cuda=OFF
+command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] && cuda=ON
+if [ "$sanitize" = "ON" ]; then
+  # leak checks stay on; OpenBLAS/OpenMP thread pools are process-lifetime by design
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+fi
+
+cmake -S . -B "$build" -DMOE_CUDA=$cuda -DMOE_SANITIZE=$sanitize ${CMAKE_ARGS:-}
+cmake --build "$build" -j "$(nproc)"
+cd "$build"
+ctest --output-on-failure -j 2

@@ -1,0 +1,78 @@
+// The MoE layer against PyTorch fixtures (scripts/make_fixtures.py): routing decisions
+// exactly, outputs, losses and every gradient at relative error <= 1e-5.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "moe_test_case.h"
+
+#define TOL 1e-5
+
+static void check_ints(const char *what, const int *got, const fixture *fx, const char *name,
+                       size_t n) {
+    const fixture_tensor *t = fixture_get(fx, name, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != (int)t->data[i];
+    char label[96];
+    snprintf(label, sizeof label, "%s equal (%zu differ)", what, bad);
+    check_true(label, bad == 0);
+}
+
+static void check_tensor(const char *name, const real *got, const fixture *fx, size_t n) {
+    check_rel(name, as_double(0, got, n), fixture_get(fx, name, n)->data, n, TOL);
+}
+
+static void check_scalar(const char *name, double got, const fixture *fx) {
+    double want = fixture_double(fx, name);
+    check_rel(name, &got, &want, 1, TOL);
+}
+
+static void run_fixture(const char *path) {
+    fixture fx;
+    fixture_load(&fx, path);
+    moe_case c;
+    moe_case_from_fixture(&c, &fx);
+    const size_t T = c.T, E = c.cfg.n_experts, k = c.cfg.top_k, d = c.cfg.d_model,
+                 ff = c.cfg.d_ff;
+    printf("%s: T=%zu d=%zu ff=%zu E=%zu k=%zu cf=%g policy=%s norm=%d\n", path, T, d, ff, E,
+           k, c.cfg.capacity_factor,
+           c.cfg.drop_policy == MOE_DROP_POSITION ? "position" : "probs",
+           c.cfg.norm_topk_prob);
+    moe_stats st;
+    moe_case_run(&c, &st);
+    const moe_layer *L = &c.layer;
+
+    check_true("capacity", st.capacity == fixture_int(&fx, "capacity"));
+    check_ints("topk_idx", L->topk_idx, &fx, "topk_idx", T * k);
+    int *keep01 = malloc(T * k * sizeof(int));
+    for (size_t i = 0; i < T * k; i++) keep01[i] = L->assign_row[i] >= 0;
+    check_ints("keep", keep01, &fx, "keep", T * k);
+    free(keep01);
+    check_ints("counts", st.routed, &fx, "counts", E);
+    check_ints("kept_counts", st.kept, &fx, "kept_counts", E);
+    check_tensor("probs", L->probs, &fx, T * E);
+    check_tensor("weights", L->weights, &fx, T * k);
+    check_tensor("y", c.y, &fx, T * d);
+    check_scalar("aux", st.aux, &fx);
+    check_scalar("z", st.z, &fx);
+    check_scalar("entropy", st.entropy, &fx);
+    check_tensor("dx", c.dx, &fx, T * d);
+    check_tensor("dgate", c.g.gate, &fx, E * d);
+    check_tensor("dw1", c.g.w1, &fx, E * ff * d);
+    check_tensor("dw3", c.g.w3, &fx, E * ff * d);
+    check_tensor("dw2", c.g.w2, &fx, E * d * ff);
+    printf("  dropped %ld, max/mean %.3f, cv %.3f\n", st.dropped, st.max_over_mean, st.cv);
+
+    moe_case_free(&c);
+    fixture_free(&fx);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s FIXTURE.bin...\n", argv[0]);
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) run_fixture(argv[i]);
+    printf("%d failure(s)\n", test_failures());
+    return test_failures() != 0;
+}
