@@ -40,30 +40,27 @@ static void fill_normal(float *x, size_t n, float std, unsigned *seed) {
     }
 }
 
-// The 9 GEMMs of the experts' forward and backward, one cblas call each per expert.
-static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float *h1, float *h3,
-                         float *act, float *ye, float *dye, float *dact, float *dh1, float *dh3,
-                         float *dxp, const float *w1, const float *w3, const float *w2,
-                         float *dw1, float *dw3, float *dw2) {
+// The expert GEMMs of forward and backward, one cblas call each per expert
+// (w1 and w3 stacked as w13 [2ff, d], as the layer stores them).
+static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float *h13,
+                         float *act, float *ye, float *dye, float *dact, float *dh13,
+                         float *dxp, const float *w13, const float *w2, float *dw13,
+                         float *dw2) {
+    const int f2 = 2 * ff;
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (n == 0) continue;
         size_t r = off[e];
-        const float *W1 = w1 + (size_t)e * ff * d, *W3 = w3 + (size_t)e * ff * d,
-                    *W2 = w2 + (size_t)e * d * ff;
-        float *D1 = dw1 + (size_t)e * ff * d, *D3 = dw3 + (size_t)e * ff * d,
-              *D2 = dw2 + (size_t)e * d * ff;
-        // forward: h1 = x W1^T, h3 = x W3^T, ye = act W2^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, ff, d, 1, xp + r * d, d, W1, d, 0, h1 + r * ff, ff);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, ff, d, 1, xp + r * d, d, W3, d, 0, h3 + r * ff, ff);
+        const float *W13 = w13 + (size_t)e * f2 * d, *W2 = w2 + (size_t)e * d * ff;
+        float *D13 = dw13 + (size_t)e * f2 * d, *D2 = dw2 + (size_t)e * d * ff;
+        // forward: h13 = x W13^T, ye = act W2^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, f2, d, 1, xp + r * d, d, W13, d, 0, h13 + r * f2, f2);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d, ff, 1, act + r * ff, ff, W2, ff, 0, ye + r * d, d);
-        // backward
+        // backward: dW2 += dye^T act, dact = dye W2, dW13 += dh13^T x, dx = dh13 W13
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, ff, n, 1, dye + r * d, d, act + r * ff, ff, 1, D2, ff);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, ff, d, 1, dye + r * d, d, W2, ff, 0, dact + r * ff, ff);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ff, d, n, 1, dh1 + r * ff, ff, xp + r * d, d, 1, D1, d);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ff, d, n, 1, dh3 + r * ff, ff, xp + r * d, d, 1, D3, d);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, ff, 1, dh1 + r * ff, ff, W1, d, 0, dxp + r * d, d);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, ff, 1, dh3 + r * ff, ff, W3, d, 1, dxp + r * d, d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, f2, d, n, 1, dh13 + r * f2, f2, xp + r * d, d, 1, D13, d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, f2, 1, dh13 + r * f2, f2, W13, d, 0, dxp + r * d, d);
     }
 }
 
@@ -106,8 +103,8 @@ int main(int argc, char **argv) {
         if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
         double t1 = now();
         // the same expert GEMMs on the layer's own buffers and row counts
-        expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h1, L.h3, L.act, L.ye, L.dye, L.dact,
-                     L.dh1, L.dh3, L.dxp, w.w1, w.w3, w.w2, g.w1, g.w3, g.w2);
+        expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact,
+                     L.dh13, L.dxp, w.w13, w.w2, g.w13, g.w2);
         double t2 = now();
         if (i >= warmup) t_layer[i - warmup] = t1 - t0, t_gemm[i - warmup] = t2 - t1;
     }

@@ -92,12 +92,12 @@ typedef struct moe_backend {
                               int d);
 
     // ---- SwiGLU ----------------------------------------------------------
-    // act = silu(h1) * h3, silu(a) = a * sigmoid(a)            all [n]
-    void (*swiglu_forward)(real *act, const real *h1, const real *h3, size_t n);
-    // dh1 = dact * h3 * silu'(h1), dh3 = dact * silu(h1),
-    // silu'(a) = s * (1 + a * (1 - s)), s = sigmoid(a)
-    void (*swiglu_backward)(real *dh1, real *dh3, const real *dact, const real *h1,
-                            const real *h3, size_t n);
+    // Rows of h13 [N, 2ff] are [h1 | h3]. act = silu(h1) * h3, silu(a) = a * sigmoid(a).
+    // act [N, ff]; h13 [N, 2ff]
+    void (*swiglu_forward)(real *act, const real *h13, int N, int ff);
+    // dh13 = [dh1 | dh3]: dh1 = dact * h3 * silu'(h1), dh3 = dact * silu(h1),
+    // silu'(a) = s * (1 + a * (1 - s)), s = sigmoid(a).   dh13 [N, 2ff]; dact [N, ff]
+    void (*swiglu_backward)(real *dh13, const real *dact, const real *h13, int N, int ff);
 
     // ---- router losses ---------------------------------------------------
     // out[0] = L_aux = aux_coef * E * sum_e f_e P_e,  f_e = counts[e]/(k*T), P_e = mean_t p_e

@@ -54,15 +54,14 @@ int moe_capacity(const moe_config *cfg, int T) {
 
 size_t moe_weights_count(const moe_config *cfg) {
     size_t E = cfg->n_experts, d = cfg->d_model, ff = cfg->d_ff;
-    return E * d + 3 * E * ff * d;
+    return E * d + 3 * E * ff * d; // gate + w13 + w2
 }
 
 void moe_weights_view(moe_weights *w, real *buf, const moe_config *cfg) {
     size_t E = cfg->n_experts, d = cfg->d_model, ff = cfg->d_ff;
     w->gate = buf;
-    w->w1 = w->gate + E * d;
-    w->w3 = w->w1 + E * ff * d;
-    w->w2 = w->w3 + E * ff * d;
+    w->w13 = w->gate + E * d;
+    w->w2 = w->w13 + E * 2 * ff * d;
 }
 
 // ---- allocation ----------------------------------------------------------------
@@ -95,12 +94,12 @@ moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config 
         {(void **)&L->weights, T * k * R},  {(void **)&L->keep, T * k * I},
         {(void **)&L->assign_row, N * I},   {(void **)&L->row_token, N * I},
         {(void **)&L->scratch, 2 * N * I},  {(void **)&L->counts, (2 * E + 1) * I},
-        {(void **)&L->xp, N * d * R},       {(void **)&L->h1, N * ff * R},
-        {(void **)&L->h3, N * ff * R},      {(void **)&L->act, N * ff * R},
+        {(void **)&L->xp, N * d * R},       {(void **)&L->h13, 2 * N * ff * R},
+        {(void **)&L->act, N * ff * R},
         {(void **)&L->ye, N * d * R},       {(void **)&L->losses, 3 * R},
         {(void **)&L->dlogits, T * E * R},  {(void **)&L->dweights, T * k * R},
         {(void **)&L->dye, N * d * R},      {(void **)&L->dact, N * ff * R},
-        {(void **)&L->dh1, N * ff * R},     {(void **)&L->dh3, N * ff * R},
+        {(void **)&L->dh13, 2 * N * ff * R},
         {(void **)&L->dxp, N * d * R},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
@@ -123,9 +122,9 @@ moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config 
 void moe_layer_free(moe_layer *L) {
     if (L->be) {
         void *bufs[] = {L->logits, L->probs,  L->lse,      L->topk_idx, L->weights, L->keep,
-                        L->assign_row, L->row_token, L->scratch, L->counts, L->xp, L->h1,
-                        L->h3,     L->act,    L->ye,       L->losses,   L->dlogits, L->dweights,
-                        L->dye,    L->dact,   L->dh1,      L->dh3,      L->dxp};
+                        L->assign_row, L->row_token, L->scratch, L->counts, L->xp, L->h13,
+                        L->act,    L->ye,     L->losses,   L->dlogits,  L->dweights, L->dye,
+                        L->dact,   L->dh13,   L->dxp};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(bufs[i]);
     }
@@ -139,7 +138,7 @@ void moe_layer_free(moe_layer *L) {
 static moe_status check_call(const moe_layer *L, const void *a, const void *b,
                              const moe_weights *w, int T) {
     if (!L->be) return moe_error(MOE_EINVAL, "moe: layer is not initialised");
-    if (!a || !b || !w || !w->gate || !w->w1 || !w->w2 || !w->w3)
+    if (!a || !b || !w || !w->gate || !w->w13 || !w->w2)
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument");
     if (T < 1 || T > L->max_tokens)
         return moe_error(MOE_EINVAL, "moe: T=%d tokens outside [1, max_tokens=%d]", T,
@@ -170,11 +169,10 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     const int *host_offsets = L->host_counts + E;
     const int N = host_offsets[E];
 
-    // experts: h1 = xp w1^T, h3 = xp w3^T, act = silu(h1) h3, ye = act w2^T
+    // experts: [h1 h3] = xp w13^T, act = silu(h1) h3, ye = act w2^T
     be->moe_permute(L->xp, inp, L->row_token, N, d);
-    be->expert_matmul_forward(L->h1, L->xp, w->w1, host_offsets, E, ff, d);
-    be->expert_matmul_forward(L->h3, L->xp, w->w3, host_offsets, E, ff, d);
-    be->swiglu_forward(L->act, L->h1, L->h3, (size_t)N * ff);
+    be->expert_matmul_forward(L->h13, L->xp, w->w13, host_offsets, E, 2 * ff, d);
+    be->swiglu_forward(L->act, L->h13, N, ff);
     be->expert_matmul_forward(L->ye, L->act, w->w2, host_offsets, E, d, ff);
     be->moe_combine_forward(out, L->ye, L->weights, L->assign_row, T, k, d);
 
@@ -201,7 +199,7 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
                               double dloss) {
     moe_status st = check_call(L, dinp, dout, w, L->last_tokens);
     if (st) return st;
-    if (!inp || !grads || !grads->gate || !grads->w1 || !grads->w2 || !grads->w3)
+    if (!inp || !grads || !grads->gate || !grads->w13 || !grads->w2)
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument to backward");
     if (!isfinite(dloss)) return moe_error(MOE_EINVAL, "moe: dloss=%g must be finite", dloss);
     const moe_backend *be = L->be;
@@ -216,12 +214,10 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
     // w2: ye = act w2^T
     be->expert_matmul_backward_weight(grads->w2, L->dye, L->act, host_offsets, E, d, ff);
     be->expert_matmul_backward_input(L->dact, L->dye, w->w2, host_offsets, E, d, ff, 0);
-    be->swiglu_backward(L->dh1, L->dh3, L->dact, L->h1, L->h3, (size_t)N * ff);
-    // w1, w3: h = xp w^T
-    be->expert_matmul_backward_weight(grads->w1, L->dh1, L->xp, host_offsets, E, ff, d);
-    be->expert_matmul_backward_weight(grads->w3, L->dh3, L->xp, host_offsets, E, ff, d);
-    be->expert_matmul_backward_input(L->dxp, L->dh1, w->w1, host_offsets, E, ff, d, 0);
-    be->expert_matmul_backward_input(L->dxp, L->dh3, w->w3, host_offsets, E, ff, d, 1);
+    be->swiglu_backward(L->dh13, L->dact, L->h13, N, ff);
+    // w13: h13 = xp w13^T
+    be->expert_matmul_backward_weight(grads->w13, L->dh13, L->xp, host_offsets, E, 2 * ff, d);
+    be->expert_matmul_backward_input(L->dxp, L->dh13, w->w13, host_offsets, E, 2 * ff, d, 0);
     be->moe_unpermute_add(dinp, L->dxp, L->assign_row, T, k, d);
 
     // router: dlogits from the combine weights, aux and z; then the logits GEMM

@@ -36,14 +36,17 @@ moe_status moe_config_check(const moe_config *cfg);
 int moe_capacity(const moe_config *cfg, int T);
 
 // Views of one MoE layer's weights (or of their gradients) in a flat buffer.
+// w1 and w3 of an expert are stored as one [2ff, d] matrix (rows 0..ff-1 are w1, rows
+// ff..2ff-1 are w3), so that both projections are one GEMM over the expert's rows, as in
+// Megatron-Core's fused fc1. HF names: experts.J.w1.weight = w13[J][0:ff],
+// experts.J.w3.weight = w13[J][ff:2ff], experts.J.w2.weight = w2[J].
 typedef struct {
-    real *gate; // [E, d]       router
-    real *w1;   // [E, ff, d]   gate projection  (HF experts.J.w1)
-    real *w3;   // [E, ff, d]   up projection    (HF experts.J.w3)
-    real *w2;   // [E, d, ff]   down projection  (HF experts.J.w2)
+    real *gate; // [E, d]        router
+    real *w13;  // [E, 2*ff, d]  gate (w1) and up (w3) projections, stacked
+    real *w2;   // [E, d, ff]    down projection
 } moe_weights;
 
-// Number of reals in one layer's weights, in the order gate, w1, w3, w2.
+// Number of reals in one layer's weights, in the order gate, w13, w2.
 size_t moe_weights_count(const moe_config *cfg);
 // Points w at consecutive slices of buf (moe_weights_count(cfg) reals).
 void moe_weights_view(moe_weights *w, real *buf, const moe_config *cfg);
@@ -83,7 +86,7 @@ typedef struct {
     int *scratch;     // [2*T*k] capacity-decision scratch
     int *counts;      // [2E+1]  routed counts [E], then row offsets [E+1]
     real *xp;         // [N, d]  permuted inputs
-    real *h1, *h3;    // [N, ff] w1 and w3 projections
+    real *h13;        // [N, 2ff] w1 and w3 projections: h1 = h13[:, :ff], h3 = h13[:, ff:]
     real *act;        // [N, ff] silu(h1) * h3
     real *ye;         // [N, d]  expert outputs
     real *losses;     // [3]     aux, z, entropy
@@ -91,7 +94,8 @@ typedef struct {
     real *dlogits;    // [T, E]
     real *dweights;   // [T, k]
     real *dye;        // [N, d]
-    real *dact, *dh1, *dh3; // [N, ff]
+    real *dact;       // [N, ff]
+    real *dh13;       // [N, 2ff]
     real *dxp;        // [N, d]
     // host copies
     int *host_counts; // [2E+1]  routed counts, then row offsets

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(build-essential cmake pkg-config libconfig-dev libopenblas-dev libcjson-dev
+packages=(build-essential cmake pkg-config libconfig-dev libopenblas-openmp-dev libcjson-dev
           libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do

@@ -45,8 +45,14 @@ void moe_case_from_fixture(moe_case *c, const fixture *fx) {
     copy_tensor(c->x, fx, "x", T * d);
     copy_tensor(c->dout, fx, "dout", T * d);
     copy_tensor(c->w.gate, fx, "gate", E * d);
-    copy_tensor(c->w.w1, fx, "w1", E * ff * d);
-    copy_tensor(c->w.w3, fx, "w3", E * ff * d);
+    // HF w1, w3 [E, ff, d] -> stacked w13 [E, 2ff, d]
+    const fixture_tensor *w1 = fixture_get(fx, "w1", E * ff * d);
+    const fixture_tensor *w3 = fixture_get(fx, "w3", E * ff * d);
+    for (size_t e = 0; e < (size_t)E; e++)
+        for (size_t i = 0; i < ff * d; i++) {
+            c->w.w13[(2 * e) * ff * d + i] = (real)w1->data[e * ff * d + i];
+            c->w.w13[(2 * e + 1) * ff * d + i] = (real)w3->data[e * ff * d + i];
+        }
     copy_tensor(c->w.w2, fx, "w2", E * d * ff);
 }
 
@@ -61,8 +67,8 @@ void moe_case_random(moe_case *c, const moe_config *cfg, int T, uint64_t seed) {
     for (size_t i = 0; i < (size_t)T * d; i++) c->x[i] = (real)rng_normal(&r);
     for (size_t i = 0; i < (size_t)T * d; i++) c->dout[i] = (real)rng_normal(&r);
     for (size_t i = 0; i < E * d; i++) c->w.gate[i] = (real)(rng_normal(&r) / sqrt((double)d));
-    for (size_t i = 0; i < E * ff * d; i++) c->w.w1[i] = (real)(rng_normal(&r) / sqrt((double)d));
-    for (size_t i = 0; i < E * ff * d; i++) c->w.w3[i] = (real)(rng_normal(&r) / sqrt((double)d));
+    for (size_t i = 0; i < E * 2 * ff * d; i++)
+        c->w.w13[i] = (real)(rng_normal(&r) / sqrt((double)d));
     for (size_t i = 0; i < E * d * ff; i++) c->w.w2[i] = (real)(rng_normal(&r) / sqrt((double)ff));
 }
 
@@ -101,6 +107,14 @@ static double *slot_buffer(int slot, size_t n) {
 double *as_double(int slot, const real *x, size_t n) {
     double *out = slot_buffer(slot, n);
     for (size_t i = 0; i < n; i++) out[i] = x[i];
+    return out;
+}
+
+double *w13_part_as_double(int slot, const real *w13, int part, int E, int ff, int d) {
+    size_t m = (size_t)ff * d;
+    double *out = slot_buffer(slot, (size_t)E * m);
+    for (size_t e = 0; e < (size_t)E; e++)
+        for (size_t i = 0; i < m; i++) out[e * m + i] = w13[(2 * e + part) * m + i];
     return out;
 }
 

@@ -25,6 +25,8 @@ void moe_case_free(moe_case *c);
 void moe_case_run(moe_case *c, moe_stats *stats);
 // Copies n reals to doubles (a static buffer per call slot 0..3).
 double *as_double(int slot, const real *x, size_t n);
+// Part 0 (w1) or 1 (w3) of a stacked w13 [E, 2ff, d] as [E, ff, d] doubles.
+double *w13_part_as_double(int slot, const real *w13, int part, int E, int ff, int d);
 double *int_as_double(int slot, const int *x, size_t n);
 
 #endif

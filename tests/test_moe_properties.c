@@ -176,7 +176,7 @@ static void invalid_arguments(void) {
     check_true("NULL input refused",
                moe_layer_forward(&c.layer, c.y, NULL, &c.w, 4, 1, NULL) == MOE_EINVAL);
     moe_weights broken = c.w;
-    broken.w2 = NULL;
+    broken.w13 = NULL;
     check_true("missing weight refused",
                moe_layer_forward(&c.layer, c.y, c.x, &broken, 4, 1, NULL) == MOE_EINVAL);
     check_true("backward before forward refused",

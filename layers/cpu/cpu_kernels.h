@@ -40,9 +40,8 @@ void cpu_moe_unpermute_add(real *dx, const real *dxp, const int *assign_row, int
                            int d);
 
 // expert.c
-void cpu_swiglu_forward(real *act, const real *h1, const real *h3, size_t n);
-void cpu_swiglu_backward(real *dh1, real *dh3, const real *dact, const real *h1,
-                         const real *h3, size_t n);
+void cpu_swiglu_forward(real *act, const real *h13, int N, int ff);
+void cpu_swiglu_backward(real *dh13, const real *dact, const real *h13, int N, int ff);
 
 // losses.c
 void cpu_router_losses(real *out, const real *probs, const real *lse, const int *counts,
