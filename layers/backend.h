@@ -115,6 +115,61 @@ typedef struct moe_backend {
                             const real *lse, const int *topk_idx, const real *weights,
                             const int *counts, int T, int E, int k, int norm_topk_prob,
                             real aux_coef, real z_coef, real dloss);
+
+    // ---- dense model layers ----------------------------------------------
+    // out[t,:] = embed[tokens[t],:]                      out [T,d]; embed [V,d]
+    void (*embedding_forward)(real *out, const int *tokens, const real *embed, int T, int d);
+    // dembed[tokens[t],:] += dout[t,:]
+    void (*embedding_backward)(real *dembed, const real *dout, const int *tokens, int T, int d);
+
+    // out = inp * rstd * weight, rstd[t] = 1 / sqrt(mean_i inp[t,i]^2 + eps)
+    // out [T,d]; rstd [T]; inp [T,d]; weight [d]
+    void (*rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *weight, int T,
+                            int d, real eps);
+    // dinp += rstd * (w*dout - n * mean_i(w*dout*n)), n = inp*rstd; dweight += sum_t dout*n
+    void (*rmsnorm_backward)(real *dinp, real *dweight, const real *dout, const real *inp,
+                             const real *weight, const real *rstd, int T, int d);
+
+    // Rotary embedding, HF rotate_half convention, on the first n_rot heads of each row of
+    // n_heads heads of size hd (the q and k heads of a qkv row; v is copied unchanged).
+    // Token t has position t % S. For i < hd/2, (a, b) = (x[i], x[i+hd/2]):
+    //   a' = a cos - b sin, b' = b cos + a sin,  angle = pos * theta^(-2i/hd)
+    // inverse=1 rotates by -angle (the backward). out, inp [T, n_heads*hd];
+    // cos, sin [S, hd/2]
+    void (*rope)(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
+                 int n_rot, int n_heads, int hd, int inverse);
+
+    // Causal self-attention with GQA on rows qkv [T = B*S, (H + 2KV)*hd] = [q | k | v];
+    // query head h uses kv head h / (H/KV). att [B,H,S,S] = softmax(q k^T hd^-1/2) (saved
+    // for backward), out [T, H*hd] = att v.
+    void (*attention_forward)(real *out, real *att, const real *qkv, int B, int S, int H,
+                              int KV, int hd);
+    // dqkv [T, (H+2KV)*hd] (written); datt [B,H,S,S] scratch
+    void (*attention_backward)(real *dqkv, real *datt, const real *dout, const real *qkv,
+                               const real *att, int B, int S, int H, int KV, int hd);
+
+    // losses[t] = logsumexp(logits[t]) - logits[t, targets[t]]     logits [T,V]
+    void (*cross_entropy_forward)(real *losses, const real *logits, const int *targets, int T,
+                                  int V);
+    // dlogits[t,:] = dloss * (softmax(logits[t]) - onehot(targets[t]))
+    void (*cross_entropy_backward)(real *dlogits, const real *logits, const int *targets, int T,
+                                   int V, real dloss);
+
+    // ---- elementwise and reductions --------------------------------------
+    // out = a + b (out may alias a or b)                                 all [n]
+    void (*add)(real *out, const real *a, const real *b, size_t n);
+    // out[0] = sum_i x[i]^2 (accumulated in double); NaN/Inf propagate
+    void (*sum_squares)(double *host_out, const real *x, size_t n);
+
+    // ---- optimizer updates (optim/ decides what to call with what) --------
+    // AdamW (decoupled weight decay, as torch.optim.AdamW), with g = grad_scale * grads:
+    //   p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    //   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t
+    void (*adamw_update)(real *params, real *m, real *v, const real *grads, size_t n, real lr,
+                         real beta1, real beta2, real eps, real weight_decay, real bc1,
+                         real bc2, real grad_scale);
+    // SGD without momentum: p -= lr * grad_scale * g
+    void (*sgd_update)(real *params, const real *grads, size_t n, real lr, real grad_scale);
 } moe_backend;
 
 // The CPU reference backend (always built).

@@ -14,6 +14,18 @@ moe_status moe_error(moe_status code, const char *fmt, ...) {
     return code;
 }
 
+moe_status moe_error_context(moe_status code, const char *fmt, ...) {
+    char prefix[256], old[sizeof last_error];
+    snprintf(old, sizeof old, "%s", last_error);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    // a message longer than the buffer is cut, which is fine for a message
+    if (snprintf(last_error, sizeof last_error, "%s: %s", prefix, old) < 0) last_error[0] = 0;
+    return code;
+}
+
 const char *moe_last_error(void) { return last_error; }
 
 const char *moe_status_name(moe_status code) {

@@ -17,6 +17,10 @@ typedef enum {
 moe_status moe_error(moe_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+// Prefixes the current message with "<context>: " (e.g. the layer or file) and returns code.
+moe_status moe_error_context(moe_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 // The message of the last failed call on this thread ("" if none).
 const char *moe_last_error(void);
 

@@ -19,13 +19,25 @@ File format (little-endian), read by the C tests:
         data, row-major.
     Scalars are tensors with ndim = 0 (one element).
 
-Structure (meant to be extended later, e.g. with whole-model fixtures):
+    (numpy's ascontiguousarray makes 0-d scalars 1-d, so scalars are in
+    fact written with ndim = 1, dims [1]; readers go by element count.)
+
+Structure:
     moe_reference(...)      the reference forward + backward of one MoE layer
     make_inputs(...)        seeded float32 input draw
     check_margins(...)      float32-robustness of the discrete decisions
     write_fixture / read_fixture
     self-checks             finite differences, balanced-routing aux loss,
                             file round trip
+  whole model (tests/fixtures/model_*.bin):
+    mixtral_forward(...)    HF Mixtral decoder in float64 (rmsnorm,
+                            apply_rope, attention, moe_forward, lm_head, CE)
+    train_reference(...)    steps of clip_grad_norm + adamw_step (torch
+                            AdamW semantics) with margin checks per step
+    self-checks             finite differences of the total loss, causality,
+                            optimizer == torch.optim.AdamW
+
+    --only moe|model        regenerate one family (default: all)
 """
 
 import argparse
@@ -480,13 +492,535 @@ def selfcheck_roundtrip(path, tensors):
 
 
 # --------------------------------------------------------------------------
+# Whole-model reference: Mixtral decoder (HF semantics) + AdamW training
+# --------------------------------------------------------------------------
+#
+# Independent float64 re-implementation of HF MixtralForCausalLM (no
+# transformers import), using the MoE layer above unchanged.  The group of
+# the MoE layer is the whole micro-batch: T = B*S tokens in row-major order
+# (token t = b*S + s), so "earlier token" in the capacity tie rule means
+# lower b, then lower s.
+#
+#   x = embed[tokens]                                        [B,S,d]
+#   per layer l:  h = x + Attn(RMSNorm_1(x));  x = h + MoE(RMSNorm_2(h))
+#   logits = RMSNorm_f(x) @ lm_head^T      (lm_head = embed when tied)
+#   loss = CE(logits, targets) (mean over B*S) + sum_l (L_aux_l + L_z_l)
+#
+# Training: step t (t = 0..steps-1) uses batch t: forward/backward at the
+# current weights, global-norm clipping, AdamW update (torch semantics).
+
+def model_param_shapes(cfg):
+    """Ordered (HF name, shape) list in MixtralForCausalLM state_dict order."""
+    V, d, H, KV = cfg["V"], cfg["d"], cfg["n_heads"], cfg["n_kv_heads"]
+    ff, E = cfg["ff"], cfg["E"]
+    hd = d // H
+    shapes = [("model.embed_tokens.weight", (V, d))]
+    for l in range(cfg["n_layers"]):
+        pre = "model.layers.%d." % l
+        shapes += [(pre + "self_attn.q_proj.weight", (H * hd, d)),
+                   (pre + "self_attn.k_proj.weight", (KV * hd, d)),
+                   (pre + "self_attn.v_proj.weight", (KV * hd, d)),
+                   (pre + "self_attn.o_proj.weight", (d, H * hd)),
+                   (pre + "block_sparse_moe.gate.weight", (E, d))]
+        for j in range(E):
+            ex = pre + "block_sparse_moe.experts.%d." % j
+            shapes += [(ex + "w1.weight", (ff, d)), (ex + "w2.weight", (d, ff)),
+                       (ex + "w3.weight", (ff, d))]
+        shapes += [(pre + "input_layernorm.weight", (d,)),
+                   (pre + "post_attention_layernorm.weight", (d,))]
+    shapes.append(("model.norm.weight", (d,)))
+    if not cfg["tie_embeddings"]:
+        shapes.append(("lm_head.weight", (V, d)))
+    return shapes
+
+
+def is_norm_weight(name):
+    """RMSNorm weights (input/post_attention layernorms, model.norm)."""
+    return name.endswith("layernorm.weight") or name == "model.norm.weight"
+
+
+def make_model_weights(seed, cfg):
+    """Seeded float32 draw of all weights, then tokens and targets.
+
+    Scales are chosen so every part of the model matters (not std 0.02,
+    which makes attention uniform and the experts negligible):
+      RMSNorm weights   1 + 0.1 N(0,1)       (not trivially 1)
+      router gate       0.2 N(0,1)           (decisive routing, z ~ N(0,1.1^2))
+      embed_tokens      0.5 N(0,1)
+      other matrices    N(0,1) / sqrt(fan_in)  (q,k,v,o, w1,w2,w3, lm_head)
+    tokens, targets: uniform ids in [0,V), int32 [steps,B,S].
+    """
+    g = torch.Generator().manual_seed(seed)
+    f32 = torch.float32
+    weights = {}
+    for name, shape in model_param_shapes(cfg):
+        r = torch.randn(*shape, generator=g, dtype=f32)
+        if is_norm_weight(name):
+            w = 1.0 + 0.1 * r
+        elif name.endswith("block_sparse_moe.gate.weight"):
+            w = 0.2 * r
+        elif name == "model.embed_tokens.weight":
+            w = 0.5 * r
+        else:
+            w = r / math.sqrt(shape[1])
+        weights[name] = w.contiguous()
+    shape = (cfg["steps"], cfg["B"], cfg["S"])
+    tokens = torch.randint(cfg["V"], shape, generator=g).to(torch.int32)
+    targets = torch.randint(cfg["V"], shape, generator=g).to(torch.int32)
+    return weights, tokens, targets
+
+
+def rmsnorm(x, w, eps):
+    """y = x * rsqrt(mean(x^2, -1) + eps) * w."""
+    return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + eps) * w
+
+
+def rope_cos_sin(S, hd, theta):
+    """HF rotary tables, float64, positions 0..S-1.
+
+    inv_freq[i] = theta^(-2i/hd), i < hd/2;  ang[s,i] = s * inv_freq[i]
+    cos = cos(cat(ang, ang)), sin = sin(cat(ang, ang))       [S,hd]
+    """
+    i = torch.arange(hd // 2, dtype=torch.float64)
+    inv_freq = theta ** (-2.0 * i / hd)
+    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    """rotate_half(x) = cat(-x[hd/2:], x[:hd/2])  (dim j pairs with j+hd/2)."""
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x' = x * cos + rotate_half(x) * sin;  x [B,S,heads,hd], cos/sin [S,hd]."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def attention(n, wq, wk, wv, wo, H, KV, cos, sin):
+    """Causal GQA self-attention with RoPE, no biases.
+
+    q = n wq^T [B,S,H,hd], k = n wk^T, v = n wv^T [B,S,KV,hd]; RoPE on q, k;
+    query head h uses KV head h // (H/KV);
+    a = softmax(q k^T * hd^-0.5 + causal mask) ; o = (a v) wo^T.
+    """
+    B, S, _ = n.shape
+    hd = wq.shape[0] // H
+    q = (n @ wq.t()).view(B, S, H, hd)
+    k = (n @ wk.t()).view(B, S, KV, hd)
+    v = (n @ wv.t()).view(B, S, KV, hd)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    rep = H // KV
+    k = k.repeat_interleave(rep, dim=2)       # head h -> KV head h // rep
+    v = v.repeat_interleave(rep, dim=2)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))     # [B,H,S,hd]
+    scores = (q @ k.transpose(-1, -2)) * hd ** -0.5      # [B,H,S,S]
+    future = torch.ones(S, S, dtype=torch.bool).triu(1)  # key s' > query s
+    scores = scores.masked_fill(future, -math.inf)
+    a = torch.softmax(scores, dim=-1)
+    o = (a @ v).transpose(1, 2).reshape(B, S, H * hd)
+    return o @ wo.t()
+
+
+def mixtral_forward(params, tokens, targets, cfg, policy=None):
+    """Forward of the whole model; params: HF name -> float64 tensor.
+
+    tokens, targets: integer [B,S].  policy overrides cfg["policy"] (used
+    by the causality self-check).  Returns logits [B,S,V], loss (total),
+    ce, aux_per_layer, z_per_layer (lists of 0-d tensors) and the per-layer
+    MoE result dicts of moe_forward (routing, keep, counts, ...).
+    """
+    B, S = tokens.shape
+    d, H, KV, V = cfg["d"], cfg["n_heads"], cfg["n_kv_heads"], cfg["V"]
+    E, eps = cfg["E"], cfg["rms_norm_eps"]
+    policy = cfg["policy"] if policy is None else policy
+    cos, sin = rope_cos_sin(S, d // H, cfg["rope_theta"])
+    embed = params["model.embed_tokens.weight"]
+    x = embed[tokens.long()]                                  # [B,S,d]
+    moe_res, aux_l, z_l = [], [], []
+    for l in range(cfg["n_layers"]):
+        P = lambda s: params["model.layers.%d.%s" % (l, s)]
+        # h = x + Attn(RMSNorm_1(x))
+        n1 = rmsnorm(x, P("input_layernorm.weight"), eps)
+        h = x + attention(n1, P("self_attn.q_proj.weight"),
+                          P("self_attn.k_proj.weight"),
+                          P("self_attn.v_proj.weight"),
+                          P("self_attn.o_proj.weight"), H, KV, cos, sin)
+        # x = h + MoE(RMSNorm_2(h)), MoE group = all B*S tokens
+        n2 = rmsnorm(h, P("post_attention_layernorm.weight"), eps)
+        ex = lambda j, w: P("block_sparse_moe.experts.%d.%s.weight" % (j, w))
+        w1 = torch.stack([ex(j, "w1") for j in range(E)])    # [E,ff,d]
+        w2 = torch.stack([ex(j, "w2") for j in range(E)])    # [E,d,ff]
+        w3 = torch.stack([ex(j, "w3") for j in range(E)])    # [E,ff,d]
+        res = moe_forward(n2.reshape(B * S, d), P("block_sparse_moe.gate.weight"),
+                          w1, w2, w3, cfg["k"], cfg["norm_topk_prob"], policy,
+                          cfg["capacity_factor"], cfg["aux_coef"],
+                          cfg["z_coef"])
+        x = h + res["out"].view(B, S, d)
+        moe_res.append(res)
+        aux_l.append(res["aux"])
+        z_l.append(res["z"])
+    xf = rmsnorm(x, params["model.norm.weight"], eps)
+    lm_head = embed if cfg["tie_embeddings"] else params["lm_head.weight"]
+    logits = xf @ lm_head.t()                                 # [B,S,V]
+    # CE = mean_t ( logsumexp(logits_t) - logits_t[target_t] )
+    ce = torch.nn.functional.cross_entropy(logits.reshape(B * S, V),
+                                           targets.reshape(-1).long())
+    loss = ce + sum(a + z for a, z in zip(aux_l, z_l))
+    return dict(logits=logits, loss=loss, ce=ce, aux_per_layer=aux_l,
+                z_per_layer=z_l, moe=moe_res)
+
+
+def clip_grad_norm(grads, max_norm):
+    """torch.nn.utils.clip_grad_norm_ (L2), in place on the list of grads.
+
+    total = || (||g_1||, ||g_2||, ...) ||_2 ;  coef = max_norm / (total + 1e-6)
+    g *= coef if coef < 1.  Returns total (before clipping) as a float.
+    """
+    total = torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads]), 2.0)
+    coef = max_norm / (total.item() + 1e-6)
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return total.item()
+
+
+def adamw_step(params, grads, state, t, hp):
+    """One torch.optim.AdamW step (t = 1, 2, ...), same operation order.
+
+    p *= 1 - lr*wd                     (decoupled decay; wd = 0 for RMSNorm)
+    m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g^2
+    p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+    """
+    lr, b1, b2, eps = hp["lr"], hp["beta1"], hp["beta2"], hp["eps"]
+    bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+    with torch.no_grad():
+        for name, g in zip(params, grads):
+            p = params[name]
+            m, v = state[name]
+            wd = 0.0 if is_norm_weight(name) else hp["weight_decay"]
+            p.mul_(1 - lr * wd)
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
+            p.addcdiv_(m, denom, value=-lr / bc1)
+
+
+def params_f64(weights):
+    """float32 weights -> float64 leaf tensors (same order) with grads."""
+    return {n: w.to(torch.float64).clone().requires_grad_(True)
+            for n, w in weights.items()}
+
+
+def train_reference(weights, tokens, targets, cfg, hp, check=None,
+                    check_grads0=None):
+    """Run cfg["steps"] training steps in float64 from the float32 weights.
+
+    check(step, fwd) -> (ok, why) is called after each forward and
+    check_grads0(grads) -> (ok, why) on the step-0 gradients; on failure
+    returns (None, why).  Otherwise returns (run, "ok"), run a dict with
+    step0 (forward dict + grads before clipping + grad_norm), per-step
+    lists loss/ce/grad_norm, and final weights.
+    """
+    params = params_f64(weights)
+    state = {n: (torch.zeros_like(p), torch.zeros_like(p))
+             for n, p in params.items()}
+    run = dict(loss=[], ce=[], grad_norm=[])
+    for t in range(cfg["steps"]):
+        fwd = mixtral_forward(params, tokens[t], targets[t], cfg)
+        if check is not None:
+            ok, why = check(t, fwd)
+            if not ok:
+                return None, "step %d: %s" % (t, why)
+        grads = list(torch.autograd.grad(fwd["loss"], list(params.values())))
+        if t == 0:
+            run["step0"] = dict(fwd, grads={n: g.clone() for n, g in
+                                            zip(params, grads)})
+            if check_grads0 is not None:
+                ok, why = check_grads0(run["step0"]["grads"])
+                if not ok:
+                    return None, "step 0: %s" % why
+        gn = clip_grad_norm(grads, hp["grad_clip"])
+        if t == 0:
+            run["step0"]["grad_norm"] = gn
+        run["loss"].append(fwd["loss"].item())
+        run["ce"].append(fwd["ce"].item())
+        run["grad_norm"].append(gn)
+        adamw_step(params, grads, state, t + 1, hp)
+    run["final"] = {n: p.detach().clone() for n, p in params.items()}
+    return run, "ok"
+
+
+# Model fixture configurations.  ff=24 keeps ff distinct from d, V, S, B*S.
+MODEL_BASE = dict(V=48, d=32, n_layers=2, n_heads=4, n_kv_heads=2, ff=24,
+                  E=4, k=2, B=2, S=16, tie_embeddings=0, norm_topk_prob=1,
+                  policy=POLICY_PROBS, steps=5, rope_theta=10000.0,
+                  rms_norm_eps=1e-5, capacity_factor=1.0, aux_coef=0.01,
+                  z_coef=0.001)
+MODEL_HP = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                grad_clip=1.0)
+MODEL_CASES = [
+    # name, config overrides, first seed
+    ("model_small", dict(), 1000),
+    ("model_tied", dict(tie_embeddings=1, n_kv_heads=4, capacity_factor=0.0,
+                        policy=POLICY_DROPLESS), 2000),
+]
+MODEL_MIN_DROPPED = 1   # capacity model: every layer drops >= this at step 0
+ADAM_SIGN_MARGIN = 1e-5  # step-0 grads: nonzero |g| >= this * max|g| per tensor
+MODEL_INT_KEYS = ("V", "d", "n_layers", "n_heads", "n_kv_heads", "ff", "E",
+                  "k", "B", "S", "tie_embeddings", "norm_topk_prob", "policy",
+                  "steps")
+MODEL_F64_KEYS = ("rope_theta", "rms_norm_eps", "capacity_factor", "aux_coef",
+                  "z_coef")
+HP_F64_KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip")
+
+
+def model_decisions_ok(cfg):
+    """check(step, fwd) for train_reference: margins of every MoE layer
+    (check_margins: top-(k+1) gaps and the capacity boundary), and at step 0
+    in capacity mode at least MODEL_MIN_DROPPED drops in every layer."""
+    def check(t, fwd):
+        for l, res in enumerate(fwd["moe"]):
+            ok, why = check_margins(res, cfg["k"], cfg["E"], cfg["policy"])
+            if not ok:
+                return False, "layer %d %s" % (l, why)
+            dropped = int((~res["keep"]).sum())
+            if (t == 0 and cfg["policy"] != POLICY_DROPLESS
+                    and dropped < MODEL_MIN_DROPPED):
+                return False, "layer %d only %d dropped" % (l, dropped)
+        return True, "ok"
+    return check
+
+
+def step0_grads_ok(grads):
+    """check_grads0 for train_reference: adam_sign_margin >= ADAM_SIGN_MARGIN."""
+    r, where = adam_sign_margin(grads)
+    if r < ADAM_SIGN_MARGIN:
+        return False, "gradient sign margin %.2g (%s)" % (r, where)
+    return True, "ok"
+
+
+def build_model_case(name, overrides, seed0):
+    cfg = dict(MODEL_BASE, **overrides)
+    for seed in range(seed0, seed0 + MAX_SEED_TRIES):
+        weights, tokens, targets = make_model_weights(seed, cfg)
+        run, why = train_reference(weights, tokens, targets, cfg, MODEL_HP,
+                                   check=model_decisions_ok(cfg),
+                                   check_grads0=step0_grads_ok)
+        if run is not None:
+            break
+        print("  %s: seed %d rejected (%s)" % (name, seed, why))
+    else:
+        raise RuntimeError("%s: no acceptable seed" % name)
+    return cfg, seed, weights, tokens, targets, run
+
+
+def model_fixture_tensors(cfg, hp, weights, tokens, targets, run):
+    """Ordered (name, array) list of a model fixture."""
+    i32 = lambda v: np.array(v, dtype=np.int32)
+    f64 = lambda v: np.array(v, dtype=np.float64)
+    t64 = lambda t: t.detach().to(torch.float64).numpy()
+    s0 = run["step0"]
+    moe = s0["moe"]
+    out = [(k, i32(cfg[k])) for k in MODEL_INT_KEYS]
+    out.append(("capacity", i32(moe[0]["capacity"])))
+    out += [(k, f64(cfg[k])) for k in MODEL_F64_KEYS]
+    out += [(k, f64(hp[k])) for k in HP_F64_KEYS]
+    out += [(n, w.numpy()) for n, w in weights.items()]
+    out += [("tokens", tokens.numpy()), ("targets", targets.numpy())]
+    out += [
+        ("logits", t64(s0["logits"])), ("loss", t64(s0["loss"])),
+        ("ce", t64(s0["ce"])),
+        ("aux", f64(sum(a.item() for a in s0["aux_per_layer"]))),
+        ("z", f64(sum(z.item() for z in s0["z_per_layer"]))),
+        ("aux_per_layer", f64([a.item() for a in s0["aux_per_layer"]])),
+        ("z_per_layer", f64([z.item() for z in s0["z_per_layer"]])),
+        ("dropped_per_layer", i32([int((~r["keep"]).sum()) for r in moe])),
+        ("counts_per_layer", i32([r["counts"].tolist() for r in moe])),
+    ]
+    out += [("grad." + n, t64(g)) for n, g in s0["grads"].items()]
+    out += [("grad_norm", f64(s0["grad_norm"])),
+            ("step_loss", f64(run["loss"])), ("step_ce", f64(run["ce"])),
+            ("step_grad_norm", f64(run["grad_norm"]))]
+    out += [("final." + n, t64(p)) for n, p in run["final"].items()]
+    assert len(out) == len(dict(out)), "duplicate tensor names"
+    return out
+
+
+# --- self-checks of the model reference -----------------------------------
+
+def selfcheck_model_fd(cfg, weights, tokens, targets, grads, n_random=2,
+                       eps=1e-6):
+    """Autograd gradient of the total loss vs central differences (float64).
+
+    Checked tensors cover embedding, attention (q, GQA k), RMSNorm, router,
+    an expert and the output head; per tensor the largest-|g| element plus
+    n_random random ones.  Routing is recomputed at every evaluation; the
+    margins make +-eps unable to flip a decision.
+    """
+    base = params_f64(weights)
+    base = {n: p.detach() for n, p in base.items()}
+    L, E = cfg["n_layers"], cfg["E"]
+    names = ["model.embed_tokens.weight",
+             "model.layers.0.self_attn.q_proj.weight",
+             "model.layers.%d.self_attn.k_proj.weight" % (L - 1),
+             "model.layers.0.post_attention_layernorm.weight",
+             "model.layers.0.block_sparse_moe.gate.weight",
+             "model.layers.%d.block_sparse_moe.experts.%d.w1.weight"
+             % (L - 1, E - 1),
+             "model.norm.weight"]
+    if not cfg["tie_embeddings"]:
+        names.append("lm_head.weight")
+
+    def loss_at(name, idx, delta):
+        p = dict(base)
+        p[name] = base[name].clone()
+        p[name][idx] += delta
+        return mixtral_forward(p, tokens, targets, cfg)["loss"].item()
+
+    g = torch.Generator().manual_seed(4321)
+    worst = 0.0
+    for name in names:
+        G = grads[name]
+        flat = [int(G.abs().argmax())]
+        flat += [int(torch.randint(G.numel(), (1,), generator=g))
+                 for _ in range(n_random)]
+        for fi in flat:
+            idx = np.unravel_index(fi, tuple(G.shape))
+            fd = (loss_at(name, idx, eps) - loss_at(name, idx, -eps)) / (2 * eps)
+            ad = G[idx].item()
+            err = abs(fd - ad)
+            worst = max(worst, err / max(abs(ad), 1e-3))
+            if err > 1e-8 + 1e-6 * abs(ad):
+                raise AssertionError("FD mismatch grad.%s%s: fd=%r ad=%r"
+                                     % (name, idx, fd, ad))
+    print("selfcheck: model finite differences ok (%d tensors, max rel err "
+          "%.2e)" % (len(names), worst))
+
+
+def selfcheck_model_causal(cfg, weights, tokens, targets):
+    """Changing token (b=1, s=s0) leaves logits of sequence 0 and of
+    positions < s0 of sequence 1 unchanged, and changes position s0.
+    Run dropless: with capacity dropping, tokens of one group compete for
+    expert slots, so a later token can legitimately change an earlier
+    token's drop decision (not a causality leak)."""
+    params = {n: p.detach() for n, p in params_f64(weights).items()}
+    tok, tgt = tokens[0], targets[0]
+    s0 = cfg["S"] // 2 + 2
+    tok2 = tok.clone()
+    tok2[1, s0] = (tok2[1, s0] + 1) % cfg["V"]
+    la = mixtral_forward(params, tok, tgt, cfg, POLICY_DROPLESS)["logits"]
+    lb = mixtral_forward(params, tok2, tgt, cfg, POLICY_DROPLESS)["logits"]
+    unchanged = max((la[0] - lb[0]).abs().max().item(),
+                    (la[1, :s0] - lb[1, :s0]).abs().max().item())
+    changed = (la[1, s0] - lb[1, s0]).abs().max().item()
+    assert unchanged <= 1e-12 and changed > 1e-3, (unchanged, changed)
+    print("selfcheck: causal ok (earlier/other-sequence max diff %.1e, "
+          "changed position %.3g)" % (unchanged, changed))
+
+
+def selfcheck_model_torch_optim(cfg, weights, tokens, targets, run):
+    """Our clip_grad_norm + adamw_step vs torch.nn.utils.clip_grad_norm_ +
+    torch.optim.AdamW (decay / no-decay parameter groups), same steps."""
+    params = params_f64(weights)
+    decay = [p for n, p in params.items() if not is_norm_weight(n)]
+    nodecay = [p for n, p in params.items() if is_norm_weight(n)]
+    hp = MODEL_HP
+    opt = torch.optim.AdamW(
+        [dict(params=decay, weight_decay=hp["weight_decay"]),
+         dict(params=nodecay, weight_decay=0.0)],
+        lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"])
+    for t in range(cfg["steps"]):
+        opt.zero_grad()
+        loss = mixtral_forward(params, tokens[t], targets[t], cfg)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), hp["grad_clip"])
+        opt.step()
+    worst = max((params[n].detach() - run["final"][n]).abs().max().item()
+                for n in params)
+    assert worst <= 1e-14, worst
+    print("selfcheck: clip_grad_norm + adamw_step == torch AdamW "
+          "(max diff %.1e)" % worst)
+
+
+def adam_sign_margin(grads):
+    """Smallest nonzero |g| / max|g| over the tensors of a gradient dict.
+
+    The first AdamW step moves every weight by lr * g/(|g|+eps) ~ lr*sign(g):
+    a gradient element that is ~0 up to float32 noise could move the other
+    way in the C run (error up to 2*lr in that weight).  Exact zeros (rows
+    of tokens absent from the batch, idle experts) are zero in C as well.
+    Returns (ratio, tensor name)."""
+    worst, where = math.inf, None
+    for n, g in grads.items():
+        a = g.abs()
+        nz = a[a > 0]
+        if nz.numel():
+            r = (nz.min() / a.max()).item()
+            if r < worst:
+                worst, where = r, n
+    return worst, where
+
+
+def build_model_fixtures(out_dir, selfchecks=True):
+    total = 0
+    for name, overrides, seed0 in MODEL_CASES:
+        cfg, seed, weights, tokens, targets, run = build_model_case(
+            name, overrides, seed0)
+        s0 = run["step0"]
+        if selfchecks:
+            selfcheck_model_fd(cfg, weights, tokens[0], targets[0],
+                               s0["grads"])
+            selfcheck_model_causal(cfg, weights, tokens, targets)
+            selfcheck_model_torch_optim(cfg, weights, tokens, targets, run)
+        tensors = model_fixture_tensors(cfg, MODEL_HP, weights, tokens,
+                                        targets, run)
+        path = os.path.join(out_dir, name + ".bin")
+        nbytes = write_fixture(path, tensors)
+        selfcheck_roundtrip(path, tensors)
+        total += nbytes
+        moe = s0["moe"]
+        sm, sm_where = adam_sign_margin(s0["grads"])
+        print("%-12s seed %d  C=%d  loss %.10g = ce %.10g + aux %s + z %s"
+              % (name, seed, moe[0]["capacity"], s0["loss"].item(),
+                 s0["ce"].item(),
+                 "+".join("%.8g" % a.item() for a in s0["aux_per_layer"]),
+                 "+".join("%.8g" % z.item() for z in s0["z_per_layer"])))
+        print("    step-0 counts %s  dropped per layer %s  grad_norm %.8g"
+              % ([r["counts"].tolist() for r in moe],
+                 [int((~r["keep"]).sum()) for r in moe], s0["grad_norm"]))
+        print("    step losses %s" % " ".join("%.10g" % v for v in run["loss"]))
+        print("    step ce     %s" % " ".join("%.10g" % v for v in run["ce"]))
+        print("    step |g|    %s" % " ".join("%.6g" % v
+                                             for v in run["grad_norm"]))
+        print("    min nonzero |g|/max|g| at step 0: %.2e (%s)  (%d bytes)"
+              % (sm, sm_where, nbytes))
+    print("model fixtures total %d bytes" % total)
+    assert total < 1.5 * 1024 * 1024
+    return total
+
+
+# --------------------------------------------------------------------------
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures")
+    ap.add_argument("--only", choices=("all", "moe", "model"), default="all",
+                    help="generate only the MoE-layer or the model fixtures")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
 
+    if args.only != "model":
+        build_moe_fixtures(args.out)
+    if args.only != "moe":
+        build_model_fixtures(args.out)
+    return 0
+
+
+def build_moe_fixtures(out_dir):
     selfcheck_balanced_aux()
     total = 0
     for spec in CASES:
@@ -494,7 +1028,7 @@ def main(argv=None):
         if spec[0] in FD_CASES:
             selfcheck_finite_difference(inputs, cfg)
         tensors = fixture_tensors(inputs, cfg, res, meta)
-        path = os.path.join(args.out, spec[0] + ".bin")
+        path = os.path.join(out_dir, spec[0] + ".bin")
         nbytes = write_fixture(path, tensors)
         selfcheck_roundtrip(path, tensors)
         total += nbytes
@@ -505,7 +1039,7 @@ def main(argv=None):
                  res["counts"].tolist(), res["kept_counts"].tolist(), nbytes))
     print("total %d bytes" % total)
     assert total < 2 * 1024 * 1024
-    return 0
+    return total
 
 
 if __name__ == "__main__":

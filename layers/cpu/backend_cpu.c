@@ -36,6 +36,19 @@ static const moe_backend cpu_backend = {
     .swiglu_backward = cpu_swiglu_backward,
     .router_losses = cpu_router_losses,
     .router_backward = cpu_router_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope = cpu_rope,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .cross_entropy_forward = cpu_cross_entropy_forward,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .add = cpu_add,
+    .sum_squares = cpu_sum_squares,
+    .adamw_update = cpu_adamw_update,
+    .sgd_update = cpu_sgd_update,
 };
 
 const moe_backend *moe_backend_cpu(void) { return &cpu_backend; }

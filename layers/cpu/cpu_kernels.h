@@ -47,4 +47,30 @@ void cpu_swiglu_backward(real *dh13, const real *dact, const real *h13, int N, i
 void cpu_router_losses(real *out, const real *probs, const real *lse, const int *counts,
                        int T, int E, int k, real aux_coef, real z_coef);
 
+// embedding.c, rmsnorm.c, rope.c, attention.c, cross_entropy.c
+void cpu_embedding_forward(real *out, const int *tokens, const real *embed, int T, int d);
+void cpu_embedding_backward(real *dembed, const real *dout, const int *tokens, int T, int d);
+void cpu_rmsnorm_forward(real *out, real *rstd, const real *inp, const real *weight, int T,
+                         int d, real eps);
+void cpu_rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp,
+                          const real *weight, const real *rstd, int T, int d);
+void cpu_rope(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
+              int n_rot, int n_heads, int hd, int inverse);
+void cpu_attention_forward(real *out, real *att, const real *qkv, int B, int S, int H, int KV,
+                           int hd);
+void cpu_attention_backward(real *dqkv, real *datt, const real *dout, const real *qkv,
+                            const real *att, int B, int S, int H, int KV, int hd);
+void cpu_cross_entropy_forward(real *losses, const real *logits, const int *targets, int T,
+                               int V);
+void cpu_cross_entropy_backward(real *dlogits, const real *logits, const int *targets, int T,
+                                int V, real dloss);
+
+// elementwise.c, optim_update.c
+void cpu_add(real *out, const real *a, const real *b, size_t n);
+void cpu_sum_squares(double *host_out, const real *x, size_t n);
+void cpu_adamw_update(real *params, real *m, real *v, const real *grads, size_t n, real lr,
+                      real beta1, real beta2, real eps, real weight_decay, real bc1, real bc2,
+                      real grad_scale);
+void cpu_sgd_update(real *params, const real *grads, size_t n, real lr, real grad_scale);
+
 #endif

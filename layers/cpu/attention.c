@@ -1,0 +1,85 @@
+// Causal multi-head self-attention with grouped-query heads, on cblas GEMMs per
+// (sequence, head). Rows of qkv are [q (H heads) | k (KV heads) | v (KV heads)].
+//
+// forward:  S_ij = q_i . k_j / sqrt(hd) (j <= i), P = softmax_j(S), o_i = sum_j P_ij v_j
+// backward: dP = do v^T, dv = P^T do, dS = P * (dP - rowsum(dP * P)), dq = dS k / sqrt(hd),
+//           dk = dS^T q / sqrt(hd); a kv head sums over the H/KV query heads that share it.
+#include <cblas.h>
+#include <math.h>
+
+#include "layers/cpu/cpu_kernels.h"
+
+#ifdef MOE_REAL_DOUBLE
+#define cblas_gemm cblas_dgemm
+#else
+#define cblas_gemm cblas_sgemm
+#endif
+
+void cpu_attention_forward(real *out, real *att, const real *qkv, int B, int S, int H, int KV,
+                           int hd) {
+    const int row = (H + 2 * KV) * hd, group = H / KV;
+    const real scale = (real)(1.0 / sqrt((double)hd));
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const real *q = qkv + (size_t)b * S * row + (size_t)h * hd;
+            const real *k = qkv + (size_t)b * S * row + (size_t)(H + h / group) * hd;
+            const real *v = k + (size_t)KV * hd;
+            real *p = att + ((size_t)b * H + h) * S * S;
+            // p = scale * q k^T (the upper triangle is computed and then masked)
+            cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, scale, q, row, k, row,
+                       0, p, S);
+            for (int i = 0; i < S; i++) {
+                real *pi = p + (size_t)i * S, mx = pi[0], sum = 0;
+                for (int j = 1; j <= i; j++) mx = pi[j] > mx ? pi[j] : mx;
+                for (int j = 0; j <= i; j++) {
+                    pi[j] = real_exp(pi[j] - mx);
+                    sum += pi[j];
+                }
+                for (int j = 0; j <= i; j++) pi[j] /= sum;
+                for (int j = i + 1; j < S; j++) pi[j] = 0;
+            }
+            cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1, p, S, v, row, 0,
+                       out + (size_t)b * S * H * hd + (size_t)h * hd, H * hd);
+        }
+}
+
+void cpu_attention_backward(real *dqkv, real *datt, const real *dout, const real *qkv,
+                            const real *att, int B, int S, int H, int KV, int hd) {
+    const int row = (H + 2 * KV) * hd, group = H / KV;
+    const real scale = (real)(1.0 / sqrt((double)hd));
+    // one task per (sequence, kv head): it owns dk and dv of that head, no races
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < KV; g++) {
+            const size_t base = (size_t)b * S * row;
+            const real *k = qkv + base + (size_t)(H + g) * hd, *v = k + (size_t)KV * hd;
+            real *dk = dqkv + base + (size_t)(H + g) * hd, *dv = dk + (size_t)KV * hd;
+            for (int h = g * group; h < (g + 1) * group; h++) {
+                const real *q = qkv + base + (size_t)h * hd;
+                real *dq = dqkv + base + (size_t)h * hd;
+                const real *p = att + ((size_t)b * H + h) * S * S;
+                real *dp = datt + ((size_t)b * H + h) * S * S;
+                const real *dO = dout + (size_t)b * S * H * hd + (size_t)h * hd;
+                const real beta = h == g * group ? 0 : 1; // first head of the group writes
+                // dp = dO v^T; dv (+)= p^T dO
+                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1, dO, H * hd, v,
+                           row, 0, dp, S);
+                cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1, p, S, dO,
+                           H * hd, beta, dv, row);
+                // softmax backward, masked entries have p = 0 and stay 0
+                for (int i = 0; i < S; i++) {
+                    const real *pi = p + (size_t)i * S;
+                    real *dpi = dp + (size_t)i * S, dot = 0;
+                    for (int j = 0; j <= i; j++) dot += pi[j] * dpi[j];
+                    for (int j = 0; j <= i; j++) dpi[j] = pi[j] * (dpi[j] - dot) * scale;
+                    for (int j = i + 1; j < S; j++) dpi[j] = 0;
+                }
+                // dq = ds k; dk (+)= ds^T q
+                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1, dp, S, k, row,
+                           0, dq, row);
+                cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1, dp, S, q, row,
+                           beta, dk, row);
+            }
+        }
+}

@@ -1,0 +1,33 @@
+// Cross-entropy of logits against target ids (softmax fused into the backward).
+#include <math.h>
+
+#include "layers/cpu/cpu_kernels.h"
+
+static double row_logsumexp(const real *z, int V) {
+    real mx = z[0];
+    for (int i = 1; i < V; i++) mx = z[i] > mx ? z[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)(z[i] - mx));
+    return mx + log(sum);
+}
+
+void cpu_cross_entropy_forward(real *losses, const real *logits, const int *targets, int T,
+                               int V) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const real *z = logits + (size_t)t * V;
+        losses[t] = (real)(row_logsumexp(z, V) - z[targets[t]]);
+    }
+}
+
+void cpu_cross_entropy_backward(real *dlogits, const real *logits, const int *targets, int T,
+                                int V, real dloss) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const real *z = logits + (size_t)t * V;
+        real *dz = dlogits + (size_t)t * V;
+        double lse = row_logsumexp(z, V);
+        for (int i = 0; i < V; i++) dz[i] = dloss * (real)exp((double)z[i] - lse);
+        dz[targets[t]] -= dloss;
+    }
+}

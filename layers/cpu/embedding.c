@@ -1,0 +1,17 @@
+// Token embedding lookup and its backward (scatter-add into the table).
+#include <string.h>
+
+#include "layers/cpu/cpu_kernels.h"
+
+void cpu_embedding_forward(real *out, const int *tokens, const real *embed, int T, int d) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        memcpy(out + (size_t)t * d, embed + (size_t)tokens[t] * d, (size_t)d * sizeof(real));
+}
+
+void cpu_embedding_backward(real *dembed, const real *dout, const int *tokens, int T, int d) {
+    // Tokens repeat, so rows collide: split the work over columns instead of tokens.
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < d; i++)
+        for (int t = 0; t < T; t++) dembed[(size_t)tokens[t] * d + i] += dout[(size_t)t * d + i];
+}

@@ -1,0 +1,30 @@
+// Rotary position embedding, Hugging Face rotate_half convention: dimension i pairs with
+// i + hd/2 (not adjacent pairs).
+#include <string.h>
+
+#include "layers/cpu/cpu_kernels.h"
+
+void cpu_rope(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
+              int n_rot, int n_heads, int hd, int inverse) {
+    const int half = hd / 2;
+    const size_t row = (size_t)n_heads * hd;
+    const real sign = inverse ? -1 : 1;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const real *c = cos + (size_t)(t % S) * half, *s = sin + (size_t)(t % S) * half;
+        const real *x = inp + t * row;
+        real *o = out + t * row;
+        for (int h = 0; h < n_rot; h++) {
+            const real *xa = x + (size_t)h * hd, *xb = xa + half;
+            real *oa = o + (size_t)h * hd, *ob = oa + half;
+            for (int i = 0; i < half; i++) {
+                real a = xa[i], b = xb[i], si = sign * s[i];
+                oa[i] = a * c[i] - b * si;
+                ob[i] = b * c[i] + a * si;
+            }
+        }
+        if (out != inp)
+            memcpy(o + (size_t)n_rot * hd, x + (size_t)n_rot * hd,
+                   (row - (size_t)n_rot * hd) * sizeof(real));
+    }
+}

@@ -1,0 +1,360 @@
+// The Mixtral-style decoder: parameter layout, initialisation, forward, backward.
+// Orchestration only: every loop over floats is a backend kernel (see model.h).
+#include "layers/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+moe_status model_config_check(const model_config *c) {
+    if (c->vocab_size < 2) return moe_error(MOE_EINVAL, "model: vocab_size=%d must be >= 2", c->vocab_size);
+    if (c->n_layers < 1) return moe_error(MOE_EINVAL, "model: n_layers=%d must be >= 1", c->n_layers);
+    if (c->n_heads < 1 || c->d_model % c->n_heads)
+        return moe_error(MOE_EINVAL, "model: d_model=%d is not a multiple of n_heads=%d",
+                         c->d_model, c->n_heads);
+    if (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads)
+        return moe_error(MOE_EINVAL, "model: n_heads=%d is not a multiple of n_kv_heads=%d",
+                         c->n_heads, c->n_kv_heads);
+    if ((c->d_model / c->n_heads) % 2)
+        return moe_error(MOE_EINVAL, "model: head_dim=%d must be even (RoPE pairs)",
+                         c->d_model / c->n_heads);
+    if (c->max_seq_len < 1) return moe_error(MOE_EINVAL, "model: max_seq_len=%d must be >= 1", c->max_seq_len);
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
+        return moe_error(MOE_EINVAL, "model: rope_theta=%g must be > 0", c->rope_theta);
+    if (!(c->rms_norm_eps > 0) || !isfinite(c->rms_norm_eps))
+        return moe_error(MOE_EINVAL, "model: rms_norm_eps=%g must be > 0", c->rms_norm_eps);
+    if (c->moe.d_model != c->d_model)
+        return moe_error(MOE_EINVAL, "model: moe.d_model=%d differs from d_model=%d",
+                         c->moe.d_model, c->d_model);
+    return moe_config_check(&c->moe);
+}
+
+// ---- parameter layout -------------------------------------------------------------
+
+// Points the views at consecutive regions of buf; returns the reals used. Dense first,
+// expert weights last; *n_dense receives the size of the dense part.
+static size_t params_layout(model_params *p, real *buf, const model_config *c, size_t *n_dense) {
+    const size_t V = c->vocab_size, d = c->d_model, L = c->n_layers, H = c->n_heads,
+                 KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts,
+                 ff = c->moe.d_ff;
+    size_t off = 0; // buf may be NULL: only count
+#define TAKE(field, n) (p->field = buf ? buf + off : NULL, off += (n))
+    TAKE(embed, V * d);
+    TAKE(attn_norm, L * d);
+    TAKE(wqkv, L * Q * d);
+    TAKE(wo, L * d * H * hd);
+    TAKE(moe_norm, L * d);
+    TAKE(router, L * E * d);
+    TAKE(final_norm, d);
+    if (c->tie_embeddings) p->lm_head = p->embed;
+    else TAKE(lm_head, V * d);
+    if (n_dense) *n_dense = off;
+    TAKE(w13, L * E * 2 * ff * d);
+    TAKE(w2, L * E * d * ff);
+#undef TAKE
+    return off;
+}
+
+static moe_weights layer_moe_weights(const model_params *p, const model_config *c, int l) {
+    const size_t E = c->moe.n_experts, d = c->d_model, ff = c->moe.d_ff;
+    moe_weights w = {
+        .gate = p->router + l * E * d,
+        .w13 = p->w13 + l * E * 2 * ff * d,
+        .w2 = p->w2 + l * E * d * ff,
+    };
+    return w;
+}
+
+static void add_tensor(model *m, const char *name, const real *ptr, int rows, int cols,
+                       int layer, int is_norm, int is_expert) {
+    model_tensor *t = &m->tensors[m->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->offset = (size_t)(ptr - m->params);
+    t->rows = rows, t->cols = cols, t->layer = layer;
+    t->is_norm = is_norm, t->is_expert = is_expert;
+}
+
+// The tensor table in Hugging Face Mixtral names, in HF order.
+static void build_tensor_table(model *m) {
+    const model_config *c = &m->cfg;
+    const model_params *p = &m->p;
+    const int V = c->vocab_size, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads,
+              hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts, ff = c->moe.d_ff;
+    char name[96];
+    m->n_tensors = 0;
+    add_tensor(m, "model.embed_tokens.weight", p->embed, V, d, -1, 0, 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        const real *wqkv = p->wqkv + (size_t)l * Q * d;
+#define LNAME(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
+        add_tensor(m, LNAME("input_layernorm.weight"), p->attn_norm + (size_t)l * d, d, 0, l, 1, 0);
+        add_tensor(m, LNAME("self_attn.q_proj.weight"), wqkv, H * hd, d, l, 0, 0);
+        add_tensor(m, LNAME("self_attn.k_proj.weight"), wqkv + (size_t)H * hd * d, KV * hd, d, l, 0, 0);
+        add_tensor(m, LNAME("self_attn.v_proj.weight"), wqkv + (size_t)(H + KV) * hd * d, KV * hd, d, l, 0, 0);
+        add_tensor(m, LNAME("self_attn.o_proj.weight"), p->wo + (size_t)l * d * H * hd, d, H * hd, l, 0, 0);
+        add_tensor(m, LNAME("post_attention_layernorm.weight"), p->moe_norm + (size_t)l * d, d, 0, l, 1, 0);
+        moe_weights w = layer_moe_weights(p, c, l);
+        add_tensor(m, LNAME("block_sparse_moe.gate.weight"), w.gate, E, d, l, 0, 0);
+#undef LNAME
+        for (int j = 0; j < E; j++) {
+            const real *w13 = w.w13 + (size_t)j * 2 * ff * d;
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, j);
+            add_tensor(m, name, w13, ff, d, l, 0, 1);
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, j);
+            add_tensor(m, name, w.w2 + (size_t)j * d * ff, d, ff, l, 0, 1);
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, j);
+            add_tensor(m, name, w13 + (size_t)ff * d, ff, d, l, 0, 1);
+        }
+    }
+    add_tensor(m, "model.norm.weight", p->final_norm, d, 0, -1, 1, 0);
+    if (!c->tie_embeddings) add_tensor(m, "lm_head.weight", p->lm_head, V, d, -1, 0, 0);
+}
+
+const model_tensor *model_find_tensor(const model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
+    return NULL;
+}
+
+// ---- allocation ---------------------------------------------------------------------
+
+typedef struct {
+    void **ptr;
+    size_t bytes;
+} buffer_spec;
+
+moe_status model_create(model *m, const moe_backend *be, const model_config *cfg, int max_batch,
+                        int max_seq) {
+    memset(m, 0, sizeof *m);
+    moe_status st = model_config_check(cfg);
+    if (st) return st;
+    if (max_batch < 1 || max_seq < 1 || max_seq > cfg->max_seq_len)
+        return moe_error(MOE_EINVAL, "model: batch %d x seq %d out of range (max_seq_len %d)",
+                         max_batch, max_seq, cfg->max_seq_len);
+    m->cfg = *cfg;
+    m->be = be;
+    m->max_batch = max_batch, m->max_seq = max_seq;
+    const size_t T = (size_t)max_batch * max_seq, d = cfg->d_model, L = cfg->n_layers,
+                 H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
+                 V = cfg->vocab_size, S = max_seq, B = max_batch, R = sizeof(real);
+    m->n_params = params_layout(&m->p, NULL, cfg, &m->n_dense);
+
+    buffer_spec specs[] = {
+        {(void **)&m->params, m->n_params * R}, {(void **)&m->grads, m->n_params * R},
+        {(void **)&m->rope_cos, S * hd / 2 * R}, {(void **)&m->rope_sin, S * hd / 2 * R},
+        {(void **)&m->tokens, T * sizeof(int)}, {(void **)&m->targets, T * sizeof(int)},
+        {(void **)&m->x, (L + 1) * T * d * R},  {(void **)&m->n1, L * T * d * R},
+        {(void **)&m->rstd1, L * T * R},        {(void **)&m->qkv, L * T * Q * R},
+        {(void **)&m->att, L * B * H * S * S * R}, {(void **)&m->attn_out, L * T * H * hd * R},
+        {(void **)&m->h, L * T * d * R},        {(void **)&m->n2, L * T * d * R},
+        {(void **)&m->rstd2, L * T * R},        {(void **)&m->moe_out, T * d * R},
+        {(void **)&m->xf, T * d * R},           {(void **)&m->rstdf, T * R},
+        {(void **)&m->logits, T * V * R},       {(void **)&m->losses, T * R},
+        {(void **)&m->dx, T * d * R},           {(void **)&m->dn, T * d * R},
+        {(void **)&m->dattn_out, T * H * hd * R}, {(void **)&m->dqkv, T * Q * R},
+        {(void **)&m->datt, B * H * S * S * R}, {(void **)&m->dlogits, T * V * R},
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        *specs[i].ptr = be->alloc(specs[i].bytes);
+        if (!*specs[i].ptr) {
+            model_destroy(m);
+            return moe_error(MOE_ENOMEM, "model: cannot allocate %zu bytes on %s",
+                             specs[i].bytes, be->name);
+        }
+    }
+    params_layout(&m->p, m->params, cfg, NULL);
+    params_layout(&m->g, m->grads, cfg, NULL);
+
+    // tensor table: 1 + per layer 7 + 3E, + final norm + lm_head
+    m->tensors = calloc(3 + L * (7 + 3 * (size_t)cfg->moe.n_experts), sizeof(model_tensor));
+    m->moe = calloc(L, sizeof(moe_layer));
+    m->moe_stats = calloc(L, sizeof(moe_stats));
+    if (!m->tensors || !m->moe || !m->moe_stats) {
+        model_destroy(m);
+        return moe_error(MOE_ENOMEM, "model: cannot allocate host tables");
+    }
+    build_tensor_table(m);
+    for (size_t l = 0; l < L; l++) {
+        st = moe_layer_init(&m->moe[l], be, &cfg->moe, (int)T);
+        if (st) {
+            model_destroy(m);
+            return st;
+        }
+    }
+
+    // RoPE tables: angle = pos * theta^(-2i/hd), computed in double
+    real *cs = malloc(2 * S * hd / 2 * R);
+    if (!cs) {
+        model_destroy(m);
+        return moe_error(MOE_ENOMEM, "model: cannot allocate RoPE tables");
+    }
+    for (size_t pos = 0; pos < S; pos++)
+        for (size_t i = 0; i < hd / 2; i++) {
+            double angle = pos * pow(cfg->rope_theta, -2.0 * i / hd);
+            cs[pos * hd / 2 + i] = (real)cos(angle);
+            cs[S * hd / 2 + pos * hd / 2 + i] = (real)sin(angle);
+        }
+    be->copy_to_device(m->rope_cos, cs, S * hd / 2 * R);
+    be->copy_to_device(m->rope_sin, cs + S * hd / 2, S * hd / 2 * R);
+    free(cs);
+    return MOE_OK;
+}
+
+void model_destroy(model *m) {
+    if (m->be) {
+        void *bufs[] = {m->params, m->grads, m->rope_cos, m->rope_sin, m->tokens, m->targets,
+                        m->x, m->n1, m->rstd1, m->qkv, m->att, m->attn_out, m->h, m->n2,
+                        m->rstd2, m->moe_out, m->xf, m->rstdf, m->logits, m->losses, m->dx,
+                        m->dn, m->dattn_out, m->dqkv, m->datt, m->dlogits};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) m->be->free(bufs[i]);
+    }
+    if (m->moe)
+        for (int l = 0; l < m->cfg.n_layers; l++) moe_layer_free(&m->moe[l]);
+    free(m->moe);
+    free(m->moe_stats);
+    free(m->tensors);
+    memset(m, 0, sizeof *m);
+}
+
+void model_zero_grads(model *m) { m->be->zero(m->grads, m->n_params * sizeof(real)); }
+
+// ---- initialisation -------------------------------------------------------------------
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double normal(uint64_t *s) { // Box-Muller
+    double u1 = ((splitmix64(s) >> 11) + 1.0) * 0x1.0p-53, u2 = (splitmix64(s) >> 11) * 0x1.0p-53;
+    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void model_init_weights(model *m, uint64_t seed, double std) {
+    real *host = malloc(m->n_params * sizeof(real));
+    if (!host) moe_fatal("model: cannot allocate %zu bytes to initialise weights", m->n_params * sizeof(real));
+    uint64_t s = seed;
+    const double residual_std = std / sqrt(2.0 * m->cfg.n_layers);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        size_t n = (size_t)t->rows * (t->cols ? t->cols : 1);
+        real *w = host + t->offset;
+        int residual = strstr(t->name, "o_proj") || strstr(t->name, ".w2.");
+        for (size_t j = 0; j < n; j++)
+            w[j] = t->is_norm ? 1 : (real)((residual ? residual_std : std) * normal(&s));
+    }
+    m->be->copy_to_device(m->params, host, m->n_params * sizeof(real));
+    free(host);
+}
+
+// ---- forward / backward ---------------------------------------------------------------
+
+static moe_status check_ids(const int *ids, size_t n, int V, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return moe_error(MOE_EINVAL, "model: %s[%zu] = %d is outside the vocabulary [0, %d)",
+                             what, i, ids[i], V);
+    return MOE_OK;
+}
+
+moe_status model_forward(model *m, const int *tokens, const int *targets, int B, int S,
+                         int training) {
+    const model_config *c = &m->cfg;
+    const moe_backend *be = m->be;
+    if (B < 1 || B > m->max_batch || S < 1 || S > m->max_seq)
+        return moe_error(MOE_EINVAL, "model: batch %d x seq %d exceeds the buffers (%d x %d)", B,
+                         S, m->max_batch, m->max_seq);
+    const int T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads,
+              hd = d / H, Q = (H + 2 * KV) * hd, V = c->vocab_size;
+    moe_status st = check_ids(tokens, T, V, "tokens");
+    if (!st && targets) st = check_ids(targets, T, V, "targets");
+    if (st) return st;
+    m->B = B, m->S = S;
+    be->copy_to_device(m->tokens, tokens, (size_t)T * sizeof(int));
+    if (targets) be->copy_to_device(m->targets, targets, (size_t)T * sizeof(int));
+
+    be->embedding_forward(m->x, m->tokens, m->p.embed, T, d);
+    m->aux = m->z = 0;
+    for (int l = 0; l < L; l++) {
+        const size_t Td = (size_t)T * d;
+        real *xl = m->x + l * Td, *n1 = m->n1 + l * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
+        real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
+        real *att = m->att + (size_t)l * B * H * S * S;
+        be->rmsnorm_forward(n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T, d,
+                            (real)c->rms_norm_eps);
+        be->matmul(qkv, n1, m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0, 1, 0);
+        be->rope(qkv, qkv, m->rope_cos, m->rope_sin, T, S, H + KV, H + 2 * KV, hd, 0);
+        be->attention_forward(ao, att, qkv, B, S, H, KV, hd);
+        be->matmul(h, ao, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0, 1, 0);
+        be->add(h, h, xl, Td);
+        be->rmsnorm_forward(n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T, d,
+                            (real)c->rms_norm_eps);
+        moe_weights w = layer_moe_weights(&m->p, c, l);
+        st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, training, &m->moe_stats[l]);
+        if (st) return moe_error_context(st, "layer %d", l);
+        be->add(m->x + (l + 1) * Td, h, m->moe_out, Td);
+        m->aux += m->moe_stats[l].aux;
+        m->z += m->moe_stats[l].z;
+    }
+    be->rmsnorm_forward(m->xf, m->rstdf, m->x + (size_t)L * T * d, m->p.final_norm, T, d,
+                        (real)c->rms_norm_eps);
+    be->matmul(m->logits, m->xf, m->p.lm_head, T, V, d, 0, 1, 0);
+
+    m->ce = 0;
+    if (targets) {
+        be->cross_entropy_forward(m->losses, m->logits, m->targets, T, V);
+        real *host = malloc((size_t)T * sizeof(real));
+        if (!host) return moe_error(MOE_ENOMEM, "model: cannot allocate %d losses", T);
+        be->copy_to_host(host, m->losses, (size_t)T * sizeof(real));
+        double sum = 0;
+        for (int t = 0; t < T; t++) sum += host[t];
+        free(host);
+        m->ce = sum / T;
+    }
+    return MOE_OK;
+}
+
+moe_status model_backward(model *m, double loss_scale) {
+    const model_config *c = &m->cfg;
+    const moe_backend *be = m->be;
+    if (m->B == 0) return moe_error(MOE_EINVAL, "model: backward before forward");
+    const int B = m->B, S = m->S, T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads,
+              KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = c->vocab_size;
+    const size_t Td = (size_t)T * d;
+
+    // logits = xf lm_head^T; CE is a mean over T tokens
+    be->cross_entropy_backward(m->dlogits, m->logits, m->targets, T, V, (real)(loss_scale / T));
+    be->matmul(m->dn, m->dlogits, m->p.lm_head, T, d, V, 0, 0, 0);     // dxf = dlogits lm_head
+    be->matmul(m->g.lm_head, m->dlogits, m->xf, V, d, T, 1, 0, 1);      // dlm += dlogits^T xf
+    be->zero(m->dx, Td * sizeof(real));
+    be->rmsnorm_backward(m->dx, m->g.final_norm, m->dn, m->x + (size_t)L * Td, m->p.final_norm,
+                         m->rstdf, T, d);
+
+    for (int l = L - 1; l >= 0; l--) {
+        real *xl = m->x + l * Td, *n1 = m->n1 + l * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
+        real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
+        real *att = m->att + (size_t)l * B * H * S * S;
+        // x_{l+1} = h + MoE(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
+        moe_weights w = layer_moe_weights(&m->p, c, l), gw = layer_moe_weights(&m->g, c, l);
+        be->zero(m->dn, Td * sizeof(real));
+        moe_status st = moe_layer_backward(&m->moe[l], m->dn, &gw, m->dx, n2, &w, loss_scale);
+        if (st) return moe_error_context(st, "layer %d", l);
+        be->rmsnorm_backward(m->dx, m->g.moe_norm + (size_t)l * d, m->dn, h,
+                             m->p.moe_norm + (size_t)l * d, m->rstd2 + (size_t)l * T, T, d);
+        // h = x_l + attn_out wo^T: dx becomes dL/dx_l
+        const real *wo = m->p.wo + (size_t)l * d * H * hd;
+        be->matmul(m->dattn_out, m->dx, wo, T, H * hd, d, 0, 0, 0);
+        be->matmul(m->g.wo + (size_t)l * d * H * hd, m->dx, ao, d, H * hd, T, 1, 0, 1);
+        be->attention_backward(m->dqkv, m->datt, m->dattn_out, qkv, att, B, S, H, KV, hd);
+        be->rope(m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, H + KV, H + 2 * KV, hd, 1);
+        be->matmul(m->dn, m->dqkv, m->p.wqkv + (size_t)l * Q * d, T, d, Q, 0, 0, 0);
+        be->matmul(m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, Q, d, T, 1, 0, 1);
+        be->rmsnorm_backward(m->dx, m->g.attn_norm + (size_t)l * d, m->dn, xl,
+                             m->p.attn_norm + (size_t)l * d, m->rstd1 + (size_t)l * T, T, d);
+    }
+    be->embedding_backward(m->g.embed, m->dx, m->tokens, T, d);
+    return MOE_OK;
+}

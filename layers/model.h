@@ -1,0 +1,120 @@
+// The Mixtral-style decoder (DESIGN.md §2), forward and backward.
+//
+//   x0 = embed[tokens]
+//   per layer l:  h = x_l + Attn(RMSNorm(x_l));  x_{l+1} = h + MoE(RMSNorm(h))
+//   logits = RMSNorm(x_L) lm_head^T;  loss = CE + sum_l (L_aux + L_z)
+//
+// Parameters, gradients and activations live in flat buffers (one allocation each)
+// reached through structs of named pointers. Tensors of the same kind are stacked over
+// layers (all layers' wqkv together, ...), and the expert weights come last, so the
+// expert part of the parameters is one contiguous region (expert parallelism reduces it
+// differently from the dense part).
+#ifndef MOE_MODEL_H
+#define MOE_MODEL_H
+
+#include <stdint.h>
+
+#include "layers/moe.h"
+
+typedef struct {
+    int vocab_size;      // V
+    int d_model;         // d
+    int n_layers;        // L
+    int n_heads;         // H
+    int n_kv_heads;      // KV (GQA: H % KV == 0)
+    int max_seq_len;     // longest sequence (RoPE table size)
+    int tie_embeddings;  // lm_head is embed
+    double rope_theta;
+    double rms_norm_eps;
+    moe_config moe;      // d_model, d_ff, experts, top_k, capacity, losses
+} model_config;
+
+moe_status model_config_check(const model_config *cfg);
+
+// Views into the flat parameter (or gradient) buffer. hd = d / H, Q = (H + 2 KV) * hd.
+typedef struct {
+    real *embed;      // [V, d]
+    real *attn_norm;  // [L, d]          input_layernorm
+    real *wqkv;       // [L, Q, d]        q_proj, k_proj, v_proj stacked by rows
+    real *wo;         // [L, d, H*hd]     o_proj
+    real *moe_norm;   // [L, d]          post_attention_layernorm
+    real *router;     // [L, E, d]        block_sparse_moe.gate
+    real *final_norm; // [d]             model.norm
+    real *lm_head;    // [V, d]           (== embed when tied)
+    real *w13;        // [L, E, 2ff, d]   experts.J.w1 (rows 0..ff-1) and w3 (ff..2ff-1)
+    real *w2;         // [L, E, d, ff]    experts.J.w2
+} model_params;
+
+// One named contiguous tensor of the parameter buffer, as Hugging Face names it
+// (the q/k/v and w1/w3 slices of our stacked matrices are tensors of their own).
+typedef struct {
+    char name[96];
+    size_t offset;   // in reals, from the start of the buffer
+    int rows, cols;  // cols == 0 for a vector
+    int layer;       // -1 for embed, final norm, lm_head
+    int is_norm;     // RMSNorm weight (no weight decay by default)
+    int is_expert;   // expert weight
+} model_tensor;
+
+typedef struct {
+    model_config cfg;
+    const moe_backend *be;
+    int max_batch, max_seq; // activation buffers sized for max_batch x max_seq tokens
+    int B, S;               // shape of the last forward
+
+    size_t n_params;        // reals in the parameter buffer
+    size_t n_dense;         // the first n_dense reals are dense, the rest expert weights
+    real *params, *grads;   // device buffers, n_params each
+    model_params p, g;      // views
+    int n_tensors;
+    model_tensor *tensors;  // host table, HF names
+
+    real *rope_cos, *rope_sin; // [max_seq, hd/2]
+
+    // activations, T = B*S tokens
+    int *tokens, *targets;  // [T]
+    real *x;                // [L+1, T, d]  residual stream entering each layer; x[L] final
+    real *n1, *rstd1;       // [L, T, d], [L, T]   attention RMSNorm
+    real *qkv;              // [L, T, Q]   after RoPE
+    real *att;              // [L, B, H, S, S]
+    real *attn_out;         // [L, T, H*hd]
+    real *h;                // [L, T, d]   after the attention residual
+    real *n2, *rstd2;       // [L, T, d], [L, T]   MoE RMSNorm
+    real *moe_out;          // [T, d]
+    real *xf, *rstdf;       // [T, d], [T]
+    real *logits;           // [T, V]
+    real *losses;           // [T]
+    moe_layer *moe;         // [L]
+    moe_stats *moe_stats;   // [L] of the last forward
+    // backward scratch
+    real *dx, *dn, *dattn_out, *dqkv, *dqkv_rot, *datt, *dlogits;
+
+    // loss parts of the last forward (means over its tokens)
+    double ce, aux, z;      // aux, z summed over layers
+} model;
+
+// Allocates parameters, gradients and activations; parameters are zero until
+// model_init_weights or a load.
+moe_status model_create(model *m, const moe_backend *be, const model_config *cfg, int max_batch,
+                        int max_seq);
+void model_destroy(model *m);
+
+// Normal(0, std) matrices, residual projections (o_proj, w2) scaled by 1/sqrt(2L),
+// norms at 1. Deterministic in seed (host RNG, then copied to the device).
+void model_init_weights(model *m, uint64_t seed, double std);
+
+// Forward of B sequences of S tokens (host arrays [B*S]); targets may be NULL (no loss).
+// training=0: inference (MoE never drops). Returns the loss parts in m->ce/aux/z.
+moe_status model_forward(model *m, const int *tokens, const int *targets, int B, int S,
+                         int training);
+
+// Backward of the last forward, accumulating into m->grads the gradient of
+// loss_scale * (CE + sum aux + z) (loss_scale = 1/n under accumulation over n micro-batches).
+moe_status model_backward(model *m, double loss_scale);
+
+void model_zero_grads(model *m);
+
+// The tensor named `name`, or NULL.
+const model_tensor *model_find_tensor(const model *m, const char *name);
+
+#endif

@@ -1,0 +1,76 @@
+#include "optim/optimizer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_config *cfg,
+                            size_t n_params, const optim_region *regions, int n_regions) {
+    memset(o, 0, sizeof *o);
+    if (cfg->kind != OPTIM_ADAMW && cfg->kind != OPTIM_SGD)
+        return moe_error(MOE_EINVAL, "optimizer: unknown kind %d", (int)cfg->kind);
+    for (int i = 0; i < n_regions; i++)
+        if (regions[i].offset + regions[i].count > n_params)
+            return moe_error(MOE_EINVAL, "optimizer: region %d [%zu, +%zu) beyond %zu parameters",
+                             i, regions[i].offset, regions[i].count, n_params);
+    o->cfg = *cfg;
+    o->be = be;
+    o->n = n_params;
+    o->regions = malloc((size_t)n_regions * sizeof *regions + 1);
+    if (!o->regions) return moe_error(MOE_ENOMEM, "optimizer: out of memory");
+    memcpy(o->regions, regions, (size_t)n_regions * sizeof *regions);
+    o->n_regions = n_regions;
+    if (cfg->kind == OPTIM_ADAMW) {
+        o->m = be->alloc(n_params * sizeof(real));
+        o->v = be->alloc(n_params * sizeof(real));
+        if (!o->m || !o->v) {
+            optimizer_destroy(o);
+            return moe_error(MOE_ENOMEM, "optimizer: cannot allocate %zu bytes of AdamW moments",
+                             2 * n_params * sizeof(real));
+        }
+    }
+    return MOE_OK;
+}
+
+void optimizer_destroy(optimizer *o) {
+    if (o->be) {
+        if (o->m) o->be->free(o->m);
+        if (o->v) o->be->free(o->v);
+    }
+    free(o->regions);
+    memset(o, 0, sizeof *o);
+}
+
+void optimizer_step(optimizer *o, real *params, const real *grads, double lr, double grad_scale) {
+    const optim_config *c = &o->cfg;
+    const int64_t t = ++o->t;
+    const double bc1 = 1 - pow(c->beta1, (double)t), bc2 = 1 - pow(c->beta2, (double)t);
+    for (int i = 0; i < o->n_regions; i++) {
+        const optim_region *r = &o->regions[i];
+        if (c->kind == OPTIM_SGD) {
+            o->be->sgd_update(params + r->offset, grads + r->offset, r->count, (real)lr,
+                              (real)grad_scale);
+        } else {
+            o->be->adamw_update(params + r->offset, o->m + r->offset, o->v + r->offset,
+                                grads + r->offset, r->count, (real)lr, (real)c->beta1,
+                                (real)c->beta2, (real)c->eps,
+                                (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2,
+                                (real)grad_scale);
+        }
+    }
+}
+
+double lr_at_step(schedule_kind kind, double lr, double min_lr, int64_t warmup, int64_t steps,
+                  int64_t step) {
+    if (step < warmup) return lr * (double)(step + 1) / (double)warmup;
+    if (kind == SCHEDULE_CONSTANT || steps <= warmup) return lr;
+    double progress = (double)(step - warmup) / (double)(steps - warmup); // 0 -> 1
+    if (progress > 1) progress = 1;
+    return min_lr + 0.5 * (lr - min_lr) * (1 + cos(3.14159265358979323846 * progress));
+}
+
+double clip_scale(double grad_norm, double max_norm) {
+    if (max_norm <= 0) return 1;
+    double s = max_norm / (grad_norm + 1e-6);
+    return s < 1 ? s : 1;
+}

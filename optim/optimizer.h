@@ -1,0 +1,53 @@
+// Optimizers (AdamW, SGD), the learning-rate schedule (linear warmup + cosine decay) and
+// global-norm gradient clipping. The per-element update is a backend kernel; this module
+// holds the state and decides what to call with which hyperparameters.
+#ifndef MOE_OPTIMIZER_H
+#define MOE_OPTIMIZER_H
+
+#include <stdint.h>
+
+#include "layers/backend.h"
+#include "layers/status.h"
+
+typedef enum { OPTIM_ADAMW = 0, OPTIM_SGD = 1 } optim_kind;
+
+typedef struct {
+    optim_kind kind;
+    double beta1, beta2, eps; // AdamW
+    double weight_decay;      // decoupled (AdamW only), applied to regions with decay=1
+} optim_config;
+
+// A contiguous range of the parameter buffer and whether weight decay applies to it.
+typedef struct {
+    size_t offset, count;
+    int decay;
+} optim_region;
+
+typedef struct {
+    optim_config cfg;
+    const moe_backend *be;
+    size_t n;           // parameters
+    real *m, *v;        // AdamW moments [n] (device), NULL for SGD
+    int64_t t;          // updates done (AdamW bias correction uses t+1)
+    int n_regions;
+    optim_region *regions;
+} optimizer;
+
+moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_config *cfg,
+                            size_t n_params, const optim_region *regions, int n_regions);
+void optimizer_destroy(optimizer *o);
+
+// One update of params with grad_scale * grads at learning rate lr.
+void optimizer_step(optimizer *o, real *params, const real *grads, double lr, double grad_scale);
+
+// Learning rate at step (0-based): linear warmup lr*(step+1)/warmup over warmup steps,
+// then cosine from lr to min_lr over the remaining steps (constant: lr after warmup).
+typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } schedule_kind;
+double lr_at_step(schedule_kind kind, double lr, double min_lr, int64_t warmup, int64_t steps,
+                  int64_t step);
+
+// torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6) when that is < 1, else 1.
+// max_norm <= 0 disables clipping (scale 1).
+double clip_scale(double grad_norm, double max_norm);
+
+#endif

@@ -1,0 +1,155 @@
+// The whole model against PyTorch fixtures (scripts/make_fixtures.py, model_*.bin):
+// step-0 logits, loss parts, drops and every parameter gradient (relative error <= 1e-5),
+// then 5 AdamW steps with global-norm clipping: the losses and the final weights (<= 1e-4).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/model.h"
+#include "optim/optimizer.h"
+#include "test_util.h"
+
+static model_config config_from(const fixture *fx) {
+    model_config c = {
+        .vocab_size = fixture_int(fx, "V"),
+        .d_model = fixture_int(fx, "d"),
+        .n_layers = fixture_int(fx, "n_layers"),
+        .n_heads = fixture_int(fx, "n_heads"),
+        .n_kv_heads = fixture_int(fx, "n_kv_heads"),
+        .max_seq_len = fixture_int(fx, "S"),
+        .tie_embeddings = fixture_int(fx, "tie_embeddings"),
+        .rope_theta = fixture_double(fx, "rope_theta"),
+        .rms_norm_eps = fixture_double(fx, "rms_norm_eps"),
+    };
+    c.moe = moe_config_default(c.d_model, fixture_int(fx, "ff"), fixture_int(fx, "E"),
+                               fixture_int(fx, "k"));
+    c.moe.norm_topk_prob = fixture_int(fx, "norm_topk_prob");
+    int policy = fixture_int(fx, "policy");
+    c.moe.capacity_factor = policy ? fixture_double(fx, "capacity_factor") : 0.0;
+    c.moe.drop_policy = policy == 2 ? MOE_DROP_POSITION : MOE_DROP_PROBS;
+    c.moe.aux_coef = fixture_double(fx, "aux_coef");
+    c.moe.z_coef = fixture_double(fx, "z_coef");
+    return c;
+}
+
+static size_t numel(const model_tensor *t) { return (size_t)t->rows * (t->cols ? t->cols : 1); }
+
+// Every tensor of the model, by HF name, compared with fixture tensor prefix+name.
+static void check_all_tensors(const model *m, const real *buf, const fixture *fx,
+                              const char *prefix, double tol) {
+    int bad = 0;
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", prefix, t->name);
+        const fixture_tensor *ref = fixture_get(fx, name, numel(t));
+        double *got = malloc(numel(t) * sizeof(double));
+        for (size_t j = 0; j < numel(t); j++) got[j] = buf[t->offset + j];
+        double e = rel_err(got, ref->data, numel(t));
+        if (!(e <= tol)) {
+            printf("    %s: rel_err %.3e\n", name, e);
+            bad++;
+        }
+        if (e > worst) worst = e, worst_name = t->name;
+        free(got);
+    }
+    char label[200];
+    snprintf(label, sizeof label, "%s* (%d tensors, worst %.2e %s)", prefix, m->n_tensors, worst,
+             worst_name);
+    check_true(label, bad == 0);
+}
+
+static void run_fixture(const char *path) {
+    fixture fx;
+    fixture_load(&fx, path);
+    model_config cfg = config_from(&fx);
+    const int B = fixture_int(&fx, "B"), S = fixture_int(&fx, "S"), steps = fixture_int(&fx, "steps");
+    const int T = B * S, L = cfg.n_layers;
+    printf("%s: V=%d d=%d L=%d H=%d KV=%d ff=%d E=%d k=%d B=%d S=%d tied=%d cf=%g\n", path,
+           cfg.vocab_size, cfg.d_model, L, cfg.n_heads, cfg.n_kv_heads, cfg.moe.d_ff,
+           cfg.moe.n_experts, cfg.moe.top_k, B, S, cfg.tie_embeddings, cfg.moe.capacity_factor);
+    model m;
+    if (model_create(&m, moe_backend_cpu(), &cfg, B, S)) {
+        fprintf(stderr, "model_create: %s\n", moe_last_error());
+        exit(1);
+    }
+    for (int i = 0; i < m.n_tensors; i++) {
+        const fixture_tensor *w = fixture_get(&fx, m.tensors[i].name, numel(&m.tensors[i]));
+        for (size_t j = 0; j < w->count; j++) m.params[m.tensors[i].offset + j] = (real)w->data[j];
+    }
+    const fixture_tensor *tok = fixture_get(&fx, "tokens", (size_t)steps * T);
+    const fixture_tensor *tgt = fixture_get(&fx, "targets", (size_t)steps * T);
+    int *tokens = malloc((size_t)steps * T * sizeof(int)), *targets = malloc((size_t)steps * T * sizeof(int));
+    for (size_t i = 0; i < (size_t)steps * T; i++) tokens[i] = (int)tok->data[i], targets[i] = (int)tgt->data[i];
+
+    // ---- step 0: forward and backward
+    model_zero_grads(&m);
+    if (model_forward(&m, tokens, targets, B, S, 1)) {
+        fprintf(stderr, "forward: %s\n", moe_last_error());
+        exit(1);
+    }
+    const fixture_tensor *dropped = fixture_get(&fx, "dropped_per_layer", L);
+    int drops_equal = 1;
+    for (int l = 0; l < L; l++) drops_equal &= m.moe_stats[l].dropped == (long)dropped->data[l];
+    check_true("dropped assignments per layer", drops_equal);
+    size_t nlog = (size_t)T * cfg.vocab_size;
+    double *logits = malloc(nlog * sizeof(double));
+    for (size_t i = 0; i < nlog; i++) logits[i] = m.logits[i];
+    check_rel("logits", logits, fixture_get(&fx, "logits", nlog)->data, nlog, 1e-5);
+    free(logits);
+    double loss = m.ce + m.aux + m.z;
+    check_rel("loss", &loss, fixture_get(&fx, "loss", 1)->data, 1, 1e-5);
+    check_rel("ce", &m.ce, fixture_get(&fx, "ce", 1)->data, 1, 1e-5);
+    check_rel("aux", &m.aux, fixture_get(&fx, "aux", 1)->data, 1, 1e-5);
+    check_rel("z", &m.z, fixture_get(&fx, "z", 1)->data, 1, 1e-5);
+    model_backward(&m, 1.0);
+    check_all_tensors(&m, m.grads, &fx, "grad.", 1e-5);
+    double ss;
+    m.be->sum_squares(&ss, m.grads, m.n_params);
+    double gn = sqrt(ss);
+    check_rel("grad_norm", &gn, fixture_get(&fx, "grad_norm", 1)->data, 1, 1e-5);
+
+    // ---- 5 AdamW steps, constant lr, clipping, no decay on norms
+    optim_region *regions = malloc((size_t)m.n_tensors * sizeof *regions);
+    for (int i = 0; i < m.n_tensors; i++) {
+        regions[i].offset = m.tensors[i].offset;
+        regions[i].count = numel(&m.tensors[i]);
+        regions[i].decay = !m.tensors[i].is_norm;
+    }
+    optim_config oc = {OPTIM_ADAMW, fixture_double(&fx, "beta1"), fixture_double(&fx, "beta2"),
+                       fixture_double(&fx, "eps"), fixture_double(&fx, "weight_decay")};
+    optimizer opt;
+    if (optimizer_create(&opt, m.be, &oc, m.n_params, regions, m.n_tensors)) exit(1);
+    const double lr = fixture_double(&fx, "lr"), clip = fixture_double(&fx, "grad_clip");
+    double *losses = malloc(steps * sizeof(double)), *norms = malloc(steps * sizeof(double));
+    for (int s = 0; s < steps; s++) {
+        model_zero_grads(&m);
+        if (model_forward(&m, tokens + (size_t)s * T, targets + (size_t)s * T, B, S, 1)) exit(1);
+        losses[s] = m.ce + m.aux + m.z;
+        model_backward(&m, 1.0);
+        m.be->sum_squares(&ss, m.grads, m.n_params);
+        norms[s] = sqrt(ss);
+        optimizer_step(&opt, m.params, m.grads, lr, clip_scale(norms[s], clip));
+    }
+    check_rel("5 step losses", losses, fixture_get(&fx, "step_loss", steps)->data, steps, 1e-4);
+    check_rel("5 step grad norms", norms, fixture_get(&fx, "step_grad_norm", steps)->data, steps, 1e-4);
+    check_all_tensors(&m, m.params, &fx, "final.", 1e-4);
+
+    free(losses), free(norms), free(regions), free(tokens), free(targets);
+    optimizer_destroy(&opt);
+    model_destroy(&m);
+    fixture_free(&fx);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s model_FIXTURE.bin...\n", argv[0]);
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) run_fixture(argv[i]);
+    printf("%d failure(s)\n", test_failures());
+    return test_failures() != 0;
+}
