@@ -1,0 +1,110 @@
+// The training configuration: a libconfig file -> a validated struct.
+//
+// Groups: model, train, data, log, checkpoint. Every key has a type, a default (or is
+// required), and a range; unknown keys, wrong types, out-of-range values, integers that
+// overflow, and inconsistent combinations are rejected with file, line and key.
+// `--set group.key=value` overrides a key from the command line (applied to the parsed
+// tree before validation, so it is checked exactly like a value from the file).
+#ifndef MOE_TRAIN_CONFIG_H
+#define MOE_TRAIN_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "layers/status.h"
+
+#define MOE_PATH_MAX 1024
+#define MOE_MAX_TEXT_SOURCES 32
+
+typedef struct {
+    // ---- model { } ------------------------------------------------------------
+    int vocab_size;          // default 256, [2, 1<<24]
+    int d_model;             // default 128, [1, 65536]
+    int n_layers;            // default 4, [1, 1024]
+    int n_heads;             // default 4, [1, 4096]; d_model % n_heads == 0
+    int n_kv_heads;          // default = n_heads, [1, n_heads]; n_heads % n_kv_heads == 0
+    int d_ff;                // default 256, expert hidden size, [1, 1<<20]
+    int n_experts;           // default 8, [1, 4096]
+    int top_k;               // default 2, [1, n_experts]
+    int max_seq_len;         // default 256, [1, 1<<20] (HF max_position_embeddings)
+    double rope_theta;       // default 1e6, > 0
+    double rms_norm_eps;     // default 1e-5, (0, 1)
+    int tie_embeddings;      // bool, default false
+    int norm_topk_prob;      // bool, default true
+    double capacity_factor;  // default 0.0 (dropless), >= 0, finite
+    int drop_policy;         // string "probs" (0, default) | "position" (1); DESIGN.md §3.3
+    double aux_coef;         // default 0.01, >= 0
+    double z_coef;           // default 0.001, >= 0
+    double init_std;         // default 0.02, > 0
+
+    // ---- train { } ------------------------------------------------------------
+    int64_t seed;            // default 1, >= 0
+    int64_t steps;           // default 1000, [1, 1e12]
+    int batch_size;          // default 8 sequences per micro-batch, [1, 1<<20]
+    int seq_len;             // default 128, [1, model.max_seq_len]
+    int grad_accum;          // default 1 micro-batches per step, [1, 1<<20]
+    int optimizer;           // string "adamw" (0, default) | "sgd" (1)
+    double lr;               // default 3e-4, >= 0, finite
+    double min_lr;           // default 3e-5, [0, lr]: the cosine schedule ends here
+    int64_t warmup_steps;    // default 100, [0, steps]
+    int schedule;            // string "cosine" (0, default) | "constant" (1)
+    double beta1;            // default 0.9, [0, 1)
+    double beta2;            // default 0.95, [0, 1)
+    double eps;              // default 1e-8, > 0
+    double weight_decay;     // default 0.1, >= 0
+    int decay_norms;         // bool, default false: RMSNorm weights get no weight decay
+    double grad_clip;        // default 1.0, >= 0 (0 = off)
+    int max_skipped;         // default 10 consecutive non-finite steps before stopping, >= 1
+    int threads;             // default 0 = OpenMP default, [0, 1024]
+    int64_t eval_interval;   // default 100 steps (0 = never), >= 0
+    int eval_batches;        // default 8 micro-batches of validation, [1, 1<<20]
+    char init_from[MOE_PATH_MAX]; // default "" (issue #4: HF checkpoint folder)
+
+    // ---- data { } -------------------------------------------------------------
+    char train_path[MOE_PATH_MAX]; // default "" -> "<dir>/train.bin"
+    char val_path[MOE_PATH_MAX];   // default "" -> "<dir>/val.bin"
+    char dir[MOE_PATH_MAX];        // default "data/cache/default": where prepared files go
+    // text sources (files or folders) prepared with the byte tokenizer when the token
+    // files are missing; list of strings, default empty
+    int n_text;
+    char text[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX];
+    double val_fraction;     // default 0.1, (0, 0.5]
+
+    // ---- log { } --------------------------------------------------------------
+    char run_dir[MOE_PATH_MAX]; // key "dir", default "runs/default"
+    int64_t interval;        // default 10 steps between console lines, >= 1
+    double load_alert;       // default 1.5, max/mean load that raises a warning, >= 1
+
+    // ---- checkpoint { } (issue #4) --------------------------------------------
+    int64_t ckpt_interval;   // key "interval", default 0 = only at the end, >= 0
+    int ckpt_keep;           // key "keep", default 2, >= 1
+
+    // where the config came from (for messages)
+    char source[MOE_PATH_MAX];
+} moe_train_config;
+
+// Every field at its default.
+void moe_train_config_default(moe_train_config *cfg);
+
+// Parses `path`, applies `n_set` overrides of the form "group.key=value" (value in
+// libconfig syntax: 3, 3L, 0.5, true, "text"), validates. On error returns MOE_EINVAL
+// (or MOE_EIO if the file cannot be read) with a message
+// "<file>:<line>: <group>.<key>: <what is wrong>" (for an override: "--set group.key").
+// No key is required: every key has a default, so an empty file is a valid config.
+// path NULL: no file (defaults + overrides; source ""). @include "x" is relative to the
+// config's folder. Integers are taken as written in the source, not as libconfig 1.5 reads
+// them (it wraps 3000000000 to -1294967296 without an L suffix); a literal beyond 64 bits
+// is rejected. data.text also accepts a single string (a list of one). A combination that
+// is inconsistent is reported at the line of the key named first (or, when that key is at
+// its default, of the other one), naming both. On error *cfg is left untouched.
+moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_set,
+                                 char *const *sets);
+
+// Writes the resolved config (every key, defaults included) in libconfig syntax, so that
+// loading it gives the same struct: doubles in the shortest form that reads back exactly,
+// int64 with an L suffix outside the 32-bit range, strings escaped. When capacity_factor
+// is 0 (dropless), drop_policy is written as a comment (set, it would be rejected).
+// MOE_EINVAL (nothing written) for a struct that would not load back (NaN, bad enum).
+moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f);
+
+#endif

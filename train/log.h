@@ -1,0 +1,22 @@
+// Run logs: one JSON object per line (metrics.jsonl, expert_load.jsonl), written with
+// cJSON, so NaN and Inf become null (DESIGN.md §5), and flushed per record so that a run in
+// progress can be read.
+#ifndef MOE_TRAIN_LOG_H
+#define MOE_TRAIN_LOG_H
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
+#include "layers/status.h"
+
+// Opens dir/name for writing (truncates); MOE_EIO with the path on failure.
+moe_status jsonl_open(FILE **f, const char *dir, const char *name);
+// Writes obj as one line and frees it.
+void jsonl_write(FILE *f, cJSON *obj);
+// An array of ints as a cJSON array.
+cJSON *json_int_array(const long *values, int n);
+
+// mkdir -p
+moe_status make_dirs(const char *path);
+
+#endif

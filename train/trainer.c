@@ -1,0 +1,410 @@
+// The training loop (see trainer.h).
+#include "train/trainer.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "data/loader.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
+#include "optim/optimizer.h"
+#include "train/log.h"
+
+model_config trainer_model_config(const moe_train_config *cfg) {
+    model_config m = {
+        .vocab_size = cfg->vocab_size,
+        .d_model = cfg->d_model,
+        .n_layers = cfg->n_layers,
+        .n_heads = cfg->n_heads,
+        .n_kv_heads = cfg->n_kv_heads,
+        .max_seq_len = cfg->max_seq_len,
+        .tie_embeddings = cfg->tie_embeddings,
+        .rope_theta = cfg->rope_theta,
+        .rms_norm_eps = cfg->rms_norm_eps,
+    };
+    m.moe = moe_config_default(cfg->d_model, cfg->d_ff, cfg->n_experts, cfg->top_k);
+    m.moe.norm_topk_prob = cfg->norm_topk_prob;
+    m.moe.capacity_factor = cfg->capacity_factor;
+    m.moe.drop_policy = cfg->drop_policy == 1 ? MOE_DROP_POSITION : MOE_DROP_PROBS;
+    m.moe.aux_coef = cfg->aux_coef;
+    m.moe.z_coef = cfg->z_coef;
+    return m;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void format_duration(char *buf, size_t n, double s) {
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, n, "%lds", t);
+}
+
+// Token files: data.train / data.val, else data.dir/{train,val}.bin, prepared from
+// data.text when missing.
+static moe_status open_data(const moe_train_config *cfg, token_file *train, token_file *val) {
+    char train_path[MOE_PATH_MAX + 16], val_path[MOE_PATH_MAX + 16];
+    if (cfg->train_path[0]) snprintf(train_path, sizeof train_path, "%s", cfg->train_path);
+    else snprintf(train_path, sizeof train_path, "%s/train.bin", cfg->dir);
+    if (cfg->val_path[0]) snprintf(val_path, sizeof val_path, "%s", cfg->val_path);
+    else snprintf(val_path, sizeof val_path, "%s/val.bin", cfg->dir);
+
+    if ((!file_exists(train_path) || !file_exists(val_path)) && cfg->n_text > 0 &&
+        !cfg->train_path[0] && !cfg->val_path[0]) {
+        const char *sources[MOE_MAX_TEXT_SOURCES];
+        for (int i = 0; i < cfg->n_text; i++) sources[i] = cfg->text[i];
+        uint64_t n_train = 0, n_val = 0;
+        printf("preparing %s from %d text source(s) (byte tokenizer)\n", cfg->dir, cfg->n_text);
+        moe_status st = data_prepare_text(sources, cfg->n_text, cfg->dir, cfg->val_fraction,
+                                          &n_train, &n_val);
+        if (st) return st;
+        printf("prepared %llu train and %llu val tokens\n", (unsigned long long)n_train,
+               (unsigned long long)n_val);
+    }
+    moe_status st = token_file_read(train, train_path);
+    if (st) return st;
+    st = token_file_read(val, val_path);
+    if (st) return st;
+    for (int i = 0; i < 2; i++) {
+        const token_file *tf = i ? val : train;
+        if ((int64_t)tf->vocab_size > cfg->vocab_size)
+            return moe_error(MOE_EINVAL,
+                             "%s: token vocabulary %u exceeds model.vocab_size = %d", tf->path,
+                             tf->vocab_size, cfg->vocab_size);
+    }
+    return MOE_OK;
+}
+
+// Per-step aggregate of the MoE statistics over micro-batches, per layer.
+typedef struct {
+    long *routed, *kept; // [L][E]
+    double *entropy, *aux, *z; // [L], summed over micro-batches
+    int micro;
+} step_load;
+
+static void step_load_reset(step_load *s, int L, int E) {
+    memset(s->routed, 0, (size_t)L * E * sizeof(long));
+    memset(s->kept, 0, (size_t)L * E * sizeof(long));
+    memset(s->entropy, 0, (size_t)L * sizeof(double));
+    memset(s->aux, 0, (size_t)L * sizeof(double));
+    memset(s->z, 0, (size_t)L * sizeof(double));
+    s->micro = 0;
+}
+
+static void step_load_add(step_load *s, const model *m) {
+    const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
+    for (int l = 0; l < L; l++) {
+        const moe_stats *st = &m->moe_stats[l];
+        for (int e = 0; e < E; e++) {
+            s->routed[l * E + e] += st->routed[e];
+            s->kept[l * E + e] += st->kept[e];
+        }
+        s->entropy[l] += st->entropy;
+        s->aux[l] += st->aux;
+        s->z[l] += st->z;
+    }
+    s->micro++;
+}
+
+// max/mean and CV of one layer's counts; *hot receives the hottest expert.
+static void load_summary(const long *c, int E, double *max_over_mean, double *cv, int *hot) {
+    double sum = 0, var = 0;
+    int h = 0;
+    for (int e = 0; e < E; e++) {
+        sum += c[e];
+        if (c[e] > c[h]) h = e;
+    }
+    double mean = sum / E;
+    for (int e = 0; e < E; e++) var += (c[e] - mean) * (c[e] - mean);
+    *max_over_mean = mean > 0 ? c[h] / mean : 0;
+    *cv = mean > 0 ? sqrt(var / E) / mean : 0;
+    *hot = h;
+}
+
+// Dropless validation loss (inference mode, as `moe eval`), the same windows every time.
+static moe_status validate(model *m, const token_file *val, const moe_train_config *cfg,
+                           int *inputs, int *targets, double *loss) {
+    data_loader vl;
+    moe_status st = data_loader_init(&vl, val, cfg->batch_size, cfg->seq_len,
+                                     (uint64_t)cfg->seed + 1, 0, 1);
+    if (st) return moe_error_context(st, "validation data");
+    double sum = 0;
+    for (int i = 0; i < cfg->eval_batches; i++) {
+        data_loader_next(&vl, inputs, targets);
+        st = model_forward(m, inputs, targets, cfg->batch_size, cfg->seq_len, 0);
+        if (st && st != MOE_ENUMERIC) break;
+        sum += m->ce;
+        st = MOE_OK;
+    }
+    data_loader_free(&vl);
+    *loss = sum / cfg->eval_batches;
+    return st;
+}
+
+// The first tensor (in HF order) whose gradient has a non-finite element.
+static const char *first_nonfinite_grad(const model *m) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        double ss;
+        m->be->sum_squares(&ss, m->grads + t->offset, (size_t)t->rows * (t->cols ? t->cols : 1));
+        if (!isfinite(ss)) return t->name;
+    }
+    return "none (the loss itself)";
+}
+
+moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
+                       trainer_result *result) {
+    trainer_result res = {0};
+    res.last_val_loss = NAN;
+    if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
+    const moe_backend *be = moe_backend_cpu();
+
+    moe_status st = make_dirs(cfg->run_dir);
+    if (st) return st;
+    {
+        char path[MOE_PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/config.cfg", cfg->run_dir);
+        FILE *f = fopen(path, "w");
+        if (!f) return moe_error(MOE_EIO, "%s: cannot write the resolved config", path);
+        st = moe_train_config_write(cfg, f);
+        fclose(f);
+        if (st) return st;
+    }
+
+    token_file train = {0}, val = {0};
+    model m = {0};
+    optimizer opt = {0};
+    data_loader loader = {0};
+    FILE *metrics = NULL, *load_log = NULL;
+    int *inputs = NULL, *targets = NULL;
+    optim_region *regions = NULL;
+    step_load sl = {0};
+
+    st = open_data(cfg, &train, &val);
+    if (st) goto done;
+    model_config mc = trainer_model_config(cfg);
+    st = model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
+    if (st) goto done;
+    model_init_weights(&m, (uint64_t)cfg->seed, cfg->init_std);
+
+    // weight decay on matrices; RMSNorm weights only with train.decay_norms
+    regions = malloc((size_t)m.n_tensors * sizeof *regions);
+    for (int i = 0; i < m.n_tensors; i++) {
+        const model_tensor *t = &m.tensors[i];
+        regions[i].offset = t->offset;
+        regions[i].count = (size_t)t->rows * (t->cols ? t->cols : 1);
+        regions[i].decay = !t->is_norm || cfg->decay_norms;
+    }
+    optim_config oc = {
+        .kind = cfg->optimizer == 1 ? OPTIM_SGD : OPTIM_ADAMW,
+        .beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
+        .weight_decay = cfg->weight_decay,
+    };
+    st = optimizer_create(&opt, be, &oc, m.n_params, regions, m.n_tensors);
+    if (st) goto done;
+    st = data_loader_init(&loader, &train, cfg->batch_size, cfg->seq_len, (uint64_t)cfg->seed, 0, 1);
+    if (st) goto done;
+    if ((st = jsonl_open(&metrics, cfg->run_dir, "metrics.jsonl"))) goto done;
+    if ((st = jsonl_open(&load_log, cfg->run_dir, "expert_load.jsonl"))) goto done;
+
+    const int L = mc.n_layers, E = mc.moe.n_experts, T = cfg->batch_size * cfg->seq_len;
+    inputs = malloc((size_t)T * sizeof(int));
+    targets = malloc((size_t)T * sizeof(int));
+    sl.routed = malloc((size_t)L * E * sizeof(long));
+    sl.kept = malloc((size_t)L * E * sizeof(long));
+    sl.entropy = malloc((size_t)L * sizeof(double));
+    sl.aux = malloc((size_t)L * sizeof(double));
+    sl.z = malloc((size_t)L * sizeof(double));
+    if (!inputs || !targets || !sl.routed || !sl.kept || !sl.entropy || !sl.aux || !sl.z) {
+        st = moe_error(MOE_ENOMEM, "trainer: out of memory");
+        goto done;
+    }
+    printf("model: %d layers, d=%d, %d heads (%d kv), %d experts top-%d, ff=%d: %.2fM parameters "
+           "(%.2fM in experts)\n", L, mc.d_model, mc.n_heads, mc.n_kv_heads, E, mc.moe.top_k,
+           mc.moe.d_ff, m.n_params / 1e6, (m.n_params - m.n_dense) / 1e6);
+    printf("data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step\n",
+           train.path, (unsigned long long)train.count, val.path, (unsigned long long)val.count,
+           cfg->batch_size, cfg->seq_len, cfg->grad_accum);
+    printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
+           "top_k times this\n");
+
+    const double t_start = now_s();
+    int64_t consecutive_skips = 0;
+    for (int64_t step = 0; step < cfg->steps; step++) {
+        const double t0 = now_s();
+        const double lr = lr_at_step(cfg->schedule == 1 ? SCHEDULE_CONSTANT : SCHEDULE_COSINE,
+                                     cfg->lr, cfg->min_lr, cfg->warmup_steps, cfg->steps, step);
+        model_zero_grads(&m);
+        step_load_reset(&sl, L, E);
+        double ce = 0, aux = 0, z = 0;
+        int finite = 1;
+        for (int micro = 0; micro < cfg->grad_accum; micro++) {
+            data_loader_next(&loader, inputs, targets);
+            st = model_forward(&m, inputs, targets, cfg->batch_size, cfg->seq_len, 1);
+            if (st == MOE_ENUMERIC || (!st && !isfinite(m.ce + m.aux + m.z))) {
+                finite = 0;
+                st = MOE_OK;
+                break;
+            }
+            if (st) goto done;
+            step_load_add(&sl, &m);
+            ce += m.ce / cfg->grad_accum;
+            aux += m.aux / cfg->grad_accum;
+            z += m.z / cfg->grad_accum;
+            if ((st = model_backward(&m, 1.0 / cfg->grad_accum))) goto done;
+        }
+        if (hooks && step >= hooks->nan_from && step <= hooks->nan_to && hooks->nan_from >= 0) {
+            real nan_value = NAN; // test-only: poison the last layer's w2
+            be->copy_to_device(m.g.w2 + (size_t)(L - 1) * E * mc.d_model * mc.moe.d_ff, &nan_value,
+                               sizeof nan_value);
+        }
+        double ss = 0;
+        be->sum_squares(&ss, m.grads, m.n_params);
+        const double grad_norm = sqrt(ss), loss = ce + aux + z;
+        if (!finite || !isfinite(loss) || !isfinite(grad_norm)) {
+            res.skipped++;
+            consecutive_skips++;
+            fprintf(stderr,
+                    "warning: step %lld: non-finite %s; first non-finite gradient: %s; update "
+                    "skipped (%lld consecutive, %lld in all)\n",
+                    (long long)step + 1, !finite || !isfinite(loss) ? "loss" : "gradient norm",
+                    finite ? first_nonfinite_grad(&m) : "not computed (forward failed)",
+                    (long long)consecutive_skips, (long long)res.skipped);
+            cJSON *rec = cJSON_CreateObject();
+            cJSON_AddNumberToObject(rec, "step", (double)step + 1);
+            cJSON_AddNumberToObject(rec, "loss", finite ? loss : NAN);
+            cJSON_AddNumberToObject(rec, "grad_norm", grad_norm);
+            cJSON_AddBoolToObject(rec, "skipped", 1);
+            cJSON_AddNumberToObject(rec, "skipped_total", (double)res.skipped);
+            jsonl_write(metrics, rec);
+            if (consecutive_skips >= cfg->max_skipped) {
+                st = moe_error(MOE_ENUMERIC,
+                               "stopping at step %lld: %lld consecutive steps had a non-finite "
+                               "loss or gradient norm (train.max_skipped = %d)",
+                               (long long)step + 1, (long long)consecutive_skips, cfg->max_skipped);
+                goto done;
+            }
+            continue;
+        }
+        consecutive_skips = 0;
+        optimizer_step(&opt, m.params, m.grads, lr, clip_scale(grad_norm, cfg->grad_clip));
+        const double dt = now_s() - t0;
+        if (res.steps_done == 0) res.first_loss = loss;
+        res.last_loss = loss;
+        res.steps_done = step + 1;
+
+        // expert load: one record per MoE layer
+        double worst_mom = 0, drop_sum = 0, routed_sum = 0;
+        int worst_layer = 0;
+        for (int l = 0; l < L; l++) {
+            const long *routed = sl.routed + (size_t)l * E, *kept = sl.kept + (size_t)l * E;
+            double mom, cv;
+            int hot;
+            load_summary(routed, E, &mom, &cv, &hot);
+            long dropped = 0, total = 0;
+            for (int e = 0; e < E; e++) dropped += routed[e] - kept[e], total += routed[e];
+            drop_sum += dropped, routed_sum += total;
+            if (mom > worst_mom) worst_mom = mom, worst_layer = l;
+            cJSON *rec = cJSON_CreateObject();
+            cJSON_AddNumberToObject(rec, "step", (double)step + 1);
+            cJSON_AddNumberToObject(rec, "layer", l);
+            cJSON_AddNumberToObject(rec, "tokens", (double)T * sl.micro);
+            cJSON_AddNumberToObject(rec, "capacity", m.moe_stats[l].capacity);
+            cJSON_AddItemToObject(rec, "counts", json_int_array(routed, E));
+            cJSON_AddItemToObject(rec, "kept", json_int_array(kept, E));
+            cJSON_AddNumberToObject(rec, "dropped", (double)dropped);
+            cJSON_AddNumberToObject(rec, "max_over_mean", mom);
+            cJSON_AddNumberToObject(rec, "cv", cv);
+            cJSON_AddNumberToObject(rec, "entropy", sl.entropy[l] / sl.micro);
+            cJSON_AddNumberToObject(rec, "aux", sl.aux[l] / sl.micro);
+            cJSON_AddNumberToObject(rec, "z", sl.z[l] / sl.micro);
+            cJSON_AddNullToObject(rec, "bias");
+            cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
+            cJSON_AddNumberToObject(rec, "exchange_s", 0);
+            jsonl_write(load_log, rec);
+        }
+        const double drop_frac = routed_sum > 0 ? drop_sum / routed_sum : 0;
+        const double tok_per_s = (double)T * cfg->grad_accum / dt;
+
+        int evaluated = 0;
+        double val_loss = NAN;
+        if ((cfg->eval_interval > 0 && (step + 1) % cfg->eval_interval == 0) ||
+            step + 1 == cfg->steps) {
+            if ((st = validate(&m, &val, cfg, inputs, targets, &val_loss))) goto done;
+            res.last_val_loss = val_loss;
+            evaluated = 1;
+        }
+
+        cJSON *rec = cJSON_CreateObject();
+        cJSON_AddNumberToObject(rec, "step", (double)step + 1);
+        cJSON_AddNumberToObject(rec, "loss", loss);
+        cJSON_AddNumberToObject(rec, "ce", ce);
+        cJSON_AddNumberToObject(rec, "aux", aux);
+        cJSON_AddNumberToObject(rec, "z", z);
+        cJSON_AddNumberToObject(rec, "lr", lr);
+        cJSON_AddNumberToObject(rec, "grad_norm", grad_norm);
+        cJSON_AddNumberToObject(rec, "tokens_per_s", tok_per_s);
+        cJSON_AddNumberToObject(rec, "step_s", dt);
+        cJSON_AddNumberToObject(rec, "max_over_mean", worst_mom);
+        cJSON_AddNumberToObject(rec, "drop_frac", drop_frac);
+        cJSON_AddNumberToObject(rec, "skipped_total", (double)res.skipped);
+        if (evaluated) cJSON_AddNumberToObject(rec, "val_loss", val_loss);
+        jsonl_write(metrics, rec);
+
+        const int last = step + 1 == cfg->steps;
+        if ((step + 1) % cfg->interval == 0 || step == 0 || last || evaluated) {
+            char eta[32];
+            const double elapsed = now_s() - t_start;
+            format_duration(eta, sizeof eta, elapsed / (step + 1) * (cfg->steps - step - 1));
+            printf("step %5lld/%lld | loss %.4f (ce %.4f aux %.4f z %.4f) | lr %.2e | gnorm %.3f | "
+                   "%.0f tok/s | ETA %s | load max/mean %.2f (L%d) | drop %.2f%%",
+                   (long long)step + 1, (long long)cfg->steps, loss, ce, aux, z, lr, grad_norm,
+                   tok_per_s, eta, worst_mom, worst_layer, 100 * drop_frac);
+            if (evaluated) printf(" | val %.4f", val_loss);
+            printf("\n");
+            fflush(stdout);
+            for (int l = 0; l < L; l++) {
+                double mom, cv;
+                int hot;
+                load_summary(sl.routed + (size_t)l * E, E, &mom, &cv, &hot);
+                if (mom > cfg->load_alert)
+                    fprintf(stderr,
+                            "warning: step %lld layer %d: expert %d has %.2fx the mean load "
+                            "(log.load_alert = %.2f)\n",
+                            (long long)step + 1, l, hot, mom, cfg->load_alert);
+            }
+        }
+    }
+    res.seconds = now_s() - t_start;
+    printf("done: %lld steps in %.1f s, final loss %.4f, val loss %.4f, %lld skipped\n",
+           (long long)res.steps_done, res.seconds, res.last_loss, res.last_val_loss,
+           (long long)res.skipped);
+
+done:
+    if (result) *result = res;
+    if (metrics) fclose(metrics);
+    if (load_log) fclose(load_log);
+    free(inputs), free(targets), free(regions);
+    free(sl.routed), free(sl.kept), free(sl.entropy), free(sl.aux), free(sl.z);
+    data_loader_free(&loader);
+    optimizer_destroy(&opt);
+    model_destroy(&m);
+    token_file_free(&train);
+    token_file_free(&val);
+    return st;
+}

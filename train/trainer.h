@@ -1,0 +1,35 @@
+// The training loop: data -> model forward/backward (gradient accumulation) -> grad norm ->
+// clip -> optimizer -> logs, with validation and non-finite step skipping.
+#ifndef MOE_TRAINER_H
+#define MOE_TRAINER_H
+
+#include <stdint.h>
+
+#include "layers/model.h"
+#include "train/config.h"
+
+// Test-only hooks (never set from a config file): plant a NaN in one gradient element of
+// the last layer's w2 at step indexes [nan_from, nan_to] (0-based, inclusive; -1 = never).
+// Everything the user sees counts steps from 1: "step s" is the s-th update.
+typedef struct {
+    int64_t nan_from, nan_to;
+} trainer_hooks;
+
+typedef struct {
+    int64_t steps_done;
+    int64_t skipped;        // updates skipped for a non-finite loss or gradient norm
+    double first_loss, last_loss; // total loss of the first and last step
+    double last_val_loss;   // NaN if never evaluated
+    double seconds;
+} trainer_result;
+
+// Runs cfg to the end. MOE_ENUMERIC when train.max_skipped consecutive steps were skipped;
+// other errors for bad data, files, or allocation. Writes RUN_DIR/config.cfg,
+// metrics.jsonl, expert_load.jsonl; prints a console line every log.interval steps.
+moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
+                       trainer_result *result);
+
+// The model config a train config describes.
+model_config trainer_model_config(const moe_train_config *cfg);
+
+#endif
