@@ -33,22 +33,11 @@ import os
 import sys
 
 
-def _early_threads(argv):
-    """Parse --threads from argv before torch is imported (default 2)."""
-    threads = 2
-    for i, a in enumerate(argv):
-        if a == "--threads" and i + 1 < len(argv):
-            threads = int(argv[i + 1])
-        elif a.startswith("--threads="):
-            threads = int(a.split("=", 1)[1])
-    return threads
-
-
-_THREADS = _early_threads(sys.argv[1:])
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = str(_THREADS)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Importing moe_layer_torch first sets OPENBLAS/OMP/MKL_NUM_THREADS from --threads, which
+# must happen before torch is imported.
+import moe_layer_torch  # noqa: E402
+from moe_layer_torch import MixtralSparseMoeBlock, router_losses  # noqa: E402
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -59,8 +48,6 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
-from moe_layer_torch import MixtralSparseMoeBlock, router_losses  # noqa: E402
 
 
 class RMSNorm(nn.Module):
@@ -196,7 +183,7 @@ def main():
     ap.add_argument("--init-std", type=float, default=0.02)
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     a = ap.parse_args()
-    assert a.threads == _THREADS
+    assert a.threads == moe_layer_torch._THREADS
     assert 1 <= a.top_k <= a.experts
     assert a.d % a.heads == 0 and a.heads % a.kv_heads == 0 and (a.d // a.heads) % 2 == 0
     assert a.steps > a.warmup >= 0

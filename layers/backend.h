@@ -132,12 +132,12 @@ typedef struct moe_backend {
 
     // Rotary embedding, HF rotate_half convention, on the first n_rot heads of each row of
     // n_heads heads of size hd (the q and k heads of a qkv row; v is copied unchanged).
-    // Token t has position t % S. For i < hd/2, (a, b) = (x[i], x[i+hd/2]):
+    // Token t has position pos0 + t % S. For i < hd/2, (a, b) = (x[i], x[i+hd/2]):
     //   a' = a cos - b sin, b' = b cos + a sin,  angle = pos * theta^(-2i/hd)
     // inverse=1 rotates by -angle (the backward). out, inp [T, n_heads*hd];
-    // cos, sin [S, hd/2]
+    // cos, sin [max_pos, hd/2]
     void (*rope)(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
-                 int n_rot, int n_heads, int hd, int inverse);
+                 int pos0, int n_rot, int n_heads, int hd, int inverse);
 
     // Causal self-attention with GQA on rows qkv [T = B*S, (H + 2KV)*hd] = [q | k | v];
     // query head h uses kv head h / (H/KV). att [B,H,S,S] = softmax(q k^T hd^-1/2) (saved
@@ -147,6 +147,18 @@ typedef struct moe_backend {
     // dqkv [T, (H+2KV)*hd] (written); datt [B,H,S,S] scratch
     void (*attention_backward)(real *dqkv, real *datt, const real *dout, const real *qkv,
                                const real *att, int B, int S, int H, int KV, int hd);
+
+    // Attention of n new tokens of one sequence, at positions pos0..pos0+n-1, over a KV cache
+    // that already holds positions 0..pos0+n-1 (the new ones included): causal, GQA.
+    // out [n, H*hd]; q = the q part of qkv rows [n, (H+2KV)*hd]; k_cache, v_cache
+    // [>= pos0+n, KV*hd]; scratch [H, n, pos0+n]
+    void (*attention_cached_forward)(real *out, real *scratch, const real *qkv,
+                                     const real *k_cache, const real *v_cache, int n, int pos0,
+                                     int H, int KV, int hd);
+    // Copies the k and v parts of qkv rows [n, (H+2KV)*hd] into the caches at rows
+    // pos0..pos0+n-1 (k_cache, v_cache [max_pos, KV*hd]).
+    void (*kv_cache_append)(real *k_cache, real *v_cache, const real *qkv, int n, int pos0,
+                            int H, int KV, int hd);
 
     // losses[t] = logsumexp(logits[t]) - logits[t, targets[t]]     logits [T,V]
     void (*cross_entropy_forward)(real *losses, const real *logits, const int *targets, int T,

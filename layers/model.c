@@ -123,25 +123,80 @@ typedef struct {
     size_t bytes;
 } buffer_spec;
 
-moe_status model_create(model *m, const moe_backend *be, const model_config *cfg, int max_batch,
-                        int max_seq) {
+static moe_status alloc_all(model *m, const buffer_spec *specs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        *specs[i].ptr = m->be->alloc(specs[i].bytes);
+        if (!*specs[i].ptr)
+            return moe_error(MOE_ENOMEM, "model: cannot allocate %zu bytes on %s", specs[i].bytes,
+                             m->be->name);
+    }
+    return MOE_OK;
+}
+
+// What both modes share: parameters, tensor table, RoPE tables for max_pos positions,
+// n_moe MoE layers of max_tokens tokens each.
+static moe_status create_common(model *m, const moe_backend *be, const model_config *cfg,
+                                int max_pos, int n_moe, int max_tokens) {
     memset(m, 0, sizeof *m);
     moe_status st = model_config_check(cfg);
     if (st) return st;
-    if (max_batch < 1 || max_seq < 1 || max_seq > cfg->max_seq_len)
-        return moe_error(MOE_EINVAL, "model: batch %d x seq %d out of range (max_seq_len %d)",
-                         max_batch, max_seq, cfg->max_seq_len);
     m->cfg = *cfg;
     m->be = be;
-    m->max_batch = max_batch, m->max_seq = max_seq;
+    const size_t L = cfg->n_layers, hd = cfg->d_model / cfg->n_heads, P = max_pos, R = sizeof(real);
+    m->n_params = params_layout(&m->p, NULL, cfg, &m->n_dense);
+    buffer_spec specs[] = {
+        {(void **)&m->params, m->n_params * R},
+        {(void **)&m->rope_cos, P * hd / 2 * R},
+        {(void **)&m->rope_sin, P * hd / 2 * R},
+    };
+    if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) return st;
+    params_layout(&m->p, m->params, cfg, NULL);
+
+    // tensor table: 1 + per layer 7 + 3E, + final norm + lm_head
+    m->tensors = calloc(3 + L * (7 + 3 * (size_t)cfg->moe.n_experts), sizeof(model_tensor));
+    m->n_moe = n_moe;
+    m->moe = calloc(n_moe, sizeof(moe_layer));
+    m->moe_stats = calloc(L, sizeof(moe_stats));
+    if (!m->tensors || !m->moe || !m->moe_stats)
+        return moe_error(MOE_ENOMEM, "model: cannot allocate host tables");
+    build_tensor_table(m);
+    for (int l = 0; l < n_moe; l++)
+        if ((st = moe_layer_init(&m->moe[l], be, &cfg->moe, max_tokens))) return st;
+
+    // RoPE tables: angle = pos * theta^(-2i/hd), computed in double
+    real *cs = malloc(2 * P * hd / 2 * R);
+    if (!cs) return moe_error(MOE_ENOMEM, "model: cannot allocate RoPE tables");
+    for (size_t pos = 0; pos < P; pos++)
+        for (size_t i = 0; i < hd / 2; i++) {
+            double angle = pos * pow(cfg->rope_theta, -2.0 * i / hd);
+            cs[pos * hd / 2 + i] = (real)cos(angle);
+            cs[P * hd / 2 + pos * hd / 2 + i] = (real)sin(angle);
+        }
+    be->copy_to_device(m->rope_cos, cs, P * hd / 2 * R);
+    be->copy_to_device(m->rope_sin, cs + P * hd / 2, P * hd / 2 * R);
+    free(cs);
+    return MOE_OK;
+}
+
+moe_status model_create(model *m, const moe_backend *be, const model_config *cfg, int max_batch,
+                        int max_seq) {
+    if (max_batch < 1 || max_seq < 1 || max_seq > cfg->max_seq_len) {
+        memset(m, 0, sizeof *m);
+        return moe_error(MOE_EINVAL, "model: batch %d x seq %d out of range (max_seq_len %d)",
+                         max_batch, max_seq, cfg->max_seq_len);
+    }
     const size_t T = (size_t)max_batch * max_seq, d = cfg->d_model, L = cfg->n_layers,
                  H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
                  V = cfg->vocab_size, S = max_seq, B = max_batch, R = sizeof(real);
-    m->n_params = params_layout(&m->p, NULL, cfg, &m->n_dense);
-
+    moe_status st = create_common(m, be, cfg, max_seq, cfg->n_layers, (int)T);
+    if (st) {
+        model_destroy(m);
+        return st;
+    }
+    m->training = 1;
+    m->max_batch = max_batch, m->max_seq = max_seq;
     buffer_spec specs[] = {
-        {(void **)&m->params, m->n_params * R}, {(void **)&m->grads, m->n_params * R},
-        {(void **)&m->rope_cos, S * hd / 2 * R}, {(void **)&m->rope_sin, S * hd / 2 * R},
+        {(void **)&m->grads, m->n_params * R},
         {(void **)&m->tokens, T * sizeof(int)}, {(void **)&m->targets, T * sizeof(int)},
         {(void **)&m->x, (L + 1) * T * d * R},  {(void **)&m->n1, L * T * d * R},
         {(void **)&m->rstd1, L * T * R},        {(void **)&m->qkv, L * T * Q * R},
@@ -154,49 +209,48 @@ moe_status model_create(model *m, const moe_backend *be, const model_config *cfg
         {(void **)&m->dattn_out, T * H * hd * R}, {(void **)&m->dqkv, T * Q * R},
         {(void **)&m->datt, B * H * S * S * R}, {(void **)&m->dlogits, T * V * R},
     };
-    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
-        *specs[i].ptr = be->alloc(specs[i].bytes);
-        if (!*specs[i].ptr) {
-            model_destroy(m);
-            return moe_error(MOE_ENOMEM, "model: cannot allocate %zu bytes on %s",
-                             specs[i].bytes, be->name);
-        }
+    if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
+        model_destroy(m);
+        return st;
     }
-    params_layout(&m->p, m->params, cfg, NULL);
     params_layout(&m->g, m->grads, cfg, NULL);
+    return MOE_OK;
+}
 
-    // tensor table: 1 + per layer 7 + 3E, + final norm + lm_head
-    m->tensors = calloc(3 + L * (7 + 3 * (size_t)cfg->moe.n_experts), sizeof(model_tensor));
-    m->moe = calloc(L, sizeof(moe_layer));
-    m->moe_stats = calloc(L, sizeof(moe_stats));
-    if (!m->tensors || !m->moe || !m->moe_stats) {
+moe_status model_create_inference(model *m, const moe_backend *be, const model_config *cfg,
+                                  int max_pos, int max_chunk) {
+    if (max_pos < 1 || max_chunk < 1 || max_chunk > max_pos) {
+        memset(m, 0, sizeof *m);
+        return moe_error(MOE_EINVAL, "model: %d positions with chunks of %d tokens is invalid",
+                         max_pos, max_chunk);
+    }
+    const size_t C = max_chunk, P = max_pos, d = cfg->d_model, L = cfg->n_layers,
+                 H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
+                 V = cfg->vocab_size, R = sizeof(real);
+    // one MoE layer's buffers serve every layer: nothing is kept for a backward
+    moe_status st = create_common(m, be, cfg, max_pos, 1, max_chunk);
+    if (st) {
         model_destroy(m);
-        return moe_error(MOE_ENOMEM, "model: cannot allocate host tables");
+        return st;
     }
-    build_tensor_table(m);
-    for (size_t l = 0; l < L; l++) {
-        st = moe_layer_init(&m->moe[l], be, &cfg->moe, (int)T);
-        if (st) {
-            model_destroy(m);
-            return st;
-        }
-    }
-
-    // RoPE tables: angle = pos * theta^(-2i/hd), computed in double
-    real *cs = malloc(2 * S * hd / 2 * R);
-    if (!cs) {
+    m->max_batch = 1, m->max_seq = max_chunk, m->max_pos = max_pos;
+    m->expert_hits = calloc(L * cfg->moe.n_experts, sizeof(long));
+    if (!m->expert_hits) {
         model_destroy(m);
-        return moe_error(MOE_ENOMEM, "model: cannot allocate RoPE tables");
+        return moe_error(MOE_ENOMEM, "model: cannot allocate expert hit counts");
     }
-    for (size_t pos = 0; pos < S; pos++)
-        for (size_t i = 0; i < hd / 2; i++) {
-            double angle = pos * pow(cfg->rope_theta, -2.0 * i / hd);
-            cs[pos * hd / 2 + i] = (real)cos(angle);
-            cs[S * hd / 2 + pos * hd / 2 + i] = (real)sin(angle);
-        }
-    be->copy_to_device(m->rope_cos, cs, S * hd / 2 * R);
-    be->copy_to_device(m->rope_sin, cs + S * hd / 2, S * hd / 2 * R);
-    free(cs);
+    buffer_spec specs[] = {
+        {(void **)&m->tokens, C * sizeof(int)},  {(void **)&m->x, C * d * R},
+        {(void **)&m->n1, C * d * R},            {(void **)&m->rstd1, C * R},
+        {(void **)&m->qkv, C * Q * R},           {(void **)&m->attn_out, C * H * hd * R},
+        {(void **)&m->moe_out, C * d * R},       {(void **)&m->logits, C * V * R},
+        {(void **)&m->att, H * C * P * R},       {(void **)&m->k_cache, L * P * KV * hd * R},
+        {(void **)&m->v_cache, L * P * KV * hd * R},
+    };
+    if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
+        model_destroy(m);
+        return st;
+    }
     return MOE_OK;
 }
 
@@ -205,19 +259,23 @@ void model_destroy(model *m) {
         void *bufs[] = {m->params, m->grads, m->rope_cos, m->rope_sin, m->tokens, m->targets,
                         m->x, m->n1, m->rstd1, m->qkv, m->att, m->attn_out, m->h, m->n2,
                         m->rstd2, m->moe_out, m->xf, m->rstdf, m->logits, m->losses, m->dx,
-                        m->dn, m->dattn_out, m->dqkv, m->datt, m->dlogits};
+                        m->dn, m->dattn_out, m->dqkv, m->datt, m->dlogits, m->k_cache,
+                        m->v_cache};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) m->be->free(bufs[i]);
     }
     if (m->moe)
-        for (int l = 0; l < m->cfg.n_layers; l++) moe_layer_free(&m->moe[l]);
+        for (int l = 0; l < m->n_moe; l++) moe_layer_free(&m->moe[l]);
     free(m->moe);
     free(m->moe_stats);
     free(m->tensors);
+    free(m->expert_hits);
     memset(m, 0, sizeof *m);
 }
 
-void model_zero_grads(model *m) { m->be->zero(m->grads, m->n_params * sizeof(real)); }
+void model_zero_grads(model *m) {
+    if (m->grads) m->be->zero(m->grads, m->n_params * sizeof(real));
+}
 
 // ---- initialisation -------------------------------------------------------------------
 
@@ -264,6 +322,7 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
                          int training) {
     const model_config *c = &m->cfg;
     const moe_backend *be = m->be;
+    if (!m->training) return moe_error(MOE_EINVAL, "model: created for inference: use model_infer");
     if (B < 1 || B > m->max_batch || S < 1 || S > m->max_seq)
         return moe_error(MOE_EINVAL, "model: batch %d x seq %d exceeds the buffers (%d x %d)", B,
                          S, m->max_batch, m->max_seq);
@@ -286,7 +345,7 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
         be->rmsnorm_forward(n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T, d,
                             (real)c->rms_norm_eps);
         be->matmul(qkv, n1, m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0, 1, 0);
-        be->rope(qkv, qkv, m->rope_cos, m->rope_sin, T, S, H + KV, H + 2 * KV, hd, 0);
+        be->rope(qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
         be->attention_forward(ao, att, qkv, B, S, H, KV, hd);
         be->matmul(h, ao, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0, 1, 0);
         be->add(h, h, xl, Td);
@@ -320,7 +379,7 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
 moe_status model_backward(model *m, double loss_scale) {
     const model_config *c = &m->cfg;
     const moe_backend *be = m->be;
-    if (m->B == 0) return moe_error(MOE_EINVAL, "model: backward before forward");
+    if (m->B == 0 || !m->training) return moe_error(MOE_EINVAL, "model: backward before forward");
     const int B = m->B, S = m->S, T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads,
               KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = c->vocab_size;
     const size_t Td = (size_t)T * d;
@@ -349,12 +408,52 @@ moe_status model_backward(model *m, double loss_scale) {
         be->matmul(m->dattn_out, m->dx, wo, T, H * hd, d, 0, 0, 0);
         be->matmul(m->g.wo + (size_t)l * d * H * hd, m->dx, ao, d, H * hd, T, 1, 0, 1);
         be->attention_backward(m->dqkv, m->datt, m->dattn_out, qkv, att, B, S, H, KV, hd);
-        be->rope(m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, H + KV, H + 2 * KV, hd, 1);
+        be->rope(m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 1);
         be->matmul(m->dn, m->dqkv, m->p.wqkv + (size_t)l * Q * d, T, d, Q, 0, 0, 0);
         be->matmul(m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, Q, d, T, 1, 0, 1);
         be->rmsnorm_backward(m->dx, m->g.attn_norm + (size_t)l * d, m->dn, xl,
                              m->p.attn_norm + (size_t)l * d, m->rstd1 + (size_t)l * T, T, d);
     }
     be->embedding_backward(m->g.embed, m->dx, m->tokens, T, d);
+    return MOE_OK;
+}
+
+moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
+    const model_config *c = &m->cfg;
+    const moe_backend *be = m->be;
+    if (m->training) return moe_error(MOE_EINVAL, "model: created for training: use model_forward");
+    if (n < 1 || n > m->max_seq || pos0 < 0 || pos0 + n > m->max_pos)
+        return moe_error(MOE_EINVAL,
+                         "model: %d tokens at position %d exceed the KV cache (%d positions, "
+                         "chunks of at most %d)", n, pos0, m->max_pos, m->max_seq);
+    const int d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads, hd = d / H,
+              Q = (H + 2 * KV) * hd, V = c->vocab_size;
+    moe_status st = check_ids(tokens, n, V, "tokens");
+    if (st) return st;
+    const size_t nd = (size_t)n * d, cache = (size_t)m->max_pos * KV * hd;
+    const real eps = (real)c->rms_norm_eps;
+    be->copy_to_device(m->tokens, tokens, (size_t)n * sizeof(int));
+    be->embedding_forward(m->x, m->tokens, m->p.embed, n, d);
+    for (int l = 0; l < L; l++) {
+        real *kc = m->k_cache + l * cache, *vc = m->v_cache + l * cache;
+        // x += Attn(RMSNorm(x)) over the cache
+        be->rmsnorm_forward(m->n1, m->rstd1, m->x, m->p.attn_norm + (size_t)l * d, n, d, eps);
+        be->matmul(m->qkv, m->n1, m->p.wqkv + (size_t)l * Q * d, n, Q, d, 0, 1, 0);
+        be->rope(m->qkv, m->qkv, m->rope_cos, m->rope_sin, n, n, pos0, H + KV, H + 2 * KV, hd, 0);
+        be->kv_cache_append(kc, vc, m->qkv, n, pos0, H, KV, hd);
+        be->attention_cached_forward(m->attn_out, m->att, m->qkv, kc, vc, n, pos0, H, KV, hd);
+        be->matmul(m->moe_out, m->attn_out, m->p.wo + (size_t)l * d * H * hd, n, d, H * hd, 0, 1, 0);
+        be->add(m->x, m->x, m->moe_out, nd);
+        // x += MoE(RMSNorm(x)), dropless
+        be->rmsnorm_forward(m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);
+        moe_weights w = layer_moe_weights(&m->p, c, l);
+        st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, 0, &m->moe_stats[l]);
+        if (st) return moe_error_context(st, "layer %d", l);
+        for (int e = 0; e < c->moe.n_experts; e++)
+            m->expert_hits[(size_t)l * c->moe.n_experts + e] += m->moe_stats[l].routed[e];
+        be->add(m->x, m->x, m->moe_out, nd);
+    }
+    be->rmsnorm_forward(m->n1, m->rstd1, m->x, m->p.final_norm, n, d, eps);
+    be->matmul(m->logits, m->n1, m->p.lm_head, n, V, d, 0, 1, 0);
     return MOE_OK;
 }

@@ -59,7 +59,10 @@ typedef struct {
 typedef struct {
     model_config cfg;
     const moe_backend *be;
+    int training;           // 1: model_create (forward + backward); 0: model_create_inference
     int max_batch, max_seq; // activation buffers sized for max_batch x max_seq tokens
+                            // (inference: max_batch 1, max_seq = the longest chunk)
+    int max_pos;            // inference: positions the KV cache holds
     int B, S;               // shape of the last forward
 
     size_t n_params;        // reals in the parameter buffer
@@ -69,7 +72,7 @@ typedef struct {
     int n_tensors;
     model_tensor *tensors;  // host table, HF names
 
-    real *rope_cos, *rope_sin; // [max_seq, hd/2]
+    real *rope_cos, *rope_sin; // [positions, hd/2]
 
     // activations, T = B*S tokens
     int *tokens, *targets;  // [T]
@@ -84,19 +87,35 @@ typedef struct {
     real *xf, *rstdf;       // [T, d], [T]
     real *logits;           // [T, V]
     real *losses;           // [T]
-    moe_layer *moe;         // [L]
+    moe_layer *moe;         // [n_moe]: L for training, 1 shared by every layer for inference
+    int n_moe;
     moe_stats *moe_stats;   // [L] of the last forward
     // backward scratch
-    real *dx, *dn, *dattn_out, *dqkv, *dqkv_rot, *datt, *dlogits;
+    real *dx, *dn, *dattn_out, *dqkv, *datt, *dlogits;
+    // inference: KV cache [L, max_pos, KV*hd] each; att is the scores scratch [H, chunk, max_pos]
+    real *k_cache, *v_cache;
+    long *expert_hits;      // inference: [L, E] routed assignments summed over model_infer calls
 
     // loss parts of the last forward (means over its tokens)
     double ce, aux, z;      // aux, z summed over layers
 } model;
 
-// Allocates parameters, gradients and activations; parameters are zero until
+// Allocates parameters, gradients and activations for training; parameters are zero until
 // model_init_weights or a load.
 moe_status model_create(model *m, const moe_backend *be, const model_config *cfg, int max_batch,
                         int max_seq);
+
+// Allocates parameters, a KV cache of max_pos positions and the buffers of one chunk of at
+// most max_chunk tokens (one layer's worth, reused by every layer): no gradients and no
+// activations kept for a backward.
+moe_status model_create_inference(model *m, const moe_backend *be, const model_config *cfg,
+                                  int max_pos, int max_chunk);
+
+// Inference on one sequence: tokens (host [n]) sit at positions pos0..pos0+n-1; their k/v are
+// appended to the KV cache, which must already hold positions 0..pos0-1. Dropless MoE.
+// Leaves the logits of the n tokens in m->logits [n, V] and the load of each layer in
+// m->moe_stats. Same kernels as training.
+moe_status model_infer(model *m, const int *tokens, int n, int pos0);
 void model_destroy(model *m);
 
 // Normal(0, std) matrices, residual projections (o_proj, w2) scaled by 1/sqrt(2L),

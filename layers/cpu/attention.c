@@ -6,6 +6,7 @@
 //           dk = dS^T q / sqrt(hd); a kv head sums over the H/KV query heads that share it.
 #include <cblas.h>
 #include <math.h>
+#include <string.h>
 
 #include "layers/cpu/cpu_kernels.h"
 
@@ -82,4 +83,43 @@ void cpu_attention_backward(real *dqkv, real *datt, const real *dout, const real
                            beta, dk, row);
             }
         }
+}
+
+void cpu_kv_cache_append(real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
+                         int KV, int hd) {
+    const int row = (H + 2 * KV) * hd, kv = KV * hd;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const real *k = qkv + (size_t)i * row + (size_t)H * hd;
+        memcpy(k_cache + (size_t)(pos0 + i) * kv, k, (size_t)kv * sizeof(real));
+        memcpy(v_cache + (size_t)(pos0 + i) * kv, k + kv, (size_t)kv * sizeof(real));
+    }
+}
+
+void cpu_attention_cached_forward(real *out, real *scratch, const real *qkv, const real *k_cache,
+                                  const real *v_cache, int n, int pos0, int H, int KV, int hd) {
+    const int row = (H + 2 * KV) * hd, group = H / KV, len = pos0 + n, kv = KV * hd;
+    const real scale = (real)(1.0 / sqrt((double)hd));
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < H; h++) {
+        const real *q = qkv + (size_t)h * hd;
+        const real *k = k_cache + (size_t)(h / group) * hd, *v = v_cache + (size_t)(h / group) * hd;
+        real *p = scratch + (size_t)h * n * len;
+        // p [n, len] = scale * q k^T; query i sits at position pos0 + i
+        cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, len, hd, scale, q, row, k, kv, 0,
+                   p, len);
+        for (int i = 0; i < n; i++) {
+            real *pi = p + (size_t)i * len, mx = pi[0], sum = 0;
+            const int last = pos0 + i;
+            for (int j = 1; j <= last; j++) mx = pi[j] > mx ? pi[j] : mx;
+            for (int j = 0; j <= last; j++) {
+                pi[j] = real_exp(pi[j] - mx);
+                sum += pi[j];
+            }
+            for (int j = 0; j <= last; j++) pi[j] /= sum;
+            for (int j = last + 1; j < len; j++) pi[j] = 0;
+        }
+        cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, len, 1, p, len, v, kv, 0,
+                   out + (size_t)h * hd, H * hd);
+    }
 }

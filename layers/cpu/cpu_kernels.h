@@ -55,7 +55,11 @@ void cpu_rmsnorm_forward(real *out, real *rstd, const real *inp, const real *wei
 void cpu_rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp,
                           const real *weight, const real *rstd, int T, int d);
 void cpu_rope(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
-              int n_rot, int n_heads, int hd, int inverse);
+              int pos0, int n_rot, int n_heads, int hd, int inverse);
+void cpu_attention_cached_forward(real *out, real *scratch, const real *qkv, const real *k_cache,
+                                  const real *v_cache, int n, int pos0, int H, int KV, int hd);
+void cpu_kv_cache_append(real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
+                         int KV, int hd);
 void cpu_attention_forward(real *out, real *att, const real *qkv, int B, int S, int H, int KV,
                            int hd);
 void cpu_attention_backward(real *dqkv, real *datt, const real *dout, const real *qkv,

@@ -5,13 +5,14 @@
 #include "layers/cpu/cpu_kernels.h"
 
 void cpu_rope(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
-              int n_rot, int n_heads, int hd, int inverse) {
+              int pos0, int n_rot, int n_heads, int hd, int inverse) {
     const int half = hd / 2;
     const size_t row = (size_t)n_heads * hd;
     const real sign = inverse ? -1 : 1;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
-        const real *c = cos + (size_t)(t % S) * half, *s = sin + (size_t)(t % S) * half;
+        const size_t pos = (size_t)pos0 + t % S;
+        const real *c = cos + pos * half, *s = sin + pos * half;
         const real *x = inp + t * row;
         real *o = out + t * row;
         for (int h = 0; h < n_rot; h++) {

@@ -1,0 +1,92 @@
+// Inference path (KV cache, chunked prefill) against the training forward: same weights,
+// same tokens, dropless. Token-by-token decode logits == full-sequence logits (<= 1e-5),
+// chunked prefill == unchunked, and the inference model keeps no training buffers.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/model.h"
+#include "test_util.h"
+
+#define TOL 1e-5
+
+static double *copy_logits(const model *m, int rows, int V) {
+    double *out = malloc((size_t)rows * V * sizeof(double));
+    for (size_t i = 0; i < (size_t)rows * V; i++) out[i] = m->logits[i];
+    return out;
+}
+
+int main(void) {
+    model_config cfg = {
+        .vocab_size = 37, .d_model = 32, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2,
+        .max_seq_len = 24, .tie_embeddings = 0, .rope_theta = 1000.0, .rms_norm_eps = 1e-5,
+    };
+    cfg.moe = moe_config_default(32, 40, 6, 2);
+    const int S = 24, V = cfg.vocab_size;
+    model train, inf;
+    if (model_create(&train, moe_backend_cpu(), &cfg, 1, S) ||
+        model_create_inference(&inf, moe_backend_cpu(), &cfg, S, S)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        return 1;
+    }
+    model_init_weights(&train, 7, 0.3);
+    memcpy(inf.params, train.params, train.n_params * sizeof(real));
+    check_true("inference model has no gradients and one shared MoE layer",
+               inf.grads == NULL && inf.n_moe == 1 && train.n_moe == cfg.n_layers);
+
+    test_rng r;
+    rng_seed(&r, 3);
+    int tokens[24], targets[24];
+    for (int t = 0; t < S; t++) tokens[t] = (int)(rng_uniform(&r) * V), targets[t] = (t * 5) % V;
+    if (model_forward(&train, tokens, targets, 1, S, 1)) return 1;
+    double *full = copy_logits(&train, S, V);
+
+    if (model_infer(&inf, tokens, S, 0)) return 1;
+    double *once = copy_logits(&inf, S, V);
+    check_rel("one prefill of 24 == training forward", once, full, (size_t)S * V, TOL);
+
+    // chunked prefill: 5 + 5 + 5 + 5 + 4
+    double *chunked = malloc((size_t)S * V * sizeof(double));
+    for (int p = 0; p < S; p += 5) {
+        int n = p + 5 <= S ? 5 : S - p;
+        if (model_infer(&inf, tokens + p, n, p)) return 1;
+        for (size_t i = 0; i < (size_t)n * V; i++) chunked[(size_t)p * V + i] = inf.logits[i];
+    }
+    check_rel("chunked prefill (5) == unchunked", chunked, once, (size_t)S * V, TOL);
+
+    // decode: one token at a time
+    double *decode = malloc((size_t)S * V * sizeof(double));
+    for (int p = 0; p < S; p++) {
+        if (model_infer(&inf, tokens + p, 1, p)) return 1;
+        for (int i = 0; i < V; i++) decode[(size_t)p * V + i] = inf.logits[i];
+    }
+    check_rel("token-by-token decode == full forward", decode, full, (size_t)S * V, TOL);
+
+    // cross-entropy of the inference logits == the training forward's ce (dropless)
+    double ce = 0;
+    for (int t = 0; t < S; t++) {
+        const double *z = once + (size_t)t * V;
+        double mx = z[0], sum = 0;
+        for (int i = 1; i < V; i++) mx = z[i] > mx ? z[i] : mx;
+        for (int i = 0; i < V; i++) sum += exp(z[i] - mx);
+        ce += mx + log(sum) - z[targets[t]];
+    }
+    ce /= S;
+    check_rel("inference cross-entropy == training forward ce", &ce, &train.ce, 1, TOL);
+
+    long hits = 0;
+    for (int i = 0; i < cfg.n_layers * cfg.moe.n_experts; i++) hits += inf.expert_hits[i];
+    check_true("expert hits count every routed assignment",
+               hits == 3L * cfg.n_layers * S * cfg.moe.top_k);
+    check_true("a chunk beyond the cache is refused", model_infer(&inf, tokens, 2, S - 1) == MOE_EINVAL);
+    printf("    -> %s\n", moe_last_error());
+    check_true("training forward on an inference model is refused",
+               model_forward(&inf, tokens, targets, 1, S, 0) == MOE_EINVAL);
+
+    free(full), free(once), free(chunked), free(decode);
+    model_destroy(&train);
+    model_destroy(&inf);
+    printf("%d failure(s)\n", test_failures());
+    return test_failures() != 0;
+}
