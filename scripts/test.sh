@@ -22,6 +22,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# Hugging Face transformers for the checkpoint compatibility test (optional: bounded in
+# time, never fails the run; without it that test reports itself skipped)
+[ "${MOE_SKIP_HF:-0}" = 1 ] || bash scripts/install_hf.sh || true
+
 sanitize=${MOE_SANITIZE:-OFF}
 build=${BUILD_DIR:-build}
 [ "$sanitize" = "ON" ] && build=${BUILD_DIR:-build-sanitize}

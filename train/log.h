@@ -9,8 +9,10 @@
 
 #include "layers/status.h"
 
-// Opens dir/name for writing (truncates); MOE_EIO with the path on failure.
-moe_status jsonl_open(FILE **f, const char *dir, const char *name);
+// Opens dir/name for writing (append=0 truncates); MOE_EIO with the path on failure.
+moe_status jsonl_open(FILE **f, const char *dir, const char *name, int append);
+// Keeps only the records of dir/name whose "step" is <= max_step (a missing file is fine).
+moe_status jsonl_keep_until(const char *dir, const char *name, long long max_step);
 // Writes obj as one line and frees it.
 void jsonl_write(FILE *f, cJSON *obj);
 // An array of ints as a cJSON array.

@@ -1,10 +1,14 @@
-// moe: the one command line. Subcommands: prepare, train.
+// moe: the one command line. Subcommands: prepare, train, eval, generate, export.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "data/prepare.h"
+#include "data/token_file.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/infer.h"
 #include "train/trainer.h"
 
 static const char *usage =
@@ -12,8 +16,132 @@ static const char *usage =
     "\n"
     "  moe prepare --text FILE_OR_DIR... --out DIR [--val-fraction F]\n"
     "      byte-tokenize text files into DIR/train.bin and DIR/val.bin (vocab 256)\n"
-    "  moe train CONFIG [--set group.key=value]...\n"
-    "      train the model a libconfig file describes (see configs/default.cfg)\n";
+    "  moe train CONFIG [--set group.key=value]... [--resume RUN/ckpt/latest|STEP_DIR]\n"
+    "      train the model a libconfig file describes (see configs/default.cfg)\n"
+    "  moe eval --ckpt DIR --data FILE.bin [--seq-len S] [--max-windows N] [--logits OUT.npy]\n"
+    "      dropless loss and perplexity over the token file\n"
+    "  moe generate --ckpt DIR --prompt TEXT [-n N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "               [--seed S] [--prefill-chunk C] [--stats]\n"
+    "      prefill then decode with a KV cache (byte tokenizer)\n"
+    "  moe export --ckpt DIR --out DIR [--dtype f32|bf16|f16]\n"
+    "      an inference-only Hugging Face Mixtral folder\n"
+    "  DIR: a checkpoint folder, RUN/ckpt/latest, or a Hugging Face Mixtral folder\n";
+
+// Parses a number argument or exits naming the option.
+static double number_arg(const char *opt, const char *text, double lo, double hi) {
+    char *end;
+    double v = strtod(text, &end);
+    if (*end || end == text || !(v >= lo && v <= hi))
+        moe_fatal("%s '%s': expected a number in [%g, %g]", opt, text, lo, hi);
+    return v;
+}
+
+static int cmd_eval(int argc, char **argv) {
+    const char *ckpt = NULL, *data = NULL, *logits = NULL;
+    int seq_len = 128;
+    long max_windows = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) moe_fatal("eval: '%s' needs a value\n%s", a, usage);
+        if (!strcmp(a, "--ckpt")) ckpt = v;
+        else if (!strcmp(a, "--data")) data = v;
+        else if (!strcmp(a, "--logits")) logits = v;
+        else if (!strcmp(a, "--seq-len")) seq_len = (int)number_arg(a, v, 1, 1 << 20);
+        else if (!strcmp(a, "--max-windows")) max_windows = (long)number_arg(a, v, 0, 1e12);
+        else moe_fatal("eval: unknown argument '%s'\n%s", a, usage);
+        i++;
+    }
+    if (!ckpt || !data) moe_fatal("eval: --ckpt and --data are required\n%s", usage);
+    token_file tf;
+    if (token_file_read(&tf, data)) moe_fatal("%s", moe_last_error());
+    model m;
+    if (infer_load(&m, ckpt, seq_len, seq_len)) moe_fatal("%s", moe_last_error());
+    double loss;
+    long n;
+    if (infer_eval(&m, &tf, seq_len, max_windows, logits, &loss, &n)) moe_fatal("%s", moe_last_error());
+    printf("loss %.6f ppl %.4f tokens %ld\n", loss, exp(loss), n);
+    model_destroy(&m);
+    token_file_free(&tf);
+    return 0;
+}
+
+static int cmd_generate(int argc, char **argv) {
+    const char *ckpt = NULL, *prompt = NULL;
+    int n_new = 200, stats = 0;
+    sampling s = {.temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 1, .prefill_chunk = 64};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--stats")) {
+            stats = 1;
+            continue;
+        }
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) moe_fatal("generate: '%s' needs a value\n%s", a, usage);
+        if (!strcmp(a, "--ckpt")) ckpt = v;
+        else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "-n")) n_new = (int)number_arg(a, v, 1, 1 << 20);
+        else if (!strcmp(a, "--temperature")) s.temperature = number_arg(a, v, 0, 100);
+        else if (!strcmp(a, "--top-k")) s.top_k = (int)number_arg(a, v, 0, 1 << 24);
+        else if (!strcmp(a, "--top-p")) s.top_p = number_arg(a, v, 1e-9, 1);
+        else if (!strcmp(a, "--seed")) s.seed = (uint64_t)number_arg(a, v, 0, 9007199254740992.0);
+        else if (!strcmp(a, "--prefill-chunk")) s.prefill_chunk = (int)number_arg(a, v, 1, 1 << 20);
+        else moe_fatal("generate: unknown argument '%s'\n%s", a, usage);
+        i++;
+    }
+    if (!ckpt || !prompt) moe_fatal("generate: --ckpt and --prompt are required\n%s", usage);
+    int n_prompt = (int)strlen(prompt);
+    model m;
+    if (infer_load(&m, ckpt, 0, s.prefill_chunk)) moe_fatal("%s", moe_last_error());
+    if (m.cfg.vocab_size < 256)
+        moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",
+                  m.cfg.vocab_size);
+    int *tokens = malloc((size_t)(n_prompt + 1) * sizeof(int)), *out = malloc((size_t)n_new * sizeof(int));
+    byte_tokenize(tokens, prompt, (size_t)n_prompt);
+    int n_out;
+    if (infer_generate(&m, tokens, n_prompt, n_new, &s, out, &n_out)) moe_fatal("%s", moe_last_error());
+    char *text = malloc((size_t)n_out + 1);
+    if (byte_detokenize(text, out, (size_t)n_out)) moe_fatal("%s", moe_last_error());
+    fwrite(prompt, 1, (size_t)n_prompt, stdout);
+    fwrite(text, 1, (size_t)n_out, stdout);
+    putchar('\n');
+    if (n_out < n_new) fprintf(stderr, "note: stopped after %d tokens: the KV cache (%d positions) is full\n", n_out, m.max_pos);
+    if (stats) {
+        const int E = m.cfg.moe.n_experts;
+        printf("expert hits per layer while decoding %d tokens (top-%d assignments):\n",
+               n_out > 0 ? n_out - 1 : 0, m.cfg.moe.top_k);
+        for (int l = 0; l < m.cfg.n_layers; l++) {
+            printf("  layer %d:", l);
+            for (int e = 0; e < E; e++) printf(" %ld", m.expert_hits[(size_t)l * E + e]);
+            printf("\n");
+        }
+    }
+    free(tokens), free(out), free(text);
+    model_destroy(&m);
+    return 0;
+}
+
+static int cmd_export(int argc, char **argv) {
+    const char *ckpt = NULL, *out = NULL;
+    st_dtype dtype = ST_F32;
+    for (int i = 0; i + 1 < argc || (i < argc && (moe_fatal("export: '%s' needs a value", argv[i]), 0)); i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "--ckpt")) ckpt = v;
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "f32") || !strcmp(v, "float32")) dtype = ST_F32;
+            else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) dtype = ST_BF16;
+            else if (!strcmp(v, "f16") || !strcmp(v, "float16")) dtype = ST_F16;
+            else moe_fatal("export: --dtype '%s': expected f32, bf16 or f16", v);
+        } else moe_fatal("export: unknown argument '%s'\n%s", a, usage);
+    }
+    if (!ckpt || !out) moe_fatal("export: --ckpt and --out are required\n%s", usage);
+    model m;
+    if (infer_load(&m, ckpt, 1, 1)) moe_fatal("%s", moe_last_error());
+    if (hf_export(out, &m, dtype, CHECKPOINT_SHARD_BYTES)) moe_fatal("%s", moe_last_error());
+    printf("exported %s (%s, %.2fM parameters) to %s\n", ckpt, st_dtype_name(dtype), m.n_params / 1e6, out);
+    model_destroy(&m);
+    return 0;
+}
 
 static int cmd_prepare(int argc, char **argv) {
     const char *sources[MOE_MAX_TEXT_SOURCES], *out = NULL;
@@ -49,10 +177,12 @@ static int cmd_train(int argc, char **argv) {
     if (argc < 1 || argv[0][0] == '-') moe_fatal("train: a CONFIG file is required\n%s", usage);
     const char *path = argv[0];
     char **sets = calloc((size_t)argc, sizeof(char *));
+    const char *resume = NULL;
     int n_set = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[n_set++] = argv[++i];
         else if (!strncmp(argv[i], "--set=", 6)) sets[n_set++] = argv[i] + 6;
+        else if (!strcmp(argv[i], "--resume") && i + 1 < argc) resume = argv[++i];
         else moe_fatal("train: unknown argument '%s'\n%s", argv[i], usage);
     }
     moe_train_config *cfg = malloc(sizeof *cfg);
@@ -60,7 +190,7 @@ static int cmd_train(int argc, char **argv) {
     if (moe_train_config_load(cfg, path, n_set, sets)) moe_fatal("%s", moe_last_error());
     free(sets);
     trainer_result res;
-    moe_status st = trainer_run(cfg, NULL, &res);
+    moe_status st = trainer_run(cfg, resume, NULL, &res);
     free(cfg);
     if (st) moe_fatal("%s", moe_last_error());
     return 0;
@@ -73,5 +203,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "prepare")) return cmd_prepare(argc - 2, argv + 2);
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "export")) return cmd_export(argc - 2, argv + 2);
     moe_fatal("unknown command '%s'\n%s", argv[1], usage);
 }

@@ -13,6 +13,7 @@
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "optim/optimizer.h"
+#include "train/checkpoint.h"
 #include "train/log.h"
 
 model_config trainer_model_config(const moe_train_config *cfg) {
@@ -167,8 +168,8 @@ static const char *first_nonfinite_grad(const model *m) {
     return "none (the loss itself)";
 }
 
-moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
-                       trainer_result *result) {
+moe_status trainer_run(const moe_train_config *cfg, const char *resume,
+                       const trainer_hooks *hooks, trainer_result *result) {
     trainer_result res = {0};
     res.last_val_loss = NAN;
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
@@ -219,8 +220,28 @@ moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
     if (st) goto done;
     st = data_loader_init(&loader, &train, cfg->batch_size, cfg->seq_len, (uint64_t)cfg->seed, 0, 1);
     if (st) goto done;
-    if ((st = jsonl_open(&metrics, cfg->run_dir, "metrics.jsonl"))) goto done;
-    if ((st = jsonl_open(&load_log, cfg->run_dir, "expert_load.jsonl"))) goto done;
+
+    // where the run starts: a checkpoint of this run, an HF folder, or the initialisation
+    int64_t start_step = 0, consecutive_skips = 0;
+    char ckpt_root[MOE_PATH_MAX + 8];
+    snprintf(ckpt_root, sizeof ckpt_root, "%s/ckpt", cfg->run_dir);
+    if (resume) {
+        train_state ts;
+        if ((st = checkpoint_load(resume, &m, &opt, &ts))) goto done;
+        if ((st = data_loader_set_state(&loader, &ts.loader))) goto done;
+        start_step = ts.step, res.skipped = ts.skipped, consecutive_skips = ts.consecutive_skips;
+        res.steps_done = start_step;
+        printf("resumed from %s at step %lld\n", resume, (long long)start_step);
+        // the logs continue from the checkpoint: records of later steps are dropped
+        if ((st = jsonl_keep_until(cfg->run_dir, "metrics.jsonl", start_step))) goto done;
+        if ((st = jsonl_keep_until(cfg->run_dir, "expert_load.jsonl", start_step))) goto done;
+    } else if (cfg->init_from[0]) {
+        if ((st = hf_config_check(cfg->init_from, &mc))) goto done;
+        if ((st = hf_load_weights(&m, cfg->init_from))) goto done;
+        printf("initialised from %s\n", cfg->init_from);
+    }
+    if ((st = jsonl_open(&metrics, cfg->run_dir, "metrics.jsonl", resume != NULL))) goto done;
+    if ((st = jsonl_open(&load_log, cfg->run_dir, "expert_load.jsonl", resume != NULL))) goto done;
 
     const int L = mc.n_layers, E = mc.moe.n_experts, T = cfg->batch_size * cfg->seq_len;
     inputs = malloc((size_t)T * sizeof(int));
@@ -244,8 +265,7 @@ moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
            "top_k times this\n");
 
     const double t_start = now_s();
-    int64_t consecutive_skips = 0;
-    for (int64_t step = 0; step < cfg->steps; step++) {
+    for (int64_t step = start_step; step < cfg->steps; step++) {
         const double t0 = now_s();
         const double lr = lr_at_step(cfg->schedule == 1 ? SCHEDULE_CONSTANT : SCHEDULE_COSINE,
                                      cfg->lr, cfg->min_lr, cfg->warmup_steps, cfg->steps, step);
@@ -299,7 +319,7 @@ moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
                                (long long)step + 1, (long long)consecutive_skips, cfg->max_skipped);
                 goto done;
             }
-            continue;
+            goto checkpoint;
         }
         consecutive_skips = 0;
         optimizer_step(&opt, m.params, m.grads, lr, clip_scale(grad_norm, cfg->grad_clip));
@@ -370,7 +390,8 @@ moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
         if ((step + 1) % cfg->interval == 0 || step == 0 || last || evaluated) {
             char eta[32];
             const double elapsed = now_s() - t_start;
-            format_duration(eta, sizeof eta, elapsed / (step + 1) * (cfg->steps - step - 1));
+            format_duration(eta, sizeof eta,
+                            elapsed / (step + 1 - start_step) * (cfg->steps - step - 1));
             printf("step %5lld/%lld | loss %.4f (ce %.4f aux %.4f z %.4f) | lr %.2e | gnorm %.3f | "
                    "%.0f tok/s | ETA %s | load max/mean %.2f (L%d) | drop %.2f%%",
                    (long long)step + 1, (long long)cfg->steps, loss, ce, aux, z, lr, grad_norm,
@@ -388,6 +409,18 @@ moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
                             "(log.load_alert = %.2f)\n",
                             (long long)step + 1, l, hot, mom, cfg->load_alert);
             }
+        }
+    checkpoint:
+        if ((cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) ||
+            step + 1 == cfg->steps) {
+            train_state ts = {.step = step + 1, .skipped = res.skipped,
+                              .consecutive_skips = consecutive_skips};
+            data_loader_get_state(&ts.loader, &loader);
+            const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
+            uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
+            if ((st = checkpoint_save(ckpt_root, &m, &opt, &ts, cfg, cfg->ckpt_keep, shard)))
+                goto done;
+            printf("checkpoint: %s/step_%08lld\n", ckpt_root, (long long)step + 1);
         }
     }
     res.seconds = now_s() - t_start;

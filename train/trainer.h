@@ -25,9 +25,11 @@ typedef struct {
 
 // Runs cfg to the end. MOE_ENUMERIC when train.max_skipped consecutive steps were skipped;
 // other errors for bad data, files, or allocation. Writes RUN_DIR/config.cfg,
-// metrics.jsonl, expert_load.jsonl; prints a console line every log.interval steps.
-moe_status trainer_run(const moe_train_config *cfg, const trainer_hooks *hooks,
-                       trainer_result *result);
+// metrics.jsonl, expert_load.jsonl and checkpoints (RUN_DIR/ckpt); prints a console line
+// every log.interval steps. resume (or NULL): a checkpoint folder or `latest` file to
+// continue from exactly (parameters, optimizer, step, data order, skip counts).
+moe_status trainer_run(const moe_train_config *cfg, const char *resume,
+                       const trainer_hooks *hooks, trainer_result *result);
 
 // The model config a train config describes.
 model_config trainer_model_config(const moe_train_config *cfg);

@@ -50,7 +50,7 @@ static void loss_falls_and_logs(void) {
     moe_train_config c;
     tiny_config(&c, "smoke");
     trainer_result r;
-    moe_status st = trainer_run(&c, NULL, &r);
+    moe_status st = trainer_run(&c, NULL, NULL, &r);
     if (st) printf("    -> %s\n", moe_last_error());
     check_true("trainer_run succeeds", st == MOE_OK);
     printf("  first loss %.4f, last loss %.4f, val %.4f\n", r.first_loss, r.last_loss,
@@ -110,7 +110,7 @@ static void planted_nan_is_skipped(void) {
     int saved = dup(2);
     if (!freopen(errpath, "w", stderr)) exit(1);
     trainer_result r;
-    moe_status st = trainer_run(&c, &hooks, &r);
+    moe_status st = trainer_run(&c, NULL, &hooks, &r);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -132,7 +132,7 @@ static void max_skipped_stops(void) {
     trainer_hooks hooks = {3, 1000};
     fflush(stderr);
     trainer_result r;
-    moe_status st = trainer_run(&c, &hooks, &r);
+    moe_status st = trainer_run(&c, NULL, &hooks, &r);
     printf("    -> %s\n", moe_last_error());
     check_true("MOE_ENUMERIC with a message naming train.max_skipped",
                st == MOE_ENUMERIC && strstr(moe_last_error(), "train.max_skipped"));

@@ -1,0 +1,755 @@
+// Checkpoints as Hugging Face Mixtral folders (see checkpoint.h).
+#define _POSIX_C_SOURCE 200809L // fsync, open_memstream, dirent
+
+#include "train/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+_Static_assert(sizeof(real) == sizeof(float), "checkpoints hold fp32 tensors");
+
+#define PATH_BUF 2048
+#define PATH_ARG_MAX 1024 // longest folder argument; leaves room for the names appended
+
+// snprintf for paths. Every folder argument is checked against PATH_ARG_MAX on entry, so
+// the names appended here always fit.
+__attribute__((format(printf, 3, 4))) static void path_fmt(char *buf, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+}
+
+static moe_status check_path_arg(const char *path) {
+    if (strlen(path) > PATH_ARG_MAX)
+        return moe_error(MOE_EINVAL, "%.64s...: path longer than %d characters", path, PATH_ARG_MAX);
+    return MOE_OK;
+}
+
+// ---- small file helpers ------------------------------------------------------------
+
+static moe_status fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return moe_error(MOE_EIO, "%s: cannot open to fsync: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    if (rc != 0) return moe_error(MOE_EIO, "%s: fsync failed: %s", path, strerror(errno));
+    return MOE_OK;
+}
+
+static moe_status write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return moe_error(MOE_EIO, "%s: cannot write: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    int ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) return moe_error(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+    return MOE_OK;
+}
+
+static moe_status write_json(const char *path, cJSON *obj) {
+    char *text = cJSON_Print(obj);
+    if (!text) return moe_error(MOE_ENOMEM, "%s: cannot format JSON", path);
+    moe_status st = write_text(path, text);
+    free(text);
+    return st;
+}
+
+static moe_status read_text(char **out, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (64L << 20)) {
+        fclose(f);
+        return moe_error(MOE_EIO, "%s: unreadable or larger than 64 MiB", path);
+    }
+    char *s = malloc((size_t)n + 1);
+    size_t got = s ? fread(s, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (!s || got != (size_t)n) {
+        free(s);
+        return moe_error(MOE_EIO, "%s: short read", path);
+    }
+    s[n] = 0;
+    *out = s;
+    return MOE_OK;
+}
+
+static moe_status read_json(cJSON **out, const char *path) {
+    char *text;
+    moe_status st = read_text(&text, path);
+    if (st) return st;
+    *out = cJSON_Parse(text);
+    free(text);
+    if (!*out || !cJSON_IsObject(*out)) {
+        cJSON_Delete(*out);
+        *out = NULL;
+        return moe_error(MOE_EIO, "%s: not a JSON object (parse error)", path);
+    }
+    return MOE_OK;
+}
+
+// Removes a folder of plain files (a checkpoint), then the folder.
+static void remove_folder(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    char file[PATH_BUF];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            path_fmt(file, sizeof file, "%s/%s", path, e->d_name);
+            unlink(file);
+        }
+    closedir(d);
+    rmdir(path);
+}
+
+// Test-only: MOE_TEST_CRASH_AT=<point> kills the process with SIGKILL at that point of the
+// MOE_TEST_CRASH_SAVE-th save (default 1) of this process.
+static int save_count;
+static void crash_point(const char *point) {
+    const char *at = getenv("MOE_TEST_CRASH_AT"), *nth = getenv("MOE_TEST_CRASH_SAVE");
+    if (at && !strcmp(at, point) && save_count == (nth ? atoi(nth) : 1)) raise(SIGKILL);
+}
+
+// ---- HF config.json ----------------------------------------------------------------
+
+static cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arch = cJSON_CreateArray();
+    cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM"));
+    cJSON_AddItemToObject(j, "architectures", arch);
+    cJSON_AddStringToObject(j, "model_type", "mixtral");
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(j, "hidden_size", c->d_model);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->moe.d_ff);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(j, "head_dim", c->d_model / c->n_heads);
+    cJSON_AddNumberToObject(j, "num_local_experts", c->moe.n_experts);
+    cJSON_AddNumberToObject(j, "num_experts_per_tok", c->moe.top_k);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_norm_eps);
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_seq_len);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_embeddings);
+    // HF's router_aux_loss_coef multiplies its helper's value, which is top_k times ours
+    cJSON_AddNumberToObject(j, "router_aux_loss_coef", c->moe.aux_coef / c->moe.top_k);
+    cJSON_AddNumberToObject(j, "router_jitter_noise", 0.0);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNullToObject(j, "sliding_window");
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON_AddBoolToObject(j, "use_cache", 1);
+    cJSON_AddStringToObject(j, "torch_dtype", torch_dtype);
+    // ours, ignored by transformers: what HF's Mixtral block cannot express
+    cJSON_AddBoolToObject(j, "norm_topk_prob", c->moe.norm_topk_prob);
+    return j;
+}
+
+static int json_int(const cJSON *j, const char *key, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 1e9)
+        return 0;
+    *out = (int)v->valuedouble;
+    return 1;
+}
+
+moe_status hf_config_read(model_config *cfg, const char *folder) {
+    if (check_path_arg(folder)) return MOE_EINVAL;
+    char path[PATH_BUF];
+    path_fmt(path, sizeof path, "%s/config.json", folder);
+    cJSON *j;
+    moe_status st = read_json(&j, path);
+    if (st) return st;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "mixtral")) {
+        cJSON_Delete(j);
+        return moe_error(MOE_EINVAL, "%s: model_type is not \"mixtral\"", path);
+    }
+    model_config c = {0};
+    int ff = 0, E = 0, k = 0;
+    const char *missing = NULL;
+    if (!json_int(j, "vocab_size", &c.vocab_size)) missing = "vocab_size";
+    else if (!json_int(j, "hidden_size", &c.d_model)) missing = "hidden_size";
+    else if (!json_int(j, "intermediate_size", &ff)) missing = "intermediate_size";
+    else if (!json_int(j, "num_hidden_layers", &c.n_layers)) missing = "num_hidden_layers";
+    else if (!json_int(j, "num_attention_heads", &c.n_heads)) missing = "num_attention_heads";
+    else if (!json_int(j, "num_local_experts", &E)) missing = "num_local_experts";
+    else if (!json_int(j, "num_experts_per_tok", &k)) missing = "num_experts_per_tok";
+    if (missing) {
+        cJSON_Delete(j);
+        return moe_error(MOE_EINVAL, "%s: %s is missing or not an integer", path, missing);
+    }
+    if (!json_int(j, "num_key_value_heads", &c.n_kv_heads)) c.n_kv_heads = c.n_heads;
+    if (!json_int(j, "max_position_embeddings", &c.max_seq_len)) c.max_seq_len = 4096;
+    const cJSON *v;
+    c.rms_norm_eps = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "rms_norm_eps")) ? v->valuedouble : 1e-5;
+    c.rope_theta = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "rope_theta")) ? v->valuedouble : 1e6;
+    c.tie_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
+    c.moe = moe_config_default(c.d_model, ff, E, k);
+    v = cJSON_GetObjectItemCaseSensitive(j, "norm_topk_prob");
+    if (cJSON_IsBool(v)) c.moe.norm_topk_prob = cJSON_IsTrue(v);
+    int head_dim;
+    if (json_int(j, "head_dim", &head_dim) && c.n_heads > 0 && head_dim * c.n_heads != c.d_model) {
+        cJSON_Delete(j);
+        return moe_error(MOE_EINVAL, "%s: head_dim = %d differs from hidden_size / num_attention_heads"
+                         " = %d (not supported)", path, head_dim, c.d_model / c.n_heads);
+    }
+    cJSON_Delete(j);
+    st = model_config_check(&c);
+    if (st) return moe_error_context(st, "%s", path);
+    *cfg = c;
+    return MOE_OK;
+}
+
+moe_status hf_config_check(const char *folder, const model_config *cfg) {
+    model_config h;
+    moe_status st = hf_config_read(&h, folder);
+    if (st) return st;
+    char msg[1024] = "";
+    size_t used = 0;
+#define CHECK(hf_name, ours_name, a, b, fmt)                                                     \
+    if ((a) != (b))                                                                               \
+        used += (size_t)snprintf(msg + used, used < sizeof msg ? sizeof msg - used : 0,           \
+                                 "%s%s = " fmt " (%s = " fmt ")", used ? "; " : "", hf_name, a,   \
+                                 ours_name, b);
+    CHECK("vocab_size", "model.vocab_size", h.vocab_size, cfg->vocab_size, "%d")
+    CHECK("hidden_size", "model.d_model", h.d_model, cfg->d_model, "%d")
+    CHECK("intermediate_size", "model.d_ff", h.moe.d_ff, cfg->moe.d_ff, "%d")
+    CHECK("num_hidden_layers", "model.n_layers", h.n_layers, cfg->n_layers, "%d")
+    CHECK("num_attention_heads", "model.n_heads", h.n_heads, cfg->n_heads, "%d")
+    CHECK("num_key_value_heads", "model.n_kv_heads", h.n_kv_heads, cfg->n_kv_heads, "%d")
+    CHECK("num_local_experts", "model.n_experts", h.moe.n_experts, cfg->moe.n_experts, "%d")
+    CHECK("num_experts_per_tok", "model.top_k", h.moe.top_k, cfg->moe.top_k, "%d")
+    CHECK("tie_word_embeddings", "model.tie_embeddings", h.tie_embeddings, cfg->tie_embeddings, "%d")
+    CHECK("rms_norm_eps", "model.rms_norm_eps", h.rms_norm_eps, cfg->rms_norm_eps, "%g")
+    CHECK("rope_theta", "model.rope_theta", h.rope_theta, cfg->rope_theta, "%g")
+#undef CHECK
+    if (used) return moe_error(MOE_EINVAL, "%s/config.json disagrees with the model config: %s", folder, msg);
+    return MOE_OK;
+}
+
+// ---- weights ------------------------------------------------------------------------
+
+// The file of each tensor: from model.safetensors.index.json, else model.safetensors.
+typedef struct {
+    cJSON *index; // NULL when single-file
+    int n_files;
+    char names[64][256];
+    st_file files[64];
+    int loaded[64];
+} weight_source;
+
+static moe_status source_open(weight_source *ws, const char *folder) {
+    memset(ws, 0, sizeof *ws);
+    char path[PATH_BUF];
+    path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
+    if (access(path, F_OK) == 0) {
+        moe_status st = read_json(&ws->index, path);
+        if (st) return st;
+        if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(ws->index, "weight_map")))
+            return moe_error(MOE_EIO, "%s: no \"weight_map\" object", path);
+    } else {
+        path_fmt(path, sizeof path, "%s/model.safetensors", folder);
+        if (access(path, F_OK) != 0)
+            return moe_error(MOE_EIO, "%s: neither model.safetensors.index.json nor "
+                             "model.safetensors is there", folder);
+    }
+    return MOE_OK;
+}
+
+static void source_close(weight_source *ws) {
+    for (int i = 0; i < ws->n_files; i++)
+        if (ws->loaded[i]) st_free(&ws->files[i]);
+    cJSON_Delete(ws->index);
+}
+
+// The safetensors file holding `name` (read on first use).
+static moe_status source_file(st_file **out, weight_source *ws, const char *folder,
+                              const char *name) {
+    const char *file = "model.safetensors";
+    if (ws->index) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(ws->index, "weight_map"), name);
+        if (!cJSON_IsString(f))
+            return moe_error(MOE_EIO, "%s/model.safetensors.index.json: tensor '%s' missing from "
+                             "weight_map", folder, name);
+        file = f->valuestring;
+        if (strchr(file, '/'))
+            return moe_error(MOE_EIO, "%s/model.safetensors.index.json: file '%s' of tensor '%s' "
+                             "is not in the folder", folder, file, name);
+    }
+    for (int i = 0; i < ws->n_files; i++)
+        if (!strcmp(ws->names[i], file)) {
+            *out = &ws->files[i];
+            return MOE_OK;
+        }
+    if (ws->n_files == 64) return moe_error(MOE_EIO, "%s: more than 64 weight files", folder);
+    int i = ws->n_files++;
+    snprintf(ws->names[i], sizeof ws->names[i], "%s", file);
+    char path[PATH_BUF];
+    path_fmt(path, sizeof path, "%s/%s", folder, file);
+    moe_status st = st_read(&ws->files[i], path);
+    if (st) return st;
+    ws->loaded[i] = 1;
+    *out = &ws->files[i];
+    return MOE_OK;
+}
+
+// Copies every tensor of the table into host (a buffer laid out like m->params), from the
+// files in folder whose names are prefix + HF name.
+static moe_status load_tensors(real *host, const model *m, const char *folder,
+                               const char *single_file, const char *prefix) {
+    weight_source ws;
+    moe_status st = MOE_OK;
+    if (single_file) {
+        memset(&ws, 0, sizeof ws);
+        char path[PATH_BUF];
+        path_fmt(path, sizeof path, "%s/%s", folder, single_file);
+        if ((st = st_read(&ws.files[0], path))) return st;
+        ws.loaded[0] = 1;
+        ws.n_files = 1;
+    } else if ((st = source_open(&ws, folder))) {
+        source_close(&ws);
+        return st;
+    }
+    for (int i = 0; i < m->n_tensors && !st; i++) {
+        const model_tensor *t = &m->tensors[i];
+        char name[320];
+        snprintf(name, sizeof name, "%s%s", prefix, t->name);
+        st_file *f = &ws.files[0];
+        if (!single_file && (st = source_file(&f, &ws, folder, name))) break;
+        const st_tensor *s = st_find(f, name);
+        if (!s) {
+            st = moe_error(MOE_EIO, "%s: tensor '%s' missing", f->path, name);
+            break;
+        }
+        int ndim = t->cols ? 2 : 1;
+        if (s->ndim != ndim || s->shape[0] != t->rows || (ndim == 2 && s->shape[1] != t->cols)) {
+            char got[128] = "";
+            for (int d = 0, u = 0; d < s->ndim && u < 120; d++)
+                u += snprintf(got + u, sizeof got - u, "%s%" PRId64, d ? ", " : "", s->shape[d]);
+            st = ndim == 2
+                     ? moe_error(MOE_EIO, "%s: tensor '%s' has shape [%s], expected [%d, %d]",
+                                 f->path, name, got, t->rows, t->cols)
+                     : moe_error(MOE_EIO, "%s: tensor '%s' has shape [%s], expected [%d]",
+                                 f->path, name, got, t->rows);
+            break;
+        }
+        st_to_f32(host + t->offset, f, s);
+    }
+    source_close(&ws);
+    return st;
+}
+
+moe_status hf_load_weights(model *m, const char *folder) {
+    real *host = malloc(m->n_params * sizeof(real));
+    if (!host) return moe_error(MOE_ENOMEM, "cannot allocate %zu parameters", m->n_params);
+    moe_status st = load_tensors(host, m, folder, NULL, "");
+    if (!st) m->be->copy_to_device(m->params, host, m->n_params * sizeof(real));
+    free(host);
+    return st;
+}
+
+// Writes the tensors of host (laid out like m->params) as shards of at most max_bytes (a
+// tensor larger than that gets a shard of its own) plus the index; appends the file names
+// to files (a cJSON array) when not NULL.
+static moe_status write_shards(const char *folder, const model *m, const real *host,
+                               st_dtype dtype, uint64_t max_bytes, cJSON *files) {
+    const int n = m->n_tensors;
+    int *shard_of = malloc((size_t)n * sizeof(int)), n_shards = 0;
+    st_entry *entries = malloc((size_t)n * sizeof(st_entry));
+    if (!shard_of || !entries) {
+        free(shard_of), free(entries);
+        return moe_error(MOE_ENOMEM, "out of memory");
+    }
+    uint64_t in_shard = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        const model_tensor *t = &m->tensors[i];
+        uint64_t bytes = (uint64_t)t->rows * (t->cols ? t->cols : 1) * st_dtype_size(dtype);
+        if (i == 0 || (in_shard > 0 && in_shard + bytes > max_bytes)) n_shards++, in_shard = 0;
+        shard_of[i] = n_shards - 1;
+        in_shard += bytes, total += bytes;
+        entries[i] = (st_entry){.name = t->name, .data = host + t->offset, .ndim = t->cols ? 2 : 1,
+                                .shape = {t->rows, t->cols}};
+    }
+    cJSON *index = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *map = cJSON_CreateObject();
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    cJSON_AddItemToObject(index, "metadata", meta);
+    cJSON_AddItemToObject(index, "weight_map", map);
+    moe_status st = MOE_OK;
+    for (int s = 0, first = 0; s < n_shards && !st; s++) {
+        int last = first;
+        while (last < n && shard_of[last] == s) last++;
+        char name[64], path[PATH_BUF];
+        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+        path_fmt(path, sizeof path, "%s/%s", folder, name);
+        st = st_write(path, entries + first, last - first, dtype);
+        for (int i = first; i < last; i++) cJSON_AddStringToObject(map, m->tensors[i].name, name);
+        if (files) cJSON_AddItemToArray(files, cJSON_CreateString(name));
+        first = last;
+    }
+    if (!st) {
+        char path[PATH_BUF];
+        path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
+        st = write_json(path, index);
+        if (files) cJSON_AddItemToArray(files, cJSON_CreateString("model.safetensors.index.json"));
+    }
+    cJSON_Delete(index);
+    free(shard_of), free(entries);
+    return st;
+}
+
+static moe_status write_moments(const char *folder, const char *file, const model *m,
+                                const real *host) {
+    st_entry *entries = malloc((size_t)m->n_tensors * sizeof(st_entry));
+    char (*names)[320] = malloc((size_t)m->n_tensors * sizeof *names);
+    if (!entries || !names) {
+        free(entries), free(names);
+        return moe_error(MOE_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        snprintf(names[i], sizeof names[i], "%s", t->name);
+        entries[i] = (st_entry){.name = names[i], .data = host + t->offset, .ndim = t->cols ? 2 : 1,
+                                .shape = {t->rows, t->cols}};
+    }
+    char path[PATH_BUF];
+    path_fmt(path, sizeof path, "%s/%s", folder, file);
+    moe_status st = st_write(path, entries, m->n_tensors, ST_F32);
+    free(entries), free(names);
+    return st;
+}
+
+// ---- save -----------------------------------------------------------------------------
+
+static int parse_step_name(const char *name, long long *step) {
+    char tail;
+    return sscanf(name, "step_%lld%c", step, &tail) == 1 && strlen(name) == 13;
+}
+
+// Deletes leftovers of interrupted saves (step_*.tmp) and all but the newest `keep`
+// complete checkpoints.
+static void prune(const char *root, int keep) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    long long steps[4096];
+    int n = 0;
+    struct dirent *e;
+    char path[PATH_BUF];
+    while ((e = readdir(d))) {
+        long long s;
+        size_t len = strlen(e->d_name);
+        if (!strncmp(e->d_name, "step_", 5) && len > 4 && !strcmp(e->d_name + len - 4, ".tmp")) {
+            path_fmt(path, sizeof path, "%s/%s", root, e->d_name);
+            remove_folder(path);
+        } else if (parse_step_name(e->d_name, &s) && n < 4096) {
+            steps[n++] = s;
+        }
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) { // newest first
+        int newer = 0;
+        for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
+        if (newer >= keep) {
+            path_fmt(path, sizeof path, "%s/step_%08lld", root, steps[i]);
+            remove_folder(path);
+        }
+    }
+}
+
+static char *config_text(const moe_train_config *cfg) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    moe_train_config_write(cfg, f);
+    fclose(f);
+    return buf;
+}
+
+moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimizer *opt,
+                           const train_state *ts, const moe_train_config *cfg, int keep,
+                           uint64_t max_shard_bytes) {
+    save_count++;
+    if (check_path_arg(ckpt_root)) return MOE_EINVAL;
+    char tmp[PATH_BUF], final[PATH_BUF], path[PATH_BUF];
+    if (mkdir(ckpt_root, 0755) != 0 && errno != EEXIST)
+        return moe_error(MOE_EIO, "%s: cannot create: %s", ckpt_root, strerror(errno));
+    path_fmt(final, sizeof final, "%s/step_%08lld", ckpt_root, (long long)ts->step);
+    path_fmt(tmp, sizeof tmp, "%s.tmp", final);
+    remove_folder(tmp);
+    if (mkdir(tmp, 0755) != 0) return moe_error(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+
+    real *host = malloc(m->n_params * sizeof(real));
+    cJSON *files = cJSON_CreateArray(), *state = NULL;
+    char *cfg_text = NULL;
+    moe_status st = MOE_OK;
+    if (!host) {
+        st = moe_error(MOE_ENOMEM, "checkpoint: cannot allocate %zu parameters", m->n_params);
+        goto done;
+    }
+    path_fmt(path, sizeof path, "%s/config.json", tmp);
+    cJSON *cj = hf_config_json(&m->cfg, "float32");
+    st = write_json(path, cj);
+    cJSON_Delete(cj);
+    if (st) goto done;
+    cJSON_AddItemToArray(files, cJSON_CreateString("config.json"));
+    m->be->copy_to_host(host, m->params, m->n_params * sizeof(real));
+    if ((st = write_shards(tmp, m, host, ST_F32, max_shard_bytes, files))) goto done;
+    crash_point("model_written");
+    if (opt && opt->m) {
+        m->be->copy_to_host(host, opt->m, m->n_params * sizeof(real));
+        if ((st = write_moments(tmp, "optimizer-exp_avg.safetensors", m, host))) goto done;
+        m->be->copy_to_host(host, opt->v, m->n_params * sizeof(real));
+        if ((st = write_moments(tmp, "optimizer-exp_avg_sq.safetensors", m, host))) goto done;
+        cJSON_AddItemToArray(files, cJSON_CreateString("optimizer-exp_avg.safetensors"));
+        cJSON_AddItemToArray(files, cJSON_CreateString("optimizer-exp_avg_sq.safetensors"));
+    }
+
+    // trainer_state.json: everything else, and the CRC32 of every other file
+    state = cJSON_CreateObject();
+    cJSON_AddStringToObject(state, "format", "moe.c trainer state");
+    cJSON_AddNumberToObject(state, "version", 1);
+    cJSON_AddNumberToObject(state, "step", (double)ts->step);
+    cJSON_AddNumberToObject(state, "skipped", (double)ts->skipped);
+    cJSON_AddNumberToObject(state, "consecutive_skips", (double)ts->consecutive_skips);
+    cJSON *o = cJSON_AddObjectToObject(state, "optimizer");
+    cJSON_AddStringToObject(o, "kind", opt && opt->cfg.kind == OPTIM_SGD ? "sgd" : "adamw");
+    cJSON_AddNumberToObject(o, "t", opt ? (double)opt->t : 0);
+    cJSON *sch = cJSON_AddObjectToObject(state, "schedule");
+    cJSON_AddStringToObject(sch, "kind", cfg->schedule == 1 ? "constant" : "cosine");
+    cJSON_AddNumberToObject(sch, "lr", cfg->lr);
+    cJSON_AddNumberToObject(sch, "min_lr", cfg->min_lr);
+    cJSON_AddNumberToObject(sch, "warmup_steps", (double)cfg->warmup_steps);
+    cJSON_AddNumberToObject(sch, "steps", (double)cfg->steps);
+    // the only random stream of a run after initialisation is the data order; 64-bit values
+    // are strings (JSON numbers are doubles)
+    cJSON *rng = cJSON_AddObjectToObject(state, "rng");
+    char num[32];
+    snprintf(num, sizeof num, "%" PRIu64, (uint64_t)cfg->seed);
+    cJSON_AddStringToObject(rng, "init_seed", num);
+    cJSON *ld = cJSON_AddObjectToObject(rng, "data_loader");
+#define ADD_U64(obj, key, v) (snprintf(num, sizeof num, "%" PRIu64, (uint64_t)(v)), cJSON_AddStringToObject(obj, key, num))
+    ADD_U64(ld, "seed", ts->loader.seed);
+    ADD_U64(ld, "epoch", ts->loader.epoch);
+    ADD_U64(ld, "position", ts->loader.position);
+    ADD_U64(ld, "n_windows", ts->loader.n_windows);
+    ADD_U64(ld, "seq_len", ts->loader.seq_len);
+#undef ADD_U64
+    cJSON *world = cJSON_AddObjectToObject(state, "world");
+    cJSON_AddNumberToObject(world, "size", 1);
+    cJSON_AddNumberToObject(world, "ep_size", 1);
+    if (!(cfg_text = config_text(cfg))) {
+        st = moe_error(MOE_ENOMEM, "checkpoint: cannot format the config");
+        goto done;
+    }
+    cJSON_AddStringToObject(state, "config", cfg_text);
+    cJSON *crcs = cJSON_AddObjectToObject(state, "crc32");
+    cJSON *f;
+    cJSON_ArrayForEach(f, files) {
+        uint32_t crc;
+        path_fmt(path, sizeof path, "%s/%s", tmp, f->valuestring);
+        if ((st = file_crc32(path, &crc))) goto done;
+        snprintf(num, sizeof num, "%08" PRIx32, crc);
+        cJSON_AddStringToObject(crcs, f->valuestring, num);
+    }
+    path_fmt(path, sizeof path, "%s/trainer_state.json", tmp);
+    if ((st = write_json(path, state))) goto done;
+
+    // publish: folder, then `latest`
+    if ((st = fsync_path(tmp))) goto done;
+    crash_point("before_rename");
+    remove_folder(final); // a checkpoint of the same step from an earlier, abandoned run
+    if (rename(tmp, final) != 0) {
+        st = moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+        goto done;
+    }
+    if ((st = fsync_path(ckpt_root))) goto done;
+    crash_point("after_rename");
+    char latest[PATH_BUF], latest_tmp[PATH_BUF + 8], line[32];
+    path_fmt(latest, sizeof latest, "%s/latest", ckpt_root);
+    path_fmt(latest_tmp, sizeof latest_tmp, "%s.tmp", latest);
+    snprintf(line, sizeof line, "step_%08lld\n", (long long)ts->step);
+    if ((st = write_text(latest_tmp, line))) goto done;
+    crash_point("latest_written");
+    if (rename(latest_tmp, latest) != 0) {
+        st = moe_error(MOE_EIO, "%s: cannot rename: %s", latest_tmp, strerror(errno));
+        goto done;
+    }
+    if ((st = fsync_path(ckpt_root))) goto done;
+    crash_point("before_prune");
+    prune(ckpt_root, keep);
+
+done:
+    free(host);
+    free(cfg_text);
+    cJSON_Delete(files);
+    cJSON_Delete(state);
+    if (st) remove_folder(tmp);
+    return st;
+}
+
+// ---- load -----------------------------------------------------------------------------
+
+moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
+    if (check_path_arg(path)) return MOE_EINVAL;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return moe_error(MOE_EIO, "%s: no such checkpoint: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(folder, n, "%s", path);
+        return MOE_OK;
+    }
+    char *text;
+    moe_status st = read_text(&text, path);
+    if (st) return st;
+    text[strcspn(text, "\r\n")] = 0;
+    long long step;
+    if (!parse_step_name(text, &step)) {
+        free(text);
+        return moe_error(MOE_EIO, "%s: expected a line 'step_NNNNNNNN'", path);
+    }
+    char dir[PATH_BUF];
+    path_fmt(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else path_fmt(dir, sizeof dir, ".");
+    snprintf(folder, n, "%s/%s", dir, text);
+    free(text);
+    return MOE_OK;
+}
+
+static int json_u64(const cJSON *obj, const char *key, uint64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (cJSON_IsString(v)) {
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(v->valuestring, &end, 10);
+        if (errno || *end || end == v->valuestring) return 0;
+        *out = x;
+        return 1;
+    }
+    if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0) {
+        *out = (uint64_t)v->valuedouble;
+        return 1;
+    }
+    return 0;
+}
+
+moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts) {
+    char folder[PATH_BUF], file[PATH_BUF + 64];
+    moe_status st = checkpoint_resolve(folder, sizeof folder, path);
+    if (st) return st;
+    cJSON *state = NULL;
+    real *host = NULL;
+    path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
+    if ((st = read_json(&state, file))) return st;
+
+    // every file as it was written
+    const cJSON *crcs = cJSON_GetObjectItemCaseSensitive(state, "crc32"), *c;
+    if (!cJSON_IsObject(crcs)) {
+        st = moe_error(MOE_EIO, "%s: no \"crc32\" object", file);
+        goto done;
+    }
+    cJSON_ArrayForEach(c, crcs) {
+        char fpath[PATH_BUF + 300];
+        uint32_t crc;
+        path_fmt(fpath, sizeof fpath, "%s/%s", folder, c->string);
+        if ((st = file_crc32(fpath, &crc))) goto done;
+        char hex[16];
+        snprintf(hex, sizeof hex, "%08" PRIx32, crc);
+        if (!cJSON_IsString(c) || strcmp(hex, c->valuestring)) {
+            st = moe_error(MOE_EIO, "%s: CRC32 mismatch: the file has %s, trainer_state.json says %s",
+                           fpath, hex, cJSON_IsString(c) ? c->valuestring : "(not a string)");
+            goto done;
+        }
+    }
+    if ((st = hf_config_check(folder, &m->cfg))) goto done;
+    if ((st = hf_load_weights(m, folder))) goto done;
+
+    if (opt && opt->m) {
+        if (!(host = malloc(m->n_params * sizeof(real)))) {
+            st = moe_error(MOE_ENOMEM, "checkpoint: out of memory");
+            goto done;
+        }
+        if ((st = load_tensors(host, m, folder, "optimizer-exp_avg.safetensors", ""))) goto done;
+        m->be->copy_to_device(opt->m, host, m->n_params * sizeof(real));
+        if ((st = load_tensors(host, m, folder, "optimizer-exp_avg_sq.safetensors", ""))) goto done;
+        m->be->copy_to_device(opt->v, host, m->n_params * sizeof(real));
+    }
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(state, "optimizer");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "t");
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(state, "step");
+    const cJSON *ld = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(state, "rng"), "data_loader");
+    if (!cJSON_IsNumber(t) || !cJSON_IsNumber(step)) {
+        st = moe_error(MOE_EIO, "%s: \"step\" or \"optimizer.t\" missing", file);
+        goto done;
+    }
+    if (opt) opt->t = (int64_t)t->valuedouble;
+    if (ts) {
+        memset(ts, 0, sizeof *ts);
+        ts->step = (int64_t)step->valuedouble;
+        const cJSON *v;
+        if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(state, "skipped"))) ts->skipped = (int64_t)v->valuedouble;
+        if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(state, "consecutive_skips")))
+            ts->consecutive_skips = (int64_t)v->valuedouble;
+        if (!json_u64(ld, "seed", &ts->loader.seed) || !json_u64(ld, "epoch", &ts->loader.epoch) ||
+            !json_u64(ld, "position", &ts->loader.position) ||
+            !json_u64(ld, "n_windows", &ts->loader.n_windows) ||
+            !json_u64(ld, "seq_len", &ts->loader.seq_len)) {
+            st = moe_error(MOE_EIO, "%s: rng.data_loader is incomplete", file);
+            goto done;
+        }
+    }
+done:
+    free(host);
+    cJSON_Delete(state);
+    return st;
+}
+
+// ---- export ---------------------------------------------------------------------------
+
+moe_status hf_export(const char *out_folder, const model *m, st_dtype dtype,
+                     uint64_t max_shard_bytes) {
+    char tmp[PATH_BUF], path[PATH_BUF + 32];
+    struct stat sb;
+    if (check_path_arg(out_folder)) return MOE_EINVAL;
+    if (stat(out_folder, &sb) == 0)
+        return moe_error(MOE_EINVAL, "%s: already exists (export never overwrites)", out_folder);
+    path_fmt(tmp, sizeof tmp, "%s.tmp", out_folder);
+    remove_folder(tmp);
+    if (mkdir(tmp, 0755) != 0) return moe_error(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    real *host = malloc(m->n_params * sizeof(real));
+    moe_status st = MOE_OK;
+    if (!host) st = moe_error(MOE_ENOMEM, "export: out of memory");
+    if (!st) {
+        path_fmt(path, sizeof path, "%s/config.json", tmp);
+        cJSON *cj = hf_config_json(&m->cfg, dtype == ST_BF16 ? "bfloat16" : dtype == ST_F16 ? "float16" : "float32");
+        st = write_json(path, cj);
+        cJSON_Delete(cj);
+    }
+    if (!st) {
+        m->be->copy_to_host(host, m->params, m->n_params * sizeof(real));
+        st = write_shards(tmp, m, host, dtype, max_shard_bytes, NULL);
+    }
+    if (!st) st = fsync_path(tmp);
+    if (!st && rename(tmp, out_folder) != 0)
+        st = moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, out_folder, strerror(errno));
+    free(host);
+    if (st) remove_folder(tmp);
+    return st;
+}

@@ -1,0 +1,64 @@
+// Checkpoints are Hugging Face Mixtral folders (DESIGN.md §5):
+//
+//   RUN/ckpt/step_00000100/
+//     config.json                              HF MixtralConfig
+//     model-00001-of-0000N.safetensors ...     HF tensor names, fp32
+//     model.safetensors.index.json             {"metadata": {"total_size"}, "weight_map"}
+//     optimizer-exp_avg.safetensors            AdamW moments, by the same names (AdamW only)
+//     optimizer-exp_avg_sq.safetensors
+//     trainer_state.json                       step, schedule, loader/RNG state, skipped
+//                                              steps, world layout, resolved config, CRC32s
+//   RUN/ckpt/latest                            "step_00000100\n"
+//
+// A save writes step_N.tmp/, fsyncs every file and the folder, renames it to step_N/, fsyncs
+// the parent, then replaces `latest` by write-temp-and-rename; only then are checkpoints
+// beyond `keep` deleted. A crash at any moment leaves the previous checkpoint loadable.
+#ifndef MOE_CHECKPOINT_H
+#define MOE_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "data/loader.h"
+#include "layers/model.h"
+#include "optim/optimizer.h"
+#include "train/config.h"
+#include "train/safetensors.h"
+
+// Everything besides tensors that an exact resume needs.
+typedef struct {
+    int64_t step;              // updates done
+    int64_t skipped;           // non-finite steps skipped in all
+    int64_t consecutive_skips; // at the moment of the save
+    data_loader_state loader;  // the data order (the loader's RNG)
+} train_state;
+
+#define CHECKPOINT_SHARD_BYTES ((uint64_t)1 << 30)
+
+// Saves into ckpt_root/step_%08lld (see above). opt may be NULL (no moment files).
+moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimizer *opt,
+                           const train_state *ts, const moe_train_config *cfg, int keep,
+                           uint64_t max_shard_bytes);
+
+// Resolves `path`: a step folder, or a `latest` file naming one (relative to its folder).
+moe_status checkpoint_resolve(char *folder, size_t n, const char *path);
+
+// Loads a checkpoint folder (or `latest`) into m (and opt and ts when not NULL), after
+// checking every file's CRC32 against trainer_state.json and config.json against m's config.
+moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts);
+
+// Reads an HF Mixtral folder's config.json into a model config (MoE capacity settings at
+// their defaults; inference never drops).
+moe_status hf_config_read(model_config *cfg, const char *folder);
+
+// MOE_EINVAL naming every field of folder/config.json that disagrees with cfg.
+moe_status hf_config_check(const char *folder, const model_config *cfg);
+
+// Loads every tensor of m by its HF name from folder (model.safetensors, or the shards of
+// model.safetensors.index.json; F32, BF16 or F16 converted to fp32).
+moe_status hf_load_weights(model *m, const char *folder);
+
+// Writes m's weights as an inference-only HF folder (config.json, shards, index) in dtype.
+moe_status hf_export(const char *out_folder, const model *m, st_dtype dtype,
+                     uint64_t max_shard_bytes);
+
+#endif

@@ -1,0 +1,173 @@
+// eval and generate (see infer.h).
+#include "train/infer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/checkpoint.h"
+
+moe_status infer_load(model *m, const char *ckpt, int max_pos, int max_chunk) {
+    char folder[2048];
+    moe_status st = checkpoint_resolve(folder, sizeof folder, ckpt);
+    if (st) return st;
+    model_config cfg;
+    if ((st = hf_config_read(&cfg, folder))) return st;
+    if (max_pos <= 0 || max_pos > cfg.max_seq_len) max_pos = cfg.max_seq_len;
+    if (max_chunk > max_pos) max_chunk = max_pos;
+    if ((st = model_create_inference(m, moe_backend_cpu(), &cfg, max_pos, max_chunk))) return st;
+    if ((st = hf_load_weights(m, folder))) model_destroy(m);
+    return st;
+}
+
+moe_status npy_write_f32(const char *path, const float *data, int rows, int cols) {
+    char header[128];
+    int n = snprintf(header, sizeof header,
+                     "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
+    // magic (6) + version (2) + header length (2) + header, padded with spaces to a
+    // multiple of 64 and ended by '\n'
+    int total = 10 + n + 1, pad = (64 - total % 64) % 64;
+    FILE *f = fopen(path, "wb");
+    if (!f) return moe_error(MOE_EIO, "%s: cannot write", path);
+    unsigned short hlen = (unsigned short)(n + pad + 1);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fputc(hlen & 0xff, f);
+    fputc(hlen >> 8, f);
+    fwrite(header, 1, (size_t)n, f);
+    for (int i = 0; i < pad; i++) fputc(' ', f);
+    fputc('\n', f);
+    size_t count = (size_t)rows * cols;
+    int ok = fwrite(data, sizeof(float), count, f) == count;
+    if (fclose(f) != 0 || !ok) return moe_error(MOE_EIO, "%s: write failed", path);
+    return MOE_OK;
+}
+
+moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_windows,
+                      const char *logits_npy, double *loss, long *n_tokens) {
+    const int V = m->cfg.vocab_size;
+    if (seq_len < 1 || seq_len > m->max_seq)
+        return moe_error(MOE_EINVAL, "eval: --seq-len %d outside [1, %d]", seq_len, m->max_seq);
+    if (tf->vocab_size > (uint32_t)V)
+        return moe_error(MOE_EINVAL, "%s: token vocabulary %u exceeds the model's %d", tf->path,
+                         tf->vocab_size, V);
+    long windows = tf->count > 0 ? (long)((tf->count - 1) / (uint64_t)seq_len) : 0;
+    if (windows < 1)
+        return moe_error(MOE_EINVAL, "%s: %llu tokens, fewer than one window of %d + 1", tf->path,
+                         (unsigned long long)tf->count, seq_len);
+    if (max_windows > 0 && windows > max_windows) windows = max_windows;
+    int *inputs = malloc((size_t)seq_len * sizeof(int));
+    real *logits = malloc((size_t)seq_len * V * sizeof(real));
+    if (!inputs || !logits) {
+        free(inputs), free(logits);
+        return moe_error(MOE_ENOMEM, "eval: out of memory");
+    }
+    moe_status st = MOE_OK;
+    double sum = 0;
+    for (long w = 0; w < windows && !st; w++) {
+        const uint32_t *win = tf->tokens + (size_t)w * seq_len;
+        for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t];
+        if ((st = model_infer(m, inputs, seq_len, 0))) break;
+        m->be->copy_to_host(logits, m->logits, (size_t)seq_len * V * sizeof(real));
+        if (w == 0 && logits_npy) st = npy_write_f32(logits_npy, logits, seq_len, V);
+        for (int t = 0; t < seq_len; t++) { // CE = logsumexp(z) - z[target], in double
+            const real *z = logits + (size_t)t * V;
+            double mx = z[0], s = 0;
+            for (int i = 1; i < V; i++) mx = z[i] > mx ? z[i] : mx;
+            for (int i = 0; i < V; i++) s += exp(z[i] - mx);
+            sum += mx + log(s) - z[win[t + 1]];
+        }
+    }
+    free(inputs), free(logits);
+    *n_tokens = windows * seq_len;
+    *loss = sum / (double)*n_tokens;
+    return st;
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    double p;
+    int id;
+} candidate;
+
+static int by_prob_desc(const void *a, const void *b) {
+    const candidate *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return x->id - y->id;
+}
+
+// Samples from softmax(logits / T) restricted to the top_k most likely and to the smallest
+// set whose probability reaches top_p; greedy when T == 0.
+static int sample(const real *logits, int V, const sampling *s, uint64_t *rng, candidate *c) {
+    int best = 0;
+    for (int i = 1; i < V; i++) best = logits[i] > logits[best] ? i : best;
+    if (s->temperature <= 0) return best;
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+        c[i].p = exp((logits[i] - logits[best]) / s->temperature);
+        c[i].id = i;
+        sum += c[i].p;
+    }
+    qsort(c, (size_t)V, sizeof *c, by_prob_desc);
+    int n = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    double kept = 0;
+    for (int i = 0; i < n; i++) {
+        kept += c[i].p / sum;
+        if (kept >= s->top_p) {
+            n = i + 1;
+            break;
+        }
+    }
+    double total = 0;
+    for (int i = 0; i < n; i++) total += c[i].p;
+    double u = (splitmix64(rng) >> 11) * 0x1.0p-53 * total;
+    for (int i = 0; i < n; i++) {
+        u -= c[i].p;
+        if (u < 0) return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
+moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new,
+                          const sampling *s, int *out, int *n_out) {
+    const int V = m->cfg.vocab_size;
+    *n_out = 0;
+    if (n_prompt < 1) return moe_error(MOE_EINVAL, "generate: the prompt is empty");
+    if (n_prompt > m->max_pos)
+        return moe_error(MOE_EINVAL, "generate: the prompt has %d tokens, the KV cache %d",
+                         n_prompt, m->max_pos);
+    int chunk = s->prefill_chunk > 0 && s->prefill_chunk < m->max_seq ? s->prefill_chunk : m->max_seq;
+    moe_status st = MOE_OK;
+    int pos = 0;
+    for (; pos < n_prompt && !st; pos += chunk) {
+        int n = n_prompt - pos < chunk ? n_prompt - pos : chunk;
+        st = model_infer(m, prompt + pos, n, pos);
+        if (!st && pos + n == n_prompt && n > 1) // keep the last row: the next token's distribution
+            m->be->copy_to_device(m->logits, m->logits + (size_t)(n - 1) * V, (size_t)V * sizeof(real));
+    }
+    if (st) return st;
+    pos = n_prompt;
+    memset(m->expert_hits, 0, (size_t)m->cfg.n_layers * m->cfg.moe.n_experts * sizeof(long));
+    real *logits = malloc((size_t)V * sizeof(real));
+    candidate *cand = malloc((size_t)V * sizeof(candidate));
+    if (!logits || !cand) {
+        free(logits), free(cand);
+        return moe_error(MOE_ENOMEM, "generate: out of memory");
+    }
+    uint64_t rng = s->seed;
+    for (int i = 0; i < n_new && !st; i++) {
+        m->be->copy_to_host(logits, m->logits, (size_t)V * sizeof(real));
+        int next = sample(logits, V, s, &rng, cand);
+        out[(*n_out)++] = next;
+        if (pos >= m->max_pos || i + 1 == n_new) break; // the cache is full, or done
+        st = model_infer(m, &next, 1, pos++);
+    }
+    free(logits), free(cand);
+    return st;
+}

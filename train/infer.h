@@ -1,0 +1,38 @@
+// Inference mode: eval and generate, on the same layer code and kernels as training
+// (model_infer: forward only, dropless, KV cache, nothing kept for a backward).
+#ifndef MOE_INFER_H
+#define MOE_INFER_H
+
+#include <stdint.h>
+
+#include "data/token_file.h"
+#include "layers/model.h"
+
+// Loads a checkpoint (a step folder, a `latest` file, or any HF Mixtral folder) into an
+// inference model with a KV cache of max_pos positions (0: the config's
+// max_position_embeddings) and chunks of at most max_chunk tokens.
+moe_status infer_load(model *m, const char *ckpt, int max_pos, int max_chunk);
+
+// Mean cross-entropy over the windows of tf: window i = tokens [i*S, i*S + S], inputs its
+// first S, targets its last S (at most max_windows windows; 0 = all). If logits_npy is not
+// NULL, the logits of the first window's inputs ([S, V] float32) go there as a .npy file.
+moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_windows,
+                      const char *logits_npy, double *loss, long *n_tokens);
+
+typedef struct {
+    double temperature; // 0: greedy
+    int top_k;          // 0: off
+    double top_p;       // 1: off
+    uint64_t seed;
+    int prefill_chunk;  // prompt tokens per forward (bounds the activation memory)
+} sampling;
+
+// Prefill the prompt in chunks, then decode n_new tokens one at a time with the KV cache.
+// out receives the n_new tokens; *n_out how many were made (fewer if the cache fills).
+moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new,
+                          const sampling *s, int *out, int *n_out);
+
+// Writes a float32 2-D array as a NumPy .npy file (format 1.0).
+moe_status npy_write_f32(const char *path, const float *data, int rows, int cols);
+
+#endif
