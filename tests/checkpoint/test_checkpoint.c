@@ -281,7 +281,7 @@ static void exact_resume(void) {
 
     printf("generate with a fixed seed is deterministic\n");
     sampling s = {.temperature = 0.9, .top_k = 20, .top_p = 0.95, .seed = 42, .prefill_chunk = 5};
-    int prompt[12], o1[16], o2[16], o3[16], n1, n2, n3;
+    int prompt[12], o1[16], o2[16], o3[64], n1, n2, n3;
     for (int i = 0; i < 12; i++) prompt[i] = (int)val.tokens[i];
     infer_generate(&inf, prompt, 12, 16, &s, o1, &n1);
     infer_generate(&inf, prompt, 12, 16, &s, o2, &n2);
