@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
     moe_stats st = {0};
     for (int i = 0; i < warmup + reps; i++) {
         double t0 = now();
-        if (moe_layer_forward(&L, y, x, &w, T, 1, &st)) moe_fatal("%s", moe_last_error());
+        if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st)) moe_fatal("%s", moe_last_error());
         if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
         double t1 = now();
         // the same expert GEMMs on the layer's own buffers and row counts

@@ -13,6 +13,7 @@
 #define MOE_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "layers/real.h"
 
@@ -21,6 +22,12 @@ typedef enum {
     MOE_DROP_PROBS = 0,    // keep the largest combine weights (ties: earlier token)
     MOE_DROP_POSITION = 1, // keep the first ones in token order
 } moe_drop_policy;
+
+// How router logits become scores.
+typedef enum {
+    MOE_SCORE_SOFTMAX = 0, // p = softmax(z) (Mixtral)
+    MOE_SCORE_SIGMOID = 1, // s = sigmoid(z) (DeepSeek-V3)
+} moe_scoring;
 
 typedef struct moe_backend {
     const char *name;
@@ -54,15 +61,21 @@ typedef struct moe_backend {
                                           int n_in);
 
     // ---- router ----------------------------------------------------------
-    // p = softmax(logits) per token, lse = logsumexp(logits); top-k of p in descending
-    // order (ties: lower expert index first); weights = p_sel / sum(p_sel) when
-    // norm_topk_prob, else p_sel.
-    // probs [T,E], lse [T], topk_idx [T,k], weights [T,k]; logits [T,E]
-    void (*router_softmax_topk)(real *probs, real *lse, int *topk_idx, real *weights,
-                                const real *logits, int T, int E, int k, int norm_topk_prob);
+    // Scores: softmax p = softmax(z), or sigmoid s = sigmoid(z); probs s' = the per-token
+    // expert distribution the balancing losses use (p, or s / sum_e s_e); lse = logsumexp(z).
+    // Top-k of s + bias (bias may be NULL; ties: lower expert index), in descending order;
+    // weights = route_scale * s_sel / sum(s_sel) when norm_topk_prob, else route_scale * s_sel.
+    // scores, probs [T,E]; lse [T]; topk_idx, weights [T,k]; logits [T,E]; bias [E]
+    void (*router_topk)(real *scores, real *probs, real *lse, int *topk_idx, real *weights,
+                        const real *logits, const real *bias, int T, int E, int k,
+                        moe_scoring scoring, int norm_topk_prob, real route_scale);
 
     // counts[e] = number of top-k assignments to expert e.   counts [E]; topk_idx [T,k]
     void (*moe_dispatch_counts)(int *counts, const int *topk_idx, int T, int k, int E);
+    // The same per sequence: tokens are T / seq_len sequences of seq_len consecutive tokens.
+    // seq_counts [T/seq_len, E]
+    void (*moe_seq_counts)(int *seq_counts, const int *topk_idx, int T, int k, int E,
+                           int seq_len);
 
     // keep[t,j] = 1 if assignment (t,j) survives the capacity limit, else 0.
     // capacity <= 0 keeps everything. scratch [2*T*k] ints.
@@ -100,21 +113,33 @@ typedef struct moe_backend {
     void (*swiglu_backward)(real *dh13, const real *dact, const real *h13, int N, int ff);
 
     // ---- router losses ---------------------------------------------------
-    // out[0] = L_aux = aux_coef * E * sum_e f_e P_e,  f_e = counts[e]/(k*T), P_e = mean_t p_e
+    // With s' = probs, f_e = counts[e]/(k T), P_e = mean_t s'_e, B = T / seq_len sequences:
+    // out[0] = L_aux = aux_coef * E * sum_e f_e P_e
     // out[1] = L_z   = z_coef * mean_t lse(t)^2
-    // out[2] = mean router entropy = mean_t -sum_e p_e log p_e
-    void (*router_losses)(real *out, const real *probs, const real *lse, const int *counts,
-                          int T, int E, int k, real aux_coef, real z_coef);
+    // out[2] = mean router entropy = mean_t -sum_e s'_e log s'_e
+    // out[3] = L_seq = seq_aux_coef * mean_b E sum_e f_{b,e} P_{b,e} (per-sequence f and P;
+    //          seq_counts is read only when seq_aux_coef != 0)
+    // out[4..7] = mean, std and max |.| of the logits, mean lse
+    void (*router_losses)(real *out, const real *probs, const real *logits, const real *lse,
+                          const int *counts, const int *seq_counts, int T, int E, int k,
+                          int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
 
-    // Gradient of the layer's loss w.r.t. the router logits:
-    //   dp[t,sel_j] from dweights through the (optional) top-k renormalisation,
-    //   + dloss * aux_coef*E*f_e/T (aux, through P only), then softmax backward,
-    //   + dloss * (2*z_coef/T) * lse(t) * p_e(t) (z-loss).
-    // dlogits [T,E] (written); dweights [T,k]; probs [T,E]; lse [T]; topk_idx, weights [T,k]
-    void (*router_backward)(real *dlogits, const real *dweights, const real *probs,
-                            const real *lse, const int *topk_idx, const real *weights,
-                            const int *counts, int T, int E, int k, int norm_topk_prob,
-                            real aux_coef, real z_coef, real dloss);
+    // Gradient of the layer's loss w.r.t. the router logits (written to dlogits [T,E]):
+    //   dweights through the combine weights (renormalisation, route_scale), + dloss * the
+    //   aux and sequence aux gradients (through P only), through the scoring function, +
+    //   dloss * (2 z_coef / T) lse(t) softmax(z)_e (z-loss).
+    void (*router_backward)(real *dlogits, const real *dweights, const real *scores,
+                            const real *probs, const real *logits, const real *lse,
+                            const int *topk_idx, const real *weights, const int *counts,
+                            const int *seq_counts, int T, int E, int k, int seq_len,
+                            moe_scoring scoring, int norm_topk_prob, real route_scale,
+                            real aux_coef, real seq_aux_coef, real z_coef, real dloss);
+
+    // Router input jitter: u[i] ~ U(lo, hi), a counter-based function of (key, i), so any
+    // backend draws the same numbers.
+    void (*uniform_noise)(real *u, size_t n, uint64_t key, real lo, real hi);
+    // out (= or +=) a * b elementwise                                   all [n]
+    void (*mul)(real *out, const real *a, const real *b, size_t n, int accumulate);
 
     // ---- dense model layers ----------------------------------------------
     // out[t,:] = embed[tokens[t],:]                      out [T,d]; embed [V,d]

@@ -56,12 +56,15 @@ static size_t params_layout(model_params *p, real *buf, const model_config *c, s
     return off;
 }
 
-static moe_weights layer_moe_weights(const model_params *p, const model_config *c, int l) {
+// Layer l's MoE weights; bias (the model's router_bias, or NULL for gradient views) [L, E].
+static moe_weights layer_moe_weights(const model_params *p, const model_config *c, int l,
+                                     real *bias) {
     const size_t E = c->moe.n_experts, d = c->d_model, ff = c->moe.d_ff;
     moe_weights w = {
         .gate = p->router + l * E * d,
         .w13 = p->w13 + l * E * 2 * ff * d,
         .w2 = p->w2 + l * E * d * ff,
+        .bias = bias ? bias + l * E : NULL,
     };
     return w;
 }
@@ -93,7 +96,7 @@ static void build_tensor_table(model *m) {
         add_tensor(m, LNAME("self_attn.v_proj.weight"), wqkv + (size_t)(H + KV) * hd * d, KV * hd, d, l, 0, 0);
         add_tensor(m, LNAME("self_attn.o_proj.weight"), p->wo + (size_t)l * d * H * hd, d, H * hd, l, 0, 0);
         add_tensor(m, LNAME("post_attention_layernorm.weight"), p->moe_norm + (size_t)l * d, d, 0, l, 1, 0);
-        moe_weights w = layer_moe_weights(p, c, l);
+        moe_weights w = layer_moe_weights(p, c, l, NULL);
         add_tensor(m, LNAME("block_sparse_moe.gate.weight"), w.gate, E, d, l, 0, 0);
 #undef LNAME
         for (int j = 0; j < E; j++) {
@@ -150,6 +153,10 @@ static moe_status create_common(model *m, const moe_backend *be, const model_con
         {(void **)&m->rope_sin, P * hd / 2 * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) return st;
+    if (cfg->router_bias) {
+        buffer_spec bias = {(void **)&m->router_bias, L * cfg->moe.n_experts * R};
+        if ((st = alloc_all(m, &bias, 1))) return st;
+    }
     params_layout(&m->p, m->params, cfg, NULL);
 
     // tensor table: 1 + per layer 7 + 3E, + final norm + lm_head
@@ -260,7 +267,7 @@ void model_destroy(model *m) {
                         m->x, m->n1, m->rstd1, m->qkv, m->att, m->attn_out, m->h, m->n2,
                         m->rstd2, m->moe_out, m->xf, m->rstdf, m->logits, m->losses, m->dx,
                         m->dn, m->dattn_out, m->dqkv, m->datt, m->dlogits, m->k_cache,
-                        m->v_cache};
+                        m->v_cache, m->router_bias};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) m->be->free(bufs[i]);
     }
@@ -351,11 +358,12 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
         be->add(h, h, xl, Td);
         be->rmsnorm_forward(n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T, d,
                             (real)c->rms_norm_eps);
-        moe_weights w = layer_moe_weights(&m->p, c, l);
-        st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, training, &m->moe_stats[l]);
+        moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias);
+        m->moe[l].noise_key = m->noise_key ^ (0xD1B54A32D192ED03ull * (uint64_t)(l + 1));
+        st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, S, training, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         be->add(m->x + (l + 1) * Td, h, m->moe_out, Td);
-        m->aux += m->moe_stats[l].aux;
+        m->aux += m->moe_stats[l].aux + m->moe_stats[l].seq_aux;
         m->z += m->moe_stats[l].z;
     }
     be->rmsnorm_forward(m->xf, m->rstdf, m->x + (size_t)L * T * d, m->p.final_norm, T, d,
@@ -397,7 +405,8 @@ moe_status model_backward(model *m, double loss_scale) {
         real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
         real *att = m->att + (size_t)l * B * H * S * S;
         // x_{l+1} = h + MoE(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
-        moe_weights w = layer_moe_weights(&m->p, c, l), gw = layer_moe_weights(&m->g, c, l);
+        moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias),
+                    gw = layer_moe_weights(&m->g, c, l, NULL);
         be->zero(m->dn, Td * sizeof(real));
         moe_status st = moe_layer_backward(&m->moe[l], m->dn, &gw, m->dx, n2, &w, loss_scale);
         if (st) return moe_error_context(st, "layer %d", l);
@@ -446,8 +455,8 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
         be->add(m->x, m->x, m->moe_out, nd);
         // x += MoE(RMSNorm(x)), dropless
         be->rmsnorm_forward(m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);
-        moe_weights w = layer_moe_weights(&m->p, c, l);
-        st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, 0, &m->moe_stats[l]);
+        moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias);
+        st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, n, 0, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         for (int e = 0; e < c->moe.n_experts; e++)
             m->expert_hits[(size_t)l * c->moe.n_experts + e] += m->moe_stats[l].routed[e];

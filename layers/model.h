@@ -26,7 +26,8 @@ typedef struct {
     int tie_embeddings;  // lm_head is embed
     double rope_theta;
     double rms_norm_eps;
-    moe_config moe;      // d_model, d_ff, experts, top_k, capacity, losses
+    int router_bias;     // keep a per-layer selection bias [L, E] (aux-loss-free balancing)
+    moe_config moe;      // d_model, d_ff, experts, top_k, capacity, losses, scoring
 } model_config;
 
 moe_status model_config_check(const model_config *cfg);
@@ -73,6 +74,8 @@ typedef struct {
     model_tensor *tensors;  // host table, HF names
 
     real *rope_cos, *rope_sin; // [positions, hd/2]
+    real *router_bias;      // [L, E] selection bias (cfg.router_bias), else NULL; not trained
+    uint64_t noise_key;     // set before a training forward: keys the router jitter noise
 
     // activations, T = B*S tokens
     int *tokens, *targets;  // [T]
@@ -97,7 +100,7 @@ typedef struct {
     long *expert_hits;      // inference: [L, E] routed assignments summed over model_infer calls
 
     // loss parts of the last forward (means over its tokens)
-    double ce, aux, z;      // aux, z summed over layers
+    double ce, aux, z;      // summed over layers; aux = L_aux + L_seq
 } model;
 
 // Allocates parameters, gradients and activations for training; parameters are zero until

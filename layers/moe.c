@@ -17,6 +17,10 @@ moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k) {
         .drop_policy = MOE_DROP_PROBS,
         .aux_coef = 0.01,
         .z_coef = 0.001,
+        .scoring = MOE_SCORE_SOFTMAX,
+        .route_scale = 1.0,
+        .seq_aux_coef = 0.0,
+        .jitter_eps = 0.0,
     };
     return c;
 }
@@ -41,6 +45,14 @@ moe_status moe_config_check(const moe_config *cfg) {
         return moe_error(MOE_EINVAL, "moe: aux_coef=%g must be finite and >= 0", cfg->aux_coef);
     if (!isfinite(cfg->z_coef) || cfg->z_coef < 0)
         return moe_error(MOE_EINVAL, "moe: z_coef=%g must be finite and >= 0", cfg->z_coef);
+    if (cfg->scoring != MOE_SCORE_SOFTMAX && cfg->scoring != MOE_SCORE_SIGMOID)
+        return moe_error(MOE_EINVAL, "moe: scoring=%d is neither softmax nor sigmoid", (int)cfg->scoring);
+    if (!isfinite(cfg->route_scale) || !(cfg->route_scale > 0))
+        return moe_error(MOE_EINVAL, "moe: route_scale=%g must be finite and > 0", cfg->route_scale);
+    if (!isfinite(cfg->seq_aux_coef) || cfg->seq_aux_coef < 0)
+        return moe_error(MOE_EINVAL, "moe: seq_aux_coef=%g must be finite and >= 0", cfg->seq_aux_coef);
+    if (!(cfg->jitter_eps >= 0 && cfg->jitter_eps < 1))
+        return moe_error(MOE_EINVAL, "moe: jitter_eps=%g must be in [0, 1)", cfg->jitter_eps);
     return MOE_OK;
 }
 
@@ -90,13 +102,15 @@ moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config 
     const size_t R = sizeof(real), I = sizeof(int);
     buffer_spec specs[] = {
         {(void **)&L->logits, T * E * R},   {(void **)&L->probs, T * E * R},
+        {(void **)&L->scores, T * E * R},   {(void **)&L->seq_counts, T * E * I},
+        {(void **)&L->jitter, T * d * R},   {(void **)&L->router_in, T * d * R},
         {(void **)&L->lse, T * R},          {(void **)&L->topk_idx, T * k * I},
         {(void **)&L->weights, T * k * R},  {(void **)&L->keep, T * k * I},
         {(void **)&L->assign_row, N * I},   {(void **)&L->row_token, N * I},
         {(void **)&L->scratch, 2 * N * I},  {(void **)&L->counts, (2 * E + 1) * I},
         {(void **)&L->xp, N * d * R},       {(void **)&L->h13, 2 * N * ff * R},
         {(void **)&L->act, N * ff * R},
-        {(void **)&L->ye, N * d * R},       {(void **)&L->losses, 3 * R},
+        {(void **)&L->ye, N * d * R},       {(void **)&L->losses, 8 * R},
         {(void **)&L->dlogits, T * E * R},  {(void **)&L->dweights, T * k * R},
         {(void **)&L->dye, N * d * R},      {(void **)&L->dact, N * ff * R},
         {(void **)&L->dh13, 2 * N * ff * R},
@@ -121,7 +135,7 @@ moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config 
 
 void moe_layer_free(moe_layer *L) {
     if (L->be) {
-        void *bufs[] = {L->logits, L->probs,  L->lse,      L->topk_idx, L->weights, L->keep,
+        void *bufs[] = {L->logits, L->probs,  L->scores, L->seq_counts, L->jitter, L->router_in, L->lse,      L->topk_idx, L->weights, L->keep,
                         L->assign_row, L->row_token, L->scratch, L->counts, L->xp, L->h13,
                         L->act,    L->ye,     L->losses,   L->dlogits,  L->dweights, L->dye,
                         L->dact,   L->dh13,   L->dxp};
@@ -147,20 +161,35 @@ static moe_status check_call(const moe_layer *L, const void *a, const void *b,
 }
 
 moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w,
-                             int T, int training, moe_stats *stats) {
+                             int T, int seq_len, int training, moe_stats *stats) {
     moe_status st = check_call(L, out, inp, w, T);
     if (st) return st;
+    if (seq_len <= 0) seq_len = T;
+    if (T % seq_len)
+        return moe_error(MOE_EINVAL, "moe: T=%d tokens are not whole sequences of %d", T, seq_len);
     const moe_backend *be = L->be;
     const moe_config *c = &L->cfg;
     const int E = c->n_experts, k = c->top_k, d = c->d_model, ff = c->d_ff;
     const int capacity = training ? moe_capacity(c, T) : 0; // inference never drops
     int *offsets = L->counts + E;
 
-    // router: logits [T,E] = inp [T,d] @ gate [E,d]^T, softmax, top-k
-    be->matmul(L->logits, inp, w->gate, T, E, d, 0, 1, 0);
-    be->router_softmax_topk(L->probs, L->lse, L->topk_idx, L->weights, L->logits, T, E, k,
-                            c->norm_topk_prob);
+    // router input: x, or x * u with u ~ U(1-eps, 1+eps) (training only)
+    const real *router_in = inp;
+    L->jittered = training && c->jitter_eps > 0;
+    if (L->jittered) {
+        const real *u = L->jitter_override ? L->jitter_override : L->jitter;
+        if (!L->jitter_override)
+            be->uniform_noise(L->jitter, (size_t)T * d, L->noise_key, (real)(1 - c->jitter_eps),
+                              (real)(1 + c->jitter_eps));
+        be->mul(L->router_in, inp, u, (size_t)T * d, 0);
+        router_in = L->router_in;
+    }
+    // router: logits [T,E] = router_in [T,d] @ gate [E,d]^T, scores, top-k
+    be->matmul(L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
+    be->router_topk(L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias, T,
+                    E, k, c->scoring, c->norm_topk_prob, (real)c->route_scale);
     be->moe_dispatch_counts(L->counts, L->topk_idx, T, k, E);
+    if (c->seq_aux_coef > 0) be->moe_seq_counts(L->seq_counts, L->topk_idx, T, k, E, seq_len);
     be->moe_capacity_keep(L->keep, L->scratch, L->topk_idx, L->weights, L->counts, T, k, E,
                           capacity, c->drop_policy);
     be->moe_permute_index(offsets, L->assign_row, L->row_token, L->topk_idx, L->keep, T, k, E);
@@ -176,9 +205,9 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     be->expert_matmul_forward(L->ye, L->act, w->w2, host_offsets, E, d, ff);
     be->moe_combine_forward(out, L->ye, L->weights, L->assign_row, T, k, d);
 
-    real losses[3];
-    be->router_losses(L->losses, L->probs, L->lse, L->counts, T, E, k, (real)c->aux_coef,
-                      (real)c->z_coef);
+    real losses[8];
+    be->router_losses(L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E, k,
+                      seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
     be->copy_to_host(losses, L->losses, sizeof losses);
 
     for (int e = 0; e < E; e++) L->host_kept[e] = host_offsets[e + 1] - host_offsets[e];
@@ -186,9 +215,15 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     L->stats.aux = losses[0];
     L->stats.z = losses[1];
     L->stats.entropy = losses[2];
+    L->stats.seq_aux = losses[3];
+    L->stats.logit_mean = losses[4];
+    L->stats.logit_std = losses[5];
+    L->stats.logit_max_abs = losses[6];
+    L->stats.lse_mean = losses[7];
     L->last_tokens = T;
+    L->last_seq_len = seq_len;
     if (stats) *stats = L->stats;
-    if (!isfinite(L->stats.aux) || !isfinite(L->stats.z))
+    if (!isfinite(L->stats.aux) || !isfinite(L->stats.z) || !isfinite(L->stats.seq_aux))
         return moe_error(MOE_ENUMERIC, "moe: router loss is not finite (aux=%g, z=%g)",
                          L->stats.aux, L->stats.z);
     return MOE_OK;
@@ -220,11 +255,19 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
     be->expert_matmul_backward_input(L->dxp, L->dh13, w->w13, host_offsets, E, 2 * ff, d, 0);
     be->moe_unpermute_add(dinp, L->dxp, L->assign_row, T, k, d);
 
-    // router: dlogits from the combine weights, aux and z; then the logits GEMM
-    be->router_backward(L->dlogits, L->dweights, L->probs, L->lse, L->topk_idx, L->weights,
-                        L->counts, T, E, k, c->norm_topk_prob, (real)c->aux_coef,
-                        (real)c->z_coef, (real)dloss);
-    be->matmul(grads->gate, L->dlogits, inp, E, d, T, 1, 0, 1); // dgate += dlogits^T inp
-    be->matmul(dinp, L->dlogits, w->gate, T, d, E, 0, 0, 1);    // dinp += dlogits gate
+    // router: dlogits from the combine weights and the losses; then the logits GEMM
+    be->router_backward(L->dlogits, L->dweights, L->scores, L->probs, L->logits, L->lse,
+                        L->topk_idx, L->weights, L->counts, L->seq_counts, T, E, k,
+                        L->last_seq_len, c->scoring, c->norm_topk_prob, (real)c->route_scale,
+                        (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef, (real)dloss);
+    const real *router_in = L->jittered ? L->router_in : inp;
+    be->matmul(grads->gate, L->dlogits, router_in, E, d, T, 1, 0, 1); // dgate += dlogits^T x_r
+    if (L->jittered) { // x_r = inp * u: dinp += (dlogits gate) * u
+        const real *u = L->jitter_override ? L->jitter_override : L->jitter;
+        be->matmul(L->dxp, L->dlogits, w->gate, T, d, E, 0, 0, 0); // dxp is free again
+        be->mul(dinp, L->dxp, u, (size_t)T * d, 1);
+    } else {
+        be->matmul(dinp, L->dlogits, w->gate, T, d, E, 0, 0, 1); // dinp += dlogits gate
+    }
     return MOE_OK;
 }

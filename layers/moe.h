@@ -23,6 +23,10 @@ typedef struct {
     moe_drop_policy drop_policy;
     double aux_coef;        // load-balancing loss coefficient (>= 0)
     double z_coef;          // router z-loss coefficient (>= 0)
+    moe_scoring scoring;    // softmax (Mixtral) or sigmoid (DeepSeek-V3)
+    double route_scale;     // > 0, multiplies the combine weights (DeepSeek-V3's scaling)
+    double seq_aux_coef;    // >= 0, sequence-level aux loss (DeepSeek-V3), 0 = off
+    double jitter_eps;      // [0, 1): router input x * U(1-eps, 1+eps) in training, 0 = off
 } moe_config;
 
 // Defaults: Mixtral routing, dropless, aux 0.01, z 0.001.
@@ -44,6 +48,7 @@ typedef struct {
     real *gate; // [E, d]        router
     real *w13;  // [E, 2*ff, d]  gate (w1) and up (w3) projections, stacked
     real *w2;   // [E, d, ff]    down projection
+    real *bias; // [E] or NULL   aux-loss-free balancing bias: selection only, not trained
 } moe_weights;
 
 // Number of reals in one layer's weights, in the order gate, w13, w2.
@@ -62,7 +67,9 @@ typedef struct {
     double cv;            // std_e routed / mean_e routed (population std)
     double entropy;       // mean over tokens of the router entropy -sum_e p log p (nats)
     double aux;           // L_aux (already times aux_coef; HF's helper reports k times this)
+    double seq_aux;       // L_seq (already times seq_aux_coef), 0 when off
     double z;             // L_z (already times z_coef)
+    double logit_mean, logit_std, logit_max_abs, lse_mean; // router logit distribution
 } moe_stats;
 
 // Host-side summary of per-expert counts; shared by every backend.
@@ -76,7 +83,11 @@ typedef struct {
     int last_tokens; // T of the last forward
     // forward activations (device memory of the backend), shapes for T tokens, N <= T*k rows
     real *logits;     // [T, E]
-    real *probs;      // [T, E]
+    real *scores;     // [T, E]  softmax p or sigmoid s
+    real *probs;      // [T, E]  the distribution s' of the balancing losses
+    int *seq_counts;  // [T, E]  (at most T sequences) per-sequence routed counts
+    real *jitter;     // [T, d]  router input noise u (training with jitter_eps > 0)
+    real *router_in;  // [T, d]  inp * u, what the router saw
     real *lse;        // [T]
     int *topk_idx;    // [T, k]
     real *weights;    // [T, k]  combine weights before dropping
@@ -89,7 +100,7 @@ typedef struct {
     real *h13;        // [N, 2ff] w1 and w3 projections: h1 = h13[:, :ff], h3 = h13[:, ff:]
     real *act;        // [N, ff] silu(h1) * h3
     real *ye;         // [N, d]  expert outputs
-    real *losses;     // [3]     aux, z, entropy
+    real *losses;     // [8]     aux, z, entropy, seq_aux, logit mean/std/max|.|, mean lse
     // backward scratch
     real *dlogits;    // [T, E]
     real *dweights;   // [T, k]
@@ -101,6 +112,11 @@ typedef struct {
     int *host_counts; // [2E+1]  routed counts, then row offsets
     int *host_kept;   // [E]
     moe_stats stats;
+    int last_seq_len; // seq_len of the last forward
+    int jittered;     // the last forward used router_in
+    uint64_t noise_key;          // set by the caller before a training forward: the jitter
+                                 // noise is a function of it (resumable, backend-independent)
+    const real *jitter_override; // test-only: use this noise [T, d] instead of drawing it
 } moe_layer;
 
 // Allocates the activation buffers for up to max_tokens tokens per call.
@@ -108,14 +124,16 @@ moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config 
                           int max_tokens);
 void moe_layer_free(moe_layer *L);
 
-// out [T, d] = MoE(inp [T, d]). training=0 is inference: never drops.
+// out [T, d] = MoE(inp [T, d]). The T tokens are T / seq_len sequences of seq_len
+// consecutive tokens (for the sequence-level aux loss; seq_len <= 0 means one sequence).
+// training=0 is inference: never drops, no jitter.
 // If stats is not NULL it receives the load statistics of this call.
 moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w,
-                             int T, int training, moe_stats *stats);
+                             int T, int seq_len, int training, moe_stats *stats);
 
 // Backward of the last forward (same inp and w).
 // dinp [T, d] += dL/dinp, grads += dL/dweights, where
-// L = sum(out * dout) + dloss * (L_aux + L_z); dloss scales the router losses
+// L = sum(out * dout) + dloss * (L_aux + L_seq + L_z); dloss scales the router losses
 // (1 for a single micro-batch, 1/n under gradient accumulation over n).
 moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads,
                               const real *dout, const real *inp, const moe_weights *w,

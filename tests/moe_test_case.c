@@ -86,7 +86,7 @@ void moe_case_run(moe_case *c, moe_stats *stats) {
     size_t nx = (size_t)c->T * c->cfg.d_model;
     memset(c->dx, 0, nx * sizeof(real));
     memset(c->grads, 0, moe_weights_count(&c->cfg) * sizeof(real));
-    moe_status st = moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, 1, stats);
+    moe_status st = moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, 0, 1, stats);
     if (st) die_status("moe_layer_forward", st);
     st = moe_layer_backward(&c->layer, c->dx, &c->g, c->dout, c->x, &c->w, 1.0);
     if (st) die_status("moe_layer_backward", st);

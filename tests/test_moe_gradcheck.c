@@ -17,7 +17,7 @@
 static double loss_of(moe_case *c, int *decisions_same, const int *base_idx,
                       const int *base_rows) {
     moe_stats st;
-    if (moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, 1, &st)) {
+    if (moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, 0, 1, &st)) {
         fprintf(stderr, "forward failed: %s\n", moe_last_error());
         exit(1);
     }

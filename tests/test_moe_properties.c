@@ -99,12 +99,12 @@ static void inference_never_drops(void) {
     cfg.capacity_factor = 0.5;
     moe_case_random(&b, &cfg, 64, 14);
     moe_stats sa, sb, strain;
-    moe_layer_forward(&a.layer, a.y, a.x, &a.w, a.T, 1, &sa);
-    moe_layer_forward(&b.layer, b.y, b.x, &b.w, b.T, 0, &sb);
+    moe_layer_forward(&a.layer, a.y, a.x, &a.w, a.T, 0, 1, &sa);
+    moe_layer_forward(&b.layer, b.y, b.x, &b.w, b.T, 0, 0, &sb);
     check_true("dropless training == capacity-mode inference, bitwise",
                same_bits(a.y, b.y, (size_t)a.T * cfg.d_model));
     check_true("inference dropped == 0", sb.dropped == 0 && sb.capacity == 0);
-    moe_layer_forward(&b.layer, b.y, b.x, &b.w, b.T, 1, &strain);
+    moe_layer_forward(&b.layer, b.y, b.x, &b.w, b.T, 0, 1, &strain);
     check_true("the same layer in training mode drops", strain.dropped > 0);
     moe_case_free(&a);
     moe_case_free(&b);
@@ -170,23 +170,23 @@ static void invalid_arguments(void) {
     cfg = moe_config_default(8, 8, 4, 2);
     moe_case_random(&c, &cfg, 4, 16);
     check_true("T > max_tokens refused",
-               moe_layer_forward(&c.layer, c.y, c.x, &c.w, 5, 1, NULL) == MOE_EINVAL &&
+               moe_layer_forward(&c.layer, c.y, c.x, &c.w, 5, 0, 1, NULL) == MOE_EINVAL &&
                    strstr(moe_last_error(), "max_tokens") != NULL);
     printf("    -> %s\n", moe_last_error());
     check_true("NULL input refused",
-               moe_layer_forward(&c.layer, c.y, NULL, &c.w, 4, 1, NULL) == MOE_EINVAL);
+               moe_layer_forward(&c.layer, c.y, NULL, &c.w, 4, 0, 1, NULL) == MOE_EINVAL);
     moe_weights broken = c.w;
     broken.w13 = NULL;
     check_true("missing weight refused",
-               moe_layer_forward(&c.layer, c.y, c.x, &broken, 4, 1, NULL) == MOE_EINVAL);
+               moe_layer_forward(&c.layer, c.y, c.x, &broken, 4, 0, 1, NULL) == MOE_EINVAL);
     check_true("backward before forward refused",
                moe_layer_backward(&c.layer, c.dx, &c.g, c.dout, c.x, &c.w, 1) == MOE_EINVAL);
-    moe_layer_forward(&c.layer, c.y, c.x, &c.w, 4, 1, NULL);
+    moe_layer_forward(&c.layer, c.y, c.x, &c.w, 4, 0, 1, NULL);
     check_true("NaN dloss refused",
                moe_layer_backward(&c.layer, c.dx, &c.g, c.dout, c.x, &c.w, NAN) == MOE_EINVAL);
     c.x[0] = NAN;
     check_true("NaN input reported as non-finite router loss",
-               moe_layer_forward(&c.layer, c.y, c.x, &c.w, 4, 1, NULL) == MOE_ENUMERIC);
+               moe_layer_forward(&c.layer, c.y, c.x, &c.w, 4, 0, 1, NULL) == MOE_ENUMERIC);
     printf("    -> %s\n", moe_last_error());
     moe_case_free(&c);
 }

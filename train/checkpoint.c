@@ -154,8 +154,12 @@ static cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(j, "use_cache", 1);
     cJSON_AddStringToObject(j, "torch_dtype", torch_dtype);
-    // ours, ignored by transformers: what HF's Mixtral block cannot express
+    // ours, ignored by transformers: what HF's Mixtral block cannot express (DeepSeek-V3's
+    // names where it has them)
     cJSON_AddBoolToObject(j, "norm_topk_prob", c->moe.norm_topk_prob);
+    cJSON_AddStringToObject(j, "scoring_func", c->moe.scoring == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
+    cJSON_AddNumberToObject(j, "routed_scaling_factor", c->moe.route_scale);
+    cJSON_AddBoolToObject(j, "router_bias", c->router_bias);
     return j;
 }
 
@@ -202,6 +206,16 @@ moe_status hf_config_read(model_config *cfg, const char *folder) {
     c.moe = moe_config_default(c.d_model, ff, E, k);
     v = cJSON_GetObjectItemCaseSensitive(j, "norm_topk_prob");
     if (cJSON_IsBool(v)) c.moe.norm_topk_prob = cJSON_IsTrue(v);
+    v = cJSON_GetObjectItemCaseSensitive(j, "scoring_func");
+    if (cJSON_IsString(v) && !strcmp(v->valuestring, "sigmoid")) c.moe.scoring = MOE_SCORE_SIGMOID;
+    else if (cJSON_IsString(v) && strcmp(v->valuestring, "softmax")) {
+        cJSON_Delete(j);
+        return moe_error(MOE_EINVAL, "%s: scoring_func \"%s\" is neither softmax nor sigmoid", path,
+                         v->valuestring);
+    }
+    v = cJSON_GetObjectItemCaseSensitive(j, "routed_scaling_factor");
+    if (cJSON_IsNumber(v)) c.moe.route_scale = v->valuedouble;
+    c.router_bias = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "router_bias"));
     int head_dim;
     if (json_int(j, "head_dim", &head_dim) && c.n_heads > 0 && head_dim * c.n_heads != c.d_model) {
         cJSON_Delete(j);
@@ -237,6 +251,8 @@ moe_status hf_config_check(const char *folder, const model_config *cfg) {
     CHECK("tie_word_embeddings", "model.tie_embeddings", h.tie_embeddings, cfg->tie_embeddings, "%d")
     CHECK("rms_norm_eps", "model.rms_norm_eps", h.rms_norm_eps, cfg->rms_norm_eps, "%g")
     CHECK("rope_theta", "model.rope_theta", h.rope_theta, cfg->rope_theta, "%g")
+    CHECK("scoring_func (1 = sigmoid)", "model.scoring", (int)h.moe.scoring, (int)cfg->moe.scoring, "%d")
+    CHECK("routed_scaling_factor", "model.route_scale", h.moe.route_scale, cfg->moe.route_scale, "%g")
 #undef CHECK
     if (used) return moe_error(MOE_EINVAL, "%s/config.json disagrees with the model config: %s", folder, msg);
     return MOE_OK;
@@ -355,12 +371,65 @@ static moe_status load_tensors(real *host, const model *m, const char *folder,
     return st;
 }
 
+// The selection bias (aux-loss-free balancing) lives in router_bias.safetensors, one [E]
+// tensor per layer named like DeepSeek-V3's; transformers' Mixtral ignores the file.
+#define BIAS_FILE "router_bias.safetensors"
+#define BIAS_NAME "model.layers.%d.block_sparse_moe.gate.e_score_correction_bias"
+
+static moe_status write_bias(const char *folder, const model *m) {
+    const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
+    real *b = malloc((size_t)L * E * sizeof(real));
+    st_entry *entries = malloc((size_t)L * sizeof(st_entry));
+    char (*names)[96] = malloc((size_t)L * sizeof *names);
+    moe_status st = MOE_OK;
+    if (!b || !entries || !names) st = moe_error(MOE_ENOMEM, "out of memory");
+    if (!st) {
+        m->be->copy_to_host(b, m->router_bias, (size_t)L * E * sizeof(real));
+        for (int l = 0; l < L; l++) {
+            snprintf(names[l], sizeof names[l], BIAS_NAME, l);
+            entries[l] = (st_entry){.name = names[l], .data = b + (size_t)l * E, .ndim = 1, .shape = {E}};
+        }
+        char path[PATH_BUF];
+        path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
+        st = st_write(path, entries, L, ST_F32);
+    }
+    free(b), free(entries), free(names);
+    return st;
+}
+
+static moe_status load_bias(model *m, const char *folder) {
+    const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
+    char path[PATH_BUF], name[96];
+    path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
+    st_file f;
+    moe_status st = st_read(&f, path);
+    if (st) return st;
+    real *b = malloc((size_t)L * E * sizeof(real));
+    if (!b) st = moe_error(MOE_ENOMEM, "out of memory");
+    for (int l = 0; l < L && !st; l++) {
+        snprintf(name, sizeof name, BIAS_NAME, l);
+        const st_tensor *t = st_find(&f, name);
+        if (!t) st = moe_error(MOE_EIO, "%s: tensor '%s' missing", path, name);
+        else if (t->ndim != 1 || t->shape[0] != E)
+            st = moe_error(MOE_EIO, "%s: tensor '%s' is not of shape [%d]", path, name, E);
+        else st_to_f32(b + (size_t)l * E, &f, t);
+    }
+    if (!st) m->be->copy_to_device(m->router_bias, b, (size_t)L * E * sizeof(real));
+    free(b);
+    st_free(&f);
+    return st;
+}
+
 moe_status hf_load_weights(model *m, const char *folder) {
     real *host = malloc(m->n_params * sizeof(real));
     if (!host) return moe_error(MOE_ENOMEM, "cannot allocate %zu parameters", m->n_params);
     moe_status st = load_tensors(host, m, folder, NULL, "");
     if (!st) m->be->copy_to_device(m->params, host, m->n_params * sizeof(real));
     free(host);
+    char path[PATH_BUF];
+    path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
+    // a model with a selection bias starts from the folder's, or from zero if it has none
+    if (!st && m->router_bias && access(path, F_OK) == 0) st = load_bias(m, folder);
     return st;
 }
 
@@ -518,6 +587,10 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
         if ((st = write_moments(tmp, "optimizer-exp_avg_sq.safetensors", m, host))) goto done;
         cJSON_AddItemToArray(files, cJSON_CreateString("optimizer-exp_avg.safetensors"));
         cJSON_AddItemToArray(files, cJSON_CreateString("optimizer-exp_avg_sq.safetensors"));
+    }
+    if (m->router_bias) {
+        if ((st = write_bias(tmp, m))) goto done;
+        cJSON_AddItemToArray(files, cJSON_CreateString(BIAS_FILE));
     }
 
     // trainer_state.json: everything else, and the CRC32 of every other file
@@ -746,6 +819,7 @@ moe_status hf_export(const char *out_folder, const model *m, st_dtype dtype,
         m->be->copy_to_host(host, m->params, m->n_params * sizeof(real));
         st = write_shards(tmp, m, host, dtype, max_shard_bytes, NULL);
     }
+    if (!st && m->router_bias) st = write_bias(tmp, m);
     if (!st) st = fsync_path(tmp);
     if (!st && rename(tmp, out_folder) != 0)
         st = moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, out_folder, strerror(errno));

@@ -56,6 +56,8 @@ typedef struct {
 static const char *const drop_names[] = {"probs", "position", NULL};
 static const char *const optimizer_names[] = {"adamw", "sgd", NULL};
 static const char *const schedule_names[] = {"cosine", "constant", NULL};
+static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
+static const char *const alert_action_names[] = {"warn", "stop", NULL};
 
 #define OFF(f) offsetof(moe_train_config, f)
 #define KINT(g, k, f, a, b) {.group = g, .key = k, .kind = K_INT, .off = OFF(f), .lo = (a), .hi = (b)}
@@ -92,6 +94,11 @@ static const key_spec specs[] = {
     KFLT("model", "aux_coef", aux_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "z_coef", z_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "init_std", init_std, 0, OPEN, INFINITY, OPEN),
+    KENUM("model", "scoring", scoring, scoring_names),
+    KFLT("model", "route_scale", route_scale, 0, OPEN, INFINITY, OPEN),
+    KFLT("model", "bias_rate", bias_rate, 0, CLOSED, INFINITY, OPEN),
+    KFLT("model", "seq_aux_coef", seq_aux_coef, 0, CLOSED, INFINITY, OPEN),
+    KFLT("model", "router_jitter", router_jitter, 0, CLOSED, 1, OPEN),
 
     KI64("train", "seed", seed, 0, INT64_MAX),
     KI64("train", "steps", steps, 1, INT64_C(1000000000000)),
@@ -113,6 +120,7 @@ static const key_spec specs[] = {
     KINT("train", "threads", threads, 0, 1024),
     KI64("train", "eval_interval", eval_interval, 0, INT64_MAX),
     KINT("train", "eval_batches", eval_batches, 1, 1 << 20),
+    KENUM("train", "load_alert_action", load_alert_action, alert_action_names),
     KSTR("train", "init_from", init_from, 0),
 
     KSTR("data", "train", train_path, 0),
@@ -150,6 +158,11 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->drop_policy = MOE_DROP_PROBS;
     cfg->aux_coef = 0.01;
     cfg->z_coef = 0.001;
+    cfg->scoring = 0; // softmax
+    cfg->route_scale = 1.0;
+    cfg->bias_rate = 0.0;
+    cfg->seq_aux_coef = 0.0;
+    cfg->router_jitter = 0.0;
     cfg->init_std = 0.02;
 
     cfg->seed = 1;
@@ -172,6 +185,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->threads = 0;
     cfg->eval_interval = 100;
     cfg->eval_batches = 8;
+    cfg->load_alert_action = 0; // warn
 
     strcpy(cfg->dir, "data/cache/default");
     cfg->n_text = 0;

@@ -36,6 +36,11 @@ typedef struct {
     double aux_coef;         // default 0.01, >= 0
     double z_coef;           // default 0.001, >= 0
     double init_std;         // default 0.02, > 0
+    int scoring;             // string "softmax" (0, default) | "sigmoid" (1, DeepSeek-V3)
+    double route_scale;      // default 1.0, > 0: multiplies the combine weights
+    double bias_rate;        // default 0 (off), >= 0: aux-loss-free bias balancing rate
+    double seq_aux_coef;     // default 0 (off), >= 0: sequence-level aux loss coefficient
+    double router_jitter;    // default 0 (off), [0, 1): router input noise U(1-j, 1+j)
 
     // ---- train { } ------------------------------------------------------------
     int64_t seed;            // default 1, >= 0
@@ -58,6 +63,7 @@ typedef struct {
     int threads;             // default 0 = OpenMP default, [0, 1024]
     int64_t eval_interval;   // default 100 steps (0 = never), >= 0
     int eval_batches;        // default 8 micro-batches of validation, [1, 1<<20]
+    int load_alert_action;   // string "warn" (0, default) | "stop" (1): what a load alert does
     char init_from[MOE_PATH_MAX]; // default "" (issue #4: HF checkpoint folder)
 
     // ---- data { } -------------------------------------------------------------

@@ -34,7 +34,36 @@ model_config trainer_model_config(const moe_train_config *cfg) {
     m.moe.drop_policy = cfg->drop_policy == 1 ? MOE_DROP_POSITION : MOE_DROP_PROBS;
     m.moe.aux_coef = cfg->aux_coef;
     m.moe.z_coef = cfg->z_coef;
+    m.moe.scoring = cfg->scoring == 1 ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
+    m.moe.route_scale = cfg->route_scale;
+    m.moe.seq_aux_coef = cfg->seq_aux_coef;
+    m.moe.jitter_eps = cfg->router_jitter;
+    m.router_bias = cfg->bias_rate > 0;
     return m;
+}
+
+static uint64_t mix64(uint64_t z) { // splitmix64's finaliser
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Aux-loss-free balancing (DeepSeek-V3, DESIGN.md §3.9), after each optimizer step:
+// b_e += rate * sign(mean(c) - c_e), with c the step's routed counts per layer.
+static void update_router_bias(model *m, const long *routed, double rate) {
+    const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
+    real *b = malloc((size_t)L * E * sizeof(real));
+    if (!b) moe_fatal("out of memory");
+    m->be->copy_to_host(b, m->router_bias, (size_t)L * E * sizeof(real));
+    for (int l = 0; l < L; l++) {
+        const long *c = routed + (size_t)l * E;
+        double mean = 0;
+        for (int e = 0; e < E; e++) mean += (double)c[e] / E;
+        for (int e = 0; e < E; e++)
+            b[l * E + e] += (real)(rate * ((mean > c[e]) - (mean < c[e])));
+    }
+    m->be->copy_to_device(m->router_bias, b, (size_t)L * E * sizeof(real));
+    free(b);
 }
 
 static double now_s(void) {
@@ -94,7 +123,7 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
 // Per-step aggregate of the MoE statistics over micro-batches, per layer.
 typedef struct {
     long *routed, *kept; // [L][E]
-    double *entropy, *aux, *z; // [L], summed over micro-batches
+    double *entropy, *aux, *seq_aux, *z; // [L], summed over micro-batches
     int micro;
 } step_load;
 
@@ -103,6 +132,7 @@ static void step_load_reset(step_load *s, int L, int E) {
     memset(s->kept, 0, (size_t)L * E * sizeof(long));
     memset(s->entropy, 0, (size_t)L * sizeof(double));
     memset(s->aux, 0, (size_t)L * sizeof(double));
+    memset(s->seq_aux, 0, (size_t)L * sizeof(double));
     memset(s->z, 0, (size_t)L * sizeof(double));
     s->micro = 0;
 }
@@ -117,6 +147,7 @@ static void step_load_add(step_load *s, const model *m) {
         }
         s->entropy[l] += st->entropy;
         s->aux[l] += st->aux;
+        s->seq_aux[l] += st->seq_aux;
         s->z[l] += st->z;
     }
     s->micro++;
@@ -250,8 +281,10 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     sl.kept = malloc((size_t)L * E * sizeof(long));
     sl.entropy = malloc((size_t)L * sizeof(double));
     sl.aux = malloc((size_t)L * sizeof(double));
+    sl.seq_aux = malloc((size_t)L * sizeof(double));
     sl.z = malloc((size_t)L * sizeof(double));
-    if (!inputs || !targets || !sl.routed || !sl.kept || !sl.entropy || !sl.aux || !sl.z) {
+    if (!inputs || !targets || !sl.routed || !sl.kept || !sl.entropy || !sl.aux || !sl.seq_aux ||
+        !sl.z) {
         st = moe_error(MOE_ENOMEM, "trainer: out of memory");
         goto done;
     }
@@ -275,6 +308,8 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         int finite = 1;
         for (int micro = 0; micro < cfg->grad_accum; micro++) {
             data_loader_next(&loader, inputs, targets);
+            // the router jitter noise is a function of (seed, step, micro-batch): resumable
+            m.noise_key = mix64((uint64_t)cfg->seed ^ mix64((uint64_t)step * 1024 + (uint64_t)micro));
             st = model_forward(&m, inputs, targets, cfg->batch_size, cfg->seq_len, 1);
             if (st == MOE_ENUMERIC || (!st && !isfinite(m.ce + m.aux + m.z))) {
                 finite = 0;
@@ -323,6 +358,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         }
         consecutive_skips = 0;
         optimizer_step(&opt, m.params, m.grads, lr, clip_scale(grad_norm, cfg->grad_clip));
+        if (m.router_bias) update_router_bias(&m, sl.routed, cfg->bias_rate);
         const double dt = now_s() - t0;
         if (res.steps_done == 0) res.first_loss = loss;
         res.last_loss = loss;
@@ -353,7 +389,21 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             cJSON_AddNumberToObject(rec, "entropy", sl.entropy[l] / sl.micro);
             cJSON_AddNumberToObject(rec, "aux", sl.aux[l] / sl.micro);
             cJSON_AddNumberToObject(rec, "z", sl.z[l] / sl.micro);
-            cJSON_AddNullToObject(rec, "bias");
+            cJSON_AddNumberToObject(rec, "seq_aux", sl.seq_aux[l] / sl.micro);
+            if (m.router_bias) {
+                real *b = malloc((size_t)E * sizeof(real));
+                m.be->copy_to_host(b, m.router_bias + (size_t)l * E, (size_t)E * sizeof(real));
+                cJSON *arr = cJSON_AddArrayToObject(rec, "bias");
+                for (int e = 0; e < E; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(b[e]));
+                free(b);
+            } else {
+                cJSON_AddNullToObject(rec, "bias");
+            }
+            const moe_stats *ms = &m.moe_stats[l]; // router logits: the step's last micro-batch
+            cJSON_AddNumberToObject(rec, "logit_mean", ms->logit_mean);
+            cJSON_AddNumberToObject(rec, "logit_std", ms->logit_std);
+            cJSON_AddNumberToObject(rec, "logit_max_abs", ms->logit_max_abs);
+            cJSON_AddNumberToObject(rec, "lse_mean", ms->lse_mean);
             cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
             cJSON_AddNumberToObject(rec, "exchange_s", 0);
             jsonl_write(load_log, rec);
@@ -403,11 +453,20 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                 double mom, cv;
                 int hot;
                 load_summary(sl.routed + (size_t)l * E, E, &mom, &cv, &hot);
-                if (mom > cfg->load_alert)
+                if (mom > cfg->load_alert) {
                     fprintf(stderr,
                             "warning: step %lld layer %d: expert %d has %.2fx the mean load "
                             "(log.load_alert = %.2f)\n",
                             (long long)step + 1, l, hot, mom, cfg->load_alert);
+                    if (cfg->load_alert_action == 1) {
+                        st = moe_error(MOE_ENUMERIC,
+                                       "stopping at step %lld: layer %d expert %d has %.2fx the "
+                                       "mean load (log.load_alert = %.2f, "
+                                       "train.load_alert_action = \"stop\")",
+                                       (long long)step + 1, l, hot, mom, cfg->load_alert);
+                        goto done;
+                    }
+                }
             }
         }
     checkpoint:
@@ -433,7 +492,7 @@ done:
     if (metrics) fclose(metrics);
     if (load_log) fclose(load_log);
     free(inputs), free(targets), free(regions);
-    free(sl.routed), free(sl.kept), free(sl.entropy), free(sl.aux), free(sl.z);
+    free(sl.routed), free(sl.kept), free(sl.entropy), free(sl.aux), free(sl.seq_aux), free(sl.z);
     data_loader_free(&loader);
     optimizer_destroy(&opt);
     model_destroy(&m);

@@ -17,12 +17,17 @@ void cpu_expert_matmul_backward_weight(real *dweight, const real *dout, const re
                                        const int *offsets, int n_experts, int n_out, int n_in);
 
 // router.c
-void cpu_router_softmax_topk(real *probs, real *lse, int *topk_idx, real *weights,
-                             const real *logits, int T, int E, int k, int norm_topk_prob);
-void cpu_router_backward(real *dlogits, const real *dweights, const real *probs,
-                         const real *lse, const int *topk_idx, const real *weights,
-                         const int *counts, int T, int E, int k, int norm_topk_prob,
-                         real aux_coef, real z_coef, real dloss);
+void cpu_router_topk(real *scores, real *probs, real *lse, int *topk_idx, real *weights,
+                     const real *logits, const real *bias, int T, int E, int k,
+                     moe_scoring scoring, int norm_topk_prob, real route_scale);
+void cpu_moe_seq_counts(int *seq_counts, const int *topk_idx, int T, int k, int E, int seq_len);
+void cpu_router_backward(real *dlogits, const real *dweights, const real *scores,
+                         const real *probs, const real *logits, const real *lse,
+                         const int *topk_idx, const real *weights, const int *counts,
+                         const int *seq_counts, int T, int E, int k, int seq_len,
+                         moe_scoring scoring, int norm_topk_prob, real route_scale,
+                         real aux_coef, real seq_aux_coef, real z_coef, real dloss);
+void cpu_uniform_noise(real *u, size_t n, uint64_t key, real lo, real hi);
 
 // dispatch.c
 void cpu_moe_dispatch_counts(int *counts, const int *topk_idx, int T, int k, int E);
@@ -44,8 +49,10 @@ void cpu_swiglu_forward(real *act, const real *h13, int N, int ff);
 void cpu_swiglu_backward(real *dh13, const real *dact, const real *h13, int N, int ff);
 
 // losses.c
-void cpu_router_losses(real *out, const real *probs, const real *lse, const int *counts,
-                       int T, int E, int k, real aux_coef, real z_coef);
+void cpu_router_losses(real *out, const real *probs, const real *logits, const real *lse,
+                       const int *counts, const int *seq_counts, int T, int E, int k,
+                       int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
+void cpu_mul(real *out, const real *a, const real *b, size_t n, int accumulate);
 
 // embedding.c, rmsnorm.c, rope.c, attention.c, cross_entropy.c
 void cpu_embedding_forward(real *out, const int *tokens, const real *embed, int T, int d);

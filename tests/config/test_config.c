@@ -131,6 +131,8 @@ static void check_defaults(const moe_train_config *c) {
     CHECK(c->aux_coef == 0.01);
     CHECK(c->z_coef == 0.001);
     CHECK(c->init_std == 0.02);
+    CHECK(c->scoring == 0 && c->route_scale == 1.0 && c->bias_rate == 0.0);
+    CHECK(c->seq_aux_coef == 0.0 && c->router_jitter == 0.0);
     CHECK(c->seed == 1);
     CHECK(c->steps == 1000);
     CHECK(c->batch_size == 8);
@@ -151,6 +153,7 @@ static void check_defaults(const moe_train_config *c) {
     CHECK(c->threads == 0);
     CHECK(c->eval_interval == 100);
     CHECK(c->eval_batches == 8);
+    CHECK(c->load_alert_action == 0);
     CHECK(strcmp(c->init_from, "") == 0);
     CHECK(strcmp(c->train_path, "") == 0);
     CHECK(strcmp(c->val_path, "") == 0);
@@ -205,6 +208,11 @@ static const char *full_text =
     "  aux_coef = 0.02;\n"
     "  z_coef = 0.0;\n"
     "  init_std = 0.01;\n"
+    "  scoring = \"sigmoid\";\n"
+    "  route_scale = 2.5;\n"
+    "  bias_rate = 0.001;\n"
+    "  seq_aux_coef = 0.0001;\n"
+    "  router_jitter = 0.01;\n"
     "};\n"
     "train = {\n"
     "  seed = 12345678901;\n"
@@ -227,6 +235,7 @@ static const char *full_text =
     "  threads = 2;\n"
     "  eval_interval = 0;\n"
     "  eval_batches = 4;\n"
+    "  load_alert_action = \"stop\";\n"
     "  init_from = \"hf/mixtral-tiny\";\n"
     "};\n"
     "data = {\n"
@@ -267,6 +276,8 @@ static void case_full(void) {
     CHECK(c.aux_coef == 0.02);
     CHECK(c.z_coef == 0.0);
     CHECK(c.init_std == 0.01);
+    CHECK(c.scoring == 1 && c.route_scale == 2.5 && c.bias_rate == 0.001);
+    CHECK(c.seq_aux_coef == 0.0001 && c.router_jitter == 0.01);
     CHECK(c.seed == INT64_C(12345678901));
     CHECK(c.steps == INT64_C(3000000000));
     CHECK(c.batch_size == 4);
@@ -287,6 +298,7 @@ static void case_full(void) {
     CHECK(c.threads == 2);
     CHECK(c.eval_interval == 0);
     CHECK(c.eval_batches == 4);
+    CHECK(c.load_alert_action == 1);
     CHECK(strcmp(c.init_from, "hf/mixtral-tiny") == 0);
     CHECK(strcmp(c.train_path, "tok/train.bin") == 0);
     CHECK(strcmp(c.val_path, "tok/val.bin") == 0);
