@@ -72,6 +72,10 @@ typedef struct {
     double logit_mean, logit_std, logit_max_abs, lse_mean; // router logit distribution
 } moe_stats;
 
+// Aux-loss-free balancing (DeepSeek-V3, DESIGN.md §3.9), after each optimizer step:
+// bias[e] += rate * sign(mean(c) - c[e]) with c the step's routed counts (host arrays).
+void moe_router_bias_update(real *bias, const long *counts, int E, double rate);
+
 // Host-side summary of per-expert counts; shared by every backend.
 void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, int E, int T,
                            int capacity);

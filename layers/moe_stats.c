@@ -3,6 +3,12 @@
 
 #include "layers/moe.h"
 
+void moe_router_bias_update(real *bias, const long *counts, int E, double rate) {
+    double mean = 0;
+    for (int e = 0; e < E; e++) mean += (double)counts[e] / E;
+    for (int e = 0; e < E; e++) bias[e] += (real)(rate * ((mean > counts[e]) - (mean < counts[e])));
+}
+
 void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, int E, int T,
                            int capacity) {
     long total = 0, total_kept = 0;

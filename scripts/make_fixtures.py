@@ -29,6 +29,22 @@ Structure:
     write_fixture / read_fixture
     self-checks             finite differences, balanced-routing aux loss,
                             file round trip
+  extended options (EXT_CASES, tests/fixtures/moe_*.bin, all off by default
+  so the original cases are unchanged; DESIGN 3.1/3.9):
+    bias [E]                aux-loss-free bias (DeepSeek-V3): selection on
+                            score + bias, weights from the unbiased scores
+    scoring sigmoid         s = sigmoid(z), w = s_sel/sum * route_scale;
+                            balance losses / entropy on s' = s / sum_e s
+    route_scale             multiplies the combine weights (both scorings)
+    seq_len, seq_aux_coef   sequence-wise balance loss, reported as seq_aux
+    jitter_noise [T,d]      router input x*u (an input of the fixture);
+                            the experts see x
+    extra tensors: scoring, seq_len, route_scale, seq_aux_coef, jitter_eps,
+    bias, jitter_noise, seq_aux, scores (fixture_tensors_ext)
+    self-checks             finite differences (every extended case), the
+                            neutral extended path == every original case bit
+                            for bit, aux/seq_aux == explicit loops,
+                            seq_len = T gives seq_aux == aux
   whole model (tests/fixtures/model_*.bin):
     mixtral_forward(...)    HF Mixtral decoder in float64 (rmsnorm,
                             apply_rope, attention, moe_forward, lm_head, CE)
@@ -63,6 +79,8 @@ _CODE_OF_NP = {np.dtype(np.float32): DTYPE_F32, np.dtype(np.int32): DTYPE_I32,
 POLICY_DROPLESS, POLICY_PROBS, POLICY_POSITION = 0, 1, 2
 POLICY_NAMES = {"dropless": POLICY_DROPLESS, "probs": POLICY_PROBS,
                 "position": POLICY_POSITION}
+SCORING_SOFTMAX, SCORING_SIGMOID = 0, 1
+SCORING_NAMES = {"softmax": SCORING_SOFTMAX, "sigmoid": SCORING_SIGMOID}
 
 MARGIN_REL = 1e-4  # relative gap required between decisive values
 
@@ -138,25 +156,41 @@ def capacity_of(T, k, E, capacity_factor):
     return int(math.ceil((T * k / E) * capacity_factor))
 
 
-def route(x, gate, k, norm_topk_prob):
-    """Router: logits, probabilities, top-k selection and combine weights.
+def route(x, gate, k, norm_topk_prob, scoring=None, bias=None,
+          route_scale=None, jitter=None):
+    """Router: logits, scores, top-k selection and combine weights.
 
-    z = x @ gate^T                      [T,E]
-    p = softmax(z), lse = logsumexp(z)  per token
-    top-k of p, descending, ties -> lower expert index (stable sort)
-    w[t,j] = p_sel / sum_j p_sel   (norm_topk_prob)   else   p_sel
+    xr = x * jitter  (router input jitter; experts see plain x)  else x
+    z = xr @ gate^T                      [T,E]
+    s = softmax(z)  (scoring softmax, default)  or  sigmoid(z)  (sigmoid)
+    lse = logsumexp(z) per token (z-loss, both scorings)
+    top-k of s + bias (bias: selection only, no gradient), descending,
+    ties -> lower expert index (stable sort)
+    w[t,j] = s_sel / sum_j s_sel   (norm_topk_prob)   else   s_sel,
+    then times route_scale.
+
+    The optional arguments default to None = the original code path (no
+    operation at all); any value, even a neutral one (bias 0, jitter 1,
+    route_scale 1), is applied literally (selfcheck_ext_neutral).
     """
-    z = x @ gate.t()
-    p = torch.softmax(z, dim=-1)
+    xr = x if jitter is None else x * jitter
+    z = xr @ gate.t()
+    if scoring == SCORING_SIGMOID:
+        p = torch.sigmoid(z)
+    else:
+        p = torch.softmax(z, dim=-1)
     lse = torch.logsumexp(z, dim=-1)
-    # Stable descending sort: equal probabilities keep ascending expert index.
-    order = torch.sort(p.detach(), dim=-1, descending=True, stable=True).indices
+    key = p.detach() if bias is None else p.detach() + bias
+    # Stable descending sort: equal keys keep ascending expert index.
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
     topk_idx = order[:, :k]
     p_sel = torch.gather(p, 1, topk_idx)          # differentiable
     if norm_topk_prob:
         w = p_sel / p_sel.sum(dim=-1, keepdim=True)
     else:
         w = p_sel
+    if route_scale is not None:
+        w = w * route_scale
     return z, p, lse, topk_idx, w
 
 
@@ -207,11 +241,28 @@ def experts_dense(x, w1, w2, w3):
 
 
 def moe_forward(x, gate, w1, w2, w3, k, norm_topk_prob, policy,
-                capacity_factor, aux_coef, z_coef):
-    """Forward pass; all tensors float64.  Returns a dict of results."""
+                capacity_factor, aux_coef, z_coef, scoring=None, bias=None,
+                route_scale=None, jitter=None, seq_len=None,
+                seq_aux_coef=None):
+    """Forward pass; all tensors float64.  Returns a dict of results.
+
+    Optional extensions (None = off, original code path; see route()):
+      scoring       SCORING_SOFTMAX / SCORING_SIGMOID
+      bias [E]      aux-loss-free bias, selection only
+      route_scale   multiplies the combine weights
+      jitter [T,d]  multiplicative router-input noise u (router sees x*u)
+      seq_len, seq_aux_coef   sequence-wise balance loss (DeepSeek-V3)
+    """
     T, d = x.shape
     E = gate.shape[0]
-    z, p, lse, topk_idx, w = route(x, gate, k, norm_topk_prob)
+    z, p, lse, topk_idx, w = route(x, gate, k, norm_topk_prob, scoring,
+                                   bias, route_scale, jitter)
+    # per-token expert distribution for the balance losses / entropy:
+    # s'(t) = s(t) / sum_e s_e(t) for sigmoid scores, p itself for softmax
+    if scoring == SCORING_SIGMOID:
+        pn = p / p.sum(dim=-1, keepdim=True)
+    else:
+        pn = p
 
     # counts before dropping: c_e = #assignments to e
     counts = torch.bincount(topk_idx.reshape(-1), minlength=E)
@@ -229,26 +280,63 @@ def moe_forward(x, gate, w1, w2, w3, k, norm_topk_prob, policy,
     out = torch.einsum("te,ted->td", G, Y)
 
     # load balancing: L_aux = aux_coef * E * sum_e f_e P_e,
-    # f_e = c_e / (k T) (constant), P_e = mean_t p_e(t)
+    # f_e = c_e / (k T) (constant), P_e = mean_t s'_e(t)
     f = (counts.to(torch.float64) / (k * T)).detach()
-    P = p.mean(dim=0)
+    P = pn.mean(dim=0)
     L_aux = aux_coef * E * torch.sum(f * P)
-    # router z-loss: L_z = z_coef * mean_t lse(t)^2
+    # sequence-wise balance loss: B = T / seq_len sequences of consecutive
+    # tokens; L_seq = coef * (1/B) sum_b E sum_e f_be P_be,
+    # f_be = c_be / (k seq_len) (constant), P_be = mean_{t in b} s'_e(t)
+    L_seq = None
+    if seq_aux_coef is not None:
+        assert T % seq_len == 0, (T, seq_len)
+        B = T // seq_len
+        A = torch.zeros(T, E, dtype=torch.float64)
+        A.scatter_(1, topk_idx, 1.0)
+        c_b = A.view(B, seq_len, E).sum(dim=1)               # [B,E] exact
+        f_b = (c_b / (k * seq_len)).detach()
+        P_b = pn.view(B, seq_len, E).mean(dim=1)
+        L_seq = seq_aux_coef * torch.mean(E * torch.sum(f_b * P_b, dim=-1))
+    # router z-loss: L_z = z_coef * mean_t lse(t)^2  (on the logits)
     L_z = z_coef * torch.mean(lse ** 2)
-    # router entropy: mean_t -sum_e p log p
-    entropy = torch.mean(-torch.sum(p * torch.log(p), dim=-1))
+    # router entropy: mean_t -sum_e s' log s'
+    entropy = torch.mean(-torch.sum(pn * torch.log(pn), dim=-1))
 
     kept_counts = torch.zeros(E, dtype=torch.int64)
     kept_counts.scatter_add_(0, topk_idx.reshape(-1),
                              keep.reshape(-1).to(torch.int64))
-    return dict(out=out, aux=L_aux, z=L_z, probs=p, weights=w,
-                entropy=entropy, topk_idx=topk_idx, keep=keep, counts=counts,
-                kept_counts=kept_counts, capacity=C, logits=z)
+    res = dict(out=out, aux=L_aux, z=L_z, probs=pn, weights=w,
+               entropy=entropy, topk_idx=topk_idx, keep=keep, counts=counts,
+               kept_counts=kept_counts, capacity=C, logits=z)
+    if L_seq is not None:
+        res["seq_aux"] = L_seq
+    if scoring is not None or bias is not None:
+        res["scores"] = p
+        res["sel_key"] = (p.detach() if bias is None
+                          else p.detach() + bias)
+    return res
 
 
 def moe_loss(res, dout):
-    """Total scalar: sum(out * dout) + L_aux + L_z."""
-    return torch.sum(res["out"] * dout) + res["aux"] + res["z"]
+    """Total scalar: sum(out * dout) + L_aux [+ L_seq] + L_z."""
+    loss = torch.sum(res["out"] * dout) + res["aux"]
+    if "seq_aux" in res:
+        loss = loss + res["seq_aux"]
+    return loss + res["z"]
+
+
+def ext_kwargs(cfg, inputs):
+    """moe_forward keyword arguments of the extended options (float64).
+
+    {} for the original cases (cfg without "scoring"): original code path.
+    """
+    if "scoring" not in cfg:
+        return {}
+    return dict(scoring=cfg["scoring"],
+                bias=inputs["bias"].to(torch.float64),
+                route_scale=cfg["route_scale"],
+                jitter=inputs["jitter_noise"].to(torch.float64),
+                seq_len=cfg["seq_len"], seq_aux_coef=cfg["seq_aux_coef"])
 
 
 def moe_reference(inputs, cfg):
@@ -256,7 +344,8 @@ def moe_reference(inputs, cfg):
 
     inputs: dict of float32 tensors x, gate, w1, w2, w3, dout.
     cfg: dict with k, norm_topk_prob, policy, capacity_factor, aux_coef,
-         z_coef.
+         z_coef; extended cases also scoring, route_scale, seq_len,
+         seq_aux_coef, jitter_eps, and inputs bias, jitter_noise.
     Returns the forward dict plus gradients dx, dgate, dw1, dw2, dw3.
     """
     params = {n: inputs[n].to(torch.float64).clone().requires_grad_(True)
@@ -265,7 +354,7 @@ def moe_reference(inputs, cfg):
     res = moe_forward(params["x"], params["gate"], params["w1"], params["w2"],
                       params["w3"], cfg["k"], cfg["norm_topk_prob"],
                       cfg["policy"], cfg["capacity_factor"], cfg["aux_coef"],
-                      cfg["z_coef"])
+                      cfg["z_coef"], **ext_kwargs(cfg, inputs))
     loss = moe_loss(res, dout)
     loss.backward()
     for n, t in params.items():
@@ -278,13 +367,18 @@ def moe_reference(inputs, cfg):
 # Inputs and margin checks
 # --------------------------------------------------------------------------
 
-def make_inputs(seed, T, d, ff, E, skew):
+def make_inputs(seed, T, d, ff, E, skew, bias_std=None, jitter_eps=None):
     """Seeded float32 draw.
 
     x ~ N(0,1); gate ~ 0.3 N(0,1) plus a skew: expert e's gate row gets
     skew * s_e * u added, u = unit mean direction of x, s_e = 1, 0.5, 0, ...
     (favours the first experts so capacity cases drop assignments);
     w1, w3 ~ N(0,1)/sqrt(d); w2 ~ N(0,1)/sqrt(ff); dout ~ N(0,1).
+
+    Extended cases (bias_std / jitter_eps not None) also get, drawn after
+    the above from the same generator (so x..dout are those of the seed):
+      bias [E]           = bias_std * N(0,1)          (zeros when 0)
+      jitter_noise [T,d] = 1 + eps * U(-1,1) ~ U(1-eps, 1+eps)  (ones when 0)
     """
     g = torch.Generator().manual_seed(seed)
     f32 = torch.float32
@@ -299,7 +393,18 @@ def make_inputs(seed, T, d, ff, E, skew):
     for e, s in enumerate((1.0, 0.5)):
         if e < E:
             gate[e] += skew * s * u
-    return dict(x=x, gate=gate, w1=w1, w2=w2, w3=w3, dout=dout)
+    out = dict(x=x, gate=gate, w1=w1, w2=w2, w3=w3, dout=dout)
+    if bias_std is not None or jitter_eps is not None:
+        if bias_std:
+            out["bias"] = torch.randn(E, generator=g, dtype=f32) * bias_std
+        else:
+            out["bias"] = torch.zeros(E, dtype=f32)
+        if jitter_eps:
+            r = torch.rand(T, d, generator=g, dtype=f32)
+            out["jitter_noise"] = 1.0 + jitter_eps * (2.0 * r - 1.0)
+        else:
+            out["jitter_noise"] = torch.ones(T, d, dtype=f32)
+    return out
 
 
 def rel_gap(a, b):
@@ -338,6 +443,50 @@ def check_margins(res, k, E, policy):
     return True, "ok"
 
 
+def check_margins_ext(res, k, E, policy):
+    """check_margins for the extended cases.  Returns (ok, message).
+
+    (a) selection key = score + bias: for every token, the sorted keys
+        key_(1..k+1) have adjacent gaps > MARGIN_REL * scale, scale =
+        max(|key_a|, |key_b|, |s_a|, |s_b|) (the unbiased scores enter the
+        scale so that a key near 0 by cancellation of s and -b is not
+        judged relative to its tiny value).  For k == E only in-order gaps.
+    (b) probs policy: the capacity boundary on the (unbiased, route-scaled)
+        combine weights, as in check_margins.
+    """
+    key = res["sel_key"]
+    s = res["scores"].detach()
+    m = min(k + 1, E)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    ks = torch.gather(key, 1, order[:, :m])
+    ss = torch.gather(s, 1, order[:, :m])
+    if m >= 2:
+        scale = torch.stack([ks[:, :-1].abs(), ks[:, 1:].abs(),
+                             ss[:, :-1].abs(), ss[:, 1:].abs()]).amax(dim=0)
+        gaps = (ks[:, :-1] - ks[:, 1:]).abs() / scale
+        if gaps.min().item() <= MARGIN_REL:
+            return False, "top-k key gap %.3g" % gaps.min().item()
+    if policy == POLICY_PROBS:
+        C = res["capacity"]
+        topk_idx, w = res["topk_idx"], res["weights"].detach()
+        for e in range(E):
+            we = w[topk_idx == e]
+            if we.numel() > C:
+                srt = torch.sort(we, descending=True).values
+                gap = rel_gap(srt[C - 1], srt[C]).item()
+                if gap <= MARGIN_REL:
+                    return False, "capacity gap %.3g (expert %d)" % (gap, e)
+    return True, "ok"
+
+
+def n_selection_changed(idx_a, idx_b, E):
+    """Number of tokens whose SET of selected experts differs."""
+    T = idx_a.shape[0]
+    A = torch.zeros(T, E, dtype=torch.bool).scatter_(1, idx_a, True)
+    B = torch.zeros(T, E, dtype=torch.bool).scatter_(1, idx_b, True)
+    return int((A != B).any(dim=1).sum())
+
+
 # --------------------------------------------------------------------------
 # Cases
 # --------------------------------------------------------------------------
@@ -363,6 +512,28 @@ MIN_DROPPED = 3     # capacity cases must drop at least this many assignments
 MAX_SEED_TRIES = 1000
 FD_CASES = ("moe_e8k2_cf1_probs", "moe_e8k1_cf1_switch")  # FD self-check
 
+# Extended MoE-layer cases (DESIGN 3.1/3.9 and DeepSeek-V3 / Switch options).
+# Keys not given take EXT_DEFAULTS (= option off).  All new files carry the
+# extra tensors scoring, seq_len, route_scale, seq_aux_coef, jitter_eps,
+# bias, jitter_noise, seq_aux, scores (see fixture_tensors_ext).
+EXT_DEFAULTS = dict(cf=0.0, policy="dropless", norm=1, aux=0.01, zc=0.001,
+                    scoring="softmax", route_scale=1.0, bias_std=0.0,
+                    jitter_eps=0.0, seq_len=None, seq_aux_coef=0.0,
+                    min_bias_changed=0)
+EXT_CASES = [
+    dict(name="moe_e8k2_bias", E=8, k=2, cf=1.0, policy="probs",
+         bias_std=0.05, min_bias_changed=4, seed0=800),
+    dict(name="moe_e8k2_seqaux", E=8, k=2, seq_len=16, seq_aux_coef=0.1,
+         seed0=900),
+    dict(name="moe_e8k2_jitter", E=8, k=2, cf=1.0, policy="probs",
+         jitter_eps=0.1, seed0=1100),
+    dict(name="moe_e16k4_sigmoid", E=16, k=4, cf=1.25, policy="probs",
+         scoring="sigmoid", route_scale=2.5, bias_std=0.02, seq_len=16,
+         seq_aux_coef=0.05, seed0=1200),
+    dict(name="moe_e8k2_sigmoid_nonorm", E=8, k=2, norm=0, scoring="sigmoid",
+         route_scale=1.0, seed0=1300),
+]
+
 
 def build_case(spec):
     name, E, k, cf, pol, norm, aux_coef, z_coef, seed0 = spec
@@ -383,6 +554,61 @@ def build_case(spec):
     else:
         raise RuntimeError("%s: no acceptable seed" % name)
     meta = dict(T=T, d=d, ff=ff, E=E, seed=seed, dropped=dropped)
+    return inputs, cfg, res, meta
+
+
+def ext_case_cfg(spec, T):
+    """cfg dict (moe_reference) of an EXT_CASES entry."""
+    c = dict(EXT_DEFAULTS, **spec)
+    seq_len = T if c["seq_len"] is None else c["seq_len"]
+    assert T % seq_len == 0
+    return c, dict(k=c["k"], norm_topk_prob=c["norm"],
+                   policy=POLICY_NAMES[c["policy"]],
+                   capacity_factor=float(c["cf"]), aux_coef=c["aux"],
+                   z_coef=c["zc"], scoring=SCORING_NAMES[c["scoring"]],
+                   route_scale=float(c["route_scale"]), seq_len=seq_len,
+                   seq_aux_coef=float(c["seq_aux_coef"]),
+                   jitter_eps=float(c["jitter_eps"]))
+
+
+def routing_without(inputs, cfg, what):
+    """topk_idx of the same router without the bias or without the jitter."""
+    kw = ext_kwargs(cfg, inputs)
+    kw.pop("seq_len")
+    kw.pop("seq_aux_coef")
+    kw[what] = None
+    x = inputs["x"].to(torch.float64)
+    gate = inputs["gate"].to(torch.float64)
+    return route(x, gate, cfg["k"], cfg["norm_topk_prob"], **kw)[3]
+
+
+def build_ext_case(spec):
+    dims = DEFAULT_DIMS
+    T, d, ff = dims["T"], dims["d"], dims["ff"]
+    c, cfg = ext_case_cfg(spec, T)
+    name, E, k = c["name"], c["E"], c["k"]
+    for seed in range(c["seed0"], c["seed0"] + MAX_SEED_TRIES):
+        inputs = make_inputs(seed, T, d, ff, E, SKEW, c["bias_std"],
+                             c["jitter_eps"])
+        res = moe_reference(inputs, cfg)
+        ok, why = check_margins_ext(res, k, E, cfg["policy"])
+        dropped = int((~res["keep"]).sum())
+        bias_changed = n_selection_changed(
+            res["topk_idx"], routing_without(inputs, cfg, "bias"), E)
+        jitter_changed = n_selection_changed(
+            res["topk_idx"], routing_without(inputs, cfg, "jitter"), E)
+        if ok and cfg["policy"] != POLICY_DROPLESS and dropped < MIN_DROPPED:
+            ok, why = False, "only %d dropped" % dropped
+        if ok and bias_changed < c["min_bias_changed"]:
+            ok, why = False, "bias changes only %d selections" % bias_changed
+        if ok:
+            break
+        print("  %s: seed %d rejected (%s)" % (name, seed, why))
+    else:
+        raise RuntimeError("%s: no acceptable seed" % name)
+    assert bias_changed >= c["min_bias_changed"]
+    meta = dict(T=T, d=d, ff=ff, E=E, seed=seed, dropped=dropped,
+                bias_changed=bias_changed, jitter_changed=jitter_changed)
     return inputs, cfg, res, meta
 
 
@@ -414,6 +640,34 @@ def fixture_tensors(inputs, cfg, res, meta):
     ]
 
 
+def fixture_tensors_ext(inputs, cfg, res, meta):
+    """fixture_tensors plus the extended-option tensors:
+    int32 scoring, seq_len; float64 route_scale, seq_aux_coef, jitter_eps
+    (after z_coef); float32 inputs bias [E], jitter_noise [T,d] (after
+    dout); float64 outputs seq_aux (after z) and scores [T,E] (raw scores
+    p or sigmoid(z), after probs = s')."""
+    i32 = lambda v: np.array(v, dtype=np.int32)
+    f64 = lambda v: np.array(v, dtype=np.float64)
+    t64 = lambda t: t.detach().to(torch.float64).numpy()
+    after = {
+        "z_coef": [("scoring", i32(cfg["scoring"])),
+                   ("seq_len", i32(cfg["seq_len"])),
+                   ("route_scale", f64(cfg["route_scale"])),
+                   ("seq_aux_coef", f64(cfg["seq_aux_coef"])),
+                   ("jitter_eps", f64(cfg["jitter_eps"]))],
+        "dout": [("bias", inputs["bias"].numpy()),
+                 ("jitter_noise", inputs["jitter_noise"].numpy())],
+        "z": [("seq_aux", t64(res["seq_aux"]))],
+        "probs": [("scores", t64(res["scores"]))],
+    }
+    out = []
+    for name, value in fixture_tensors(inputs, cfg, res, meta):
+        out.append((name, value))
+        out += after.pop(name, [])
+    assert not after and len(out) == len(dict(out))
+    return out
+
+
 # --------------------------------------------------------------------------
 # Self-checks of the reference itself
 # --------------------------------------------------------------------------
@@ -434,7 +688,7 @@ def selfcheck_finite_difference(inputs, cfg, n_elems=6, eps=1e-6):
         r = moe_forward(a["x"], a["gate"], a["w1"], a["w2"], a["w3"],
                         cfg["k"], cfg["norm_topk_prob"], cfg["policy"],
                         cfg["capacity_factor"], cfg["aux_coef"],
-                        cfg["z_coef"])
+                        cfg["z_coef"], **ext_kwargs(cfg, inputs))
         return moe_loss(r, a["dout"]).item()
 
     g = torch.Generator().manual_seed(12345)
@@ -479,6 +733,66 @@ def selfcheck_balanced_aux():
     assert abs(aux - aux_coef) < 1e-15, aux
     print("selfcheck: balanced routing aux = %.17g (aux_coef %g) ok"
           % (aux, aux_coef))
+
+
+def selfcheck_ext_neutral(inputs, cfg, meta, tensors):
+    """The extended code path with every option neutral (scoring softmax,
+    bias 0, route_scale 1, jitter 1, seq_len T with seq_aux_coef 0)
+    reproduces an original case's fixture tensors bit for bit."""
+    T, E = meta["T"], meta["E"]
+    cfg2 = dict(cfg, scoring=SCORING_SOFTMAX, route_scale=1.0, seq_len=T,
+                seq_aux_coef=0.0, jitter_eps=0.0)
+    inputs2 = dict(inputs, bias=torch.zeros(E, dtype=torch.float32),
+                   jitter_noise=torch.ones(T, meta["d"], dtype=torch.float32))
+    res2 = moe_reference(inputs2, cfg2)
+    assert "seq_aux" in res2 and "scores" in res2  # really the new path
+    new = dict(fixture_tensors_ext(inputs2, cfg2, res2, meta))
+    for name, value in tensors:
+        a, b = _to_numpy(value), _to_numpy(new[name])
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert a.tobytes() == b.tobytes(), "neutral ext path differs: " + name
+    assert new["seq_aux"] == 0.0
+    assert new["scores"].tobytes() == new["probs"].tobytes()
+
+
+def selfcheck_ext_losses(inputs, cfg, res):
+    """Balance losses of the extended path vs explicit loops, and
+    seq_len = T with seq_aux_coef = aux_coef gives L_seq == L_aux;
+    normalised combine weights sum to route_scale."""
+    T, E, k = inputs["x"].shape[0], inputs["gate"].shape[0], cfg["k"]
+    L, B = cfg["seq_len"], T // cfg["seq_len"]
+    s = res["scores"].detach().tolist()
+    idx = res["topk_idx"].tolist()
+    sn = [[v / (sum(row) if cfg["scoring"] == SCORING_SIGMOID else 1.0)
+           for v in row] for row in s]
+    assert np.allclose(np.array(sn), res["probs"].detach().numpy(),
+                       rtol=1e-15, atol=0)
+
+    def balance(tokens, coef):
+        cnt = [0] * E
+        for t in tokens:
+            for e in idx[t]:
+                cnt[e] += 1
+        return coef * E * sum(cnt[e] / (k * len(tokens))
+                              * sum(sn[t][e] for t in tokens) / len(tokens)
+                              for e in range(E))
+
+    aux = balance(range(T), cfg["aux_coef"])
+    seq = sum(balance(range(b * L, (b + 1) * L), cfg["seq_aux_coef"])
+              for b in range(B)) / B
+    for name, want in (("aux", aux), ("seq_aux", seq)):
+        got = res[name].item()
+        assert abs(got - want) <= 1e-14 * max(abs(want), 1e-300), \
+            (name, got, want)
+    cfg_t = dict(cfg, seq_len=T, seq_aux_coef=cfg["aux_coef"])
+    r = moe_reference(inputs, cfg_t)
+    assert abs(r["seq_aux"].item() - r["aux"].item()) <= \
+        1e-14 * r["aux"].item(), (r["seq_aux"].item(), r["aux"].item())
+    if cfg["norm_topk_prob"]:
+        ws = res["weights"].detach().sum(dim=-1)
+        assert (ws - cfg["route_scale"]).abs().max().item() < 1e-14
+    print("selfcheck: aux %.10g / seq_aux %.10g == explicit loops; "
+          "seq_len=T seq_aux == aux ok" % (aux, seq))
 
 
 def selfcheck_roundtrip(path, tensors):
@@ -1028,6 +1342,7 @@ def build_moe_fixtures(out_dir):
         if spec[0] in FD_CASES:
             selfcheck_finite_difference(inputs, cfg)
         tensors = fixture_tensors(inputs, cfg, res, meta)
+        selfcheck_ext_neutral(inputs, cfg, meta, tensors)
         path = os.path.join(out_dir, spec[0] + ".bin")
         nbytes = write_fixture(path, tensors)
         selfcheck_roundtrip(path, tensors)
@@ -1038,6 +1353,34 @@ def build_moe_fixtures(out_dir):
                  res["aux"].item(), res["z"].item(), res["entropy"].item(),
                  res["counts"].tolist(), res["kept_counts"].tolist(), nbytes))
     print("total %d bytes" % total)
+    print("selfcheck: neutral extended path == original, all %d cases "
+          "(bit-identical)" % len(CASES))
+    assert total < 2 * 1024 * 1024
+    total += build_ext_fixtures(out_dir)
+    return total
+
+
+def build_ext_fixtures(out_dir):
+    """The extended-option cases (EXT_CASES); own 2 MiB budget."""
+    total = 0
+    for spec in EXT_CASES:
+        inputs, cfg, res, meta = build_ext_case(spec)
+        selfcheck_finite_difference(inputs, cfg)
+        selfcheck_ext_losses(inputs, cfg, res)
+        tensors = fixture_tensors_ext(inputs, cfg, res, meta)
+        path = os.path.join(out_dir, spec["name"] + ".bin")
+        nbytes = write_fixture(path, tensors)
+        selfcheck_roundtrip(path, tensors)
+        total += nbytes
+        print("%-24s seed %4d  C=%-3d dropped %-3d aux %.10g  seq_aux %.10g  "
+              "z %.10g  entropy %.6g  bias changed %d  jitter changed %d"
+              % (spec["name"], meta["seed"], res["capacity"], meta["dropped"],
+                 res["aux"].item(), res["seq_aux"].item(), res["z"].item(),
+                 res["entropy"].item(), meta["bias_changed"],
+                 meta["jitter_changed"]))
+        print("    counts %s  kept %s  (%d bytes)"
+              % (res["counts"].tolist(), res["kept_counts"].tolist(), nbytes))
+    print("extended total %d bytes" % total)
     assert total < 2 * 1024 * 1024
     return total
 

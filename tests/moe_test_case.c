@@ -40,7 +40,24 @@ void moe_case_from_fixture(moe_case *c, const fixture *fx) {
     c->cfg.aux_coef = fixture_double(fx, "aux_coef");
     c->cfg.z_coef = fixture_double(fx, "z_coef");
     c->T = fixture_int(fx, "T");
+    // balancing options, present in the newer fixtures only
+    const fixture_tensor *t;
+    if ((t = fixture_find(fx, "scoring"))) c->cfg.scoring = t->data[0] ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
+    if ((t = fixture_find(fx, "route_scale"))) c->cfg.route_scale = t->data[0];
+    if ((t = fixture_find(fx, "seq_aux_coef"))) c->cfg.seq_aux_coef = t->data[0];
+    if ((t = fixture_find(fx, "jitter_eps"))) c->cfg.jitter_eps = t->data[0];
+    if ((t = fixture_find(fx, "seq_len"))) c->seq_len = (int)t->data[0];
     alloc_case(c);
+    if ((t = fixture_find(fx, "bias"))) {
+        c->bias = calloc((size_t)E, sizeof(real));
+        for (int e = 0; e < E; e++) c->bias[e] = (real)t->data[e];
+        c->w.bias = c->bias;
+    }
+    if ((t = fixture_find(fx, "jitter_noise")) && c->cfg.jitter_eps > 0) {
+        c->jitter = malloc(t->count * sizeof(real));
+        for (size_t i = 0; i < t->count; i++) c->jitter[i] = (real)t->data[i];
+        c->layer.jitter_override = c->jitter; // the fixture's noise instead of our RNG's
+    }
     size_t d = c->cfg.d_model, ff = c->cfg.d_ff, T = c->T;
     copy_tensor(c->x, fx, "x", T * d);
     copy_tensor(c->dout, fx, "dout", T * d);
@@ -80,13 +97,15 @@ void moe_case_free(moe_case *c) {
     free(c->dout);
     free(c->y);
     free(c->dx);
+    free(c->bias);
+    free(c->jitter);
 }
 
 void moe_case_run(moe_case *c, moe_stats *stats) {
     size_t nx = (size_t)c->T * c->cfg.d_model;
     memset(c->dx, 0, nx * sizeof(real));
     memset(c->grads, 0, moe_weights_count(&c->cfg) * sizeof(real));
-    moe_status st = moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, 0, 1, stats);
+    moe_status st = moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, c->seq_len, 1, stats);
     if (st) die_status("moe_layer_forward", st);
     st = moe_layer_backward(&c->layer, c->dx, &c->g, c->dout, c->x, &c->w, 1.0);
     if (st) die_status("moe_layer_backward", st);

@@ -10,10 +10,13 @@
 typedef struct {
     moe_config cfg;
     int T;
+    int seq_len; // for moe_case_run's forward: 0 = one sequence
     moe_layer layer;
     real *params, *grads; // flat, moe_weights_count(cfg) each
     moe_weights w, g;
     real *x, *dout, *y, *dx; // [T, d]
+    real *bias;              // [E] selection bias (fixture option), or NULL
+    real *jitter;            // [T, d] router jitter noise (fixture option), or NULL
 } moe_case;
 
 // Reads config and inputs (x, gate, w1, w2, w3, dout) from the fixture.

@@ -34,10 +34,12 @@ static void run_fixture(const char *path) {
     moe_case_from_fixture(&c, &fx);
     const size_t T = c.T, E = c.cfg.n_experts, k = c.cfg.top_k, d = c.cfg.d_model,
                  ff = c.cfg.d_ff;
-    printf("%s: T=%zu d=%zu ff=%zu E=%zu k=%zu cf=%g policy=%s norm=%d\n", path, T, d, ff, E,
-           k, c.cfg.capacity_factor,
-           c.cfg.drop_policy == MOE_DROP_POSITION ? "position" : "probs",
-           c.cfg.norm_topk_prob);
+    printf("%s: T=%zu d=%zu ff=%zu E=%zu k=%zu cf=%g policy=%s norm=%d scoring=%s route_scale=%g "
+           "bias=%s seq_aux=%g (seq_len %d) jitter=%g\n", path, T, d, ff, E, k,
+           c.cfg.capacity_factor, c.cfg.drop_policy == MOE_DROP_POSITION ? "position" : "probs",
+           c.cfg.norm_topk_prob, c.cfg.scoring == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax",
+           c.cfg.route_scale, c.bias ? "on" : "off", c.cfg.seq_aux_coef, c.seq_len,
+           c.cfg.jitter_eps);
     moe_stats st;
     moe_case_run(&c, &st);
     const moe_layer *L = &c.layer;
@@ -55,6 +57,8 @@ static void run_fixture(const char *path) {
     check_tensor("y", c.y, &fx, T * d);
     check_scalar("aux", st.aux, &fx);
     check_scalar("z", st.z, &fx);
+    if (fixture_find(&fx, "seq_aux")) check_scalar("seq_aux", st.seq_aux, &fx);
+    if (fixture_find(&fx, "scores")) check_tensor("scores", L->scores, &fx, T * E);
     check_scalar("entropy", st.entropy, &fx);
     check_tensor("dx", c.dx, &fx, T * d);
     check_tensor("dgate", c.g.gate, &fx, E * d);

@@ -17,11 +17,11 @@
 static double loss_of(moe_case *c, int *decisions_same, const int *base_idx,
                       const int *base_rows) {
     moe_stats st;
-    if (moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, 0, 1, &st)) {
+    if (moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, c->seq_len, 1, &st)) {
         fprintf(stderr, "forward failed: %s\n", moe_last_error());
         exit(1);
     }
-    double l = st.aux + st.z;
+    double l = st.aux + st.seq_aux + st.z;
     for (size_t i = 0; i < (size_t)c->T * c->cfg.d_model; i++) l += c->y[i] * c->dout[i];
     size_t n = (size_t)c->T * c->cfg.top_k;
     *decisions_same = memcmp(c->layer.topk_idx, base_idx, n * sizeof(int)) == 0 &&
@@ -57,9 +57,19 @@ static void check_param(moe_case *c, const char *name, real *param, const real *
     free(an);
 }
 
-static void run(const char *title, moe_config cfg, int T, uint64_t seed, int expect_drops) {
+static void run_opts(const char *title, moe_config cfg, int T, uint64_t seed, int expect_drops,
+                     int seq_len, int with_bias) {
     moe_case c;
     moe_case_random(&c, &cfg, T, seed);
+    c.seq_len = seq_len;
+    c.layer.noise_key = seed * 77; // fixed noise: every forward draws the same jitter
+    real bias[16] = {0};
+    if (with_bias) { // a bias large enough to change some selections
+        test_rng r;
+        rng_seed(&r, seed + 100);
+        for (int e = 0; e < cfg.n_experts; e++) bias[e] = (real)(0.1 * rng_normal(&r));
+        c.w.bias = bias;
+    }
     // skew the router so that capacity mode really drops: expert 0 attracts tokens
     for (int i = 0; i < cfg.d_model; i++) c.w.gate[i] += 0.3;
     for (int t = 0; t < T; t++) c.x[(size_t)t * cfg.d_model] += 1.0;
@@ -89,6 +99,10 @@ static void run(const char *title, moe_config cfg, int T, uint64_t seed, int exp
     moe_case_free(&c);
 }
 
+static void run(const char *title, moe_config cfg, int T, uint64_t seed, int expect_drops) {
+    run_opts(title, cfg, T, seed, expect_drops, 0, 0);
+}
+
 int main(void) {
     moe_config cfg = moe_config_default(8, 12, 4, 2);
     cfg.aux_coef = 0.1;
@@ -115,6 +129,22 @@ int main(void) {
 
     moe_config all_cfg = moe_config_default(8, 12, 4, 4);
     run("k == E dropless", all_cfg, 16, 6, 0);
+
+    // balancing options (DeepSeek-V3 and Switch): sigmoid scoring with route_scale, a
+    // selection bias, the sequence-level aux loss, router input jitter
+    moe_config sig = moe_config_default(8, 12, 6, 2);
+    sig.scoring = MOE_SCORE_SIGMOID;
+    sig.route_scale = 2.5;
+    sig.aux_coef = 0.1, sig.z_coef = 0.05, sig.seq_aux_coef = 0.2;
+    sig.capacity_factor = 0.75;
+    run_opts("sigmoid, route_scale 2.5, bias, seq aux (4 x 4), capacity", sig, 16, 7, 1, 4, 1);
+    sig.norm_topk_prob = 0;
+    sig.capacity_factor = 0;
+    run_opts("sigmoid, norm off, dropless", sig, 16, 8, 0, 0, 0);
+    moe_config jit = moe_config_default(8, 12, 4, 2);
+    jit.aux_coef = 0.1, jit.z_coef = 0.05, jit.seq_aux_coef = 0.1, jit.jitter_eps = 0.2;
+    jit.capacity_factor = 0.75;
+    run_opts("softmax, jitter 0.2, seq aux (2 x 8), bias, capacity", jit, 16, 9, 1, 8, 1);
 
     printf("%d failure(s)\n", test_failures());
     return test_failures() != 0;

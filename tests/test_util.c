@@ -87,6 +87,12 @@ const fixture_tensor *fixture_get(const fixture *fx, const char *name, size_t ex
     fixture_die(fx->path, msg);
 }
 
+const fixture_tensor *fixture_find(const fixture *fx, const char *name) {
+    for (int i = 0; i < fx->n; i++)
+        if (!strcmp(fx->t[i].name, name)) return &fx->t[i];
+    return NULL;
+}
+
 int fixture_int(const fixture *fx, const char *name) {
     return (int)fixture_get(fx, name, 1)->data[0];
 }

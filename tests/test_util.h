@@ -27,6 +27,8 @@ void fixture_free(fixture *fx);
 // Tensor by name; exits with a message if absent or if its element count differs
 // from `expect_count` (pass 0 to skip the count check).
 const fixture_tensor *fixture_get(const fixture *fx, const char *name, size_t expect_count);
+// Tensor by name, or NULL if the fixture has none (optional tensors).
+const fixture_tensor *fixture_find(const fixture *fx, const char *name);
 int fixture_int(const fixture *fx, const char *name);
 double fixture_double(const fixture *fx, const char *name);
 

@@ -48,20 +48,13 @@ static uint64_t mix64(uint64_t z) { // splitmix64's finaliser
     return z ^ (z >> 31);
 }
 
-// Aux-loss-free balancing (DeepSeek-V3, DESIGN.md §3.9), after each optimizer step:
-// b_e += rate * sign(mean(c) - c_e), with c the step's routed counts per layer.
+// The selection bias of every layer moves toward balance, by the step's routed counts.
 static void update_router_bias(model *m, const long *routed, double rate) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     real *b = malloc((size_t)L * E * sizeof(real));
     if (!b) moe_fatal("out of memory");
     m->be->copy_to_host(b, m->router_bias, (size_t)L * E * sizeof(real));
-    for (int l = 0; l < L; l++) {
-        const long *c = routed + (size_t)l * E;
-        double mean = 0;
-        for (int e = 0; e < E; e++) mean += (double)c[e] / E;
-        for (int e = 0; e < E; e++)
-            b[l * E + e] += (real)(rate * ((mean > c[e]) - (mean < c[e])));
-    }
+    for (int l = 0; l < L; l++) moe_router_bias_update(b + (size_t)l * E, routed + (size_t)l * E, E, rate);
     m->be->copy_to_device(m->router_bias, b, (size_t)L * E * sizeof(real));
     free(b);
 }

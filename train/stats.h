@@ -1,0 +1,45 @@
+// `moe stats`: the expert-load report and capacity planning, read from a run's logs
+// (RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg; README "Training", logs).
+//
+//   moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--json]
+//       per MoE layer: max/mean load (mean, P95, P99 over steps), CV, the hottest expert and
+//       dead experts of the last window, drop fraction in the first and the last window,
+//       router entropy, aux/z trend, exchange share of step time; then the alerts.
+//   moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--json]
+//       per MoE layer: the capacity factor that would have dropped at most F of the
+//       assignments on the P99 step and on the worst step, and the expert buffers it needs.
+//
+// A partial last line (a run in progress) is ignored; any other malformed line is an error
+// naming the file and the line.
+#ifndef MOE_TRAIN_STATS_H
+#define MOE_TRAIN_STATS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+// The subcommand: argv[0..argc) are its arguments (RUN_DIR and the options, in any order).
+// Writes the report to stdout and messages to stderr. Returns 0 when the report was printed
+// (alerts or not), 1 when an input file is missing or malformed, 2 on a usage error.
+int stats_main(int argc, char **argv);
+
+// stats_main writing to `out` (the report) and `err` (errors and notes).
+int stats_cli(int argc, char **argv, FILE *out, FILE *err);
+
+// numpy.percentile(a, p) with its default method ('linear'), a sorted ascending, n >= 1,
+// p in [0, 100]; evaluated in the same order as numpy so that results agree to the last bit.
+double stats_percentile_sorted(const double *sorted, size_t n, double p);
+
+// The smallest capacity C >= 1 per group such that sum_e max(0, c_e - C) <= max_drop *
+// sum_e c_e, where the counts c_e = counts[e] / groups are those of one group (a record
+// that sums `groups` micro-batches is approximated by equal groups). Exact integer test.
+long stats_needed_capacity(const long *counts, int E, int groups, double max_drop);
+
+// C = ceil((T*k/E) * cf) in double in that order, clamped to T (moe_capacity's formula);
+// 0 when cf <= 0 (dropless).
+long stats_capacity_of(double cf, long T, int k, int E);
+
+// The capacity factor C*E/(T*k), nudged by an ulp where needed so that
+// stats_capacity_of(cf, T, k, E) == C exactly.
+double stats_capacity_factor(long C, long T, int k, int E);
+
+#endif
