@@ -129,6 +129,7 @@ typedef struct {
 static moe_status alloc_all(model *m, const buffer_spec *specs, size_t n) {
     for (size_t i = 0; i < n; i++) {
         *specs[i].ptr = m->be->alloc(specs[i].bytes);
+        m->buffer_bytes += specs[i].bytes;
         if (!*specs[i].ptr)
             return moe_error(MOE_ENOMEM, "model: cannot allocate %zu bytes on %s", specs[i].bytes,
                              m->be->name);
@@ -273,6 +274,7 @@ void model_destroy(model *m) {
     }
     if (m->moe)
         for (int l = 0; l < m->n_moe; l++) moe_layer_free(&m->moe[l]);
+    // (sizes only: see model_memory)
     free(m->moe);
     free(m->moe_stats);
     free(m->tensors);
@@ -465,4 +467,12 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
     be->rmsnorm_forward(m->n1, m->rstd1, m->x, m->p.final_norm, n, d, eps);
     be->matmul(m->logits, m->n1, m->p.lm_head, n, V, d, 0, 1, 0);
     return MOE_OK;
+}
+
+void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations) {
+    *params = m->n_params * sizeof(real);
+    *grads = m->grads ? m->n_params * sizeof(real) : 0;
+    size_t moe = 0;
+    for (int l = 0; l < m->n_moe; l++) moe += m->moe[l].bytes;
+    *activations = m->buffer_bytes - *params - *grads + moe;
 }

@@ -98,6 +98,7 @@ typedef struct {
     // inference: KV cache [L, max_pos, KV*hd] each; att is the scores scratch [H, chunk, max_pos]
     real *k_cache, *v_cache;
     long *expert_hits;      // inference: [L, E] routed assignments summed over model_infer calls
+    size_t buffer_bytes;    // device memory of the buffers of this struct (params, grads, ...)
 
     // loss parts of the last forward (means over its tokens)
     double ce, aux, z;      // summed over layers; aux = L_aux + L_seq
@@ -135,6 +136,10 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
 moe_status model_backward(model *m, double loss_scale);
 
 void model_zero_grads(model *m);
+
+// Device memory: parameters, gradients, and everything else (activations, MoE buffers,
+// scratch, KV cache, RoPE tables), in bytes.
+void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations);
 
 // The tensor named `name`, or NULL.
 const model_tensor *model_find_tensor(const model *m, const char *name);

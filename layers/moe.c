@@ -118,6 +118,7 @@ moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config 
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         *specs[i].ptr = be->alloc(specs[i].bytes);
+        L->bytes += specs[i].bytes;
         if (!*specs[i].ptr) {
             moe_layer_free(L);
             return moe_error(MOE_ENOMEM, "moe: cannot allocate %zu bytes of activations on %s",

@@ -117,6 +117,7 @@ typedef struct {
     int *host_kept;   // [E]
     moe_stats stats;
     int last_seq_len; // seq_len of the last forward
+    size_t bytes;     // device memory of the buffers above
     int jittered;     // the last forward used router_in
     uint64_t noise_key;          // set by the caller before a training forward: the jitter
                                  // noise is a function of it (resumable, backend-independent)

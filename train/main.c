@@ -9,6 +9,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/infer.h"
+#include "train/smoke.h"
 #include "train/trainer.h"
 
 static const char *usage =
@@ -18,6 +19,8 @@ static const char *usage =
     "      byte-tokenize text files into DIR/train.bin and DIR/val.bin (vocab 256)\n"
     "  moe train CONFIG [--set group.key=value]... [--resume RUN/ckpt/latest|STEP_DIR]\n"
     "      train the model a libconfig file describes (see configs/default.cfg)\n"
+    "  moe smoke CONFIG [--steps N] [--set group.key=value]...\n"
+    "      N steps (default 10): load table, router logits, drops, memory, tokens/s; exit 1 on an alert\n"
     "  moe eval --ckpt DIR --data FILE.bin [--seq-len S] [--max-windows N] [--logits OUT.npy]\n"
     "      dropless loss and perplexity over the token file\n"
     "  moe generate --ckpt DIR --prompt TEXT [-n N] [--temperature T] [--top-k K] [--top-p P]\n"
@@ -191,6 +194,7 @@ static int cmd_train(int argc, char **argv) {
     free(sets);
     trainer_result res;
     moe_status st = trainer_run(cfg, resume, NULL, &res);
+    trainer_result_free(&res);
     free(cfg);
     if (st) moe_fatal("%s", moe_last_error());
     return 0;
@@ -204,6 +208,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "prepare")) return cmd_prepare(argc - 2, argv + 2);
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "smoke")) return smoke_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "export")) return cmd_export(argc - 2, argv + 2);
     moe_fatal("unknown command '%s'\n%s", argv[1], usage);

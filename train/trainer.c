@@ -59,6 +59,22 @@ static void update_router_bias(model *m, const long *routed, double rate) {
     free(b);
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(double *v, int n) { // sorts v
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void trainer_result_free(trainer_result *r) {
+    free(r->routed), free(r->kept), free(r->last_stats);
+    r->routed = r->kept = NULL;
+    r->last_stats = NULL;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -219,6 +235,8 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     int *inputs = NULL, *targets = NULL;
     optim_region *regions = NULL;
     step_load sl = {0};
+    double *step_tps = NULL; // tokens/s of each step after the first
+    int n_tps = 0;
 
     st = open_data(cfg, &train, &val);
     if (st) goto done;
@@ -290,11 +308,25 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
 
+    res.n_layers = L, res.n_experts = E;
+    res.routed = calloc((size_t)L * E, sizeof(long));
+    res.kept = calloc((size_t)L * E, sizeof(long));
+    res.last_stats = calloc((size_t)L, sizeof(moe_stats));
+    step_tps = malloc((size_t)(cfg->steps - start_step + 1) * sizeof(double));
+    if (!res.routed || !res.kept || !res.last_stats || !step_tps) {
+        st = moe_error(MOE_ENOMEM, "trainer: out of memory");
+        goto done;
+    }
+    model_memory(&m, &res.param_bytes, &res.grad_bytes, &res.activation_bytes);
+    res.optimizer_bytes = opt.m ? 2 * m.n_params * sizeof(real) : 0;
+
     const double t_start = now_s();
     for (int64_t step = start_step; step < cfg->steps; step++) {
         const double t0 = now_s();
         const double lr = lr_at_step(cfg->schedule == 1 ? SCHEDULE_CONSTANT : SCHEDULE_COSINE,
-                                     cfg->lr, cfg->min_lr, cfg->warmup_steps, cfg->steps, step);
+                                     cfg->lr, cfg->min_lr, cfg->warmup_steps,
+                                     hooks && hooks->schedule_steps ? hooks->schedule_steps : cfg->steps,
+                                     step);
         model_zero_grads(&m);
         step_load_reset(&sl, L, E);
         double ce = 0, aux = 0, z = 0;
@@ -403,6 +435,9 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         }
         const double drop_frac = routed_sum > 0 ? drop_sum / routed_sum : 0;
         const double tok_per_s = (double)T * cfg->grad_accum / dt;
+        for (size_t i = 0; i < (size_t)L * E; i++) res.routed[i] += sl.routed[i], res.kept[i] += sl.kept[i];
+        for (int l = 0; l < L; l++) res.last_stats[l] = m.moe_stats[l];
+        if (step > start_step) step_tps[n_tps++] = tok_per_s;
 
         int evaluated = 0;
         double val_loss = NAN;
@@ -463,8 +498,9 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             }
         }
     checkpoint:
-        if ((cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) ||
-            step + 1 == cfg->steps) {
+        if (!(hooks && hooks->no_checkpoint) &&
+            ((cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) ||
+             step + 1 == cfg->steps)) {
             train_state ts = {.step = step + 1, .skipped = res.skipped,
                               .consecutive_skips = consecutive_skips};
             data_loader_get_state(&ts.loader, &loader);
@@ -476,12 +512,15 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         }
     }
     res.seconds = now_s() - t_start;
+    res.median_tokens_per_s = n_tps ? median_of(step_tps, n_tps) : NAN;
     printf("done: %lld steps in %.1f s, final loss %.4f, val loss %.4f, %lld skipped\n",
            (long long)res.steps_done, res.seconds, res.last_loss, res.last_val_loss,
            (long long)res.skipped);
 
 done:
+    free(step_tps);
     if (result) *result = res;
+    else trainer_result_free(&res);
     if (metrics) fclose(metrics);
     if (load_log) fclose(load_log);
     free(inputs), free(targets), free(regions);

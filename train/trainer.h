@@ -13,6 +13,8 @@
 // Everything the user sees counts steps from 1: "step s" is the s-th update.
 typedef struct {
     int64_t nan_from, nan_to;
+    int no_checkpoint;      // moe smoke: save nothing
+    int64_t schedule_steps; // moe smoke: the schedule of a run this long (0: train.steps)
 } trainer_hooks;
 
 typedef struct {
@@ -21,7 +23,16 @@ typedef struct {
     double first_loss, last_loss; // total loss of the first and last step
     double last_val_loss;   // NaN if never evaluated
     double seconds;
+    double median_tokens_per_s; // over the steps after the first
+    // expert load summed over the run's steps, per layer and expert: [L * E] (owned: free
+    // with trainer_result_free); the router logit statistics of the last step per layer
+    int n_layers, n_experts;
+    long *routed, *kept;
+    moe_stats *last_stats;  // [L] (routed/kept pointers inside are not valid)
+    size_t param_bytes, grad_bytes, optimizer_bytes, activation_bytes;
 } trainer_result;
+
+void trainer_result_free(trainer_result *r);
 
 // Runs cfg to the end. MOE_ENUMERIC when train.max_skipped consecutive steps were skipped;
 // other errors for bad data, files, or allocation. Writes RUN_DIR/config.cfg,

@@ -227,12 +227,14 @@ static void exact_resume(void) {
     tiny(&c, "full");
     trainer_result r;
     check_true("uninterrupted run", trainer_run(&c, NULL, NULL, &r) == MOE_OK);
+    trainer_result_free(&r);
     char full[8][40], resumed[8][40], ckpt[1200];
     int n_full = losses_of(c.run_dir, full, 8);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/step_00000004", c.run_dir);
     moe_train_config c2;
     tiny(&c2, "resumed");
     moe_status st = trainer_run(&c2, ckpt, NULL, &r);
+    trainer_result_free(&r);
     if (st) printf("    -> %s\n", moe_last_error());
     int n_res = losses_of(c2.run_dir, resumed, 8);
     int equal = n_full == 8 && n_res == 4;
@@ -248,6 +250,7 @@ static void exact_resume(void) {
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/latest", c.run_dir);
     c3.steps = 10;
     st = trainer_run(&c3, ckpt, NULL, &r);
+    trainer_result_free(&r);
     char mpath[1300];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", c.run_dir);
     char *metrics = read_file(mpath);
@@ -306,9 +309,11 @@ static void exact_resume(void) {
     snprintf(c4.init_from, sizeof c4.init_from, "%s/full/ckpt/step_00000008", work);
     c4.steps = 1;
     st = trainer_run(&c4, NULL, NULL, &r);
+    trainer_result_free(&r);
     check_true("init_from a checkpoint folder trains", st == MOE_OK);
     c4.d_ff = 32;
     st = trainer_run(&c4, NULL, NULL, &r);
+    trainer_result_free(&r);
     check_true("init_from with a disagreeing config stops, naming the field",
                st == MOE_EINVAL && strstr(moe_last_error(), "intermediate_size = 24 (model.d_ff = 32)"));
     printf("    -> %s\n", moe_last_error());

@@ -51,6 +51,7 @@ static void loss_falls_and_logs(void) {
     tiny_config(&c, "smoke");
     trainer_result r;
     moe_status st = trainer_run(&c, NULL, NULL, &r);
+    trainer_result_free(&r);
     if (st) printf("    -> %s\n", moe_last_error());
     check_true("trainer_run succeeds", st == MOE_OK);
     printf("  first loss %.4f, last loss %.4f, val %.4f\n", r.first_loss, r.last_loss,
@@ -103,7 +104,7 @@ static void planted_nan_is_skipped(void) {
     moe_train_config c;
     tiny_config(&c, "nan");
     c.steps = 12;
-    trainer_hooks hooks = {5, 5}; // the 6th step
+    trainer_hooks hooks = {5, 5, 0, 0}; // the 6th step
     char errpath[600];
     snprintf(errpath, sizeof errpath, "%s/nan.stderr", workdir);
     fflush(stderr);
@@ -111,6 +112,7 @@ static void planted_nan_is_skipped(void) {
     if (!freopen(errpath, "w", stderr)) exit(1);
     trainer_result r;
     moe_status st = trainer_run(&c, NULL, &hooks, &r);
+    trainer_result_free(&r);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -129,10 +131,11 @@ static void max_skipped_stops(void) {
     moe_train_config c;
     tiny_config(&c, "nanstop");
     c.max_skipped = 4;
-    trainer_hooks hooks = {3, 1000};
+    trainer_hooks hooks = {3, 1000, 0, 0};
     fflush(stderr);
     trainer_result r;
     moe_status st = trainer_run(&c, NULL, &hooks, &r);
+    trainer_result_free(&r);
     printf("    -> %s\n", moe_last_error());
     check_true("MOE_ENUMERIC with a message naming train.max_skipped",
                st == MOE_ENUMERIC && strstr(moe_last_error(), "train.max_skipped"));

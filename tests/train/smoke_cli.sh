@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# moe smoke: exit 1 on a config built to collapse routing onto one expert (a corpus of one
+# repeated byte: every token has the same hidden state, so the same expert), exit 0 on a
+# healthy one (random bytes route evenly); the report names the alerts.
+#   smoke_cli.sh MOE_BINARY WORKDIR
+set -u
+moe=$1 work=$2
+rm -rf "$work" && mkdir -p "$work"
+fail=0
+check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
+
+head -c 20000 /dev/zero | tr '\0' 'a' > "$work/collapse.txt"
+python3 -c "import random; random.seed(1); print(''.join(random.choice('abcdefghijklmnopqrstuvwxyz ,.') for _ in range(40000)))" > "$work/random.txt"
+for corpus in collapse random; do
+  cat > "$work/$corpus.cfg" <<CFG
+model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; n_kv_heads = 2; d_ff = 32;
+          n_experts = 8; top_k = 1; max_seq_len = 32; capacity_factor = 1.25; };
+train = { steps = 100; batch_size = 4; seq_len = 32; warmup_steps = 5; threads = 2; };
+data = { dir = "$work/data_$corpus"; text = ["$work/$corpus.txt"]; };
+log = { dir = "$work/run_$corpus"; interval = 100; load_alert = 1.5; };
+CFG
+done
+echo "collapsed routing (one repeated byte)"
+"$moe" smoke "$work/collapse.cfg" --steps 5 > "$work/collapse.out" 2>&1
+rc=$?
+cat "$work/collapse.out" | grep -E "layer|ALERT|smoke:|memory|throughput|dropped"
+check "exit status 1 (got $rc)" "[ $rc -eq 1 ]"
+check "the load alert names the layer and expert" "grep -q 'ALERT: layer 0 expert [0-9] has 8.00x the mean load' '$work/collapse.out'"
+check "dead experts are reported" "grep -q 'dead expert' '$work/collapse.out'"
+check "no checkpoint is written" "[ ! -d '$work/run_collapse/smoke/ckpt' ]"
+echo "healthy routing (random bytes), load_alert 3"
+"$moe" smoke "$work/random.cfg" --steps 5 --set log.load_alert=3.0 > "$work/random.out" 2>&1
+rc=$?
+grep -E "layer|ALERT|smoke:" "$work/random.out"
+check "exit status 0 (got $rc)" "[ $rc -eq 0 ]"
+check "the report has memory, throughput and router logits" \
+  "grep -q '^memory' '$work/random.out' && grep -q '^estimated throughput' '$work/random.out' && grep -q '^router logits' '$work/random.out'"
+[ $fail -eq 0 ] && echo "smoke cli: all passed" || echo "smoke cli: FAILED"
+exit $fail
