@@ -35,5 +35,15 @@ grep -E "layer|ALERT|smoke:" "$work/random.out"
 check "exit status 0 (got $rc)" "[ $rc -eq 0 ]"
 check "the report has memory, throughput and router logits" \
   "grep -q '^memory' '$work/random.out' && grep -q '^estimated throughput' '$work/random.out' && grep -q '^router logits' '$work/random.out'"
+echo "train.load_alert_action = \"stop\" stops a collapsing run"
+"$moe" train "$work/collapse.cfg" --set 'train.load_alert_action="stop"' --set log.interval=1 > "$work/stop.out" 2>&1
+rc=$?
+tail -2 "$work/stop.out"
+check "exit status 1 (got $rc)" "[ $rc -eq 1 ]"
+check "the message names the step, layer, expert and the setting" \
+  "grep -q 'stopping at step 1: layer 0 expert [0-9] has 8.00x the mean load (log.load_alert = 1.50, train.load_alert_action = \"stop\")' '$work/stop.out'"
+"$moe" train "$work/collapse.cfg" --set train.steps=3 --set train.warmup_steps=1 --set log.interval=1 > "$work/warn.out" 2>&1
+rc=$?
+check "with the default (warn) the same run goes on (exit $rc)" "[ $rc -eq 0 ] && grep -q 'done: 3 steps' '$work/warn.out'"
 [ $fail -eq 0 ] && echo "smoke cli: all passed" || echo "smoke cli: FAILED"
 exit $fail
