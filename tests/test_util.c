@@ -101,6 +101,18 @@ double fixture_double(const fixture *fx, const char *name) {
     return fixture_get(fx, name, 1)->data[0];
 }
 
+char *test_read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s) s[fread(s, 1, (size_t)n, f)] = 0;
+    fclose(f);
+    return s;
+}
+
 double rel_err(const double *a, const double *b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {

@@ -32,6 +32,9 @@ const fixture_tensor *fixture_find(const fixture *fx, const char *name);
 int fixture_int(const fixture *fx, const char *name);
 double fixture_double(const fixture *fx, const char *name);
 
+// A whole file as a NUL-terminated string (malloc'ed), or NULL if it cannot be read.
+char *test_read_file(const char *path);
+
 // ||a - b||_2 / ||b||_2 (0 when both are 0).
 double rel_err(const double *a, const double *b, size_t n);
 

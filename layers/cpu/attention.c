@@ -16,6 +16,18 @@
 #define cblas_gemm cblas_sgemm
 #endif
 
+// One row of scores in place: softmax over columns 0..last, zero beyond (the causal mask).
+static void causal_softmax_row(real *p, int last, int len) {
+    real mx = p[0], sum = 0;
+    for (int j = 1; j <= last; j++) mx = p[j] > mx ? p[j] : mx;
+    for (int j = 0; j <= last; j++) {
+        p[j] = real_exp(p[j] - mx);
+        sum += p[j];
+    }
+    for (int j = 0; j <= last; j++) p[j] /= sum;
+    for (int j = last + 1; j < len; j++) p[j] = 0;
+}
+
 void cpu_attention_forward(real *out, real *att, const real *qkv, int B, int S, int H, int KV,
                            int hd) {
     const int row = (H + 2 * KV) * hd, group = H / KV;
@@ -30,16 +42,7 @@ void cpu_attention_forward(real *out, real *att, const real *qkv, int B, int S, 
             // p = scale * q k^T (the upper triangle is computed and then masked)
             cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, scale, q, row, k, row,
                        0, p, S);
-            for (int i = 0; i < S; i++) {
-                real *pi = p + (size_t)i * S, mx = pi[0], sum = 0;
-                for (int j = 1; j <= i; j++) mx = pi[j] > mx ? pi[j] : mx;
-                for (int j = 0; j <= i; j++) {
-                    pi[j] = real_exp(pi[j] - mx);
-                    sum += pi[j];
-                }
-                for (int j = 0; j <= i; j++) pi[j] /= sum;
-                for (int j = i + 1; j < S; j++) pi[j] = 0;
-            }
+            for (int i = 0; i < S; i++) causal_softmax_row(p + (size_t)i * S, i, S);
             cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1, p, S, v, row, 0,
                        out + (size_t)b * S * H * hd + (size_t)h * hd, H * hd);
         }
@@ -108,17 +111,7 @@ void cpu_attention_cached_forward(real *out, real *scratch, const real *qkv, con
         // p [n, len] = scale * q k^T; query i sits at position pos0 + i
         cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, len, hd, scale, q, row, k, kv, 0,
                    p, len);
-        for (int i = 0; i < n; i++) {
-            real *pi = p + (size_t)i * len, mx = pi[0], sum = 0;
-            const int last = pos0 + i;
-            for (int j = 1; j <= last; j++) mx = pi[j] > mx ? pi[j] : mx;
-            for (int j = 0; j <= last; j++) {
-                pi[j] = real_exp(pi[j] - mx);
-                sum += pi[j];
-            }
-            for (int j = 0; j <= last; j++) pi[j] /= sum;
-            for (int j = last + 1; j < len; j++) pi[j] = 0;
-        }
+        for (int i = 0; i < n; i++) causal_softmax_row(p + (size_t)i * len, pos0 + i, len);
         cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, len, 1, p, len, v, kv, 0,
                    out + (size_t)h * hd, H * hd);
     }

@@ -191,24 +191,13 @@ static void hf_folder_errors(void) {
     model_destroy(&src);
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc(n + 1);
-    s[fread(s, 1, n, f)] = 0;
-    fclose(f);
-    return s;
-}
 
 // The "loss" field of every record of metrics.jsonl, as printed (17 significant digits
 // where needed: equal text means equal doubles).
 static int losses_of(const char *run, char out[][40], int max) {
     char path[400];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
-    char *text = read_file(path), *line = text;
+    char *text = test_read_file(path), *line = text;
     int n = 0;
     while (line && *line && n < max) {
         char *nl = strchr(line, '\n');
@@ -253,7 +242,7 @@ static void exact_resume(void) {
     trainer_result_free(&r);
     char mpath[1300];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", c.run_dir);
-    char *metrics = read_file(mpath);
+    char *metrics = test_read_file(mpath);
     int lines = 0, step5 = 0;
     for (char *p = metrics; p && *p; p++) lines += *p == '\n';
     for (char *p = metrics; p && (p = strstr(p, "\"step\":5,")); p++) step5++;

@@ -14,17 +14,6 @@
 
 static char workdir[512];
 
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc(n + 1);
-    s[fread(s, 1, n, f)] = 0;
-    fclose(f);
-    return s;
-}
 
 static void tiny_config(moe_train_config *c, const char *run) {
     moe_train_config_default(c);
@@ -62,10 +51,10 @@ static void loss_falls_and_logs(void) {
 
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", c.run_dir);
-    char *metrics = read_all(path);
+    char *metrics = test_read_file(path);
     check_true("metrics.jsonl has 30 records", metrics && count_lines(metrics) == 30);
     snprintf(path, sizeof path, "%s/expert_load.jsonl", c.run_dir);
-    char *load = read_all(path);
+    char *load = test_read_file(path);
     check_true("expert_load.jsonl has one record per step and layer",
                load && count_lines(load) == 30 * c.n_layers);
     // every record: counts sum to T*k, kept <= counts, dropped = sum(counts - kept)
@@ -116,7 +105,7 @@ static void planted_nan_is_skipped(void) {
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
-    char *err = read_all(errpath);
+    char *err = test_read_file(errpath);
     printf("  stderr: %s", err ? err : "(none)\n");
     check_true("run completes", st == MOE_OK && r.steps_done == 12);
     check_true("one step skipped", r.skipped == 1);
