@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libconfig-dev libopenblas-openmp-dev libcjson-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

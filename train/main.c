@@ -10,6 +10,7 @@
 #include "train/config.h"
 #include "train/infer.h"
 #include "train/smoke.h"
+#include "train/stats.h"
 #include "train/trainer.h"
 
 static const char *usage =
@@ -21,6 +22,9 @@ static const char *usage =
     "      train the model a libconfig file describes (see configs/default.cfg)\n"
     "  moe smoke CONFIG [--steps N] [--set group.key=value]...\n"
     "      N steps (default 10): load table, router logits, drops, memory, tokens/s; exit 1 on an alert\n"
+    "  moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--json]\n"
+    "  moe stats RUN_DIR --capacity [--max-drop 0.01] [--json]\n"
+    "      expert-load report of a run (also while it runs), capacity planning from peaks\n"
     "  moe eval --ckpt DIR --data FILE.bin [--seq-len S] [--max-windows N] [--logits OUT.npy]\n"
     "      dropless loss and perplexity over the token file\n"
     "  moe generate --ckpt DIR --prompt TEXT [-n N] [--temperature T] [--top-k K] [--top-p P]\n"
@@ -209,6 +213,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 2, argv + 2);
     if (!strcmp(argv[1], "smoke")) return smoke_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "stats")) return stats_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "export")) return cmd_export(argc - 2, argv + 2);
     moe_fatal("unknown command '%s'\n%s", argv[1], usage);

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Expert-load plots of a moe.c run (RUN_DIR/expert_load.jsonl; README "Training", logs).
+
+    scripts/plot_load.py RUN_DIR --out DIR [--alert 1.5]
+
+Writes into DIR (PNG, fixed sizes so that tests can check them):
+    load_heatmap_layer{L}.png  1000x400  token share per expert over steps (counts before dropping)
+    max_over_mean.png          1000x500  max/mean load per layer over steps, with the alert line
+    drop_fraction.png          1000x500  dropped / routed assignments per layer over steps
+    aux_z.png                  1000x800  aux and z loss per layer over steps
+    entropy.png                1000x500  router entropy (nats) per layer, and log E
+
+Works on a run in progress: a partial last line is ignored; any other malformed line is an
+error naming the file and the line (exit 1). Exit 77 when matplotlib cannot be imported
+(Debian: apt-get install python3-matplotlib; run with /usr/bin/python3).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+DPI = 100
+HEATMAP_SIZE = (10, 4)  # inches: 1000 x 400 px at DPI
+LINE_SIZE = (10, 5)     # 1000 x 500 px
+AUX_Z_SIZE = (10, 8)    # 1000 x 800 px
+
+
+class LogError(Exception):
+    pass
+
+
+def read_jsonl(path, required=True):
+    """The JSON objects of a log, skipping a partial last line (no newline, does not parse)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        if required:
+            raise LogError(f"{path}: cannot open: no such file")
+        return []
+    except OSError as e:
+        raise LogError(f"{path}: cannot open: {e.strerror}")
+    lines = data.split(b"\n")
+    records = []
+    for i, raw in enumerate(lines):
+        text = raw.strip()
+        if not text:
+            continue
+        last = i == len(lines) - 1  # no newline after it
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            if last and obj is None:
+                print(f"plot_load.py: note: {path}:{i + 1}: partial last line ignored "
+                      "(run in progress?)", file=sys.stderr)
+                break
+            raise LogError(f"{path}:{i + 1}: not a JSON object")
+        records.append((i + 1, obj))
+    return records
+
+
+def number(v):
+    """A logged number; null (NaN/Inf in the run) and absent values become NaN."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return math.nan
+    return float(v)
+
+
+def load_layers(path):
+    """{layer: dict of per-step arrays} from expert_load.jsonl."""
+    import numpy as np
+
+    layers = {}
+    E = None
+    for lineno, r in read_jsonl(path):
+        where = f"{path}:{lineno}"
+        step, layer, counts = r.get("step"), r.get("layer"), r.get("counts")
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or step < 1:
+            raise LogError(f'{where}: "step" is missing or not a step number')
+        if not isinstance(layer, (int, float)) or isinstance(layer, bool) or layer < 0 \
+                or layer != int(layer):
+            raise LogError(f'{where}: "layer" is missing or not a layer index')
+        if not isinstance(counts, list) or not counts or not all(
+                isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 0 for c in counts):
+            raise LogError(f'{where}: "counts" is not an array of non-negative numbers')
+        if E is None:
+            E = len(counts)
+        elif len(counts) != E:
+            raise LogError(f'{where}: "counts" has {len(counts)} entries, expected {E}')
+        d = layers.setdefault(int(layer), {k: [] for k in
+                                           ("step", "counts", "dropped", "aux", "z", "entropy")})
+        dropped = number(r.get("dropped"))
+        kept = r.get("kept")
+        if math.isnan(dropped) and isinstance(kept, list) and len(kept) == E:
+            dropped = float(sum(counts) - sum(number(k) for k in kept))
+        d["step"].append(int(step))
+        d["counts"].append(counts)
+        d["dropped"].append(dropped)
+        for k in ("aux", "z", "entropy"):
+            d[k].append(number(r.get(k)))
+    if not layers:
+        raise LogError(f"{path}: no expert-load records")
+    out = {}
+    for layer, d in sorted(layers.items()):
+        a = {k: np.asarray(v, dtype=float) for k, v in d.items()}
+        routed = a["counts"].sum(axis=1)
+        mean = routed / E
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a["share"] = np.where(routed[:, None] > 0, a["counts"] / routed[:, None], 0.0)
+            a["max_over_mean"] = np.where(mean > 0, a["counts"].max(axis=1) / mean, 0.0)
+            a["drop_fraction"] = np.where(routed > 0, a["dropped"] / routed, 0.0)
+        out[layer] = a
+    return out, E
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Expert-load plots of a moe.c run.")
+    ap.add_argument("run_dir", help="the run directory (log.dir of the config)")
+    ap.add_argument("--out", required=True, help="folder for the PNG files (created)")
+    ap.add_argument("--alert", type=float, default=1.5,
+                    help="max/mean load alert line (default 1.5)")
+    args = ap.parse_args()
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+        import numpy  # noqa: F401 (matplotlib needs it too)
+    except ImportError as e:
+        print(f"plot_load.py: matplotlib is not available ({e}); "
+              "install python3-matplotlib and run with /usr/bin/python3", file=sys.stderr)
+        return 77
+
+    try:
+        layers, E = load_layers(os.path.join(args.run_dir, "expert_load.jsonl"))
+    except LogError as e:
+        print(f"plot_load.py: error: {e}", file=sys.stderr)
+        return 1
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        print(f"plot_load.py: error: {args.out}: {e.strerror}", file=sys.stderr)
+        return 1
+
+    def save(fig, name):
+        fig.savefig(os.path.join(args.out, name), dpi=DPI)  # no bbox_inches: fixed size
+        plt.close(fig)
+
+    def legend(ax):
+        if len(layers) <= 16:
+            ax.legend(fontsize="small", ncol=max(1, (len(layers) + 7) // 8))
+
+    title = os.path.basename(os.path.normpath(args.run_dir))
+
+    for layer, a in layers.items():
+        fig, ax = plt.subplots(figsize=HEATMAP_SIZE, dpi=DPI, constrained_layout=True)
+        s = a["step"]
+        im = ax.imshow(a["share"].T, aspect="auto", origin="lower", interpolation="nearest",
+                       cmap="viridis", vmin=0,
+                       extent=(s[0] - 0.5, s[-1] + 0.5, -0.5, E - 0.5))
+        fig.colorbar(im, ax=ax, label="token share")
+        ax.set_xlabel("step")
+        ax.set_ylabel("expert")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{title}: layer {layer}, share of the step's assignments per expert "
+                     f"(before dropping; uniform = {1 / E:.3g})")
+        save(fig, f"load_heatmap_layer{layer}.png")
+
+    def per_layer(name, key, ylabel, what, extra=None):
+        fig, ax = plt.subplots(figsize=LINE_SIZE, dpi=DPI, constrained_layout=True)
+        for layer, a in layers.items():
+            ax.plot(a["step"], a[key], linewidth=1, label=f"layer {layer}")
+        if extra:
+            extra(ax)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}: {what}")
+        ax.grid(alpha=0.3)
+        legend(ax)
+        save(fig, name)
+
+    per_layer("max_over_mean.png", "max_over_mean", "max / mean expert load",
+              "max/mean expert load per step (counts before dropping)",
+              lambda ax: ax.axhline(args.alert, color="red", linestyle="--", linewidth=1,
+                                    label=f"alert {args.alert:g}"))
+    per_layer("drop_fraction.png", "drop_fraction", "dropped / routed assignments",
+              "fraction of the assignments dropped by the capacity limit")
+    per_layer("entropy.png", "entropy", "router entropy (nats)", "router entropy",
+              lambda ax: ax.axhline(math.log(E), color="gray", linestyle="--", linewidth=1,
+                                    label=f"log E = {math.log(E):.3f} (uniform)"))
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=AUX_Z_SIZE, dpi=DPI, sharex=True,
+                                   constrained_layout=True)
+    for layer, a in layers.items():
+        ax1.plot(a["step"], a["aux"], linewidth=1, label=f"layer {layer}")
+        ax2.plot(a["step"], a["z"], linewidth=1, label=f"layer {layer}")
+    ax1.set_ylabel("aux loss")
+    ax1.set_title(f"{title}: load-balancing aux loss and router z-loss")
+    ax2.set_ylabel("z loss")
+    ax2.set_xlabel("step")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        legend(ax)
+    save(fig, "aux_z.png")
+
+    print(f"wrote {len(layers) + 4} plots to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

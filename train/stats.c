@@ -1,0 +1,1141 @@
+// `moe stats`: the expert-load report and capacity planning from a run's logs (stats.h).
+//
+// The logs are streamed once: every record becomes a few scalars (its max/mean load, CV,
+// drops, entropy, aux, z, exchange time and, for --capacity, the capacity it needed), and
+// each layer keeps the per-expert counts of its last `window` records in a ring, which is
+// all that the hottest/dead experts need. Memory is O(records + window * E).
+#define _POSIX_C_SOURCE 200809L
+
+#include "train/stats.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/status.h"
+#include "train/config.h"
+
+#define STATS_MAX_EXPERTS 65536
+#define STATS_MAX_LAYERS 65536
+#define STATS_DEFAULT_WINDOW 100
+#define STATS_DEFAULT_ALERT 1.5
+#define STATS_DEFAULT_MAX_DROP 0.01
+
+static const char *usage =
+    "usage: moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--json]\n"
+    "       moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--json]\n"
+    "\n"
+    "  Reads RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg.\n"
+    "  report      per MoE layer: max/mean load (mean, P95, P99 over steps), CV, hottest and\n"
+    "              dead experts of the last window, drop fraction in the first and last window,\n"
+    "              router entropy, aux and z loss trend, exchange share of step time; alerts\n"
+    "  --layer L   only MoE layer L\n"
+    "  --window N  steps in the first and the last window (default 100)\n"
+    "  --alert A   max/mean load alert threshold (default 1.5): alert when the median over\n"
+    "              the last window exceeds it\n"
+    "  --capacity  the capacity factor each layer needed to drop at most --max-drop\n"
+    "              (default 0.01) of its assignments on the P99 step and on the worst step,\n"
+    "              and the expert activation memory at that factor\n"
+    "  --json      one JSON document instead of the tables\n";
+
+// ---- numbers ------------------------------------------------------------------------
+
+double stats_percentile_sorted(const double *a, size_t n, double p) {
+    if (n == 0) return NAN;
+    // numpy: q = p / 100; virtual index (n-1)*q; _lerp(previous, next, gamma).
+    const double q = p / 100.0;
+    const double vi = (double)(n - 1) * q;
+    if (!(vi > 0)) return a[0];
+    if (vi >= (double)(n - 1)) return a[n - 1];
+    const double lo = floor(vi);
+    const size_t i = (size_t)lo;
+    const double g = vi - lo, prev = a[i], next = a[i + 1], diff = next - prev;
+    return g >= 0.5 ? next - diff * (1 - g) : prev + diff * g;
+}
+
+long stats_needed_capacity(const long *counts, int E, int groups, double max_drop) {
+    // With c_e = counts[e] / n: sum_e max(0, c_e - C) <= d * sum_e c_e
+    // <=> sum_e max(0, counts[e] - n*C) <= d * sum_e counts[e], an exact integer left side.
+    if (E <= 0 || groups <= 0) return 1;
+    const long n = groups;
+    long max = 0;
+    double total = 0;
+    for (int e = 0; e < E; e++) {
+        if (counts[e] > max) max = counts[e];
+        total += (double)counts[e];
+    }
+    const double allowed = max_drop * total;
+    long lo = 0, hi = (max + n - 1) / n; // at hi nothing overflows
+    while (lo < hi) {
+        const long mid = lo + (hi - lo) / 2;
+        double over = 0;
+        for (int e = 0; e < E; e++)
+            if (counts[e] > n * mid) over += (double)(counts[e] - n * mid);
+        if (over <= allowed) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo < 1 ? 1 : lo; // capacity 0 means dropless in the config
+}
+
+long stats_capacity_of(double cf, long T, int k, int E) {
+    if (!(cf > 0)) return 0;
+    const double c = ceil(((double)T * k / E) * cf); // moe_capacity (layers/moe.c)
+    return c >= (double)T ? T : (long)c;
+}
+
+double stats_capacity_factor(long C, long T, int k, int E) {
+    double cf = (double)C * E / ((double)T * k);
+    for (int i = 0; i < 64; i++) {
+        const long got = stats_capacity_of(cf, T, k, E);
+        if (got == C || (C >= T && got >= T)) break;
+        cf = nextafter(cf, got > C ? 0.0 : INFINITY);
+    }
+    return cf;
+}
+
+// ---- the run ------------------------------------------------------------------------
+
+typedef struct {
+    long step;
+    long tokens;   // -1 when absent
+    long capacity; // -1 when absent
+    double routed; // sum of counts
+    double dropped; // NaN when unknown
+    double mom, cv, entropy, aux, z, exch_s; // NaN when null or absent
+    long need_C;    // --capacity: per-group capacity needed for max_drop
+    double need_cf; // its capacity factor
+} rec_t;
+
+typedef struct {
+    rec_t *r;
+    size_t n, cap;
+    long *ring; // counts of the last `window` records, row i % window of ring_rows
+    size_t ring_rows;
+} layer_t;
+
+typedef struct {
+    long step;
+    double step_s; // NaN when skipped, null or absent
+} metric_t;
+
+typedef struct {
+    // options
+    const char *dir;
+    int only_layer; // -1: all
+    size_t window;
+    double alert;
+    int json, capacity;
+    double max_drop;
+    // inputs
+    char load_path[MOE_PATH_MAX + 32], metrics_path[MOE_PATH_MAX + 32], cfg_path[MOE_PATH_MAX + 32];
+    moe_train_config *cfg; // NULL without config.cfg
+    int E;
+    long T_group;
+    int groups, top_k;
+    layer_t *layers;
+    int n_layers; // slots: 1 + the largest layer index seen
+    long *tmp;    // [E]
+    metric_t *m;
+    size_t m_n, m_cap;
+    long m_skipped;
+    int have_metrics;
+    long load_partial, metrics_partial; // line numbers of an ignored partial last line
+    long tokens_mismatch_line, tokens_seen;
+} run_t;
+
+static void run_free(run_t *rd) {
+    for (int l = 0; l < rd->n_layers; l++) {
+        free(rd->layers[l].r);
+        free(rd->layers[l].ring);
+    }
+    free(rd->layers);
+    free(rd->tmp);
+    free(rd->m);
+    free(rd->cfg);
+}
+
+// ---- JSON fields --------------------------------------------------------------------
+
+typedef struct {
+    const char *path;
+    long line;
+} where_t;
+
+static moe_status bad(where_t w, const char *key, const char *what) {
+    return moe_error(MOE_EIO, "%s:%ld: \"%s\" %s", w.path, w.line, key, what);
+}
+
+// A number, or NaN for null or a missing key; an error for any other type.
+static moe_status get_num(where_t w, const cJSON *o, const char *key, double *v) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    *v = NAN;
+    if (!it || cJSON_IsNull(it)) return MOE_OK;
+    if (!cJSON_IsNumber(it)) return bad(w, key, "is not a number");
+    *v = it->valuedouble;
+    return MOE_OK;
+}
+
+static int is_count(double v) { return v >= 0 && v <= 9007199254740992.0 && v == floor(v); }
+
+// An integer in [lo, hi]; *v = dflt when the key is missing (required: an error) or null.
+static moe_status get_int(where_t w, const cJSON *o, const char *key, int required, long lo,
+                          long hi, long dflt, long *v) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    *v = dflt;
+    if (!it || (cJSON_IsNull(it) && !required)) {
+        if (required) return bad(w, key, "is missing");
+        return MOE_OK;
+    }
+    if (!cJSON_IsNumber(it)) return bad(w, key, "is not a number");
+    const double d = it->valuedouble;
+    if (!(d == floor(d) && d >= (double)lo && d <= (double)hi)) {
+        char what[96];
+        snprintf(what, sizeof what, "= %.17g is not an integer in [%ld, %ld]", d, lo, hi);
+        return bad(w, key, what);
+    }
+    *v = (long)d;
+    return MOE_OK;
+}
+
+// An array of E non-negative integers into out.
+static moe_status get_counts(where_t w, const cJSON *o, const char *key, int E, long *out) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsArray(a)) return bad(w, key, a ? "is not an array" : "is missing");
+    const int n = cJSON_GetArraySize(a);
+    if (n != E) {
+        char what[96];
+        snprintf(what, sizeof what, "has %d entries, expected %d (one per expert)", n, E);
+        return bad(w, key, what);
+    }
+    int e = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        if (!cJSON_IsNumber(it) || !is_count(it->valuedouble)) {
+            char what[96];
+            snprintf(what, sizeof what, "entry %d is not a non-negative integer", e);
+            return bad(w, key, what);
+        }
+        out[e++] = (long)it->valuedouble;
+    }
+    return MOE_OK;
+}
+
+// ---- reading ------------------------------------------------------------------------
+
+typedef moe_status (*line_fn)(run_t *rd, where_t w, const cJSON *obj);
+
+// Calls fn for every JSON object line of path. A missing file is an error when required,
+// else *missing = 1. A last line without its newline that does not parse is a partial
+// write of a run in progress: it is skipped and its number stored in *partial.
+static moe_status read_jsonl(run_t *rd, const char *path, int required, line_fn fn,
+                             int *missing, long *partial) {
+    *missing = 0;
+    *partial = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT && !required) {
+            *missing = 1;
+            return MOE_OK;
+        }
+        return moe_error(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long lineno = 0;
+    moe_status st = MOE_OK;
+    while ((len = getline(&line, &cap, f)) != -1) {
+        lineno++;
+        const int has_newline = len > 0 && line[len - 1] == '\n';
+        while (len > 0 && isspace((unsigned char)line[len - 1])) line[--len] = 0;
+        char *p = line;
+        while (*p && isspace((unsigned char)*p)) p++;
+        if (!*p) {
+            if ((size_t)(p - line) != (size_t)len) { // a NUL byte before the end
+                st = moe_error(MOE_EIO, "%s:%ld: NUL byte in the line", path, lineno);
+                break;
+            }
+            continue; // blank line
+        }
+        const size_t n = (size_t)len - (size_t)(p - line);
+        const char *end = NULL;
+        cJSON *obj = strlen(p) == n ? cJSON_ParseWithLengthOpts(p, n, &end, 0) : NULL;
+        if (obj && (!cJSON_IsObject(obj) || end != p + n)) {
+            cJSON_Delete(obj);
+            obj = NULL;
+        }
+        if (!obj) {
+            if (!has_newline) { // the last line, cut short by a writer in progress
+                *partial = lineno;
+                break;
+            }
+            st = moe_error(MOE_EIO, "%s:%ld: not a JSON object: %.60s%s", path, lineno, p,
+                           n > 60 ? "..." : "");
+            break;
+        }
+        st = fn(rd, (where_t){path, lineno}, obj);
+        cJSON_Delete(obj);
+        if (st) break;
+    }
+    if (!st && ferror(f)) st = moe_error(MOE_EIO, "%s: read error: %s", path, strerror(errno));
+    free(line);
+    fclose(f);
+    return st;
+}
+
+static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
+    moe_status st;
+    long step, layer;
+    if ((st = get_int(w, o, "step", 1, 1, LONG_MAX / 2, 0, &step))) return st;
+    if ((st = get_int(w, o, "layer", 1, 0, STATS_MAX_LAYERS - 1, 0, &layer))) return st;
+    if (rd->cfg && layer >= rd->cfg->n_layers)
+        return moe_error(MOE_EIO, "%s:%ld: \"layer\" = %ld, but the run has model.n_layers = %d (%s)",
+                         w.path, w.line, layer, rd->cfg->n_layers, rd->cfg_path);
+    if (rd->E == 0) { // no config: the first record says how many experts there are
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "counts");
+        if (!cJSON_IsArray(a)) return bad(w, "counts", a ? "is not an array" : "is missing");
+        const int n = cJSON_GetArraySize(a);
+        if (n < 1 || n > STATS_MAX_EXPERTS) {
+            char what[96];
+            snprintf(what, sizeof what, "has %d entries (expected 1..%d experts)", n, STATS_MAX_EXPERTS);
+            return bad(w, "counts", what);
+        }
+        rd->E = n;
+    }
+    const int E = rd->E;
+    if (!rd->tmp && !(rd->tmp = malloc(2 * (size_t)E * sizeof *rd->tmp)))
+        return moe_error(MOE_ENOMEM, "out of memory");
+    long *counts = rd->tmp, *kept = rd->tmp + E;
+    if ((st = get_counts(w, o, "counts", E, counts))) return st;
+    const cJSON *kj = cJSON_GetObjectItemCaseSensitive(o, "kept");
+    const int have_kept = kj && !cJSON_IsNull(kj);
+    if (have_kept && (st = get_counts(w, o, "kept", E, kept))) return st;
+
+    rec_t r = {.step = step};
+    if ((st = get_int(w, o, "tokens", 0, 0, LONG_MAX / 2, -1, &r.tokens))) return st;
+    if ((st = get_int(w, o, "capacity", 0, 0, LONG_MAX / 2, -1, &r.capacity))) return st;
+    if ((st = get_num(w, o, "dropped", &r.dropped))) return st;
+    if ((st = get_num(w, o, "entropy", &r.entropy))) return st;
+    if ((st = get_num(w, o, "aux", &r.aux))) return st;
+    if ((st = get_num(w, o, "z", &r.z))) return st;
+    if ((st = get_num(w, o, "exchange_s", &r.exch_s))) return st;
+
+    // max/mean and CV from the counts (the logged fields may be null)
+    double sum = 0, var = 0;
+    long max = 0;
+    for (int e = 0; e < E; e++) {
+        sum += (double)counts[e];
+        if (counts[e] > max) max = counts[e];
+    }
+    const double mean = sum / E;
+    for (int e = 0; e < E; e++) var += ((double)counts[e] - mean) * ((double)counts[e] - mean);
+    r.routed = sum;
+    r.mom = mean > 0 ? (double)max / mean : 0;
+    r.cv = mean > 0 ? sqrt(var / E) / mean : 0;
+    if (!isfinite(r.dropped) && have_kept) {
+        double d = 0;
+        for (int e = 0; e < E; e++) d += (double)(counts[e] - kept[e]);
+        r.dropped = d;
+    }
+    if (rd->capacity) {
+        r.need_C = stats_needed_capacity(counts, E, rd->groups, rd->max_drop);
+        if (r.need_C > rd->T_group) r.need_C = rd->T_group; // counts beyond T: a config mismatch
+        r.need_cf = stats_capacity_factor(r.need_C, rd->T_group, rd->top_k, E);
+        if (r.tokens >= 0 && r.tokens != rd->T_group * rd->groups && !rd->tokens_mismatch_line) {
+            rd->tokens_mismatch_line = w.line;
+            rd->tokens_seen = r.tokens;
+        }
+    }
+
+    // the layer
+    if (layer >= rd->n_layers) {
+        layer_t *nl = realloc(rd->layers, (size_t)(layer + 1) * sizeof *nl);
+        if (!nl) return moe_error(MOE_ENOMEM, "out of memory");
+        memset(nl + rd->n_layers, 0, (size_t)(layer + 1 - rd->n_layers) * sizeof *nl);
+        rd->layers = nl;
+        rd->n_layers = (int)layer + 1;
+    }
+    layer_t *L = &rd->layers[layer];
+    if (L->n > 0 && step <= L->r[L->n - 1].step)
+        return moe_error(MOE_EIO, "%s:%ld: step %ld of layer %ld comes after step %ld (steps must increase)",
+                         w.path, w.line, step, layer, L->r[L->n - 1].step);
+    if (L->n == L->cap) {
+        size_t nc = L->cap ? 2 * L->cap : 256;
+        rec_t *nr = realloc(L->r, nc * sizeof *nr);
+        if (!nr) return moe_error(MOE_ENOMEM, "out of memory");
+        L->r = nr;
+        L->cap = nc;
+    }
+    // ring of the last `window` count rows; grows until it holds `window` rows
+    if (L->n < rd->window && L->n == L->ring_rows) {
+        size_t rows = L->ring_rows ? 2 * L->ring_rows : 64;
+        if (rows > rd->window) rows = rd->window;
+        long *ring = realloc(L->ring, rows * (size_t)E * sizeof *ring);
+        if (!ring) return moe_error(MOE_ENOMEM, "out of memory");
+        L->ring = ring;
+        L->ring_rows = rows;
+    }
+    memcpy(L->ring + (L->n % rd->window) * (size_t)E, counts, (size_t)E * sizeof *counts);
+    L->r[L->n++] = r;
+    return MOE_OK;
+}
+
+static moe_status on_metrics_record(run_t *rd, where_t w, const cJSON *o) {
+    moe_status st;
+    metric_t m;
+    if ((st = get_int(w, o, "step", 1, 1, LONG_MAX / 2, 0, &m.step))) return st;
+    if ((st = get_num(w, o, "step_s", &m.step_s))) return st;
+    const cJSON *sk = cJSON_GetObjectItemCaseSensitive(o, "skipped");
+    if (sk && !cJSON_IsBool(sk) && !cJSON_IsNull(sk)) return bad(w, "skipped", "is not a boolean");
+    if (cJSON_IsTrue(sk)) {
+        rd->m_skipped++;
+        m.step_s = NAN;
+    }
+    if (rd->m_n == rd->m_cap) {
+        size_t nc = rd->m_cap ? 2 * rd->m_cap : 256;
+        metric_t *nm = realloc(rd->m, nc * sizeof *nm);
+        if (!nm) return moe_error(MOE_ENOMEM, "out of memory");
+        rd->m = nm;
+        rd->m_cap = nc;
+    }
+    rd->m[rd->m_n++] = m;
+    return MOE_OK;
+}
+
+static int cmp_metric(const void *a, const void *b) {
+    const long x = ((const metric_t *)a)->step, y = ((const metric_t *)b)->step;
+    return (x > y) - (x < y);
+}
+
+static const metric_t *find_metric(const run_t *rd, long step) {
+    size_t lo = 0, hi = rd->m_n;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (rd->m[mid].step < step) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < rd->m_n && rd->m[lo].step == step ? &rd->m[lo] : NULL;
+}
+
+static moe_status load_run(run_t *rd, FILE *err) {
+    snprintf(rd->cfg_path, sizeof rd->cfg_path, "%s/config.cfg", rd->dir);
+    snprintf(rd->load_path, sizeof rd->load_path, "%s/expert_load.jsonl", rd->dir);
+    snprintf(rd->metrics_path, sizeof rd->metrics_path, "%s/metrics.jsonl", rd->dir);
+
+    // config.cfg: required by --capacity (micro-batch, model sizes); else optional
+    FILE *probe = fopen(rd->cfg_path, "r");
+    if (probe || errno != ENOENT || rd->capacity) {
+        if (probe) fclose(probe);
+        if (!(rd->cfg = malloc(sizeof *rd->cfg))) return moe_error(MOE_ENOMEM, "out of memory");
+        moe_status st = moe_train_config_load(rd->cfg, rd->cfg_path, 0, NULL);
+        if (st) {
+            free(rd->cfg);
+            rd->cfg = NULL;
+            return st;
+        }
+        rd->E = rd->cfg->n_experts;
+        rd->top_k = rd->cfg->top_k;
+        rd->groups = rd->cfg->grad_accum;
+        rd->T_group = (long)rd->cfg->batch_size * rd->cfg->seq_len;
+    }
+
+    int missing;
+    moe_status st = read_jsonl(rd, rd->load_path, 1, on_load_record, &missing, &rd->load_partial);
+    if (st) return st;
+    if (rd->load_partial)
+        fprintf(err, "moe stats: note: %s:%ld: partial last line ignored (run in progress?)\n",
+                rd->load_path, rd->load_partial);
+    size_t total = 0;
+    for (int l = 0; l < rd->n_layers; l++) total += rd->layers[l].n;
+    if (total == 0) return moe_error(MOE_EIO, "%s: no expert-load records", rd->load_path);
+
+    st = read_jsonl(rd, rd->metrics_path, 0, on_metrics_record, &missing, &rd->metrics_partial);
+    if (st) return st;
+    rd->have_metrics = !missing;
+    if (rd->metrics_partial)
+        fprintf(err, "moe stats: note: %s:%ld: partial last line ignored (run in progress?)\n",
+                rd->metrics_path, rd->metrics_partial);
+    if (rd->m_n) qsort(rd->m, rd->m_n, sizeof *rd->m, cmp_metric);
+    return MOE_OK;
+}
+
+// ---- per-layer report ---------------------------------------------------------------
+
+typedef struct {
+    int layer;
+    size_t n, w; // records, window (min(window, n))
+    long first_step, last_step;
+    double mom_mean, mom_p95, mom_p99, mom_med_last;
+    double cv_mean;
+    int hot;
+    double hot_share;
+    int n_dead;
+    int *dead;
+    double drop_first, drop_last;
+    double ent_mean, ent_frac;
+    double aux_first, aux_last, z_first, z_last;
+    double exch_share; // NaN: n/a
+    int alert_load, alert_dead, alert_drops;
+} lstat_t;
+
+static double field(const rec_t *r, size_t off) {
+    double v;
+    memcpy(&v, (const char *)r + off, sizeof v);
+    return v;
+}
+
+// Mean of the finite values of a field over records [a, b); NaN when none.
+static double mean_field(const rec_t *r, size_t a, size_t b, size_t off) {
+    double s = 0;
+    size_t n = 0;
+    for (size_t i = a; i < b; i++) {
+        const double v = field(&r[i], off);
+        if (isfinite(v)) s += v, n++;
+    }
+    return n ? s / (double)n : NAN;
+}
+
+// sum dropped / sum counts over records [a, b) with a known drop count.
+static double drop_fraction(const rec_t *r, size_t a, size_t b) {
+    double d = 0, t = 0;
+    size_t n = 0;
+    for (size_t i = a; i < b; i++) {
+        if (!isfinite(r[i].dropped)) continue;
+        d += r[i].dropped, t += r[i].routed, n++;
+    }
+    return n == 0 ? NAN : t > 0 ? d / t : 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static moe_status layer_report(const run_t *rd, int l, double *scratch, lstat_t *s) {
+    const layer_t *L = &rd->layers[l];
+    const rec_t *r = L->r;
+    const size_t n = L->n, w = n < rd->window ? n : rd->window;
+    const int E = rd->E;
+    memset(s, 0, sizeof *s);
+    s->layer = l;
+    s->n = n;
+    s->w = w;
+    s->first_step = r[0].step;
+    s->last_step = r[n - 1].step;
+
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) scratch[i] = r[i].mom, sum += r[i].mom;
+    s->mom_mean = sum / (double)n;
+    qsort(scratch, n, sizeof *scratch, cmp_double);
+    s->mom_p95 = stats_percentile_sorted(scratch, n, 95);
+    s->mom_p99 = stats_percentile_sorted(scratch, n, 99);
+    for (size_t i = 0; i < w; i++) scratch[i] = r[n - w + i].mom;
+    qsort(scratch, w, sizeof *scratch, cmp_double);
+    s->mom_med_last = w % 2 ? scratch[w / 2] : (scratch[w / 2 - 1] + scratch[w / 2]) / 2;
+    s->cv_mean = mean_field(r, 0, n, offsetof(rec_t, cv));
+
+    // hottest and dead experts over the last window (the ring holds exactly its w rows)
+    double *tot = calloc((size_t)E, sizeof *tot);
+    s->dead = malloc((size_t)E * sizeof *s->dead);
+    if (!tot || !s->dead) {
+        free(tot);
+        return moe_error(MOE_ENOMEM, "out of memory");
+    }
+    double all = 0;
+    for (size_t i = 0; i < w; i++)
+        for (int e = 0; e < E; e++) tot[e] += (double)L->ring[i * (size_t)E + e];
+    for (int e = 0; e < E; e++) {
+        all += tot[e];
+        if (tot[e] > tot[s->hot]) s->hot = e;
+        if (tot[e] == 0) s->dead[s->n_dead++] = e;
+    }
+    s->hot_share = all > 0 ? tot[s->hot] / all : 0;
+    free(tot);
+
+    s->drop_first = drop_fraction(r, 0, w);
+    s->drop_last = drop_fraction(r, n - w, n);
+    s->ent_mean = mean_field(r, 0, n, offsetof(rec_t, entropy));
+    s->ent_frac = E > 1 ? s->ent_mean / log((double)E) : NAN;
+    s->aux_first = mean_field(r, 0, w, offsetof(rec_t, aux));
+    s->aux_last = mean_field(r, n - w, n, offsetof(rec_t, aux));
+    s->z_first = mean_field(r, 0, w, offsetof(rec_t, z));
+    s->z_last = mean_field(r, n - w, n, offsetof(rec_t, z));
+
+    // exchange share: sum exchange_s / sum step_s over the steps found in metrics.jsonl
+    int any = 0;
+    double ex = 0, ts = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(r[i].exch_s) && r[i].exch_s != 0) any = 1;
+        const metric_t *m = find_metric(rd, r[i].step);
+        if (!m || !isfinite(m->step_s)) continue;
+        ts += m->step_s;
+        if (isfinite(r[i].exch_s)) ex += r[i].exch_s;
+    }
+    s->exch_share = any && ts > 0 ? ex / ts : NAN;
+
+    s->alert_load = s->mom_med_last > rd->alert;
+    s->alert_dead = s->n_dead > 0;
+    s->alert_drops = isfinite(s->drop_first) && isfinite(s->drop_last) &&
+                     s->drop_last > s->drop_first + 0.01 && s->drop_last > 1.5 * s->drop_first;
+    return MOE_OK;
+}
+
+static const char *num(char *buf, size_t size, double v, int prec) {
+    if (!isfinite(v)) snprintf(buf, size, "-");
+    else snprintf(buf, size, "%.*f", prec, v);
+    return buf;
+}
+
+static const char *sci(char *buf, size_t size, double v) {
+    if (!isfinite(v)) snprintf(buf, size, "-");
+    else snprintf(buf, size, "%.3e", v);
+    return buf;
+}
+
+static const char *pct(char *buf, size_t size, double v, int prec) {
+    if (!isfinite(v)) snprintf(buf, size, "-");
+    else snprintf(buf, size, "%.*f%%", prec, 100 * v);
+    return buf;
+}
+
+static void dead_list(char *buf, size_t size, const lstat_t *s) {
+    size_t at = 0;
+    buf[0] = 0;
+    if (!s->n_dead) snprintf(buf, size, "-");
+    for (int i = 0; i < s->n_dead && at < size; i++) {
+        int k = snprintf(buf + at, size - at, "%s%d", i ? "," : "", s->dead[i]);
+        if (k < 0) break;
+        at += (size_t)k;
+    }
+}
+
+static void alert_messages(const run_t *rd, const lstat_t *s, int kind, char *buf, size_t size) {
+    char a[32], b[32];
+    if (kind == 0)
+        snprintf(buf, size,
+                 "layer %d: max/mean load %.3f (median over the last %zu steps) exceeds %.3g; "
+                 "hottest expert %d has %.1f%% of the tokens",
+                 s->layer, s->mom_med_last, s->w, rd->alert, s->hot, 100 * s->hot_share);
+    else if (kind == 1) {
+        char list[256];
+        dead_list(list, sizeof list, s);
+        snprintf(buf, size, "layer %d: dead expert%s %s: no tokens in the last %zu steps",
+                 s->layer, s->n_dead > 1 ? "s" : "", list, s->w);
+    } else
+        snprintf(buf, size,
+                 "layer %d: drops rising: %s of the assignments dropped in the first %zu steps, "
+                 "%s in the last %zu",
+                 s->layer, pct(a, sizeof a, s->drop_first, 2), s->w,
+                 pct(b, sizeof b, s->drop_last, 2), s->w);
+}
+
+static cJSON *jnum(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
+
+static cJSON *jpair(const char *ka, double a, const char *kb, double b) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, ka, jnum(a));
+    cJSON_AddItemToObject(o, kb, jnum(b));
+    return o;
+}
+
+static void print_json(FILE *out, cJSON *doc) {
+    char *s = cJSON_Print(doc);
+    if (s) {
+        fputs(s, out);
+        fputc('\n', out);
+        free(s);
+    }
+    cJSON_Delete(doc);
+}
+
+static void add_run_fields(const run_t *rd, cJSON *doc, size_t steps, long first, long last) {
+    cJSON_AddStringToObject(doc, "run_dir", rd->dir);
+    cJSON_AddNumberToObject(doc, "n_experts", rd->E);
+    cJSON_AddItemToObject(doc, "top_k", rd->cfg ? cJSON_CreateNumber(rd->top_k) : cJSON_CreateNull());
+    cJSON_AddNumberToObject(doc, "steps_logged", (double)steps);
+    cJSON_AddNumberToObject(doc, "first_step", (double)first);
+    cJSON_AddNumberToObject(doc, "last_step", (double)last);
+    if (rd->have_metrics) {
+        cJSON_AddNumberToObject(doc, "metrics_steps", (double)rd->m_n);
+        cJSON_AddNumberToObject(doc, "skipped_steps", (double)rd->m_skipped);
+    } else {
+        cJSON_AddNullToObject(doc, "metrics_steps");
+        cJSON_AddNullToObject(doc, "skipped_steps");
+    }
+}
+
+// Steps logged by the layer with the most records, and the overall first/last step.
+static void run_span(const run_t *rd, int only, size_t *steps, long *first, long *last) {
+    *steps = 0, *first = LONG_MAX, *last = 0;
+    for (int l = 0; l < rd->n_layers; l++) {
+        const layer_t *L = &rd->layers[l];
+        if (!L->n || (only >= 0 && l != only)) continue;
+        if (L->n > *steps) *steps = L->n;
+        if (L->r[0].step < *first) *first = L->r[0].step;
+        if (L->r[L->n - 1].step > *last) *last = L->r[L->n - 1].step;
+    }
+}
+
+static void print_header(const run_t *rd, FILE *out, size_t steps, long first, long last) {
+    fprintf(out, "moe stats: %s\n", rd->dir);
+    fprintf(out, "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)", steps, first, last);
+    if (rd->have_metrics)
+        fprintf(out, "; metrics.jsonl: %zu steps, %ld skipped\n", rd->m_n, rd->m_skipped);
+    else
+        fprintf(out, "; no metrics.jsonl\n");
+    if (rd->cfg)
+        fprintf(out, "  model: %d layers, %d experts, top-%d, capacity_factor %g%s\n",
+                rd->cfg->n_layers, rd->E, rd->top_k, rd->cfg->capacity_factor,
+                rd->cfg->capacity_factor > 0 ? "" : " (dropless)");
+    else
+        fprintf(out, "  model: %d experts (no config.cfg)\n", rd->E);
+}
+
+static int report(run_t *rd, FILE *out) {
+    size_t steps;
+    long first, last;
+    run_span(rd, rd->only_layer, &steps, &first, &last);
+    double *scratch = malloc(steps * sizeof *scratch);
+    lstat_t *ls = calloc((size_t)rd->n_layers, sizeof *ls);
+    int nl = 0, rc = 0;
+    if (!scratch || !ls) {
+        moe_error(MOE_ENOMEM, "out of memory");
+        rc = 1;
+        goto done;
+    }
+    for (int l = 0; l < rd->n_layers; l++) {
+        if (!rd->layers[l].n || (rd->only_layer >= 0 && l != rd->only_layer)) continue;
+        if (layer_report(rd, l, scratch, &ls[nl++])) {
+            rc = 1;
+            goto done;
+        }
+    }
+
+    if (rd->json) {
+        cJSON *doc = cJSON_CreateObject();
+        add_run_fields(rd, doc, steps, first, last);
+        cJSON_AddNumberToObject(doc, "window", (double)rd->window);
+        cJSON_AddNumberToObject(doc, "alert_threshold", rd->alert);
+        cJSON *layers = cJSON_AddArrayToObject(doc, "layers");
+        cJSON *alerts = cJSON_CreateArray();
+        for (int i = 0; i < nl; i++) {
+            const lstat_t *s = &ls[i];
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "layer", s->layer);
+            cJSON_AddNumberToObject(o, "steps", (double)s->n);
+            cJSON_AddNumberToObject(o, "first_step", (double)s->first_step);
+            cJSON_AddNumberToObject(o, "last_step", (double)s->last_step);
+            cJSON_AddNumberToObject(o, "window", (double)s->w);
+            cJSON *mm = cJSON_AddObjectToObject(o, "max_over_mean");
+            cJSON_AddItemToObject(mm, "mean", jnum(s->mom_mean));
+            cJSON_AddItemToObject(mm, "p95", jnum(s->mom_p95));
+            cJSON_AddItemToObject(mm, "p99", jnum(s->mom_p99));
+            cJSON_AddItemToObject(mm, "median_last_window", jnum(s->mom_med_last));
+            cJSON_AddItemToObject(o, "cv_mean", jnum(s->cv_mean));
+            cJSON *hot = cJSON_AddObjectToObject(o, "hottest_expert");
+            cJSON_AddNumberToObject(hot, "expert", s->hot);
+            cJSON_AddItemToObject(hot, "share", jnum(s->hot_share));
+            cJSON_AddItemToObject(o, "dead_experts", cJSON_CreateIntArray(s->dead, s->n_dead));
+            cJSON_AddItemToObject(o, "drop_fraction",
+                                  jpair("first_window", s->drop_first, "last_window", s->drop_last));
+            cJSON_AddItemToObject(o, "entropy",
+                                  jpair("mean", s->ent_mean, "fraction_of_log_e", s->ent_frac));
+            cJSON_AddItemToObject(o, "aux", jpair("first_window", s->aux_first, "last_window", s->aux_last));
+            cJSON_AddItemToObject(o, "z", jpair("first_window", s->z_first, "last_window", s->z_last));
+            cJSON_AddItemToObject(o, "exchange_share", jnum(s->exch_share));
+            cJSON_AddItemToArray(layers, o);
+            const int on[3] = {s->alert_load, s->alert_dead, s->alert_drops};
+            static const char *kinds[3] = {"load_imbalance", "dead_experts", "rising_drops"};
+            for (int k = 0; k < 3; k++) {
+                if (!on[k]) continue;
+                char msg[512];
+                alert_messages(rd, s, k, msg, sizeof msg);
+                cJSON *a = cJSON_CreateObject();
+                cJSON_AddNumberToObject(a, "layer", s->layer);
+                cJSON_AddStringToObject(a, "kind", kinds[k]);
+                if (k == 0) {
+                    cJSON_AddItemToObject(a, "value", jnum(s->mom_med_last));
+                    cJSON_AddNumberToObject(a, "threshold", rd->alert);
+                    cJSON_AddNumberToObject(a, "expert", s->hot);
+                } else if (k == 1) {
+                    cJSON_AddItemToObject(a, "experts", cJSON_CreateIntArray(s->dead, s->n_dead));
+                } else {
+                    cJSON_AddItemToObject(a, "first_window", jnum(s->drop_first));
+                    cJSON_AddItemToObject(a, "last_window", jnum(s->drop_last));
+                }
+                cJSON_AddStringToObject(a, "message", msg);
+                cJSON_AddItemToArray(alerts, a);
+            }
+        }
+        cJSON_AddItemToObject(doc, "alerts", alerts);
+        print_json(out, doc);
+        goto done;
+    }
+
+    print_header(rd, out, steps, first, last);
+    fprintf(out, "  window: the first and the last %zu logged steps of each layer (hottest and dead "
+                 "experts: the last); max/mean and CV from the counts\n\n", rd->window);
+    fprintf(out, "%-5s %6s | %-30s | %-5s | %-13s | %-15s | %-13s | %-19s | %-19s | %-8s | %s\n",
+            "", "", "max/mean load", "cv", "hottest expert", "drop fraction", "router entropy",
+            "aux loss", "z loss", "exchange", "dead experts");
+    fprintf(out, "%-5s %6s | %6s %6s %6s %8s | %5s | %6s %6s | %7s %7s | %5s %7s | %9s %9s | %9s %9s | %8s | %s\n",
+            "layer", "steps", "mean", "p95", "p99", "med-last", "mean", "expert", "share", "first",
+            "last", "nats", "/log E", "first", "last", "first", "last", "share", "(last window)");
+    for (int i = 0; i < nl; i++) {
+        const lstat_t *s = &ls[i];
+        char b[16][40], dead[256];
+        dead_list(dead, sizeof dead, s);
+        fprintf(out,
+                "%5d %6zu | %6s %6s %6s %8s | %5s | %6d %6s | %7s %7s | %5s %7s | %9s %9s | %9s %9s | %8s | %s\n",
+                s->layer, s->n, num(b[0], 40, s->mom_mean, 3), num(b[1], 40, s->mom_p95, 3),
+                num(b[2], 40, s->mom_p99, 3), num(b[3], 40, s->mom_med_last, 3),
+                num(b[4], 40, s->cv_mean, 3), s->hot, pct(b[5], 40, s->hot_share, 1),
+                pct(b[6], 40, s->drop_first, 2), pct(b[7], 40, s->drop_last, 2),
+                num(b[8], 40, s->ent_mean, 3), num(b[9], 40, s->ent_frac, 3),
+                sci(b[10], 40, s->aux_first), sci(b[11], 40, s->aux_last),
+                sci(b[12], 40, s->z_first), sci(b[13], 40, s->z_last),
+                isfinite(s->exch_share) ? pct(b[14], 40, s->exch_share, 1) : "n/a", dead);
+    }
+    int n_alerts = 0;
+    for (int i = 0; i < nl; i++)
+        n_alerts += ls[i].alert_load + ls[i].alert_dead + ls[i].alert_drops;
+    fprintf(out, "\n");
+    if (!n_alerts)
+        fprintf(out, "no alerts (max/mean threshold %.3g over the last %zu steps)\n", rd->alert,
+                rd->window);
+    else
+        fprintf(out, "%d alert%s (max/mean threshold %.3g; window %zu steps):\n", n_alerts,
+                n_alerts > 1 ? "s" : "", rd->alert, rd->window);
+    for (int i = 0; i < nl; i++) {
+        const int on[3] = {ls[i].alert_load, ls[i].alert_dead, ls[i].alert_drops};
+        for (int k = 0; k < 3; k++) {
+            if (!on[k]) continue;
+            char msg[512];
+            alert_messages(rd, &ls[i], k, msg, sizeof msg);
+            fprintf(out, "  ALERT %s\n", msg);
+        }
+    }
+done:
+    if (ls)
+        for (int i = 0; i < nl; i++) free(ls[i].dead);
+    free(ls);
+    free(scratch);
+    return rc;
+}
+
+// ---- --capacity ---------------------------------------------------------------------
+
+// The shortest decimal capacity factor that gives capacity C (for a config file): the first
+// of (C-1)*E/(T*k) rounded up to 2, 3, ... decimals that stats_capacity_of maps to C.
+static double cf_short(long C, long T, int k, int E, int *decimals) {
+    const double lo = (double)(C - 1) * E / ((double)T * k);
+    for (int p = 2; p <= 15; p++) {
+        const double scale = pow(10, p), d = (floor(lo * scale) + 1) / scale;
+        if (stats_capacity_of(d, T, k, E) == C) {
+            *decimals = p;
+            return d;
+        }
+    }
+    *decimals = 17;
+    return stats_capacity_factor(C, T, k, E);
+}
+
+typedef struct {
+    double cf; // the percentile or the exact factor of C
+    long C;
+    double cf_short; // the shortest decimal factor giving C
+    int decimals;
+    double rows, bytes_layer, bytes_all;
+} need_t;
+
+static need_t need_at(const run_t *rd, double cf, long C) {
+    const double row_bytes = (4.0 * rd->cfg->d_model + 6.0 * rd->cfg->d_ff) * 4.0;
+    need_t n = {.cf = cf, .C = C};
+    n.cf_short = C > 0 ? cf_short(C, rd->T_group, rd->top_k, rd->E, &n.decimals) : 0;
+    n.rows = (double)rd->E * (double)C;
+    n.bytes_layer = n.rows * row_bytes;
+    n.bytes_all = n.bytes_layer * rd->cfg->n_layers;
+    return n;
+}
+
+static cJSON *jneed(const need_t *n) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "capacity_factor", n->cf);
+    cJSON_AddNumberToObject(o, "capacity", (double)n->C);
+    cJSON_AddNumberToObject(o, "suggested_capacity_factor", n->cf_short);
+    cJSON_AddNumberToObject(o, "rows", n->rows);
+    cJSON_AddNumberToObject(o, "bytes_per_layer", n->bytes_layer);
+    cJSON_AddNumberToObject(o, "bytes_all_layers", n->bytes_all);
+    return o;
+}
+
+typedef struct {
+    int layer;
+    size_t n;
+    need_t p99, worst;
+    long worst_step;
+    double drop; // the run's drop fraction over all its steps
+    long logged_capacity; // capacity field of the last record, -1 absent
+} lcap_t;
+
+static double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+
+
+static int capacity_report(run_t *rd, FILE *out) {
+    size_t steps;
+    long first, last;
+    run_span(rd, rd->only_layer, &steps, &first, &last);
+    double *scratch = malloc(steps * sizeof *scratch);
+    lcap_t *lc = calloc((size_t)rd->n_layers, sizeof *lc);
+    if (!scratch || !lc) {
+        free(scratch);
+        free(lc);
+        moe_error(MOE_ENOMEM, "out of memory");
+        return 1;
+    }
+    const int E = rd->E, k = rd->top_k;
+    const long T = rd->T_group;
+    int nl = 0;
+    double run_p99 = 0, run_worst = 0;
+    int run_p99_layer = -1, run_worst_layer = -1;
+    for (int l = 0; l < rd->n_layers; l++) {
+        const layer_t *L = &rd->layers[l];
+        if (!L->n || (rd->only_layer >= 0 && l != rd->only_layer)) continue;
+        lcap_t *c = &lc[nl++];
+        c->layer = l;
+        c->n = L->n;
+        size_t wi = 0;
+        for (size_t i = 0; i < L->n; i++) {
+            scratch[i] = L->r[i].need_cf;
+            if (L->r[i].need_C > L->r[wi].need_C) wi = i;
+        }
+        qsort(scratch, L->n, sizeof *scratch, cmp_double);
+        const double p99 = stats_percentile_sorted(scratch, L->n, 99);
+        c->p99 = need_at(rd, p99, stats_capacity_of(p99, T, k, E));
+        c->worst = need_at(rd, L->r[wi].need_cf, L->r[wi].need_C);
+        c->worst_step = L->r[wi].step;
+        c->drop = drop_fraction(L->r, 0, L->n);
+        c->logged_capacity = L->r[L->n - 1].capacity;
+        if (p99 > run_p99) run_p99 = p99, run_p99_layer = l;
+        if (c->worst.cf > run_worst) run_worst = c->worst.cf, run_worst_layer = l;
+    }
+    const need_t rp99 = need_at(rd, run_p99, stats_capacity_of(run_p99, T, k, E));
+    const need_t rworst = need_at(rd, run_worst, stats_capacity_of(run_worst, T, k, E));
+    const double cur_cf = rd->cfg->capacity_factor;
+    const long cur_C = stats_capacity_of(cur_cf, T, k, E);
+    const need_t cur = need_at(rd, cur_cf, cur_C);
+    const int approx = rd->groups > 1;
+    char note[256] = "";
+    if (approx)
+        snprintf(note, sizeof note,
+                 "grad_accum = %d: each record sums %d micro-batches; one micro-batch's counts "
+                 "are approximated as counts / %d",
+                 rd->groups, rd->groups, rd->groups);
+    char tok_note[MOE_PATH_MAX + 256] = "";
+    if (rd->tokens_mismatch_line)
+        snprintf(tok_note, sizeof tok_note,
+                 "%s:%ld: tokens = %ld, but config.cfg gives batch_size*seq_len*grad_accum = %ld; "
+                 "using the config",
+                 rd->load_path, rd->tokens_mismatch_line, rd->tokens_seen, T * rd->groups);
+
+    if (rd->json) {
+        cJSON *doc = cJSON_CreateObject();
+        add_run_fields(rd, doc, steps, first, last);
+        cJSON_AddNumberToObject(doc, "max_drop", rd->max_drop);
+        cJSON_AddNumberToObject(doc, "tokens_per_micro_batch", (double)T);
+        cJSON_AddNumberToObject(doc, "grad_accum", rd->groups);
+        cJSON_AddBoolToObject(doc, "groups_approximated", approx);
+        if (approx) cJSON_AddStringToObject(doc, "note", note);
+        if (tok_note[0]) cJSON_AddStringToObject(doc, "tokens_note", tok_note);
+        cJSON_AddNumberToObject(doc, "d_model", rd->cfg->d_model);
+        cJSON_AddNumberToObject(doc, "d_ff", rd->cfg->d_ff);
+        cJSON_AddNumberToObject(doc, "n_layers", rd->cfg->n_layers);
+        cJSON_AddNumberToObject(doc, "row_bytes", (4.0 * rd->cfg->d_model + 6.0 * rd->cfg->d_ff) * 4.0);
+        cJSON *jc = cJSON_AddObjectToObject(doc, "current");
+        cJSON_AddNumberToObject(jc, "capacity_factor", cur_cf);
+        cJSON_AddNumberToObject(jc, "capacity", (double)cur_C);
+        cJSON_AddNumberToObject(jc, "rows", cur.rows);
+        cJSON_AddNumberToObject(jc, "bytes_per_layer", cur.bytes_layer);
+        cJSON_AddNumberToObject(jc, "bytes_all_layers", cur.bytes_all);
+        cJSON *layers = cJSON_AddArrayToObject(doc, "layers");
+        for (int i = 0; i < nl; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "layer", lc[i].layer);
+            cJSON_AddNumberToObject(o, "steps", (double)lc[i].n);
+            cJSON_AddItemToObject(o, "p99", jneed(&lc[i].p99));
+            cJSON *w = jneed(&lc[i].worst);
+            cJSON_AddNumberToObject(w, "step", (double)lc[i].worst_step);
+            cJSON_AddItemToObject(o, "worst", w);
+            cJSON_AddItemToObject(o, "current_drop_fraction", jnum(lc[i].drop));
+            cJSON_AddItemToArray(layers, o);
+        }
+        cJSON *run = cJSON_AddObjectToObject(doc, "run");
+        cJSON *jp = jneed(&rp99), *jw = jneed(&rworst);
+        cJSON_AddNumberToObject(jp, "layer", run_p99_layer);
+        cJSON_AddNumberToObject(jw, "layer", run_worst_layer);
+        cJSON_AddItemToObject(run, "p99", jp);
+        cJSON_AddItemToObject(run, "worst", jw);
+        print_json(out, doc);
+    } else {
+        print_header(rd, out, steps, first, last);
+        fprintf(out, "  capacity needed per step: the smallest C with at most %g%% of the step's "
+                     "assignments beyond C (max_drop %g)\n", 100 * rd->max_drop, rd->max_drop);
+        fprintf(out, "  micro-batch: T = %ld tokens (batch_size %d x seq_len %d), grad_accum %d; "
+                     "cf = C*E/(T*k), C = ceil(T*k/E * cf)\n",
+                T, rd->cfg->batch_size, rd->cfg->seq_len, rd->groups);
+        if (approx) fprintf(out, "  note: %s\n", note);
+        if (tok_note[0]) fprintf(out, "  note: %s\n", tok_note);
+        fprintf(out, "  expert buffers: rows = E*C; bytes = rows * (4*d_model + 6*d_ff) * 4 = rows * %.0f "
+                     "(fp32, forward + backward)\n",
+                (4.0 * rd->cfg->d_model + 6.0 * rd->cfg->d_ff) * 4.0);
+        fprintf(out, "  cf below: the shortest decimal capacity_factor that gives that C (P99: C of the "
+                     "99th percentile of the per-step factors; exact values in --json)\n");
+        if (cur_cf > 0)
+            fprintf(out, "  current: capacity_factor %g -> C = %ld per expert per micro-batch, %.0f rows, "
+                         "%.3f MiB per layer, %.3f MiB for %d layers\n\n",
+                    cur_cf, cur_C, cur.rows, mib(cur.bytes_layer), mib(cur.bytes_all),
+                    rd->cfg->n_layers);
+        else
+            fprintf(out, "  current: capacity_factor 0 (dropless)\n\n");
+        fprintf(out, "%-5s %6s | %-43s | %-51s | %s\n", "", "", "needed on the P99 step",
+                "needed on the worst step", "current");
+        char all[32];
+        snprintf(all, sizeof all, "MiB x%d", rd->cfg->n_layers);
+        fprintf(out, "%-5s %6s | %8s %6s %7s %9s %8s | %8s %6s %7s %9s %8s %7s | %s\n", "layer",
+                "steps", "cf", "C", "rows", "MiB/layer", all, "cf", "C", "rows", "MiB/layer", all,
+                "step", "drop fraction");
+        for (int i = 0; i < nl; i++) {
+            const lcap_t *c = &lc[i];
+            char d[32];
+            fprintf(out, "%5d %6zu | %8.*f %6ld %7.0f %9.3f %8.3f | %8.*f %6ld %7.0f %9.3f %8.3f %7ld | %s\n",
+                    c->layer, c->n, c->p99.decimals, c->p99.cf_short, c->p99.C, c->p99.rows,
+                    mib(c->p99.bytes_layer), mib(c->p99.bytes_all), c->worst.decimals,
+                    c->worst.cf_short, c->worst.C, c->worst.rows,
+                    mib(c->worst.bytes_layer), mib(c->worst.bytes_all), c->worst_step,
+                    pct(d, sizeof d, c->drop, 2));
+        }
+        fprintf(out, "\nrun (one capacity_factor for every layer: the largest of the layers above):\n");
+        fprintf(out, "  P99 step:   capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
+                     "layer, %.3f MiB for %d layers\n",
+                rp99.decimals, rp99.cf_short, run_p99_layer, rp99.C, rp99.rows, mib(rp99.bytes_layer),
+                mib(rp99.bytes_all), rd->cfg->n_layers);
+        fprintf(out, "  worst step: capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
+                     "layer, %.3f MiB for %d layers\n",
+                rworst.decimals, rworst.cf_short, run_worst_layer, rworst.C, rworst.rows, mib(rworst.bytes_layer),
+                mib(rworst.bytes_all), rd->cfg->n_layers);
+    }
+    free(scratch);
+    free(lc);
+    return 0;
+}
+
+// ---- the command line ---------------------------------------------------------------
+
+static int parse_long(const char *s, long lo, long hi, long *v) {
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (errno || end == s || *end || x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+static int parse_double(const char *s, double lo, double hi, int lo_open, double *v) {
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(x) || x > hi || x < lo || (lo_open && x == lo))
+        return -1;
+    *v = x;
+    return 0;
+}
+
+__attribute__((format(printf, 2, 3))) static int usage_error(FILE *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(err, "moe stats: ");
+    vfprintf(err, fmt, ap);
+    fprintf(err, "\n%s", usage);
+    va_end(ap);
+    return 2;
+}
+
+int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
+    run_t rd = {.only_layer = -1, .window = STATS_DEFAULT_WINDOW, .alert = STATS_DEFAULT_ALERT,
+                .max_drop = STATS_DEFAULT_MAX_DROP, .groups = 1, .top_k = 1};
+    int report_opt = 0, max_drop_opt = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, out);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
+            rd.json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--capacity")) {
+            rd.capacity = 1;
+            continue;
+        }
+        if (a[0] != '-' || !a[1]) {
+            if (rd.dir) return usage_error(err, "more than one RUN_DIR: '%s' and '%s'", rd.dir, a);
+            rd.dir = a;
+            continue;
+        }
+        const int known = !strcmp(a, "--layer") || !strcmp(a, "--window") ||
+                          !strcmp(a, "--alert") || !strcmp(a, "--max-drop");
+        if (!known) return usage_error(err, "unknown option '%s'", a);
+        if (!v) return usage_error(err, "'%s' needs a value", a);
+        i++;
+        long n;
+        if (!strcmp(a, "--layer")) {
+            if (parse_long(v, 0, STATS_MAX_LAYERS - 1, &n))
+                return usage_error(err, "--layer '%s': expected a layer index >= 0", v);
+            rd.only_layer = (int)n;
+        } else if (!strcmp(a, "--window")) {
+            if (parse_long(v, 1, 1000000000L, &n))
+                return usage_error(err, "--window '%s': expected an integer in [1, 1e9]", v);
+            rd.window = (size_t)n;
+            report_opt = 1;
+        } else if (!strcmp(a, "--alert")) {
+            if (parse_double(v, 0, 1e300, 1, &rd.alert))
+                return usage_error(err, "--alert '%s': expected a number > 0", v);
+            report_opt = 1;
+        } else {
+            if (parse_double(v, 0, 1, 0, &rd.max_drop) || rd.max_drop >= 1)
+                return usage_error(err, "--max-drop '%s': expected a number in [0, 1)", v);
+            max_drop_opt = 1;
+        }
+    }
+    if (!rd.dir) return usage_error(err, "a RUN_DIR is required");
+    if (rd.capacity && report_opt)
+        return usage_error(err, "--window and --alert are options of the report, not of --capacity");
+    if (!rd.capacity && max_drop_opt)
+        return usage_error(err, "--max-drop needs --capacity");
+
+    int rc;
+    if (load_run(&rd, err)) {
+        fprintf(err, "moe stats: error: %s\n", moe_last_error());
+        rc = 1;
+    } else if (rd.only_layer >= 0 &&
+               (rd.only_layer >= rd.n_layers || !rd.layers[rd.only_layer].n)) {
+        fprintf(err, "moe stats: --layer %d: no records of that layer in %s (layers 0..%d)\n",
+                rd.only_layer, rd.load_path, rd.n_layers - 1);
+        rc = 2;
+    } else {
+        rc = rd.capacity ? capacity_report(&rd, out) : report(&rd, out);
+        if (rc) fprintf(err, "moe stats: error: %s\n", moe_last_error());
+    }
+    fflush(out);
+    run_free(&rd);
+    return rc;
+}
+
+int stats_main(int argc, char **argv) { return stats_cli(argc, argv, stdout, stderr); }
