@@ -74,6 +74,7 @@ void moe_weights_view(moe_weights *w, real *buf, const moe_config *cfg) {
     w->gate = buf;
     w->w13 = w->gate + E * d;
     w->w2 = w->w13 + E * 2 * ff * d;
+    w->bias = NULL; // not a parameter: the caller points it at a bias if it uses one
 }
 
 // ---- allocation ----------------------------------------------------------------

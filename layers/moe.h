@@ -53,7 +53,7 @@ typedef struct {
 
 // Number of reals in one layer's weights, in the order gate, w13, w2.
 size_t moe_weights_count(const moe_config *cfg);
-// Points w at consecutive slices of buf (moe_weights_count(cfg) reals).
+// Points w at consecutive slices of buf (moe_weights_count(cfg) reals); w->bias = NULL.
 void moe_weights_view(moe_weights *w, real *buf, const moe_config *cfg);
 
 // Load statistics of the last forward (host memory, owned by the layer).
