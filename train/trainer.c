@@ -278,9 +278,11 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         if ((st = jsonl_keep_until(cfg->run_dir, "metrics.jsonl", start_step))) goto done;
         if ((st = jsonl_keep_until(cfg->run_dir, "expert_load.jsonl", start_step))) goto done;
     } else if (cfg->init_from[0]) {
-        if ((st = hf_config_check(cfg->init_from, &mc))) goto done;
-        if ((st = hf_load_weights(&m, cfg->init_from))) goto done;
-        printf("initialised from %s\n", cfg->init_from);
+        char from[MOE_PATH_MAX + 64]; // a folder, or a `latest` file naming one
+        if ((st = checkpoint_resolve(from, sizeof from, cfg->init_from))) goto done;
+        if ((st = hf_config_check(from, &mc))) goto done;
+        if ((st = hf_load_weights(&m, from))) goto done;
+        printf("initialised from %s\n", from);
     }
     if ((st = jsonl_open(&metrics, cfg->run_dir, "metrics.jsonl", resume != NULL))) goto done;
     if ((st = jsonl_open(&load_log, cfg->run_dir, "expert_load.jsonl", resume != NULL))) goto done;
@@ -401,6 +403,15 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             for (int e = 0; e < E; e++) dropped += routed[e] - kept[e], total += routed[e];
             drop_sum += dropped, routed_sum += total;
             if (mom > worst_mom) worst_mom = mom, worst_layer = l;
+            if (cfg->load_alert_action == 1 && mom > cfg->load_alert) { // checked every step
+                fprintf(stderr, "warning: step %lld layer %d: expert %d has %.2fx the mean load "
+                        "(log.load_alert = %.2f)\n", (long long)step + 1, l, hot, mom, cfg->load_alert);
+                st = moe_error(MOE_ENUMERIC,
+                               "stopping at step %lld: layer %d expert %d has %.2fx the mean load "
+                               "(log.load_alert = %.2f, train.load_alert_action = \"stop\")",
+                               (long long)step + 1, l, hot, mom, cfg->load_alert);
+                goto done;
+            }
             cJSON *rec = cJSON_CreateObject();
             cJSON_AddNumberToObject(rec, "step", (double)step + 1);
             cJSON_AddNumberToObject(rec, "layer", l);
@@ -481,20 +492,11 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                 double mom, cv;
                 int hot;
                 load_summary(sl.routed + (size_t)l * E, E, &mom, &cv, &hot);
-                if (mom > cfg->load_alert) {
+                if (mom > cfg->load_alert) // warn (stop acted above, on every step)
                     fprintf(stderr,
                             "warning: step %lld layer %d: expert %d has %.2fx the mean load "
                             "(log.load_alert = %.2f)\n",
                             (long long)step + 1, l, hot, mom, cfg->load_alert);
-                    if (cfg->load_alert_action == 1) {
-                        st = moe_error(MOE_ENUMERIC,
-                                       "stopping at step %lld: layer %d expert %d has %.2fx the "
-                                       "mean load (log.load_alert = %.2f, "
-                                       "train.load_alert_action = \"stop\")",
-                                       (long long)step + 1, l, hot, mom, cfg->load_alert);
-                        goto done;
-                    }
-                }
             }
         }
     checkpoint:
