@@ -1,5 +1,5 @@
 // Checkpoints as Hugging Face Mixtral folders (see checkpoint.h).
-#define _POSIX_C_SOURCE 200809L // fsync, open_memstream, dirent
+#define _GNU_SOURCE // fsync, open_memstream, dirent, renameat2
 
 #include "train/checkpoint.h"
 
@@ -646,8 +646,21 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     // publish: folder, then `latest`
     if ((st = fsync_path(tmp))) goto done;
     crash_point("before_rename");
-    remove_folder(final); // a checkpoint of the same step from an earlier, abandoned run
-    if (rename(tmp, final) != 0) {
+    // A checkpoint of the same step can exist (a run resumed from an earlier step, in place)
+    // and `latest` may name it: swap the two folders atomically so that name is never
+    // missing, then delete the old one. Without RENAME_EXCHANGE (some filesystems), replace.
+    struct stat sb;
+    if (stat(final, &sb) == 0) {
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+            remove_folder(tmp);
+        } else {
+            remove_folder(final);
+            if (rename(tmp, final) != 0) {
+                st = moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+                goto done;
+            }
+        }
+    } else if (rename(tmp, final) != 0) {
         st = moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
         goto done;
     }

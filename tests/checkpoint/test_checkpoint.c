@@ -234,6 +234,22 @@ static void exact_resume(void) {
     check_true("steps 5..8 have bitwise equal losses", equal);
     check_true("keep = 2: step_4 and step_8 kept", access(ckpt, F_OK) == 0);
 
+    // resuming in place from step 4 saves step 8 again over the existing step_00000008 (which
+    // `latest` names): the folders are swapped atomically, and the new one loads
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt/step_00000004", c.run_dir);
+    st = trainer_run(&c, ckpt, NULL, &r);
+    trainer_result_free(&r);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt/latest", c.run_dir);
+    char *latest = test_read_file(ckpt);
+    model probe;
+    model_config pmc = trainer_model_config(&c);
+    model_create(&probe, moe_backend_cpu(), &pmc, 1, 8);
+    check_true("re-saving an existing step: latest names it and it loads",
+               st == MOE_OK && latest && !strcmp(latest, "step_00000008\n") &&
+                   checkpoint_load(ckpt, &probe, NULL, NULL) == MOE_OK);
+    free(latest);
+    model_destroy(&probe);
+
     // resuming in the same run dir truncates its logs to the checkpoint's step
     moe_train_config c3 = c;
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/latest", c.run_dir);
@@ -320,5 +336,8 @@ int main(void) {
     hf_folder_errors();
     exact_resume();
     printf("%d failure(s)\n", test_failures());
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf %s", work);
+    if (!test_failures() && system(rm) != 0) printf("note: could not remove %s\n", work);
     return test_failures() != 0;
 }

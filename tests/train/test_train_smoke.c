@@ -145,5 +145,8 @@ int main(void) {
     planted_nan_is_skipped();
     max_skipped_stops();
     printf("%d failure(s)\n", test_failures());
+    char rm[600];
+    snprintf(rm, sizeof rm, "rm -rf %s", workdir);
+    if (!test_failures() && system(rm) != 0) printf("note: could not remove %s\n", workdir);
     return test_failures() != 0;
 }
