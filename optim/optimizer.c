@@ -4,6 +4,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int by_offset(const void *a, const void *b) {
+    const optim_region *x = a, *y = b;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+// Sorts the regions by offset and merges neighbours that touch and share the decay flag:
+// one update kernel per merged range instead of one per tensor. Returns the new count.
+static int merge_regions(optim_region *r, int n) {
+    qsort(r, (size_t)n, sizeof *r, by_offset);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (m > 0 && r[m - 1].decay == r[i].decay && r[m - 1].offset + r[m - 1].count == r[i].offset)
+            r[m - 1].count += r[i].count;
+        else
+            r[m++] = r[i];
+    }
+    return m;
+}
+
 moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_config *cfg,
                             size_t n_params, const optim_region *regions, int n_regions) {
     memset(o, 0, sizeof *o);
@@ -19,7 +38,13 @@ moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_con
     o->regions = malloc((size_t)n_regions * sizeof *regions + 1);
     if (!o->regions) return moe_error(MOE_ENOMEM, "optimizer: out of memory");
     memcpy(o->regions, regions, (size_t)n_regions * sizeof *regions);
-    o->n_regions = n_regions;
+    o->n_regions = merge_regions(o->regions, n_regions);
+    for (int i = 1; i < o->n_regions; i++)
+        if (o->regions[i - 1].offset + o->regions[i - 1].count > o->regions[i].offset) {
+            size_t at = o->regions[i].offset;
+            optimizer_destroy(o);
+            return moe_error(MOE_EINVAL, "optimizer: regions overlap at offset %zu", at);
+        }
     if (cfg->kind == OPTIM_ADAMW) {
         o->m = be->alloc(n_params * sizeof(real));
         o->v = be->alloc(n_params * sizeof(real));

@@ -33,6 +33,8 @@ typedef struct {
     optim_region *regions;
 } optimizer;
 
+// regions: any order; contiguous ones with the same decay flag are merged, overlapping ones
+// refused.
 moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_config *cfg,
                             size_t n_params, const optim_region *regions, int n_regions);
 void optimizer_destroy(optimizer *o);
