@@ -8,6 +8,7 @@
 // OPENBLAS_NUM_THREADS from the environment (scripts/bench_moe_layer sets both).
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,12 +42,16 @@ static void fill_normal(float *x, size_t n, float std, unsigned *seed) {
 }
 
 // The expert GEMMs of forward and backward, one cblas call each per expert
-// (w1 and w3 stacked as w13 [2ff, d], as the layer stores them).
+// (w1 and w3 stacked as w13 [2ff, d], as the layer stores them). Here all six GEMMs of an
+// expert run back to back; the layer runs each GEMM kind over all experts in turn.
 static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float *h13,
                          float *act, float *ye, float *dye, float *dact, float *dh13,
                          float *dxp, const float *w13, const float *w2, float *dw13,
                          float *dw2) {
     const int f2 = 2 * ff;
+    // the same threading as the layer's grouped GEMM (layers/cpu/gemm.c): experts over the
+    // OpenMP threads when there are at least four per thread, else threaded calls
+#pragma omp parallel for schedule(dynamic, 1) if (E >= 4 * omp_get_max_threads())
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (n == 0) continue;
