@@ -412,6 +412,21 @@ def rel_gap(a, b):
     return (a - b).abs() / torch.maximum(a.abs(), b.abs())
 
 
+def capacity_margin(res, E):
+    """probs policy: for every overflowing expert, the C-th and (C+1)-th largest combine
+    weights differ by more than MARGIN_REL (relative). Returns (ok, message)."""
+    C = res["capacity"]
+    topk_idx, w = res["topk_idx"], res["weights"].detach()
+    for e in range(E):
+        we = w[topk_idx == e]
+        if we.numel() > C:
+            srt = torch.sort(we, descending=True).values
+            gap = rel_gap(srt[C - 1], srt[C]).item()
+            if gap <= MARGIN_REL:
+                return False, "capacity gap %.3g (expert %d)" % (gap, e)
+    return True, "ok"
+
+
 def check_margins(res, k, E, policy):
     """Return (ok, message).  Decisions must survive float32 evaluation.
 
@@ -431,15 +446,7 @@ def check_margins(res, k, E, policy):
         if gaps.min().item() <= MARGIN_REL:
             return False, "top-k gap %.3g" % gaps.min().item()
     if policy == POLICY_PROBS:
-        C = res["capacity"]
-        topk_idx, w = res["topk_idx"], res["weights"].detach()
-        for e in range(E):
-            we = w[topk_idx == e]
-            if we.numel() > C:
-                s = torch.sort(we, descending=True).values
-                gap = rel_gap(s[C - 1], s[C]).item()
-                if gap <= MARGIN_REL:
-                    return False, "capacity gap %.3g (expert %d)" % (gap, e)
+        return capacity_margin(res, E)
     return True, "ok"
 
 
@@ -467,15 +474,7 @@ def check_margins_ext(res, k, E, policy):
         if gaps.min().item() <= MARGIN_REL:
             return False, "top-k key gap %.3g" % gaps.min().item()
     if policy == POLICY_PROBS:
-        C = res["capacity"]
-        topk_idx, w = res["topk_idx"], res["weights"].detach()
-        for e in range(E):
-            we = w[topk_idx == e]
-            if we.numel() > C:
-                srt = torch.sort(we, descending=True).values
-                gap = rel_gap(srt[C - 1], srt[C]).item()
-                if gap <= MARGIN_REL:
-                    return False, "capacity gap %.3g (expert %d)" % (gap, e)
+        return capacity_margin(res, E)
     return True, "ok"
 
 
