@@ -51,6 +51,18 @@ if [ "$sanitize" = "ON" ]; then
 fi
 
 cmake -S . -B "$build" -DMOE_CUDA=$cuda -DMOE_SANITIZE=$sanitize ${CMAKE_ARGS:-}
-cmake --build "$build" -j "$(nproc)"
+# CPUs this job may use: the visible cores, capped by a cgroup v2 CPU quota (a container can
+# see 64 cores and be allowed 2). Tests use 2 threads each, so run cpus/2 of them at a time.
+cpus=$(nproc)
+if [ -r /sys/fs/cgroup/cpu.max ]; then
+  read -r quota period < /sys/fs/cgroup/cpu.max || true
+  if [ "${quota:-max}" != max ] && [ "${period:-0}" -gt 0 ]; then
+    q=$(( (quota + period - 1) / period ))
+    [ "$q" -lt "$cpus" ] && cpus=$q
+  fi
+fi
+jobs=$(( cpus / 2 )); [ "$jobs" -lt 1 ] && jobs=1
+echo "moe test.sh: $(nproc) cores visible, $cpus usable, ctest -j $jobs"
+cmake --build "$build" -j "$cpus"
 cd "$build"
-ctest --output-on-failure -j 2
+ctest --output-on-failure -j "$jobs"

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "moe_test_case.h"
 
 static int same_bits(const real *a, const real *b, size_t n) {
@@ -221,6 +223,39 @@ static void bias_balances_skewed_router(void) {
     moe_case_free(&c);
 }
 
+// 10. The thread count does not change the result. The shape is large enough that every
+//     kernel forks (see cpu_parallel_worth); with 1 thread none does. Row-wise kernels are
+//     bitwise equal; the loss reductions and BLAS may sum in another order, hence a tolerance.
+static void threads_match_serial(void) {
+    printf("2 threads == 1 thread (capacity mode, shape where every kernel forks)\n");
+    moe_config cfg = moe_config_default(32, 16, 16, 2);
+    cfg.capacity_factor = 1.0;
+    cfg.drop_policy = MOE_DROP_PROBS;
+    cfg.z_coef = 1e-3;
+    const int T = 2048;
+    moe_case a, b;
+    moe_stats sa, sb;
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    moe_case_random(&a, &cfg, T, 19);
+    moe_case_run(&a, &sa);
+    omp_set_num_threads(2);
+    moe_case_random(&b, &cfg, T, 19);
+    moe_case_run(&b, &sb);
+    omp_set_num_threads(threads);
+    size_t nx = (size_t)T * cfg.d_model, nw = moe_weights_count(&cfg);
+    check_true("the same assignments dropped", sa.dropped == sb.dropped && sa.dropped > 0);
+    check_true("same routing", memcmp(a.layer.topk_idx, b.layer.topk_idx,
+                                      (size_t)T * cfg.top_k * sizeof(int)) == 0);
+    check_rel("y", as_double(0, b.y, nx), as_double(1, a.y, nx), nx, 1e-6);
+    check_rel("dx", as_double(0, b.dx, nx), as_double(1, a.dx, nx), nx, 1e-6);
+    check_rel("weight grads", as_double(0, b.grads, nw), as_double(1, a.grads, nw), nw, 1e-6);
+    check_true("aux, z equal to fp32 rounding",
+               fabs(sa.aux - sb.aux) <= 1e-6 * fabs(sa.aux) && fabs(sa.z - sb.z) <= 1e-6 * sa.z);
+    moe_case_free(&a);
+    moe_case_free(&b);
+}
+
 int main(void) {
     huge_capacity_equals_dropless();
     balanced_routing_aux_equals_coef(1);
@@ -239,6 +274,7 @@ int main(void) {
     stats_from_known_counts();
     invalid_arguments();
     bias_balances_skewed_router();
+    threads_match_serial();
     printf("%d failure(s)\n", test_failures());
     return test_failures() != 0;
 }

@@ -32,7 +32,7 @@ void cpu_attention_forward(real *out, real *att, const real *qkv, int B, int S, 
                            int hd) {
     const int row = (H + 2 * KV) * hd, group = H / KV;
     const real scale = (real)(1.0 / sqrt((double)hd));
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             const real *q = qkv + (size_t)b * S * row + (size_t)h * hd;
@@ -53,7 +53,7 @@ void cpu_attention_backward(real *dqkv, real *datt, const real *dout, const real
     const int row = (H + 2 * KV) * hd, group = H / KV;
     const real scale = (real)(1.0 / sqrt((double)hd));
     // one task per (sequence, kv head): it owns dk and dv of that head, no races
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
     for (int b = 0; b < B; b++)
         for (int g = 0; g < KV; g++) {
             const size_t base = (size_t)b * S * row;
@@ -91,7 +91,7 @@ void cpu_attention_backward(real *dqkv, real *datt, const real *dout, const real
 void cpu_kv_cache_append(real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
                          int KV, int hd) {
     const int row = (H + 2 * KV) * hd, kv = KV * hd;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)n * KV * hd))
     for (int i = 0; i < n; i++) {
         const real *k = qkv + (size_t)i * row + (size_t)H * hd;
         memcpy(k_cache + (size_t)(pos0 + i) * kv, k, (size_t)kv * sizeof(real));
@@ -103,7 +103,7 @@ void cpu_attention_cached_forward(real *out, real *scratch, const real *qkv, con
                                   const real *v_cache, int n, int pos0, int H, int KV, int hd) {
     const int row = (H + 2 * KV) * hd, group = H / KV, len = pos0 + n, kv = KV * hd;
     const real scale = (real)(1.0 / sqrt((double)hd));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)H * n * (pos0 + n) * hd))
     for (int h = 0; h < H; h++) {
         const real *q = qkv + (size_t)h * hd;
         const real *k = k_cache + (size_t)(h / group) * hd, *v = v_cache + (size_t)(h / group) * hd;

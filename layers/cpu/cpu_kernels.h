@@ -5,6 +5,15 @@
 
 #include "layers/backend.h"
 
+// Threads are forked only for loops that touch enough elements to pay for it. A parallel region
+// costs microseconds on an idle machine and can cost a scheduler time slice (milliseconds) when
+// the cores are shared or the container's CPU quota is below the core count; an element of a
+// loop costs about a nanosecond. Small shapes (decode steps, tests, tiny models) stay serial.
+#define CPU_PARALLEL_MIN_WORK ((size_t)1 << 15)
+static inline int cpu_parallel_worth(size_t elements) {
+    return elements >= CPU_PARALLEL_MIN_WORK;
+}
+
 // gemm.c
 void cpu_matmul(real *c, const real *a, const real *b, int m, int n, int kd, int trans_a,
                 int trans_b, real beta);

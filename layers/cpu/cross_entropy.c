@@ -13,7 +13,7 @@ static double row_logsumexp(const real *z, int V) {
 
 void cpu_cross_entropy_forward(real *losses, const real *logits, const int *targets, int T,
                                int V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * V))
     for (int t = 0; t < T; t++) {
         const real *z = logits + (size_t)t * V;
         losses[t] = (real)(row_logsumexp(z, V) - z[targets[t]]);
@@ -22,7 +22,7 @@ void cpu_cross_entropy_forward(real *losses, const real *logits, const int *targ
 
 void cpu_cross_entropy_backward(real *dlogits, const real *logits, const int *targets, int T,
                                 int V, real dloss) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * V))
     for (int t = 0; t < T; t++) {
         const real *z = logits + (size_t)t * V;
         real *dz = dlogits + (size_t)t * V;

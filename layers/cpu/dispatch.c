@@ -38,7 +38,7 @@ void cpu_moe_capacity_keep(int *keep, int *scratch, const int *topk_idx, const r
     const int n_slots = T * k;
     for (int s = 0; s < n_slots; s++) keep[s] = 1;
     if (capacity <= 0) return;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (cpu_parallel_worth((size_t)T * k * E))
     for (int e = 0; e < E; e++) {
         if (counts[e] <= capacity) continue;
         int base = 0; // expert e's slots go to scratch[base .. base+counts[e])
@@ -59,7 +59,7 @@ void cpu_moe_permute_index(int *offsets, int *assign_row, int *row_token, const 
     for (int s = 0; s < n_slots; s++)
         if (keep[s]) offsets[topk_idx[s] + 1]++;
     for (int e = 0; e < E; e++) offsets[e + 1] += offsets[e];
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (cpu_parallel_worth((size_t)T * k * E))
     for (int e = 0; e < E; e++) {
         int row = offsets[e];
         for (int s = 0; s < n_slots; s++) {
@@ -75,14 +75,14 @@ void cpu_moe_permute_index(int *offsets, int *assign_row, int *row_token, const 
 }
 
 void cpu_moe_permute(real *xp, const real *x, const int *row_token, int N, int d) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)N * d))
     for (int r = 0; r < N; r++)
         memcpy(xp + (size_t)r * d, x + (size_t)row_token[r] * d, (size_t)d * sizeof(real));
 }
 
 void cpu_moe_combine_forward(real *out, const real *y, const real *weights,
                              const int *assign_row, int T, int k, int d) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {
         real *o = out + (size_t)t * d;
         for (int i = 0; i < d; i++) o[i] = 0;
@@ -99,7 +99,7 @@ void cpu_moe_combine_forward(real *out, const real *y, const real *weights,
 void cpu_moe_combine_backward(real *dy, real *dweights, const real *dout, const real *y,
                               const real *weights, const int *assign_row, int T, int k,
                               int d) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {
         const real *g = dout + (size_t)t * d;
         for (int j = 0; j < k; j++) {
@@ -123,7 +123,7 @@ void cpu_moe_combine_backward(real *dy, real *dweights, const real *dout, const 
 
 void cpu_moe_unpermute_add(real *dx, const real *dxp, const int *assign_row, int T, int k,
                            int d) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {
         real *o = dx + (size_t)t * d;
         for (int j = 0; j < k; j++) {

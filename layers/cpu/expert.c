@@ -3,7 +3,7 @@
 #include "layers/cpu/vec_math.h"
 
 void cpu_swiglu_forward(real *act, const real *h13, int N, int ff) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)N * ff))
     for (int r = 0; r < N; r++) {
         const real *h1 = h13 + (size_t)r * 2 * ff, *h3 = h1 + ff;
         real *a = act + (size_t)r * ff;
@@ -12,7 +12,7 @@ void cpu_swiglu_forward(real *act, const real *h13, int N, int ff) {
 }
 
 void cpu_swiglu_backward(real *dh13, const real *dact, const real *h13, int N, int ff) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)N * ff))
     for (int r = 0; r < N; r++) {
         const real *h1 = h13 + (size_t)r * 2 * ff, *h3 = h1 + ff, *g = dact + (size_t)r * ff;
         real *dh1 = dh13 + (size_t)r * 2 * ff, *dh3 = dh1 + ff;

@@ -10,7 +10,7 @@ void cpu_router_losses(real *out, const real *probs, const real *logits, const r
     // counts and tokens. Accumulated in double.
     const int B = T / seq_len;
     double aux_sum = 0, seq_sum = 0, z_sum = 0, ent_sum = 0, zsum = 0, zsq = 0, zmax = 0, lse_sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : aux_sum, seq_sum, z_sum, ent_sum, zsum, zsq, lse_sum) reduction(max : zmax)
+#pragma omp parallel for schedule(static) reduction(+ : aux_sum, seq_sum, z_sum, ent_sum, zsum, zsq, lse_sum) reduction(max : zmax) if (cpu_parallel_worth((size_t)T * E))
     for (int t = 0; t < T; t++) {
         const real *p = probs + (size_t)t * E, *z = logits + (size_t)t * E;
         const int *sc = seq_counts + (size_t)(t / seq_len) * E;
@@ -40,6 +40,6 @@ void cpu_router_losses(real *out, const real *probs, const real *logits, const r
 }
 
 void cpu_mul(real *out, const real *a, const real *b, size_t n, int accumulate) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) out[i] = (accumulate ? out[i] : 0) + a[i] * b[i];
 }

@@ -6,7 +6,7 @@
 void cpu_adamw_update(real *params, real *m, real *v, const real *grads, size_t n, real lr,
                       real beta1, real beta2, real eps, real weight_decay, real bc1, real bc2,
                       real grad_scale) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) {
         real g = grad_scale * grads[i];
         real p = params[i] - lr * weight_decay * params[i]; // decoupled decay first (torch)
@@ -17,6 +17,6 @@ void cpu_adamw_update(real *params, real *m, real *v, const real *grads, size_t 
 }
 
 void cpu_sgd_update(real *params, const real *grads, size_t n, real lr, real grad_scale) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) params[i] -= lr * grad_scale * grads[i];
 }

@@ -5,7 +5,7 @@
 
 void cpu_rmsnorm_forward(real *out, real *rstd, const real *inp, const real *weight, int T,
                          int d, real eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
     for (int t = 0; t < T; t++) {
         const real *x = inp + (size_t)t * d;
         real *o = out + (size_t)t * d;
@@ -21,7 +21,7 @@ void cpu_rmsnorm_forward(real *out, real *rstd, const real *inp, const real *wei
 //   dx = rstd * (g - n * mean_i(g_i n_i)),   dw = sum_t dout * n
 void cpu_rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp,
                           const real *weight, const real *rstd, int T, int d) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
     for (int t = 0; t < T; t++) {
         const real *x = inp + (size_t)t * d, *g = dout + (size_t)t * d;
         real *dx = dinp + (size_t)t * d;
@@ -32,7 +32,7 @@ void cpu_rmsnorm_backward(real *dinp, real *dweight, const real *dout, const rea
         for (int i = 0; i < d; i++) dx[i] += r * (weight[i] * g[i] - x[i] * r * mean);
     }
     // weight gradient: a reduction over tokens, split over columns
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
     for (int i = 0; i < d; i++) {
         real acc = 0;
         for (int t = 0; t < T; t++)

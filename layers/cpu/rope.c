@@ -9,7 +9,7 @@ void cpu_rope(real *out, const real *inp, const real *cos, const real *sin, int 
     const int half = hd / 2;
     const size_t row = (size_t)n_heads * hd;
     const real sign = inverse ? -1 : 1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * row))
     for (int t = 0; t < T; t++) {
         const size_t pos = (size_t)pos0 + t % S;
         const real *c = cos + pos * half, *s = sin + pos * half;

@@ -14,7 +14,7 @@
 void cpu_router_topk(real *scores, real *probs, real *lse, int *topk_idx, real *weights,
                      const real *logits, const real *bias, int T, int E, int k,
                      moe_scoring scoring, int norm_topk_prob, real route_scale) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int t = 0; t < T; t++) {
         const real *z = logits + (size_t)t * E;
         real *s = scores + (size_t)t * E, *p = probs + (size_t)t * E;
@@ -56,7 +56,7 @@ void cpu_router_topk(real *scores, real *probs, real *lse, int *topk_idx, real *
 
 void cpu_moe_seq_counts(int *seq_counts, const int *topk_idx, int T, int k, int E, int seq_len) {
     const int B = T / seq_len;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int b = 0; b < B; b++) {
         int *c = seq_counts + (size_t)b * E;
         for (int e = 0; e < E; e++) c[e] = 0;
@@ -77,7 +77,7 @@ void cpu_router_backward(real *dlogits, const real *dweights, const real *scores
     const real seq_scale =
         dloss * seq_aux_coef * (real)E / ((real)B * (real)k * (real)seq_len * (real)seq_len);
     const real z_scale = dloss * 2 * z_coef / (real)T;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int t = 0; t < T; t++) {
         const real *s = scores + (size_t)t * E, *p = probs + (size_t)t * E, *z = logits + (size_t)t * E;
         const int *idx = topk_idx + (size_t)t * k, *sc = seq_counts + (size_t)(t / seq_len) * E;
@@ -115,7 +115,7 @@ void cpu_router_backward(real *dlogits, const real *dweights, const real *scores
 }
 
 void cpu_uniform_noise(real *u, size_t n, uint64_t key, real lo, real hi) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) {
         // counter-based: the value of element i depends only on (key, i)
         uint64_t x = key ^ (0x9E3779B97F4A7C15ull * (i + 1));
