@@ -59,24 +59,28 @@ double stats_percentile_sorted(const double *a, size_t n, double p) {
     return g >= 0.5 ? next - diff * (1 - g) : prev + diff * g;
 }
 
-long stats_needed_capacity(const long *counts, int E, int groups, double max_drop) {
-    // With c_e = counts[e] / n: sum_e max(0, c_e - C) <= d * sum_e c_e
-    // <=> sum_e max(0, counts[e] - n*C) <= d * sum_e counts[e], an exact integer left side.
-    if (E <= 0 || groups <= 0) return 1;
-    const long n = groups;
+long stats_needed_capacity(const long *counts, int rows, int E, int groups_per_row,
+                           double max_drop) {
+    // Row r stands for n = groups_per_row equal groups with c_e = counts[r][e] / n each; the
+    // dropped assignments at capacity C are sum_r sum_e n * max(0, c_e - C)
+    // = sum_r sum_e max(0, counts[r][e] - n*C), an exact integer sum compared with
+    // max_drop * sum of all counts. The smallest C that passes is found by bisection.
+    if (E <= 0 || rows <= 0 || groups_per_row <= 0) return 1;
+    const long n = groups_per_row;
+    const size_t cells = (size_t)rows * (size_t)E;
     long max = 0;
     double total = 0;
-    for (int e = 0; e < E; e++) {
-        if (counts[e] > max) max = counts[e];
-        total += (double)counts[e];
+    for (size_t i = 0; i < cells; i++) {
+        if (counts[i] > max) max = counts[i];
+        total += (double)counts[i];
     }
     const double allowed = max_drop * total;
     long lo = 0, hi = (max + n - 1) / n; // at hi nothing overflows
     while (lo < hi) {
         const long mid = lo + (hi - lo) / 2;
         double over = 0;
-        for (int e = 0; e < E; e++)
-            if (counts[e] > n * mid) over += (double)(counts[e] - n * mid);
+        for (size_t i = 0; i < cells; i++)
+            if (counts[i] > n * mid) over += (double)(counts[i] - n * mid);
         if (over <= allowed) hi = mid;
         else lo = mid + 1;
     }
@@ -147,6 +151,8 @@ typedef struct {
     int have_metrics;
     long load_partial, metrics_partial; // line numbers of an ignored partial last line
     long tokens_mismatch_line, tokens_seen;
+    long *micro; // [groups][E] the micro_counts of the record being read
+    size_t approx_records; // records of a grad_accum > 1 run without micro_counts
 } run_t;
 
 static void run_free(run_t *rd) {
@@ -156,6 +162,7 @@ static void run_free(run_t *rd) {
     }
     free(rd->layers);
     free(rd->tmp);
+    free(rd->micro);
     free(rd->m);
     free(rd->cfg);
 }
@@ -203,9 +210,8 @@ static moe_status get_int(where_t w, const cJSON *o, const char *key, int requir
     return MOE_OK;
 }
 
-// An array of E non-negative integers into out.
-static moe_status get_counts(where_t w, const cJSON *o, const char *key, int E, long *out) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+// An array of E non-negative integers into out; `key` names it in errors.
+static moe_status get_counts_array(where_t w, const char *key, const cJSON *a, int E, long *out) {
     if (!cJSON_IsArray(a)) return bad(w, key, a ? "is not an array" : "is missing");
     const int n = cJSON_GetArraySize(a);
     if (n != E) {
@@ -224,6 +230,11 @@ static moe_status get_counts(where_t w, const cJSON *o, const char *key, int E, 
         out[e++] = (long)it->valuedouble;
     }
     return MOE_OK;
+}
+
+// The member `key` of o: an array of E non-negative integers.
+static moe_status get_counts(where_t w, const cJSON *o, const char *key, int E, long *out) {
+    return get_counts_array(w, key, cJSON_GetObjectItemCaseSensitive(o, key), E, out);
 }
 
 // ---- reading ------------------------------------------------------------------------
@@ -289,6 +300,37 @@ static moe_status read_jsonl(run_t *rd, const char *path, int required, line_fn 
     return st;
 }
 
+// "micro_counts": grad_accum arrays of E counts (one per micro-batch) whose sum is "counts".
+static moe_status get_micro_counts(run_t *rd, where_t w, const cJSON *mc, const long *counts) {
+    const int E = rd->E, n = rd->groups;
+    char what[128];
+    if (!cJSON_IsArray(mc)) return bad(w, "micro_counts", "is not an array");
+    if (cJSON_GetArraySize(mc) != n) {
+        snprintf(what, sizeof what, "has %d entries, expected train.grad_accum = %d",
+                 cJSON_GetArraySize(mc), n);
+        return bad(w, "micro_counts", what);
+    }
+    if (!rd->micro && !(rd->micro = malloc((size_t)n * E * sizeof *rd->micro)))
+        return moe_error(MOE_ENOMEM, "out of memory");
+    const cJSON *row;
+    int i = 0;
+    cJSON_ArrayForEach(row, mc) {
+        moe_status st = get_counts_array(w, "micro_counts", row, E, rd->micro + (size_t)i * E);
+        if (st) return st;
+        i++;
+    }
+    for (int e = 0; e < E; e++) {
+        long sum = 0;
+        for (i = 0; i < n; i++) sum += rd->micro[(size_t)i * E + e];
+        if (sum != counts[e]) {
+            snprintf(what, sizeof what, "sums to %ld for expert %d, but \"counts\" has %ld", sum,
+                     e, counts[e]);
+            return bad(w, "micro_counts", what);
+        }
+    }
+    return MOE_OK;
+}
+
 static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
     moe_status st;
     long step, layer;
@@ -344,7 +386,14 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
         r.dropped = d;
     }
     if (rd->capacity) {
-        r.need_C = stats_needed_capacity(counts, E, rd->groups, rd->max_drop);
+        const cJSON *mc = cJSON_GetObjectItemCaseSensitive(o, "micro_counts");
+        if (mc && !cJSON_IsNull(mc)) { // exact: each micro-batch's own counts
+            if ((st = get_micro_counts(rd, w, mc, counts))) return st;
+            r.need_C = stats_needed_capacity(rd->micro, rd->groups, E, 1, rd->max_drop);
+        } else { // older logs: the step's sum, approximated as equal micro-batches
+            if (rd->groups > 1) rd->approx_records++;
+            r.need_C = stats_needed_capacity(counts, 1, E, rd->groups, rd->max_drop);
+        }
         if (r.need_C > rd->T_group) r.need_C = rd->T_group; // counts beyond T: a config mismatch
         r.need_cf = stats_capacity_factor(r.need_C, rd->T_group, rd->top_k, E);
         if (r.tokens >= 0 && r.tokens != rd->T_group * rd->groups && !rd->tokens_mismatch_line) {
@@ -930,13 +979,15 @@ static int capacity_report(run_t *rd, FILE *out) {
     const double cur_cf = rd->cfg->capacity_factor;
     const long cur_C = stats_capacity_of(cur_cf, T, k, E);
     const need_t cur = need_at(rd, cur_cf, cur_C);
-    const int approx = rd->groups > 1;
+    // Runs since micro_counts was logged are exact; older logs of grad_accum > 1 runs only
+    // have the step's sum, and each micro-batch is then taken as an equal share of it.
+    const int approx = rd->approx_records > 0;
     char note[256] = "";
     if (approx)
         snprintf(note, sizeof note,
-                 "grad_accum = %d: each record sums %d micro-batches; one micro-batch's counts "
+                 "grad_accum = %d and %zu records without micro_counts: their micro-batch counts "
                  "are approximated as counts / %d",
-                 rd->groups, rd->groups, rd->groups);
+                 rd->groups, rd->approx_records, rd->groups);
     char tok_note[MOE_PATH_MAX + 256] = "";
     if (rd->tokens_mismatch_line)
         snprintf(tok_note, sizeof tok_note,

@@ -29,10 +29,13 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err);
 // p in [0, 100]; evaluated in the same order as numpy so that results agree to the last bit.
 double stats_percentile_sorted(const double *sorted, size_t n, double p);
 
-// The smallest capacity C >= 1 per group such that sum_e max(0, c_e - C) <= max_drop *
-// sum_e c_e, where the counts c_e = counts[e] / groups are those of one group (a record
-// that sums `groups` micro-batches is approximated by equal groups). Exact integer test.
-long stats_needed_capacity(const long *counts, int E, int groups, double max_drop);
+// The smallest capacity C >= 1 per group (micro-batch) such that the assignments dropped,
+// sum over groups and experts of max(0, c_e - C), are at most max_drop * (all assignments).
+// counts is [rows][E]; each row stands for groups_per_row equal groups with c_e =
+// counts[r][e] / groups_per_row (1 when each row is one micro-batch's own counts, n when a
+// record only has the sum of n micro-batches). Exact integer test.
+long stats_needed_capacity(const long *counts, int rows, int E, int groups_per_row,
+                           double max_drop);
 
 // C = ceil((T*k/E) * cf) in double in that order, clamped to T (moe_capacity's formula);
 // 0 when cf <= 0 (dropless).

@@ -132,6 +132,8 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
 // Per-step aggregate of the MoE statistics over micro-batches, per layer.
 typedef struct {
     long *routed, *kept; // [L][E]
+    long *micro_routed;  // [grad_accum][L][E]: capacity applies per micro-batch, so
+                         // capacity planning (moe stats --capacity) needs each one's counts
     double *entropy, *aux, *seq_aux, *z; // [L], summed over micro-batches
     int micro;
 } step_load;
@@ -153,6 +155,7 @@ static void step_load_add(step_load *s, const model *m) {
         for (int e = 0; e < E; e++) {
             s->routed[l * E + e] += st->routed[e];
             s->kept[l * E + e] += st->kept[e];
+            s->micro_routed[((size_t)s->micro * L + l) * E + e] = st->routed[e];
         }
         s->entropy[l] += st->entropy;
         s->aux[l] += st->aux;
@@ -292,12 +295,13 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     targets = malloc((size_t)T * sizeof(int));
     sl.routed = malloc((size_t)L * E * sizeof(long));
     sl.kept = malloc((size_t)L * E * sizeof(long));
+    sl.micro_routed = malloc((size_t)cfg->grad_accum * L * E * sizeof(long));
     sl.entropy = malloc((size_t)L * sizeof(double));
     sl.aux = malloc((size_t)L * sizeof(double));
     sl.seq_aux = malloc((size_t)L * sizeof(double));
     sl.z = malloc((size_t)L * sizeof(double));
-    if (!inputs || !targets || !sl.routed || !sl.kept || !sl.entropy || !sl.aux || !sl.seq_aux ||
-        !sl.z) {
+    if (!inputs || !targets || !sl.routed || !sl.kept || !sl.micro_routed || !sl.entropy ||
+        !sl.aux || !sl.seq_aux || !sl.z) {
         st = moe_error(MOE_ENOMEM, "trainer: out of memory");
         goto done;
     }
@@ -419,6 +423,11 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             cJSON_AddNumberToObject(rec, "capacity", m.moe_stats[l].capacity);
             cJSON_AddItemToObject(rec, "counts", json_int_array(routed, E));
             cJSON_AddItemToObject(rec, "kept", json_int_array(kept, E));
+            if (sl.micro > 1) {
+                cJSON *mc = cJSON_AddArrayToObject(rec, "micro_counts");
+                for (int i = 0; i < sl.micro; i++)
+                    cJSON_AddItemToArray(mc, json_int_array(sl.micro_routed + ((size_t)i * L + l) * E, E));
+            }
             cJSON_AddNumberToObject(rec, "dropped", (double)dropped);
             cJSON_AddNumberToObject(rec, "max_over_mean", mom);
             cJSON_AddNumberToObject(rec, "cv", cv);
@@ -526,7 +535,7 @@ done:
     if (metrics) fclose(metrics);
     if (load_log) fclose(load_log);
     free(inputs), free(targets), free(regions);
-    free(sl.routed), free(sl.kept), free(sl.entropy), free(sl.aux), free(sl.seq_aux), free(sl.z);
+    free(sl.routed), free(sl.kept), free(sl.micro_routed), free(sl.entropy), free(sl.aux), free(sl.seq_aux), free(sl.z);
     data_loader_free(&loader);
     optimizer_destroy(&opt);
     model_destroy(&m);

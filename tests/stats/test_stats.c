@@ -84,7 +84,9 @@ static void null_or(FILE *f, const char *key, int is_null, double v) {
 }
 
 // The hand-made run; grad_accum n > 1 writes counts summed over n equal micro-batches.
-static void write_run(const char *dir, int grad_accum, double capacity_factor) {
+// micro: also log each micro-batch's own counts ("micro_counts", as the trainer does when
+// grad_accum > 1); here the micro-batches are equal, so the answers match the equal-share guess.
+static void write_run(const char *dir, int grad_accum, double capacity_factor, int micro) {
     if (mkdir(dir, 0777) && errno != EEXIST) die("cannot create", dir);
     FILE *f = open_in(dir, "config.cfg", "w");
     fprintf(f,
@@ -111,6 +113,12 @@ static void write_run(const char *dir, int grad_accum, double capacity_factor) {
             fprintf(f, "\"counts\":[%ld,%ld,%ld,%ld],\"kept\":[%ld,%ld,%ld,%ld],\"dropped\":%ld",
                     n * c[0], n * c[1], n * c[2], n * c[3], n * kept[0], n * kept[1],
                     n * kept[2], n * kept[3], n * dropped);
+            if (micro) {
+                fprintf(f, ",\"micro_counts\":[");
+                for (long i = 0; i < n; i++)
+                    fprintf(f, "%s[%ld,%ld,%ld,%ld]", i ? "," : "", c[0], c[1], c[2], c[3]);
+                fprintf(f, "]");
+            }
             if (layer == 0) {
                 fprintf(f, ",\"max_over_mean\":0,\"cv\":null");
                 null_or(f, "entropy", r == 7, 1.38 - 0.001 * (r % 7));
@@ -196,13 +204,19 @@ static void case_units(void) {
     // counts [300, 100, 60, 52] (sum 512): d = 0.01 allows 5.12 -> C = 295;
     // d = 0 -> C = 300; d = 0.5 -> 256 allowed: 300-C + max(0,100-C) <= 256 -> C = 72
     const long c[4] = {300, 100, 60, 52};
-    check_true("needed capacity d=0.01", stats_needed_capacity(c, 4, 1, 0.01) == 295);
-    check_true("needed capacity d=0", stats_needed_capacity(c, 4, 1, 0) == 300);
-    check_true("needed capacity d=0.5", stats_needed_capacity(c, 4, 1, 0.5) == 72);
+    check_true("needed capacity d=0.01", stats_needed_capacity(c, 1, 4, 1, 0.01) == 295);
+    check_true("needed capacity d=0", stats_needed_capacity(c, 1, 4, 1, 0) == 300);
+    check_true("needed capacity d=0.5", stats_needed_capacity(c, 1, 4, 1, 0.5) == 72);
     // two groups: counts/2 = [150, 50, 30, 26]: allowed 2.56 -> C = 148
-    check_true("needed capacity, 2 groups", stats_needed_capacity(c, 4, 2, 0.01) == 148);
+    check_true("needed capacity, 2 groups", stats_needed_capacity(c, 1, 4, 2, 0.01) == 148);
+    // two micro-batches with their own counts (sum = c): [290, 10, 30, 26] and [10, 90, 30, 26].
+    // d = 0: C = 290 (the equal-share guess says 150). d = 0.01 allows 5.12: C = 285 drops 5.
+    const long mc[8] = {290, 10, 30, 26, 10, 90, 30, 26};
+    check_true("needed capacity, 2 exact micro-batches d=0", stats_needed_capacity(mc, 2, 4, 1, 0) == 290);
+    check_true("needed capacity, 2 exact micro-batches d=0.01",
+               stats_needed_capacity(mc, 2, 4, 1, 0.01) == 285);
     const long z[4] = {0, 0, 0, 0};
-    check_true("needed capacity of no tokens is 1", stats_needed_capacity(z, 4, 1, 0.01) == 1);
+    check_true("needed capacity of no tokens is 1", stats_needed_capacity(z, 1, 4, 1, 0.01) == 1);
     // the capacity factor gives back C through the model's own moe_capacity
     int ok = 1;
     const int Es[3] = {4, 8, 7}, ks[3] = {2, 2, 3}, Ts[3] = {256, 1000, 4093};
@@ -310,7 +324,7 @@ static void check_report_json(const char *json, int layers_expected) {
 }
 
 static void case_report(void) {
-    write_run("run_report", 1, 1.25);
+    write_run("run_report", 1, 1.25, 0);
     char *out, *err;
     int rc = run_stats(&out, &err, 2, "run_report", "--json");
     check_true("--json exits 0 with alerts", rc == 0);
@@ -364,8 +378,8 @@ static void check_need(const cJSON *o, const char *what, double cf, long C, doub
 }
 
 // --capacity on a run with grad_accum n (the same per-micro-batch answers for any n).
-static void capacity_run(const char *dir, int n) {
-    write_run(dir, n, 1.25);
+static void capacity_run(const char *dir, int n, int micro) {
+    write_run(dir, n, 1.25, micro);
     char *out, *err;
     int rc = run_stats(&out, &err, 3, dir, "--capacity", "--json");
     check_true("--capacity --json exits 0", rc == 0);
@@ -375,7 +389,7 @@ static void capacity_run(const char *dir, int n) {
     check_true("current cf 1.25 -> C 160", jd(doc, "current.capacity_factor") == 1.25 &&
                                                jd(doc, "current.capacity") == 160);
     check_true("row bytes (4*32 + 6*64)*4 = 2048", jd(doc, "row_bytes") == 2048);
-    check_true("groups_approximated", cJSON_IsTrue(jget(doc, "groups_approximated")) == (n > 1));
+    check_true("groups_approximated", cJSON_IsTrue(jget(doc, "groups_approximated")) == (n > 1 && !micro));
     const cJSON *l0 = cJSON_GetArrayItem(jget(doc, "layers"), 0);
     const cJSON *l1 = cJSON_GetArrayItem(jget(doc, "layers"), 1);
     // need = smallest C with np.maximum(0, row - C).sum() <= 0.01*row.sum(); cf = need*4/512
@@ -415,17 +429,20 @@ static void capacity_run(const char *dir, int n) {
     check_true("table: current cf", contains(out, "current: capacity_factor 1.25 -> C = 160 per expert per micro-batch, 640 rows, 1.250 MiB per layer, 2.500 MiB for 2 layers"));
     check_true("table: run-wide factor from layer 1",
                contains(out, "P99 step:   capacity_factor 1.80 (layer 1) -> C = 231, 924 rows, 1.805 MiB per layer, 3.609 MiB for 2 layers"));
-    check_true("table: grad_accum note iff n > 1", contains(out, "approximated as counts / 2") == (n == 2));
+    check_true("table: grad_accum note iff n > 1 without micro_counts",
+               contains(out, "approximated as counts / 2") == (n == 2 && !micro));
     free(out);
     free(err);
 }
 
 static void case_capacity(void) {
-    capacity_run("run_capacity", 1);
-    printf(" grad_accum 2 (counts of two micro-batches per record)\n");
-    capacity_run("run_capacity_accum2", 2);
+    capacity_run("run_capacity", 1, 0);
+    printf(" grad_accum 2 (counts of two micro-batches per record, no micro_counts)\n");
+    capacity_run("run_capacity_accum2", 2, 0);
+    printf(" grad_accum 2 with micro_counts\n");
+    capacity_run("run_capacity_micro", 2, 1);
     // a dropless run: the current factor is 0
-    write_run("run_capacity_dropless", 1, 0);
+    write_run("run_capacity_dropless", 1, 0, 0);
     char *out, *err;
     int rc = run_stats(&out, &err, 2, "run_capacity_dropless", "--capacity");
     check_true("dropless run: current says so", rc == 0 && contains(out, "capacity_factor 0 (dropless)"));
@@ -468,7 +485,7 @@ static void replace_line(const char *path, int line, const char *text) {
 }
 
 static void case_partial(void) {
-    write_run("run_partial", 1, 1.25);
+    write_run("run_partial", 1, 1.25, 0);
     char *want, *out, *err;
     run_stats(&want, &err, 2, "run_partial", "--json");
     free(err);
@@ -489,7 +506,7 @@ static void case_partial(void) {
     free(err);
     free(want);
     // a complete last record without its newline is used
-    write_run("run_partial", 1, 1.25);
+    write_run("run_partial", 1, 1.25, 0);
     size_t n;
     char *s = slurp("run_partial/expert_load.jsonl", &n);
     spit("run_partial/expert_load.jsonl", s, n - 1);
@@ -518,7 +535,7 @@ static void expect_error(const char *what, int want_rc, const char *msg, int arg
 }
 
 static void case_malformed(void) {
-    write_run("run_bad", 1, 1.25);
+    write_run("run_bad", 1, 1.25, 0);
     // line 57 of 400: a garbled record in the middle
     replace_line("run_bad/expert_load.jsonl", 57, "{\"step\":29,\"layer\":0,\"tokens\":256,,}");
     expect_error("garbled middle line", 1, "run_bad/expert_load.jsonl:57: not a JSON object", 1,
@@ -547,8 +564,20 @@ static void case_malformed(void) {
     replace_line("run_bad/expert_load.jsonl", 57, "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"aux\":\"x\"}");
     expect_error("aux a string", 1, "run_bad/expert_load.jsonl:57: \"aux\" is not a number", 1,
                  "run_bad", NULL, NULL);
+    // micro_counts (read by --capacity) that do not add up to the counts, or are too few
+    write_run("run_bad", 2, 1.25, 1);
+    replace_line("run_bad/expert_load.jsonl", 57,
+                 "{\"step\":29,\"layer\":0,\"counts\":[2,3,4,6],\"micro_counts\":[[1,2,3,4],[1,1,1,1]]}");
+    expect_error("micro_counts do not sum to counts", 1,
+                 "run_bad/expert_load.jsonl:57: \"micro_counts\" sums to 5 for expert 3, but \"counts\" has 6",
+                 2, "run_bad", "--capacity", NULL);
+    replace_line("run_bad/expert_load.jsonl", 57,
+                 "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"micro_counts\":[[1,2,3,4]]}");
+    expect_error("one micro_counts row for grad_accum 2", 1,
+                 "run_bad/expert_load.jsonl:57: \"micro_counts\" has 1 entries, expected train.grad_accum = 2",
+                 2, "run_bad", "--capacity", NULL);
     // metrics.jsonl
-    write_run("run_bad", 1, 1.25);
+    write_run("run_bad", 1, 1.25, 0);
     replace_line("run_bad/metrics.jsonl", 10, "{\"step\":10,\"loss\":nan}");
     expect_error("garbled metrics line", 1, "run_bad/metrics.jsonl:10: not a JSON object", 1,
                  "run_bad", NULL, NULL);
@@ -556,7 +585,7 @@ static void case_malformed(void) {
     expect_error("metrics step_s a string", 1, "run_bad/metrics.jsonl:10: \"step_s\" is not a number", 1,
                  "run_bad", NULL, NULL);
     // config.cfg
-    write_run("run_bad", 1, 1.25);
+    write_run("run_bad", 1, 1.25, 0);
     const char *bad_cfg = "model = { n_expertz = 4; };\n";
     spit("run_bad/config.cfg", bad_cfg, strlen(bad_cfg));
     expect_error("bad config", 1, "run_bad/config.cfg:1", 1, "run_bad", NULL, NULL);
@@ -590,7 +619,7 @@ static void case_malformed(void) {
 }
 
 static void case_usage(void) {
-    write_run("run_usage", 1, 1.25);
+    write_run("run_usage", 1, 1.25, 0);
     expect_error("no RUN_DIR", 2, "a RUN_DIR is required", 1, "--json", NULL, NULL);
     expect_error("unknown option", 2, "unknown option '--bogus'", 2, "run_usage", "--bogus", NULL);
     expect_error("--window 0", 2, "--window '0'", 3, "run_usage", "--window", "0");
@@ -638,7 +667,7 @@ static int run_program(char *const argv[]) {
 }
 
 static int case_plot(const char *python, const char *script) {
-    write_run("run_plot", 1, 1.25);
+    write_run("run_plot", 1, 1.25, 0);
     // a run in progress: partial last line
     FILE *f = open_in("run_plot", "expert_load.jsonl", "a");
     fputs("{\"step\":203,\"layer\":0,\"counts\":[1,", f);

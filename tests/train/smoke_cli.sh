@@ -45,5 +45,24 @@ check "the message names the step, layer, expert and the setting" \
 "$moe" train "$work/collapse.cfg" --set train.steps=3 --set train.warmup_steps=1 --set log.interval=1 > "$work/warn.out" 2>&1
 rc=$?
 check "with the default (warn) the same run goes on (exit $rc)" "[ $rc -eq 0 ] && grep -q 'done: 3 steps' '$work/warn.out'"
+echo "grad_accum 2: each expert_load record has the micro-batches' own counts"
+"$moe" train "$work/random.cfg" --set train.steps=3 --set train.warmup_steps=1 --set train.grad_accum=2 \
+  --set "log.dir=\"$work/run_accum\"" > "$work/accum.out" 2>&1
+rc=$?
+check "the run exits 0 (got $rc)" "[ $rc -eq 0 ]"
+check "6 records, each with 2 micro_counts rows of 8 summing to counts and to 2 x 128 x top_k" \
+  "python3 - '$work/run_accum/expert_load.jsonl' <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 6, len(recs)
+for r in recs:
+    m = r['micro_counts']
+    assert len(m) == 2 and all(len(row) == 8 and sum(row) == 128 for row in m), m
+    assert [a + b for a, b in zip(*m)] == r['counts'], (m, r['counts'])
+PY"
+"$moe" stats "$work/run_accum" --capacity > "$work/accum_stats.out" 2>&1
+rc=$?
+check "moe stats --capacity uses them: exit 0, no approximation note (got $rc)" \
+  "[ $rc -eq 0 ] && grep -q 'grad_accum 2' '$work/accum_stats.out' && ! grep -q approximated '$work/accum_stats.out'"
 [ $fail -eq 0 ] && echo "smoke cli: all passed" || echo "smoke cli: FAILED"
 exit $fail
