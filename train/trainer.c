@@ -165,6 +165,14 @@ static void step_load_add(step_load *s, const model *m) {
     s->micro++;
 }
 
+// The steps of one layer whose max/mean load exceeded log.load_alert since the last console
+// line: how many, and the worst of them (which the console warning names).
+typedef struct {
+    long long n, step;
+    double mom;
+    int expert;
+} load_alert;
+
 // max/mean and CV of one layer's counts; *hot receives the hottest expert.
 static void load_summary(const long *c, int E, double *max_over_mean, double *cv, int *hot) {
     double sum = 0, var = 0;
@@ -238,6 +246,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     int *inputs = NULL, *targets = NULL;
     optim_region *regions = NULL;
     step_load sl = {0};
+    load_alert *alerts = NULL; // [L]
     double *step_tps = NULL; // tokens/s of each step after the first
     int n_tps = 0;
 
@@ -300,8 +309,9 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     sl.aux = malloc((size_t)L * sizeof(double));
     sl.seq_aux = malloc((size_t)L * sizeof(double));
     sl.z = malloc((size_t)L * sizeof(double));
+    alerts = calloc((size_t)L, sizeof *alerts);
     if (!inputs || !targets || !sl.routed || !sl.kept || !sl.micro_routed || !sl.entropy ||
-        !sl.aux || !sl.seq_aux || !sl.z) {
+        !sl.aux || !sl.seq_aux || !sl.z || !alerts) {
         st = moe_error(MOE_ENOMEM, "trainer: out of memory");
         goto done;
     }
@@ -407,6 +417,11 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             for (int e = 0; e < E; e++) dropped += routed[e] - kept[e], total += routed[e];
             drop_sum += dropped, routed_sum += total;
             if (mom > worst_mom) worst_mom = mom, worst_layer = l;
+            if (mom > cfg->load_alert) { // every step counts; the console reports the worst
+                load_alert *a = &alerts[l];
+                if (!a->n || mom > a->mom) a->mom = mom, a->step = step + 1, a->expert = hot;
+                a->n++;
+            }
             if (cfg->load_alert_action == 1 && mom > cfg->load_alert) { // checked every step
                 fprintf(stderr, "warning: step %lld layer %d: expert %d has %.2fx the mean load "
                         "(log.load_alert = %.2f)\n", (long long)step + 1, l, hot, mom, cfg->load_alert);
@@ -497,16 +512,16 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             if (evaluated) printf(" | val %.4f", val_loss);
             printf("\n");
             fflush(stdout);
-            for (int l = 0; l < L; l++) {
-                double mom, cv;
-                int hot;
-                load_summary(sl.routed + (size_t)l * E, E, &mom, &cv, &hot);
-                if (mom > cfg->load_alert) // warn (stop acted above, on every step)
+            for (int l = 0; l < L; l++) { // warn (stop acted above, on every step)
+                const load_alert *a = &alerts[l];
+                if (a->n)
                     fprintf(stderr,
                             "warning: step %lld layer %d: expert %d has %.2fx the mean load "
-                            "(log.load_alert = %.2f)\n",
-                            (long long)step + 1, l, hot, mom, cfg->load_alert);
+                            "(log.load_alert = %.2f; %lld step%s above it since the last report)\n",
+                            a->step, l, a->expert, a->mom, cfg->load_alert, a->n,
+                            a->n == 1 ? "" : "s");
             }
+            memset(alerts, 0, (size_t)L * sizeof *alerts);
         }
     checkpoint:
         if (!(hooks && hooks->no_checkpoint) &&
@@ -536,6 +551,7 @@ done:
     if (load_log) fclose(load_log);
     free(inputs), free(targets), free(regions);
     free(sl.routed), free(sl.kept), free(sl.micro_routed), free(sl.entropy), free(sl.aux), free(sl.seq_aux), free(sl.z);
+    free(alerts);
     data_loader_free(&loader);
     optimizer_destroy(&opt);
     model_destroy(&m);

@@ -45,6 +45,10 @@ check "the message names the step, layer, expert and the setting" \
 "$moe" train "$work/collapse.cfg" --set train.steps=3 --set train.warmup_steps=1 --set log.interval=1 > "$work/warn.out" 2>&1
 rc=$?
 check "with the default (warn) the same run goes on (exit $rc)" "[ $rc -eq 0 ] && grep -q 'done: 3 steps' '$work/warn.out'"
+"$moe" train "$work/collapse.cfg" --set train.steps=4 --set train.warmup_steps=1 --set log.interval=4 \
+  --set "log.dir=\"$work/run_warn4\"" > "$work/warn4.out" 2>&1
+check "console lines at steps 1 and 4: the warning at step 4 counts steps 2-4 and names the worst" \
+  "grep -q 'warning: step 2 layer 0: expert [0-9] has 8.00x the mean load (log.load_alert = 1.50; 3 steps above it since the last report)' '$work/warn4.out'"
 echo "grad_accum 2: each expert_load record has the micro-batches' own counts"
 "$moe" train "$work/random.cfg" --set train.steps=3 --set train.warmup_steps=1 --set train.grad_accum=2 \
   --set "log.dir=\"$work/run_accum\"" > "$work/accum.out" 2>&1
