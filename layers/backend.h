@@ -212,4 +212,13 @@ typedef struct moe_backend {
 // The CPU reference backend (always built).
 const moe_backend *moe_backend_cpu(void);
 
+// Sets the CPU backend's thread count and returns it. requested > 0: that many; 0: automatic,
+// i.e. OMP_NUM_THREADS when set, else the cores this process may run on capped by its cgroup
+// CPU quota (layers/cpu/threads.c).
+int moe_cpu_threads(int requested);
+// The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max
+// PERIOD"), else v1's cfs_quota_us / cfs_period_us; 0 when there is no quota or no file.
+int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,
+                        const char *cfs_period_path);
+
 #endif

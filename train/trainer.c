@@ -2,7 +2,6 @@
 #include "train/trainer.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,7 +222,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                        const trainer_hooks *hooks, trainer_result *result) {
     trainer_result res = {0};
     res.last_val_loss = NAN;
-    if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
+    const int threads = moe_cpu_threads(cfg->threads);
     const moe_backend *be = moe_backend_cpu();
 
     moe_status st = make_dirs(cfg->run_dir);
@@ -321,6 +320,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     printf("data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step\n",
            train.path, (unsigned long long)train.count, val.path, (unsigned long long)val.count,
            cfg->batch_size, cfg->seq_len, cfg->grad_accum);
+    printf("threads: %d%s\n", threads, cfg->threads > 0 ? " (train.threads)" : " (automatic)");
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
 

@@ -1,0 +1,52 @@
+// How many threads the CPU backend uses. OpenMP on its own starts one thread per core it may
+// run on, but a container is often allowed less CPU time than it sees cores (a cgroup CPU
+// quota: 64 cores visible, 2 CPUs' worth of time). Threads beyond the quota only wait on
+// each other at every parallel region, so the automatic choice is capped by the quota.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <omp.h>
+
+#include "layers/backend.h"
+
+int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,
+                        const char *cfs_period_path) {
+    long long quota = -1, period = 0;
+    char word[32];
+    FILE *f = cpu_max_path ? fopen(cpu_max_path, "r") : NULL;
+    if (f) { // cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+        if (fscanf(f, "%31s %lld", word, &period) == 2 && word[0] != 'm') {
+            char *end;
+            quota = strtoll(word, &end, 10);
+            if (*end) quota = -1;
+        }
+        fclose(f);
+    } else if (cfs_quota_path && (f = fopen(cfs_quota_path, "r"))) { // cgroup v1, -1 = none
+        if (fscanf(f, "%lld", &quota) != 1) quota = -1;
+        fclose(f);
+        if ((f = cfs_period_path ? fopen(cfs_period_path, "r") : NULL)) {
+            if (fscanf(f, "%lld", &period) != 1) period = 0;
+            fclose(f);
+        }
+    }
+    if (quota <= 0 || period <= 0) return 0;
+    const long long cores = (quota + period - 1) / period; // 1.5 CPUs of time -> 2 threads
+    return cores > 4096 ? 4096 : (int)cores;
+}
+
+int moe_cpu_threads(int requested) {
+    if (requested > 0) {
+        omp_set_num_threads(requested);
+        return requested;
+    }
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (env && *env) return omp_get_max_threads(); // the user's choice stands
+    int n = omp_get_num_procs();
+    const int quota = moe_cpu_quota_cores("/sys/fs/cgroup/cpu.max",
+                                          "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+                                          "/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    if (quota > 0 && quota < n) n = quota;
+    if (n < 1) n = 1;
+    omp_set_num_threads(n);
+    return n;
+}
