@@ -9,25 +9,30 @@
 
 #include "layers/backend.h"
 
+// The first integer of a file; 0 when it cannot be read.
+static int read_first_integer(const char *path, long long *value) {
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f) return 0;
+    const int ok = fscanf(f, "%lld", value) == 1;
+    fclose(f);
+    return ok;
+}
+
 int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,
                         const char *cfs_period_path) {
     long long quota = -1, period = 0;
-    char word[32];
     FILE *f = cpu_max_path ? fopen(cpu_max_path, "r") : NULL;
     if (f) { // cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+        char word[32];
         if (fscanf(f, "%31s %lld", word, &period) == 2 && word[0] != 'm') {
             char *end;
             quota = strtoll(word, &end, 10);
             if (*end) quota = -1;
         }
         fclose(f);
-    } else if (cfs_quota_path && (f = fopen(cfs_quota_path, "r"))) { // cgroup v1, -1 = none
-        if (fscanf(f, "%lld", &quota) != 1) quota = -1;
-        fclose(f);
-        if ((f = cfs_period_path ? fopen(cfs_period_path, "r") : NULL)) {
-            if (fscanf(f, "%lld", &period) != 1) period = 0;
-            fclose(f);
-        }
+    } else if (!read_first_integer(cfs_quota_path, &quota) || // cgroup v1; quota -1 = none
+               !read_first_integer(cfs_period_path, &period)) {
+        return 0;
     }
     if (quota <= 0 || period <= 0) return 0;
     const long long cores = (quota + period - 1) / period; // 1.5 CPUs of time -> 2 threads
