@@ -118,12 +118,14 @@ int main(int argc, char **argv) {
     if (json)
         printf("{\"impl\":\"moe.c\",\"T\":%d,\"d\":%d,\"ff\":%d,\"E\":%d,\"k\":%d,"
                "\"layer_median_s\":%.6f,\"gemm_median_s\":%.6f,\"R_layer\":%.4f,"
-               "\"gemm_gflops\":%.2f,\"max_over_mean\":%.4f}\n",
-               T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-9, st.max_over_mean);
+               "\"gemm_gflops\":%.2f,\"max_over_mean\":%.4f,\"blas_kernel\":\"%s\"}\n",
+               T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-9, st.max_over_mean,
+               moe_blas_kernel());
     else
         printf("T=%d d=%d ff=%d E=%d k=%d: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
-               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f\n",
-               T, d, ff, E, k, ml, mg, flops / mg * 1e-9, ml / mg, st.max_over_mean);
+               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, OpenBLAS kernels %s\n",
+               T, d, ff, E, k, ml, mg, flops / mg * 1e-9, ml / mg, st.max_over_mean,
+               moe_blas_kernel());
     moe_layer_free(&L);
     free(params), free(grads), free(x), free(dout), free(y), free(dx), free(t_layer), free(t_gemm);
     return 0;

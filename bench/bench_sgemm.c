@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "layers/backend.h"
 #include "layers/status.h"
 
 static double now(void) {
@@ -42,8 +43,12 @@ int main(int argc, char **argv) {
     }
     qsort(t, reps, sizeof *t, cmp);
     double gflops = 2.0 * m * n * k / t[reps / 2] * 1e-9;
-    if (json) printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"median_s\":%.6f,\"gflops\":%.2f}\n", m, n, k, t[reps / 2], gflops);
-    else printf("sgemm %dx%dx%d: %.2f GFLOP/s (median of %d)\n", m, n, k, gflops, reps);
+    if (json)
+        printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"median_s\":%.6f,\"gflops\":%.2f,\"blas_kernel\":\"%s\"}\n", m,
+               n, k, t[reps / 2], gflops, moe_blas_kernel());
+    else
+        printf("sgemm %dx%dx%d: %.2f GFLOP/s (median of %d, OpenBLAS kernels %s)\n", m, n, k, gflops,
+               reps, moe_blas_kernel());
     free(a), free(b), free(c), free(t);
     return 0;
 }

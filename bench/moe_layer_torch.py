@@ -44,7 +44,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from torch_blas import blas_library  # noqa: E402
+from torch_blas import blas_kernel, blas_library  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -193,6 +193,7 @@ def main():
             "median_s": med, "min_s": mn, "reps": times,
             "torch": torch.__version__,
             "blas": blas_library(),
+            "blas_kernel": blas_kernel(),
         }))
     else:
         print("pytorch moe fwd+bwd T=%d d=%d ff=%d E=%d k=%d threads=%d: median %.4f s, min %.4f s, reps [%s] (torch %s)"

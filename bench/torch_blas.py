@@ -3,6 +3,7 @@ the process. Debian's torch links libblas.so.3, an update-alternatives link that
 OpenMP or the pthread build of OpenBLAS (or reference BLAS) depending on what is installed, and
 that choice alone changes PyTorch's MoE times by up to 2x here (the pthread build's threads
 compete with torch's OpenMP workers). Benchmarks print it next to their PyTorch numbers."""
+import ctypes
 import os
 
 
@@ -18,3 +19,14 @@ def blas_library():
             if os.path.basename(p).startswith(name):
                 return os.path.realpath(p)
     return "unknown"
+
+
+def blas_kernel():
+    """OpenBLAS's kernel family in this process (openblas_get_corename), or 'unknown'."""
+    path = blas_library()
+    try:
+        lib = ctypes.CDLL(path)
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "unknown"

@@ -46,7 +46,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from torch_blas import blas_library  # noqa: E402
+from torch_blas import blas_kernel, blas_library  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -240,6 +240,7 @@ def main():
             "params": n_params,
             "torch": torch.__version__,
             "blas": blas_library(),
+            "blas_kernel": blas_kernel(),
         }))
     else:
         print("pytorch MoE LM train V=%d d=%d L=%d H=%d KV=%d ff=%d E=%d k=%d B=%d S=%d threads=%d "

@@ -216,6 +216,11 @@ const moe_backend *moe_backend_cpu(void);
 // i.e. OMP_NUM_THREADS when set, else the cores this process may run on capped by its cgroup
 // CPU quota (layers/cpu/threads.c).
 int moe_cpu_threads(int requested);
+// The OpenBLAS kernel family in use ("Haswell", "SkylakeX", "Cooperlake", ...): OpenBLAS picks
+// it for the CPU when it loads, unless OPENBLAS_CORETYPE names one. It sets the sgemm rate (on
+// the AVX-512 machine here: 250 GFLOP/s with Haswell's AVX2 kernels, 450-470 with AVX-512), so
+// benchmarks print it.
+const char *moe_blas_kernel(void);
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max
 // PERIOD"), else v1's cfs_quota_us / cfs_period_us; 0 when there is no quota or no file.
 int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,

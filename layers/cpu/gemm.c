@@ -69,3 +69,5 @@ void cpu_expert_matmul_backward_weight(real *dweight, const real *dout, const re
              n_in);
     }
 }
+
+const char *moe_blas_kernel(void) { return openblas_get_corename(); }
