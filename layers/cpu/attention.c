@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "layers/cpu/cpu_kernels.h"
+#include "layers/cpu/vec_math.h"
 
 #ifdef MOE_REAL_DOUBLE
 #define cblas_gemm cblas_dgemm
@@ -17,11 +18,15 @@
 #endif
 
 // One row of scores in place: softmax over columns 0..last, zero beyond (the causal mask).
+// The loops vectorise: vec_exp instead of libm, and simd reductions (lane-wise partial sums,
+// a fixed order) for the max and the sum. This is the attention's only non-GEMM work.
 static void causal_softmax_row(real *p, int last, int len) {
     real mx = p[0], sum = 0;
+#pragma omp simd reduction(max : mx)
     for (int j = 1; j <= last; j++) mx = p[j] > mx ? p[j] : mx;
+#pragma omp simd reduction(+ : sum)
     for (int j = 0; j <= last; j++) {
-        p[j] = real_exp(p[j] - mx);
+        p[j] = vec_exp(p[j] - mx);
         sum += p[j];
     }
     for (int j = 0; j <= last; j++) p[j] /= sum;
@@ -75,6 +80,7 @@ void cpu_attention_backward(real *dqkv, real *datt, const real *dout, const real
                 for (int i = 0; i < S; i++) {
                     const real *pi = p + (size_t)i * S;
                     real *dpi = dp + (size_t)i * S, dot = 0;
+#pragma omp simd reduction(+ : dot)
                     for (int j = 0; j <= i; j++) dot += pi[j] * dpi[j];
                     for (int j = 0; j <= i; j++) dpi[j] = pi[j] * (dpi[j] - dot) * scale;
                     for (int j = i + 1; j < S; j++) dpi[j] = 0;

@@ -112,6 +112,9 @@ void cpu_moe_combine_backward(real *dy, real *dweights, const real *dout, const 
             const real *yr = y + (size_t)r * d;
             real *dyr = dy + (size_t)r * d;
             real w = weights[s], dot = 0;
+            // simd reduction: lane-wise partial sums (a fixed order, so still deterministic);
+            // a strict left-to-right sum would be one dependent add per element
+#pragma omp simd reduction(+ : dot)
             for (int i = 0; i < d; i++) {
                 dot += g[i] * yr[i];
                 dyr[i] = w * g[i];
