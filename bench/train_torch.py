@@ -15,8 +15,9 @@ fp32 on CPU, HF Mixtral semantics (modeling_mixtral.py, eager attention path):
         (dropless, loop over experts with index_add_; load-balancing aux + router z loss).
 
 Each step: zero_grad, forward, backward, clip_grad_norm_(1.0), AdamW.step
-(lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1). Inputs are seeded random token
-ids (a fresh batch each step, generated before timing). Weights are N(0, 0.02); RMSNorm weights start at 1 (as in HF).
+(lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1). Inputs are seeded random windows
+of --data (a moe.c token file), else seeded random token ids (a fresh batch each step,
+generated before timing). Weights are N(0, 0.02); RMSNorm weights start at 1 (as in HF).
 
 The first --warmup steps are discarded; tokens/s = batch*seq / median step time.
 To bound the runtime on a loaded machine, stepping stops early once --time-budget seconds
@@ -40,6 +41,8 @@ import moe_layer_torch  # noqa: E402
 from moe_layer_torch import MixtralSparseMoeBlock, router_losses  # noqa: E402
 
 import argparse  # noqa: E402
+import array  # noqa: E402
+import struct  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
@@ -157,6 +160,20 @@ class MixtralLM(nn.Module):
         return ce + aux_total + z_total, ce, aux_total, z_total
 
 
+def read_token_file(path):
+    """Tokens of a MOETOK1 file: 32-byte header (magic, version, bytes per token, count,
+    vocab size, reserved), then count little-endian u16 or u32 ids."""
+    with open(path, "rb") as f:
+        header = f.read(32)
+        if len(header) != 32 or header[:8] != b"MOETOK1\0":
+            raise SystemExit("%s: not a MOETOK1 token file" % path)
+        dtype, count = struct.unpack("<I", header[12:16])[0], struct.unpack("<Q", header[16:24])[0]
+        raw = f.read()
+    if dtype not in (2, 4) or len(raw) != count * dtype:
+        raise SystemExit("%s: %d bytes of tokens, header says %d x %d" % (path, len(raw), count, dtype))
+    return torch.tensor(array.array("H" if dtype == 2 else "I", raw), dtype=torch.long)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=256)
@@ -182,6 +199,11 @@ def main():
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--rms-eps", type=float, default=1e-5)
     ap.add_argument("--init-std", type=float, default=0.02)
+    ap.add_argument("--data", default=None,
+                    help="a moe.c token file (MOETOK1, data/token_file.h): batches are seeded "
+                         "random windows of it, as moe.c's loader draws them, so both programs "
+                         "route real text (random ids route evenly, real bytes do not); default: "
+                         "random ids")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     a = ap.parse_args()
     assert a.threads == moe_layer_torch._THREADS
@@ -202,8 +224,14 @@ def main():
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * a.init_std)
     n_params = sum(p.numel() for p in model.parameters())
 
-    # one fresh random batch per step, generated up front (seeded)
-    data = torch.randint(0, a.vocab, (a.steps, a.batch, a.seq + 1), generator=gen)
+    # one fresh batch per step, generated up front (seeded)
+    if a.data:
+        corpus = read_token_file(a.data)
+        starts = torch.randint(0, len(corpus) - a.seq - 1, (a.steps, a.batch), generator=gen)
+        data = torch.stack([torch.stack([corpus[s:s + a.seq + 1] for s in row.tolist()])
+                            for row in starts])
+    else:
+        data = torch.randint(0, a.vocab, (a.steps, a.batch, a.seq + 1), generator=gen)
     batches = [(data[i, :, :-1].contiguous(), data[i, :, 1:].contiguous()) for i in range(a.steps)]
 
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
