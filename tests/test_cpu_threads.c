@@ -41,6 +41,7 @@ int main(void) {
     spit("cfs_quota_us", "-1\n");
     check_true("v1 quota -1 -> 0",
                moe_cpu_quota_cores("no/such/cpu.max", "cfs_quota_us", "cfs_period_us") == 0);
+    remove("cpu.max"), remove("cfs_quota_us"), remove("cfs_period_us");
     check_true("an explicit request is applied", moe_cpu_threads(3) == 3 && omp_get_max_threads() == 3);
     printf("%d failure(s)\n", test_failures());
     return test_failures() != 0;

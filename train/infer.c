@@ -9,7 +9,6 @@
 #include "train/checkpoint.h"
 
 moe_status infer_load(model *m, const char *ckpt, int max_pos, int max_chunk) {
-    moe_cpu_threads(0); // automatic: OMP_NUM_THREADS, else the cores capped by a CPU quota
     char folder[2048];
     moe_status st = checkpoint_resolve(folder, sizeof folder, ckpt);
     if (st) return st;

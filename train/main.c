@@ -209,6 +209,9 @@ int main(int argc, char **argv) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    // automatic threads (OMP_NUM_THREADS, else the cores capped by a CPU quota); training
+    // applies train.threads on top
+    moe_cpu_threads(0);
     if (!strcmp(argv[1], "prepare")) return cmd_prepare(argc - 2, argv + 2);
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 2, argv + 2);

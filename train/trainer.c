@@ -417,19 +417,19 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             for (int e = 0; e < E; e++) dropped += routed[e] - kept[e], total += routed[e];
             drop_sum += dropped, routed_sum += total;
             if (mom > worst_mom) worst_mom = mom, worst_layer = l;
-            if (mom > cfg->load_alert) { // every step counts; the console reports the worst
-                load_alert *a = &alerts[l];
+            if (mom > cfg->load_alert) { // checked every step
+                if (cfg->load_alert_action == 1) { // "stop"
+                    fprintf(stderr, "warning: step %lld layer %d: expert %d has %.2fx the mean load "
+                            "(log.load_alert = %.2f)\n", (long long)step + 1, l, hot, mom, cfg->load_alert);
+                    st = moe_error(MOE_ENUMERIC,
+                                   "stopping at step %lld: layer %d expert %d has %.2fx the mean load "
+                                   "(log.load_alert = %.2f, train.load_alert_action = \"stop\")",
+                                   (long long)step + 1, l, hot, mom, cfg->load_alert);
+                    goto done;
+                }
+                load_alert *a = &alerts[l]; // "warn": the console reports the worst step
                 if (!a->n || mom > a->mom) a->mom = mom, a->step = step + 1, a->expert = hot;
                 a->n++;
-            }
-            if (cfg->load_alert_action == 1 && mom > cfg->load_alert) { // checked every step
-                fprintf(stderr, "warning: step %lld layer %d: expert %d has %.2fx the mean load "
-                        "(log.load_alert = %.2f)\n", (long long)step + 1, l, hot, mom, cfg->load_alert);
-                st = moe_error(MOE_ENUMERIC,
-                               "stopping at step %lld: layer %d expert %d has %.2fx the mean load "
-                               "(log.load_alert = %.2f, train.load_alert_action = \"stop\")",
-                               (long long)step + 1, l, hot, mom, cfg->load_alert);
-                goto done;
             }
             cJSON *rec = cJSON_CreateObject();
             cJSON_AddNumberToObject(rec, "step", (double)step + 1);
