@@ -24,23 +24,43 @@ moe_status make_dirs(const char *path) {
     return MOE_OK;
 }
 
-moe_status jsonl_open(FILE **f, const char *dir, const char *name, int append) {
-    char path[2048];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    *f = fopen(path, append ? "a" : "w");
-    if (!*f) return moe_error(MOE_EIO, "%s: cannot open for writing: %s", path, strerror(errno));
+moe_status jsonl_open(jsonl_file *j, const char *dir, const char *name, int append) {
+    snprintf(j->path, sizeof j->path, "%s/%s", dir, name);
+    j->f = fopen(j->path, append ? "a" : "w");
+    if (!j->f) return moe_error(MOE_EIO, "%s: cannot open for writing: %s", j->path, strerror(errno));
     return MOE_OK;
 }
 
-void jsonl_write(FILE *f, cJSON *obj) {
+// errno of the failed call (EIO when the C library did not say).
+static moe_status write_failed(const char *path, int err) {
+    return moe_error(MOE_EIO, "%s: write failed: %s", path, strerror(err ? err : EIO));
+}
+
+moe_status jsonl_write(jsonl_file *j, cJSON *obj) {
     char *s = cJSON_PrintUnformatted(obj);
-    if (s) {
-        fputs(s, f);
-        fputc('\n', f);
-        fflush(f);
-        free(s);
-    }
     cJSON_Delete(obj);
+    if (!s) return moe_error(MOE_ENOMEM, "%s: out of memory formatting a record", j->path);
+    errno = 0;
+    // fflush per record: a full disk shows here, not at the end of the run
+    const int ok = fputs(s, j->f) >= 0 && fputc('\n', j->f) != EOF && fflush(j->f) == 0;
+    const int err = errno;
+    free(s);
+    return ok ? MOE_OK : write_failed(j->path, err);
+}
+
+moe_status file_close_checked(FILE *f, const char *path) {
+    errno = 0;
+    int failed = fflush(f) != 0 || ferror(f);
+    int err = errno;
+    if (fclose(f) != 0 && !failed) failed = 1, err = errno;
+    return failed ? write_failed(path, err) : MOE_OK;
+}
+
+moe_status jsonl_close(jsonl_file *j) {
+    if (!j->f) return MOE_OK;
+    FILE *f = j->f;
+    j->f = NULL;
+    return file_close_checked(f, j->path);
 }
 
 cJSON *json_int_array(const long *values, int n) {
@@ -62,15 +82,31 @@ moe_status jsonl_keep_until(const char *dir, const char *name, long long max_ste
     }
     char *line = NULL;
     size_t cap = 0;
-    while (getline(&line, &cap, in) > 0) {
+    int write_ok = 1, err = 0;
+    while (write_ok && getline(&line, &cap, in) > 0) {
         cJSON *rec = cJSON_Parse(line);
         const cJSON *step = cJSON_GetObjectItemCaseSensitive(rec, "step");
-        if (cJSON_IsNumber(step) && step->valuedouble <= (double)max_step) fputs(line, out);
+        if (cJSON_IsNumber(step) && step->valuedouble <= (double)max_step) {
+            errno = 0;
+            write_ok = fputs(line, out) >= 0;
+            err = errno;
+        }
         cJSON_Delete(rec);
     }
     free(line);
+    const int read_ok = !ferror(in);
     fclose(in);
-    if (fclose(out) != 0 || rename(tmp, path) != 0)
-        return moe_error(MOE_EIO, "%s: cannot rewrite: %s", path, strerror(errno));
-    return MOE_OK;
+    // the original stays until the copy is complete: a failure loses no record
+    moe_status st = MOE_OK;
+    if (!read_ok) {
+        fclose(out);
+        st = moe_error(MOE_EIO, "%s: read failed", path);
+    } else if (!write_ok) {
+        fclose(out);
+        st = write_failed(tmp, err);
+    } else if ((st = file_close_checked(out, tmp)) == MOE_OK && rename(tmp, path) != 0) {
+        st = moe_error(MOE_EIO, "%s: cannot rewrite: %s", path, strerror(errno));
+    }
+    if (st) remove(tmp);
+    return st;
 }

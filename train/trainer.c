@@ -1,6 +1,7 @@
 // The training loop (see trainer.h).
 #include "train/trainer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,6 +223,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                        const trainer_hooks *hooks, trainer_result *result) {
     trainer_result res = {0};
     res.last_val_loss = NAN;
+    if (result) *result = res; // the early returns below leave an empty, freeable result
     const int threads = moe_cpu_threads(cfg->threads);
     const moe_backend *be = moe_backend_cpu();
 
@@ -231,17 +233,21 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         char path[MOE_PATH_MAX + 32];
         snprintf(path, sizeof path, "%s/config.cfg", cfg->run_dir);
         FILE *f = fopen(path, "w");
-        if (!f) return moe_error(MOE_EIO, "%s: cannot write the resolved config", path);
-        st = moe_train_config_write(cfg, f);
-        fclose(f);
-        if (st) return st;
+        if (!f)
+            return moe_error(MOE_EIO, "%s: cannot write the resolved config: %s", path,
+                             strerror(errno));
+        if ((st = moe_train_config_write(cfg, f))) {
+            fclose(f);
+            return st;
+        }
+        if ((st = file_close_checked(f, path))) return st; // a full disk shows here at the latest
     }
 
     token_file train = {0}, val = {0};
     model m = {0};
     optimizer opt = {0};
     data_loader loader = {0};
-    FILE *metrics = NULL, *load_log = NULL;
+    jsonl_file metrics = {0}, load_log = {0};
     int *inputs = NULL, *targets = NULL;
     optim_region *regions = NULL;
     step_load sl = {0};
@@ -387,7 +393,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             cJSON_AddNumberToObject(rec, "grad_norm", grad_norm);
             cJSON_AddBoolToObject(rec, "skipped", 1);
             cJSON_AddNumberToObject(rec, "skipped_total", (double)res.skipped);
-            jsonl_write(metrics, rec);
+            if ((st = jsonl_write(&metrics, rec))) goto done;
             if (consecutive_skips >= cfg->max_skipped) {
                 st = moe_error(MOE_ENUMERIC,
                                "stopping at step %lld: %lld consecutive steps had a non-finite "
@@ -466,7 +472,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             cJSON_AddNumberToObject(rec, "lse_mean", ms->lse_mean);
             cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
             cJSON_AddNumberToObject(rec, "exchange_s", 0);
-            jsonl_write(load_log, rec);
+            if ((st = jsonl_write(&load_log, rec))) goto done;
         }
         const double drop_frac = routed_sum > 0 ? drop_sum / routed_sum : 0;
         const double tok_per_s = (double)T * cfg->grad_accum / dt;
@@ -497,7 +503,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         cJSON_AddNumberToObject(rec, "drop_frac", drop_frac);
         cJSON_AddNumberToObject(rec, "skipped_total", (double)res.skipped);
         if (evaluated) cJSON_AddNumberToObject(rec, "val_loss", val_loss);
-        jsonl_write(metrics, rec);
+        if ((st = jsonl_write(&metrics, rec))) goto done;
 
         const int last = step + 1 == cfg->steps;
         if ((step + 1) % cfg->interval == 0 || step == 0 || last || evaluated) {
@@ -547,8 +553,12 @@ done:
     free(step_tps);
     if (result) *result = res;
     else trainer_result_free(&res);
-    if (metrics) fclose(metrics);
-    if (load_log) fclose(load_log);
+    // a failed close loses the last records: an error unless the run failed already
+    for (int i = 0; i < 2; i++) {
+        jsonl_file *j = i ? &load_log : &metrics;
+        if (st && j->f) fclose(j->f);
+        else if (!st) st = jsonl_close(j);
+    }
     free(inputs), free(targets), free(regions);
     free(sl.routed), free(sl.kept), free(sl.micro_routed), free(sl.entropy), free(sl.aux), free(sl.seq_aux), free(sl.z);
     free(alerts);

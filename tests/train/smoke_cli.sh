@@ -5,6 +5,7 @@
 #   smoke_cli.sh MOE_BINARY WORKDIR
 set -u
 moe=$1 work=$2
+mountpoint -q "$work/tmpfs" 2>/dev/null && umount "$work/tmpfs" # left by an interrupted run
 rm -rf "$work" && mkdir -p "$work"
 fail=0
 check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
@@ -68,5 +69,19 @@ PY"
 rc=$?
 check "moe stats --capacity uses them: exit 0, no approximation note (got $rc)" \
   "[ $rc -eq 0 ] && grep -q 'grad_accum 2' '$work/accum_stats.out' && ! grep -q approximated '$work/accum_stats.out'"
+echo "a disk that fills mid-run (a 64 KiB tmpfs) stops the run at once, naming the file"
+if mkdir -p "$work/tmpfs" && mount -t tmpfs -o size=64k tmpfs "$work/tmpfs" 2>/dev/null; then
+  # ~1.7 KB of logs per step: the disk is full after a few dozen of the 2000 steps
+  "$moe" train "$work/random.cfg" --set train.steps=2000 --set log.interval=100000 \
+    --set "log.dir=\"$work/tmpfs/run\"" > "$work/full.out" 2>&1
+  rc=$?
+  umount "$work/tmpfs"
+  tail -1 "$work/full.out"
+  check "exit status 1 (got $rc)" "[ $rc -eq 1 ] && ! grep -q '^done:' '$work/full.out'"
+  check "the message names the log and the OS error" \
+    "grep -Eq '^moe: error: $work/tmpfs/run/(metrics|expert_load).jsonl: write failed: No space left on device$' '$work/full.out'"
+else
+  echo "  skip  cannot mount a tmpfs here (needs root); test_train_smoke covers it with /dev/full"
+fi
 [ $fail -eq 0 ] && echo "smoke cli: all passed" || echo "smoke cli: FAILED"
 exit $fail

@@ -1,7 +1,8 @@
 #define _POSIX_C_SOURCE 200809L // mkdtemp, dup
 // Training smoke tests: 30 steps of a tiny config lower the loss and write consistent logs;
 // a planted NaN gradient (test-only hook) is skipped, counted and named; consecutive
-// non-finite steps beyond train.max_skipped stop the run with MOE_ENUMERIC.
+// non-finite steps beyond train.max_skipped stop the run with MOE_ENUMERIC; a log or state
+// file on a full disk stops the run naming it.
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
+#include "train/log.h"
 #include "train/trainer.h"
 
 static char workdir[512];
@@ -131,6 +133,51 @@ static void max_skipped_stops(void) {
     check_true("3 good steps, then 4 skipped", r.steps_done == 3 && r.skipped == 4);
 }
 
+// /dev/full fails every write with ENOSPC: a file of the run linked to it is a full disk for
+// that file only. config.cfg fails before the first step, each log at the first step; the
+// run stops with the path and the OS error instead of training on with empty logs.
+static void full_disk_stops(void) {
+    printf("a log or config.cfg on a full disk (/dev/full) stops the run, naming the file\n");
+    const char *files[] = {"config.cfg", "metrics.jsonl", "expert_load.jsonl"};
+    for (int i = 0; i < 3; i++) {
+        moe_train_config c;
+        tiny_config(&c, "full");
+        c.steps = 3;
+        char cmd[2200], path[1100], want[1200], what[200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", c.run_dir, c.run_dir);
+        if (system(cmd) != 0) exit(1);
+        snprintf(path, sizeof path, "%s/%s", c.run_dir, files[i]);
+        if (symlink("/dev/full", path) != 0) exit(1);
+        trainer_result r;
+        moe_status st = trainer_run(&c, NULL, NULL, &r);
+        trainer_result_free(&r);
+        printf("    -> %s\n", st ? moe_last_error() : "(no error)");
+        snprintf(want, sizeof want, "%s: write failed: No space left on device", path);
+        snprintf(what, sizeof what, "%s: MOE_EIO with the path and ENOSPC, no step after the failing one",
+                 files[i]);
+        check_true(what, st == MOE_EIO && strstr(moe_last_error(), want) &&
+                             r.steps_done == (i ? 1 : 0));
+    }
+
+    printf("jsonl_keep_until (resume) on a full disk fails and keeps the log as it was\n");
+    char path[700], tmp[720];
+    snprintf(path, sizeof path, "%s/keep.jsonl", workdir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(path, "w");
+    for (int s = 1; s <= 3; s++) fprintf(f, "{\"step\":%d}\n", s);
+    fclose(f);
+    remove(tmp);
+    if (symlink("/dev/full", tmp) != 0) exit(1);
+    moe_status st = jsonl_keep_until(workdir, "keep.jsonl", 2);
+    printf("    -> %s\n", st ? moe_last_error() : "(no error)");
+    char *text = test_read_file(path);
+    check_true("MOE_EIO: write failed: No space left on device",
+               st == MOE_EIO && strstr(moe_last_error(), "keep.jsonl.tmp: write failed: No space left on device"));
+    check_true("the log keeps its 3 records, the temporary file is removed",
+               text && count_lines(text) == 3 && access(tmp, F_OK) != 0);
+    free(text);
+}
+
 int main(void) {
     snprintf(workdir, sizeof workdir, "%s", "/tmp/moe_train_smoke_XXXXXX");
     if (!mkdtemp(workdir)) return 1;
@@ -144,6 +191,7 @@ int main(void) {
     loss_falls_and_logs();
     planted_nan_is_skipped();
     max_skipped_stops();
+    full_disk_stops();
     printf("%d failure(s)\n", test_failures());
     char rm[600];
     snprintf(rm, sizeof rm, "rm -rf %s", workdir);
