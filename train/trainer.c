@@ -219,6 +219,12 @@ static const char *first_nonfinite_grad(const model *m) {
     return "none (the loss itself)";
 }
 
+// Whether step (0-based) ends with a checkpoint: every checkpoint.interval steps and at the end.
+static int checkpoint_due(const moe_train_config *cfg, const trainer_hooks *hooks, int64_t step) {
+    if (hooks && hooks->no_checkpoint) return 0;
+    return (cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) || step + 1 == cfg->steps;
+}
+
 moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                        const trainer_hooks *hooks, trainer_result *result) {
     trainer_result res = {0};
@@ -401,7 +407,12 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                                (long long)step + 1, (long long)consecutive_skips, cfg->max_skipped);
                 goto done;
             }
-            goto checkpoint;
+            // no checkpoint of a skipped step: with `keep`, saving the states of a diverging
+            // run would rotate out the last good one, and a resume would diverge again
+            if (checkpoint_due(cfg, hooks, step))
+                fprintf(stderr, "warning: step %lld: no checkpoint (its update was skipped)\n",
+                        (long long)step + 1);
+            continue;
         }
         consecutive_skips = 0;
         optimizer_step(&opt, m.params, m.grads, lr, clip_scale(grad_norm, cfg->grad_clip));
@@ -529,10 +540,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             }
             memset(alerts, 0, (size_t)L * sizeof *alerts);
         }
-    checkpoint:
-        if (!(hooks && hooks->no_checkpoint) &&
-            ((cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) ||
-             step + 1 == cfg->steps)) {
+        if (checkpoint_due(cfg, hooks, step)) {
             train_state ts = {.step = step + 1, .skipped = res.skipped,
                               .consecutive_skips = consecutive_skips};
             data_loader_get_state(&ts.loader, &loader);

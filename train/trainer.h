@@ -39,6 +39,9 @@ void trainer_result_free(trainer_result *r);
 // metrics.jsonl, expert_load.jsonl and checkpoints (RUN_DIR/ckpt); prints a console line
 // every log.interval steps. resume (or NULL): a checkpoint folder or `latest` file to
 // continue from exactly (parameters, optimizer, step, data order, skip counts).
+// A step whose update was skipped saves no checkpoint (not even at the end), so the newest
+// checkpoint is the state after a good step and `keep` never rotates the last good one out.
+// A failed write of config.cfg or a log stops the run: MOE_EIO "PATH: write failed: why".
 moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                        const trainer_hooks *hooks, trainer_result *result);
 

@@ -133,6 +133,36 @@ static void max_skipped_stops(void) {
     check_true("3 good steps, then 4 skipped", r.steps_done == 3 && r.skipped == 4);
 }
 
+// A diverging run (every step from the 6th on is non-finite) saves no checkpoint of a
+// skipped step: with keep = 2 the good checkpoints of steps 2 and 4 survive, `latest`
+// names step 4, and a resume from it trains on.
+static void skipped_steps_do_not_checkpoint(void) {
+    printf("a skipped step writes no checkpoint: keep does not rotate out the last good one\n");
+    moe_train_config c;
+    tiny_config(&c, "diverge");
+    c.steps = 12, c.ckpt_interval = 2, c.ckpt_keep = 2, c.max_skipped = 4;
+    trainer_hooks hooks = {5, 1000, 0, 0}; // steps 6..9 skipped, the 4th stops the run
+    trainer_result r;
+    moe_status st = trainer_run(&c, NULL, &hooks, &r);
+    trainer_result_free(&r);
+    check_true("the run stops at step 9 (MOE_ENUMERIC)", st == MOE_ENUMERIC && r.skipped == 4);
+    char path[1200];
+    int ok = 1;
+    for (int s = 2; s <= 8; s += 2) {
+        snprintf(path, sizeof path, "%s/ckpt/step_%08d", c.run_dir, s);
+        ok &= (access(path, F_OK) == 0) == (s <= 4);
+    }
+    check_true("step_2 and step_4 are kept; no step_6, no step_8", ok);
+    snprintf(path, sizeof path, "%s/ckpt/latest", c.run_dir);
+    char *latest = test_read_file(path);
+    check_true("latest names step 4", latest && !strcmp(latest, "step_00000004\n"));
+    free(latest);
+    st = trainer_run(&c, path, NULL, &r);
+    trainer_result_free(&r);
+    if (st) printf("    -> %s\n", moe_last_error());
+    check_true("resuming from latest trains on to step 12", st == MOE_OK && r.steps_done == 12);
+}
+
 // /dev/full fails every write with ENOSPC: a file of the run linked to it is a full disk for
 // that file only. config.cfg fails before the first step, each log at the first step; the
 // run stops with the path and the OS error instead of training on with empty logs.
@@ -191,6 +221,7 @@ int main(void) {
     loss_falls_and_logs();
     planted_nan_is_skipped();
     max_skipped_stops();
+    skipped_steps_do_not_checkpoint();
     full_disk_stops();
     printf("%d failure(s)\n", test_failures());
     char rm[600];
