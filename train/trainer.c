@@ -59,6 +59,8 @@ static void update_router_bias(model *m, const long *routed, double rate) {
     free(b);
 }
 
+#define TPS_WINDOW 1024 // steps in the median tokens/s (trainer.h)
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -153,8 +155,8 @@ static void step_load_add(step_load *s, const model *m) {
     for (int l = 0; l < L; l++) {
         const moe_stats *st = &m->moe_stats[l];
         for (int e = 0; e < E; e++) {
-            s->routed[l * E + e] += st->routed[e];
-            s->kept[l * E + e] += st->kept[e];
+            s->routed[(size_t)l * E + e] += st->routed[e];
+            s->kept[(size_t)l * E + e] += st->kept[e];
             s->micro_routed[((size_t)s->micro * L + l) * E + e] = st->routed[e];
         }
         s->entropy[l] += st->entropy;
@@ -258,8 +260,10 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     optim_region *regions = NULL;
     step_load sl = {0};
     load_alert *alerts = NULL; // [L]
-    double *step_tps = NULL; // tokens/s of each step after the first
-    int n_tps = 0;
+    // tokens/s of the last TPS_WINDOW steps after the first, a ring: memory does not grow
+    // with train.steps (which may be 1e12)
+    double step_tps[TPS_WINDOW];
+    int64_t n_tps = 0;
 
     st = open_data(cfg, &train, &val);
     if (st) goto done;
@@ -270,6 +274,10 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
 
     // weight decay on matrices; RMSNorm weights only with train.decay_norms
     regions = malloc((size_t)m.n_tensors * sizeof *regions);
+    if (!regions) {
+        st = moe_error(MOE_ENOMEM, "trainer: out of memory");
+        goto done;
+    }
     for (int i = 0; i < m.n_tensors; i++) {
         const model_tensor *t = &m.tensors[i];
         regions[i].offset = t->offset;
@@ -310,9 +318,10 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     if ((st = jsonl_open(&metrics, cfg->run_dir, "metrics.jsonl", resume != NULL))) goto done;
     if ((st = jsonl_open(&load_log, cfg->run_dir, "expert_load.jsonl", resume != NULL))) goto done;
 
-    const int L = mc.n_layers, E = mc.moe.n_experts, T = cfg->batch_size * cfg->seq_len;
-    inputs = malloc((size_t)T * sizeof(int));
-    targets = malloc((size_t)T * sizeof(int));
+    const int L = mc.n_layers, E = mc.moe.n_experts;
+    const size_t T = (size_t)cfg->batch_size * (size_t)cfg->seq_len; // tokens per micro-batch
+    inputs = malloc(T * sizeof(int));
+    targets = malloc(T * sizeof(int));
     sl.routed = malloc((size_t)L * E * sizeof(long));
     sl.kept = malloc((size_t)L * E * sizeof(long));
     sl.micro_routed = malloc((size_t)cfg->grad_accum * L * E * sizeof(long));
@@ -340,8 +349,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     res.routed = calloc((size_t)L * E, sizeof(long));
     res.kept = calloc((size_t)L * E, sizeof(long));
     res.last_stats = calloc((size_t)L, sizeof(moe_stats));
-    step_tps = malloc((size_t)(cfg->steps - start_step + 1) * sizeof(double));
-    if (!res.routed || !res.kept || !res.last_stats || !step_tps) {
+    if (!res.routed || !res.kept || !res.last_stats) {
         st = moe_error(MOE_ENOMEM, "trainer: out of memory");
         goto done;
     }
@@ -350,6 +358,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
 
     const double t_start = now_s();
     for (int64_t step = start_step; step < cfg->steps; step++) {
+        if (hooks && hooks->stop_after > 0 && step - start_step >= hooks->stop_after) break;
         const double t0 = now_s();
         const double lr = lr_at_step(cfg->schedule == 1 ? SCHEDULE_CONSTANT : SCHEDULE_COSINE,
                                      cfg->lr, cfg->min_lr, cfg->warmup_steps,
@@ -469,6 +478,11 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             cJSON_AddNumberToObject(rec, "seq_aux", sl.seq_aux[l] / sl.micro);
             if (m.router_bias) {
                 real *b = malloc((size_t)E * sizeof(real));
+                if (!b) {
+                    cJSON_Delete(rec);
+                    st = moe_error(MOE_ENOMEM, "trainer: out of memory");
+                    goto done;
+                }
                 m.be->copy_to_host(b, m.router_bias + (size_t)l * E, (size_t)E * sizeof(real));
                 cJSON *arr = cJSON_AddArrayToObject(rec, "bias");
                 for (int e = 0; e < E; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(b[e]));
@@ -489,7 +503,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         const double tok_per_s = (double)T * cfg->grad_accum / dt;
         for (size_t i = 0; i < (size_t)L * E; i++) res.routed[i] += sl.routed[i], res.kept[i] += sl.kept[i];
         for (int l = 0; l < L; l++) res.last_stats[l] = m.moe_stats[l];
-        if (step > start_step) step_tps[n_tps++] = tok_per_s;
+        if (step > start_step) step_tps[n_tps++ % TPS_WINDOW] = tok_per_s;
 
         int evaluated = 0;
         double val_loss = NAN;
@@ -552,13 +566,13 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         }
     }
     res.seconds = now_s() - t_start;
-    res.median_tokens_per_s = n_tps ? median_of(step_tps, n_tps) : NAN;
+    res.median_tokens_per_s =
+        n_tps ? median_of(step_tps, n_tps < TPS_WINDOW ? (int)n_tps : TPS_WINDOW) : NAN;
     printf("done: %lld steps in %.1f s, final loss %.4f, val loss %.4f, %lld skipped\n",
            (long long)res.steps_done, res.seconds, res.last_loss, res.last_val_loss,
            (long long)res.skipped);
 
 done:
-    free(step_tps);
     if (result) *result = res;
     else trainer_result_free(&res);
     // a failed close loses the last records: an error unless the run failed already

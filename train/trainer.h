@@ -15,6 +15,7 @@ typedef struct {
     int64_t nan_from, nan_to;
     int no_checkpoint;      // moe smoke: save nothing
     int64_t schedule_steps; // moe smoke: the schedule of a run this long (0: train.steps)
+    int64_t stop_after;     // tests: run this many steps in this call, then return (0: all)
 } trainer_hooks;
 
 typedef struct {
@@ -23,7 +24,8 @@ typedef struct {
     double first_loss, last_loss; // total loss of the first and last step
     double last_val_loss;   // NaN if never evaluated
     double seconds;
-    double median_tokens_per_s; // over the steps after the first
+    double median_tokens_per_s; // over the last 1024 steps after the first (a bounded window:
+                                // memory does not grow with train.steps)
     // expert load summed over the run's steps, per layer and expert: [L * E] (owned: free
     // with trainer_result_free); the router logit statistics of the last step per layer
     int n_layers, n_experts;

@@ -95,7 +95,7 @@ static void planted_nan_is_skipped(void) {
     moe_train_config c;
     tiny_config(&c, "nan");
     c.steps = 12;
-    trainer_hooks hooks = {5, 5, 0, 0}; // the 6th step
+    trainer_hooks hooks = {.nan_from = 5, .nan_to = 5}; // the 6th step
     char errpath[600];
     snprintf(errpath, sizeof errpath, "%s/nan.stderr", workdir);
     fflush(stderr);
@@ -122,7 +122,7 @@ static void max_skipped_stops(void) {
     moe_train_config c;
     tiny_config(&c, "nanstop");
     c.max_skipped = 4;
-    trainer_hooks hooks = {3, 1000, 0, 0};
+    trainer_hooks hooks = {.nan_from = 3, .nan_to = 1000};
     fflush(stderr);
     trainer_result r;
     moe_status st = trainer_run(&c, NULL, &hooks, &r);
@@ -141,7 +141,7 @@ static void skipped_steps_do_not_checkpoint(void) {
     moe_train_config c;
     tiny_config(&c, "diverge");
     c.steps = 12, c.ckpt_interval = 2, c.ckpt_keep = 2, c.max_skipped = 4;
-    trainer_hooks hooks = {5, 1000, 0, 0}; // steps 6..9 skipped, the 4th stops the run
+    trainer_hooks hooks = {.nan_from = 5, .nan_to = 1000}; // steps 6..9 skipped, the 4th stops the run
     trainer_result r;
     moe_status st = trainer_run(&c, NULL, &hooks, &r);
     trainer_result_free(&r);
@@ -161,6 +161,22 @@ static void skipped_steps_do_not_checkpoint(void) {
     trainer_result_free(&r);
     if (st) printf("    -> %s\n", moe_last_error());
     check_true("resuming from latest trains on to step 12", st == MOE_OK && r.steps_done == 12);
+}
+
+// train.steps = 1e12 (the config's maximum) allocates nothing per step: the run starts and
+// trains (stop_after: the first 3 steps of it).
+static void huge_step_count_starts(void) {
+    printf("train.steps = 1e12 starts (nothing is allocated per step)\n");
+    moe_train_config c;
+    tiny_config(&c, "huge");
+    c.steps = 1000000000000L;
+    trainer_hooks hooks = {.nan_from = -1, .nan_to = -1, .no_checkpoint = 1, .stop_after = 3};
+    trainer_result r;
+    moe_status st = trainer_run(&c, NULL, &hooks, &r);
+    trainer_result_free(&r);
+    if (st) printf("    -> %s\n", moe_last_error());
+    check_true("3 steps done, a finite median tokens/s",
+               st == MOE_OK && r.steps_done == 3 && isfinite(r.median_tokens_per_s));
 }
 
 // /dev/full fails every write with ENOSPC: a file of the run linked to it is a full disk for
@@ -222,6 +238,7 @@ int main(void) {
     planted_nan_is_skipped();
     max_skipped_stops();
     skipped_steps_do_not_checkpoint();
+    huge_step_count_starts();
     full_disk_stops();
     printf("%d failure(s)\n", test_failures());
     char rm[600];
