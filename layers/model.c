@@ -32,14 +32,19 @@ moe_status model_config_check(const model_config *c) {
 
 // ---- parameter layout -------------------------------------------------------------
 
-// Points the views at consecutive regions of buf; returns the reals used. Dense first,
-// expert weights last; *n_dense receives the size of the dense part.
-static size_t params_layout(model_params *p, real *buf, const model_config *c, size_t *n_dense) {
+// Where each view starts in the flat buffer, in reals (the layout without a buffer).
+typedef struct {
+    size_t embed, attn_norm, wqkv, wo, moe_norm, router, final_norm, lm_head, w13, w2;
+} params_offsets;
+
+// Consecutive regions, dense first and expert weights last; returns the reals used, and
+// *n_dense the size of the dense part.
+static size_t params_layout(params_offsets *o, const model_config *c, size_t *n_dense) {
     const size_t V = c->vocab_size, d = c->d_model, L = c->n_layers, H = c->n_heads,
                  KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts,
                  ff = c->moe.d_ff;
-    size_t off = 0; // buf may be NULL: only count
-#define TAKE(field, n) (p->field = buf ? buf + off : NULL, off += (n))
+    size_t off = 0;
+#define TAKE(field, n) (o->field = off, off += (n))
     TAKE(embed, V * d);
     TAKE(attn_norm, L * d);
     TAKE(wqkv, L * Q * d);
@@ -47,13 +52,28 @@ static size_t params_layout(model_params *p, real *buf, const model_config *c, s
     TAKE(moe_norm, L * d);
     TAKE(router, L * E * d);
     TAKE(final_norm, d);
-    if (c->tie_embeddings) p->lm_head = p->embed;
+    if (c->tie_embeddings) o->lm_head = o->embed;
     else TAKE(lm_head, V * d);
     if (n_dense) *n_dense = off;
     TAKE(w13, L * E * 2 * ff * d);
     TAKE(w2, L * E * d * ff);
 #undef TAKE
     return off;
+}
+
+// Points the views at their regions of buf.
+static void params_views(model_params *p, real *buf, const model_config *c) {
+    params_offsets o;
+    params_layout(&o, c, NULL);
+    *p = (model_params){.embed = buf + o.embed, .attn_norm = buf + o.attn_norm,
+                        .wqkv = buf + o.wqkv, .wo = buf + o.wo, .moe_norm = buf + o.moe_norm,
+                        .router = buf + o.router, .final_norm = buf + o.final_norm,
+                        .lm_head = buf + o.lm_head, .w13 = buf + o.w13, .w2 = buf + o.w2};
+}
+
+size_t model_param_count(const model_config *cfg) {
+    params_offsets o;
+    return params_layout(&o, cfg, NULL);
 }
 
 // Layer l's MoE weights; bias (the model's router_bias, or NULL for gradient views) [L, E].
@@ -69,48 +89,58 @@ static moe_weights layer_moe_weights(const model_params *p, const model_config *
     return w;
 }
 
-static void add_tensor(model *m, const char *name, const real *ptr, int rows, int cols,
-                       int layer, int is_norm, int is_expert) {
-    model_tensor *t = &m->tensors[m->n_tensors++];
+static void add_tensor(model_tensor *tab, int *n, const char *name, size_t offset, int rows,
+                       int cols, int layer, int is_norm, int is_expert) {
+    model_tensor *t = &tab[(*n)++];
     snprintf(t->name, sizeof t->name, "%s", name);
-    t->offset = (size_t)(ptr - m->params);
+    t->offset = offset;
     t->rows = rows, t->cols = cols, t->layer = layer;
     t->is_norm = is_norm, t->is_expert = is_expert;
 }
 
-// The tensor table in Hugging Face Mixtral names, in HF order.
-static void build_tensor_table(model *m) {
-    const model_config *c = &m->cfg;
-    const model_params *p = &m->p;
+int64_t model_tensor_count(const model_config *c) {
+    return 3 - (c->tie_embeddings != 0) + (int64_t)c->n_layers * (7 + 3 * (int64_t)c->moe.n_experts);
+}
+
+// The tensor table in Hugging Face Mixtral names, in HF order (model_tensor_count entries).
+static void build_tensor_table(model_tensor *tab, const model_config *c) {
+    params_offsets o;
+    params_layout(&o, c, NULL);
     const int V = c->vocab_size, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads,
               hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts, ff = c->moe.d_ff;
     char name[96];
-    m->n_tensors = 0;
-    add_tensor(m, "model.embed_tokens.weight", p->embed, V, d, -1, 0, 0);
+    int n = 0;
+    add_tensor(tab, &n, "model.embed_tokens.weight", o.embed, V, d, -1, 0, 0);
     for (int l = 0; l < c->n_layers; l++) {
-        const real *wqkv = p->wqkv + (size_t)l * Q * d;
+        const size_t wqkv = o.wqkv + (size_t)l * Q * d, gate = o.router + (size_t)l * E * d;
 #define LNAME(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
-        add_tensor(m, LNAME("input_layernorm.weight"), p->attn_norm + (size_t)l * d, d, 0, l, 1, 0);
-        add_tensor(m, LNAME("self_attn.q_proj.weight"), wqkv, H * hd, d, l, 0, 0);
-        add_tensor(m, LNAME("self_attn.k_proj.weight"), wqkv + (size_t)H * hd * d, KV * hd, d, l, 0, 0);
-        add_tensor(m, LNAME("self_attn.v_proj.weight"), wqkv + (size_t)(H + KV) * hd * d, KV * hd, d, l, 0, 0);
-        add_tensor(m, LNAME("self_attn.o_proj.weight"), p->wo + (size_t)l * d * H * hd, d, H * hd, l, 0, 0);
-        add_tensor(m, LNAME("post_attention_layernorm.weight"), p->moe_norm + (size_t)l * d, d, 0, l, 1, 0);
-        moe_weights w = layer_moe_weights(p, c, l, NULL);
-        add_tensor(m, LNAME("block_sparse_moe.gate.weight"), w.gate, E, d, l, 0, 0);
+        add_tensor(tab, &n, LNAME("input_layernorm.weight"), o.attn_norm + (size_t)l * d, d, 0, l, 1, 0);
+        add_tensor(tab, &n, LNAME("self_attn.q_proj.weight"), wqkv, H * hd, d, l, 0, 0);
+        add_tensor(tab, &n, LNAME("self_attn.k_proj.weight"), wqkv + (size_t)H * hd * d, KV * hd, d, l, 0, 0);
+        add_tensor(tab, &n, LNAME("self_attn.v_proj.weight"), wqkv + (size_t)(H + KV) * hd * d, KV * hd, d, l, 0, 0);
+        add_tensor(tab, &n, LNAME("self_attn.o_proj.weight"), o.wo + (size_t)l * d * H * hd, d, H * hd, l, 0, 0);
+        add_tensor(tab, &n, LNAME("post_attention_layernorm.weight"), o.moe_norm + (size_t)l * d, d, 0, l, 1, 0);
+        add_tensor(tab, &n, LNAME("block_sparse_moe.gate.weight"), gate, E, d, l, 0, 0);
 #undef LNAME
         for (int j = 0; j < E; j++) {
-            const real *w13 = w.w13 + (size_t)j * 2 * ff * d;
+            const size_t w13 = o.w13 + ((size_t)l * E + j) * 2 * ff * d,
+                         w2 = o.w2 + ((size_t)l * E + j) * d * ff;
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, j);
-            add_tensor(m, name, w13, ff, d, l, 0, 1);
+            add_tensor(tab, &n, name, w13, ff, d, l, 0, 1);
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, j);
-            add_tensor(m, name, w.w2 + (size_t)j * d * ff, d, ff, l, 0, 1);
+            add_tensor(tab, &n, name, w2, d, ff, l, 0, 1);
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, j);
-            add_tensor(m, name, w13 + (size_t)ff * d, ff, d, l, 0, 1);
+            add_tensor(tab, &n, name, w13 + (size_t)ff * d, ff, d, l, 0, 1);
         }
     }
-    add_tensor(m, "model.norm.weight", p->final_norm, d, 0, -1, 1, 0);
-    if (!c->tie_embeddings) add_tensor(m, "lm_head.weight", p->lm_head, V, d, -1, 0, 0);
+    add_tensor(tab, &n, "model.norm.weight", o.final_norm, d, 0, -1, 1, 0);
+    if (!c->tie_embeddings) add_tensor(tab, &n, "lm_head.weight", o.lm_head, V, d, -1, 0, 0);
+}
+
+model_tensor *model_tensor_table(const model_config *cfg) {
+    model_tensor *tab = calloc((size_t)model_tensor_count(cfg), sizeof *tab);
+    if (tab) build_tensor_table(tab, cfg);
+    return tab;
 }
 
 const model_tensor *model_find_tensor(const model *m, const char *name) {
@@ -147,7 +177,8 @@ static moe_status create_common(model *m, const moe_backend *be, const model_con
     m->cfg = *cfg;
     m->be = be;
     const size_t L = cfg->n_layers, hd = cfg->d_model / cfg->n_heads, P = max_pos, R = sizeof(real);
-    m->n_params = params_layout(&m->p, NULL, cfg, &m->n_dense);
+    params_offsets offsets;
+    m->n_params = params_layout(&offsets, cfg, &m->n_dense);
     buffer_spec specs[] = {
         {(void **)&m->params, m->n_params * R},
         {(void **)&m->rope_cos, P * hd / 2 * R},
@@ -158,16 +189,16 @@ static moe_status create_common(model *m, const moe_backend *be, const model_con
         buffer_spec bias = {(void **)&m->router_bias, L * cfg->moe.n_experts * R};
         if ((st = alloc_all(m, &bias, 1))) return st;
     }
-    params_layout(&m->p, m->params, cfg, NULL);
+    params_views(&m->p, m->params, cfg);
 
     // tensor table: 1 + per layer 7 + 3E, + final norm + lm_head
-    m->tensors = calloc(3 + L * (7 + 3 * (size_t)cfg->moe.n_experts), sizeof(model_tensor));
+    m->tensors = model_tensor_table(cfg);
+    m->n_tensors = (int)model_tensor_count(cfg);
     m->n_moe = n_moe;
     m->moe = calloc(n_moe, sizeof(moe_layer));
     m->moe_stats = calloc(L, sizeof(moe_stats));
     if (!m->tensors || !m->moe || !m->moe_stats)
         return moe_error(MOE_ENOMEM, "model: cannot allocate host tables");
-    build_tensor_table(m);
     for (int l = 0; l < n_moe; l++)
         if ((st = moe_layer_init(&m->moe[l], be, &cfg->moe, max_tokens))) return st;
 
@@ -221,7 +252,7 @@ moe_status model_create(model *m, const moe_backend *be, const model_config *cfg
         model_destroy(m);
         return st;
     }
-    params_layout(&m->g, m->grads, cfg, NULL);
+    params_views(&m->g, m->grads, cfg);
     return MOE_OK;
 }
 

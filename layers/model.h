@@ -32,6 +32,9 @@ typedef struct {
 
 moe_status model_config_check(const model_config *cfg);
 
+// Reals in the parameter buffer of a model of this config (nothing allocated).
+size_t model_param_count(const model_config *cfg);
+
 // Views into the flat parameter (or gradient) buffer. hd = d / H, Q = (H + 2 KV) * hd.
 typedef struct {
     real *embed;      // [V, d]
@@ -56,6 +59,11 @@ typedef struct {
     int is_norm;     // RMSNorm weight (no weight decay by default)
     int is_expert;   // expert weight
 } model_tensor;
+
+// The tensor table of a model of this config: model_tensor_count entries in HF order
+// (malloc'd; NULL when out of memory), as m->tensors of a model made from it.
+int64_t model_tensor_count(const model_config *cfg);
+model_tensor *model_tensor_table(const model_config *cfg);
 
 typedef struct {
     model_config cfg;

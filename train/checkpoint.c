@@ -39,6 +39,12 @@ static moe_status check_path_arg(const char *path) {
 
 // ---- small file helpers ------------------------------------------------------------
 
+// "step_NNNNNNNN" (a checkpoint folder's name) -> N.
+static int parse_step_name(const char *name, long long *step) {
+    char tail;
+    return strlen(name) == 13 && sscanf(name, "step_%lld%c", step, &tail) == 1 && *step >= 0;
+}
+
 static moe_status fsync_path(const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return moe_error(MOE_EIO, "%s: cannot open to fsync: %s", path, strerror(errno));
@@ -163,12 +169,137 @@ static cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
     return j;
 }
 
-static int json_int(const cJSON *j, const char *key, int *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 1e9)
-        return 0;
+// ---- reading config.json: every field we use is checked for type and range ----------
+//
+// The limits are the training schema's (train/config.h), so whatever moe.c trains it loads,
+// and a small file cannot make us allocate absurd sizes: with them the parameter count fits
+// in 64 bits (L*E*2ff*d <= 2^59), and it is compared with the safetensors headers before
+// anything is allocated (hf_check_sizes).
+
+// The field of obj that `key` names ("optimizer.t": obj is the optimizer object).
+static const cJSON *field(const cJSON *obj, const char *key) {
+    const char *dot = strrchr(key, '.');
+    return cJSON_GetObjectItemCaseSensitive(obj, dot ? dot + 1 : key);
+}
+
+// An integer field in [lo, hi]. Absent: MOE_OK with *out untouched, unless required.
+static moe_status cj_int(const cJSON *j, const char *path, const char *key, int64_t lo,
+                         int64_t hi, int required, int *out) {
+    const cJSON *v = field(j, key);
+    if (!v && !required) return MOE_OK;
+    if (!v) return moe_error(MOE_EINVAL, "%s: %s is missing", path, key);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
+        return moe_error(MOE_EINVAL, "%s: %s must be an integer", path, key);
+    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+        return moe_error(MOE_EINVAL, "%s: %s = %g is outside [%" PRId64 ", %" PRId64 "]", path,
+                         key, v->valuedouble, lo, hi);
     *out = (int)v->valuedouble;
-    return 1;
+    return MOE_OK;
+}
+
+// A finite number in (lo, hi]. Absent: MOE_OK with *out untouched.
+static moe_status cj_num(const cJSON *j, const char *path, const char *key, double lo, double hi,
+                         double *out) {
+    const cJSON *v = field(j, key);
+    if (!v) return MOE_OK;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return moe_error(MOE_EINVAL, "%s: %s must be a finite number", path, key);
+    if (!(v->valuedouble > lo && v->valuedouble <= hi))
+        return moe_error(MOE_EINVAL, "%s: %s = %g is outside (%g, %g]", path, key,
+                         v->valuedouble, lo, hi);
+    *out = v->valuedouble;
+    return MOE_OK;
+}
+
+// A boolean field. Absent: MOE_OK with *out untouched.
+static moe_status cj_bool(const cJSON *j, const char *path, const char *key, int *out) {
+    const cJSON *v = field(j, key);
+    if (!v) return MOE_OK;
+    if (!cJSON_IsBool(v)) return moe_error(MOE_EINVAL, "%s: %s must be true or false", path, key);
+    *out = cJSON_IsTrue(v);
+    return MOE_OK;
+}
+
+// A string field equal to one of `allowed` (NULL-terminated); *out its index. Absent: MOE_OK.
+static moe_status cj_enum(const cJSON *j, const char *path, const char *key,
+                          const char *const *allowed, int *out) {
+    const cJSON *v = field(j, key);
+    if (!v) return MOE_OK;
+    for (int i = 0; allowed[i] && cJSON_IsString(v); i++)
+        if (!strcmp(v->valuestring, allowed[i])) {
+            *out = i;
+            return MOE_OK;
+        }
+    char list[128] = "";
+    for (int i = 0, u = 0; allowed[i] && u < (int)sizeof list; i++)
+        u += snprintf(list + u, sizeof list - (size_t)u, "%s\"%s\"", i ? ", " : "", allowed[i]);
+    return moe_error(MOE_EINVAL, "%s: %s must be one of %s", path, key, list);
+}
+
+// rope_theta: top-level (transformers 4.x), or rope_parameters.rope_theta (transformers 5.x);
+// only the plain RoPE (rope_type "default") is implemented.
+static moe_status cj_rope(const cJSON *j, const char *path, double *theta) {
+    moe_status st = cj_num(j, path, "rope_theta", 0, 1e12, theta);
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (st || !rp || cJSON_IsNull(rp)) return st;
+    if (!cJSON_IsObject(rp)) return moe_error(MOE_EINVAL, "%s: rope_parameters must be an object", path);
+    static const char *const types[] = {"default", NULL};
+    int type = 0;
+    double t = *theta;
+    if ((st = cj_enum(rp, path, "rope_parameters.rope_type", types, &type)) ||
+        (st = cj_num(rp, path, "rope_parameters.rope_theta", 0, 1e12, &t)))
+        return st;
+    if (cJSON_GetObjectItemCaseSensitive(j, "rope_theta") && t != *theta)
+        return moe_error(MOE_EINVAL, "%s: rope_theta = %g and rope_parameters.rope_theta = %g differ",
+                         path, *theta, t);
+    *theta = t;
+    return MOE_OK;
+}
+
+// The fields of config.json that describe the model; unknown-to-us fields are ignored.
+static moe_status parse_hf_config(model_config *out, const cJSON *j, const char *path) {
+    static const char *const mixtral[] = {"mixtral", NULL}, *const scoring[] = {"softmax", "sigmoid", NULL},
+                             *const silu[] = {"silu", NULL};
+    int type = -1, act = 0, ff = 0, E = 0, k = 0, head_dim = 0, score = 0;
+    model_config c = {.max_seq_len = 4096, .rms_norm_eps = 1e-5, .rope_theta = 1e6};
+    moe_status st;
+    if ((st = cj_enum(j, path, "model_type", mixtral, &type))) return st;
+    if (type < 0) return moe_error(MOE_EINVAL, "%s: model_type is missing (expected \"mixtral\")", path);
+    if ((st = cj_int(j, path, "vocab_size", 2, 1 << 24, 1, &c.vocab_size)) ||
+        (st = cj_int(j, path, "hidden_size", 1, 65536, 1, &c.d_model)) ||
+        (st = cj_int(j, path, "intermediate_size", 1, 1 << 20, 1, &ff)) ||
+        (st = cj_int(j, path, "num_hidden_layers", 1, 1024, 1, &c.n_layers)) ||
+        (st = cj_int(j, path, "num_attention_heads", 1, 4096, 1, &c.n_heads)) ||
+        (st = cj_int(j, path, "num_local_experts", 1, 4096, 1, &E)) ||
+        (st = cj_int(j, path, "num_experts_per_tok", 1, 4096, 1, &k)))
+        return st;
+    c.n_kv_heads = c.n_heads;
+    if ((st = cj_int(j, path, "num_key_value_heads", 1, 4096, 0, &c.n_kv_heads)) ||
+        (st = cj_int(j, path, "max_position_embeddings", 1, 1 << 20, 0, &c.max_seq_len)) ||
+        (st = cj_int(j, path, "head_dim", 1, 65536, 0, &head_dim)) ||
+        (st = cj_num(j, path, "rms_norm_eps", 0, 1, &c.rms_norm_eps)) ||
+        (st = cj_rope(j, path, &c.rope_theta)) ||
+        (st = cj_bool(j, path, "tie_word_embeddings", &c.tie_embeddings)) ||
+        (st = cj_enum(j, path, "hidden_act", silu, &act)))
+        return st;
+    if (head_dim && (int64_t)head_dim * c.n_heads != c.d_model)
+        return moe_error(MOE_EINVAL, "%s: head_dim = %d differs from hidden_size / "
+                         "num_attention_heads = %d / %d (not supported)", path, head_dim,
+                         c.d_model, c.n_heads);
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    if (sw && !cJSON_IsNull(sw))
+        return moe_error(MOE_EINVAL, "%s: sliding_window must be null (sliding-window attention is "
+                         "not implemented)", path);
+    c.moe = moe_config_default(c.d_model, ff, E, k);
+    if ((st = cj_bool(j, path, "norm_topk_prob", &c.moe.norm_topk_prob)) ||
+        (st = cj_enum(j, path, "scoring_func", scoring, &score)) ||
+        (st = cj_num(j, path, "routed_scaling_factor", 0, 1e6, &c.moe.route_scale)) ||
+        (st = cj_bool(j, path, "router_bias", &c.router_bias)))
+        return st;
+    c.moe.scoring = score ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
+    if ((st = model_config_check(&c))) return moe_error_context(st, "%s", path);
+    *out = c;
+    return MOE_OK;
 }
 
 moe_status hf_config_read(model_config *cfg, const char *folder) {
@@ -178,55 +309,9 @@ moe_status hf_config_read(model_config *cfg, const char *folder) {
     cJSON *j;
     moe_status st = read_json(&j, path);
     if (st) return st;
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    if (!cJSON_IsString(type) || strcmp(type->valuestring, "mixtral")) {
-        cJSON_Delete(j);
-        return moe_error(MOE_EINVAL, "%s: model_type is not \"mixtral\"", path);
-    }
-    model_config c = {0};
-    int ff = 0, E = 0, k = 0;
-    const char *missing = NULL;
-    if (!json_int(j, "vocab_size", &c.vocab_size)) missing = "vocab_size";
-    else if (!json_int(j, "hidden_size", &c.d_model)) missing = "hidden_size";
-    else if (!json_int(j, "intermediate_size", &ff)) missing = "intermediate_size";
-    else if (!json_int(j, "num_hidden_layers", &c.n_layers)) missing = "num_hidden_layers";
-    else if (!json_int(j, "num_attention_heads", &c.n_heads)) missing = "num_attention_heads";
-    else if (!json_int(j, "num_local_experts", &E)) missing = "num_local_experts";
-    else if (!json_int(j, "num_experts_per_tok", &k)) missing = "num_experts_per_tok";
-    if (missing) {
-        cJSON_Delete(j);
-        return moe_error(MOE_EINVAL, "%s: %s is missing or not an integer", path, missing);
-    }
-    if (!json_int(j, "num_key_value_heads", &c.n_kv_heads)) c.n_kv_heads = c.n_heads;
-    if (!json_int(j, "max_position_embeddings", &c.max_seq_len)) c.max_seq_len = 4096;
-    const cJSON *v;
-    c.rms_norm_eps = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "rms_norm_eps")) ? v->valuedouble : 1e-5;
-    c.rope_theta = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "rope_theta")) ? v->valuedouble : 1e6;
-    c.tie_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
-    c.moe = moe_config_default(c.d_model, ff, E, k);
-    v = cJSON_GetObjectItemCaseSensitive(j, "norm_topk_prob");
-    if (cJSON_IsBool(v)) c.moe.norm_topk_prob = cJSON_IsTrue(v);
-    v = cJSON_GetObjectItemCaseSensitive(j, "scoring_func");
-    if (cJSON_IsString(v) && !strcmp(v->valuestring, "sigmoid")) c.moe.scoring = MOE_SCORE_SIGMOID;
-    else if (cJSON_IsString(v) && strcmp(v->valuestring, "softmax")) {
-        cJSON_Delete(j);
-        return moe_error(MOE_EINVAL, "%s: scoring_func \"%s\" is neither softmax nor sigmoid", path,
-                         v->valuestring);
-    }
-    v = cJSON_GetObjectItemCaseSensitive(j, "routed_scaling_factor");
-    if (cJSON_IsNumber(v)) c.moe.route_scale = v->valuedouble;
-    c.router_bias = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "router_bias"));
-    int head_dim;
-    if (json_int(j, "head_dim", &head_dim) && c.n_heads > 0 && head_dim * c.n_heads != c.d_model) {
-        cJSON_Delete(j);
-        return moe_error(MOE_EINVAL, "%s: head_dim = %d differs from hidden_size / num_attention_heads"
-                         " = %d (not supported)", path, head_dim, c.d_model / c.n_heads);
-    }
+    st = parse_hf_config(cfg, j, path); // every message is formatted before j is freed
     cJSON_Delete(j);
-    st = model_config_check(&c);
-    if (st) return moe_error_context(st, "%s", path);
-    *cfg = c;
-    return MOE_OK;
+    return st;
 }
 
 moe_status hf_config_check(const char *folder, const model_config *cfg) {
@@ -267,6 +352,7 @@ typedef struct {
     char names[64][256];
     st_file files[64];
     int loaded[64];
+    int headers_only; // st_read_header: names and shapes, no data
 } weight_source;
 
 static moe_status source_open(weight_source *ws, const char *folder) {
@@ -318,16 +404,27 @@ static moe_status source_file(st_file **out, weight_source *ws, const char *fold
     snprintf(ws->names[i], sizeof ws->names[i], "%s", file);
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/%s", folder, file);
-    moe_status st = st_read(&ws->files[i], path);
+    moe_status st = ws->headers_only ? st_read_header(&ws->files[i], path) : st_read(&ws->files[i], path);
     if (st) return st;
     ws->loaded[i] = 1;
     *out = &ws->files[i];
     return MOE_OK;
 }
 
-// Copies every tensor of the table into host (a buffer laid out like m->params), from the
-// files in folder whose names are prefix + HF name.
-static moe_status load_tensors(real *host, const model *m, const char *folder,
+// A tensor with a NaN or an infinity gives garbage downstream (and training never saves one:
+// such steps are skipped), so loading one is an error naming it.
+static moe_status check_finite(const real *x, size_t n, const char *file, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return moe_error(MOE_EIO, "%s: tensor '%s' holds a non-finite value (%g at element %zu)",
+                             file, name, (double)x[i], i);
+    return MOE_OK;
+}
+
+// Copies the n tensors of tab into host (a buffer laid out like m->params), from the files
+// in folder whose names are prefix + HF name. host NULL: only checks that every tensor is
+// there with its shape, reading the headers alone.
+static moe_status load_tensors(real *host, const model_tensor *tab, int n, const char *folder,
                                const char *single_file, const char *prefix) {
     weight_source ws;
     moe_status st = MOE_OK;
@@ -342,8 +439,9 @@ static moe_status load_tensors(real *host, const model *m, const char *folder,
         source_close(&ws);
         return st;
     }
-    for (int i = 0; i < m->n_tensors && !st; i++) {
-        const model_tensor *t = &m->tensors[i];
+    ws.headers_only = host == NULL;
+    for (int i = 0; i < n && !st; i++) {
+        const model_tensor *t = &tab[i];
         char name[320];
         snprintf(name, sizeof name, "%s%s", prefix, t->name);
         st_file *f = &ws.files[0];
@@ -365,7 +463,9 @@ static moe_status load_tensors(real *host, const model *m, const char *folder,
                                  f->path, name, got, t->rows);
             break;
         }
+        if (!host) continue;
         st_to_f32(host + t->offset, f, s);
+        st = check_finite(host + t->offset, (size_t)t->rows * (t->cols ? t->cols : 1), f->path, name);
     }
     source_close(&ws);
     return st;
@@ -412,7 +512,10 @@ static moe_status load_bias(model *m, const char *folder) {
         if (!t) st = moe_error(MOE_EIO, "%s: tensor '%s' missing", path, name);
         else if (t->ndim != 1 || t->shape[0] != E)
             st = moe_error(MOE_EIO, "%s: tensor '%s' is not of shape [%d]", path, name, E);
-        else st_to_f32(b + (size_t)l * E, &f, t);
+        else {
+            st_to_f32(b + (size_t)l * E, &f, t);
+            st = check_finite(b + (size_t)l * E, (size_t)E, path, name);
+        }
     }
     if (!st) m->be->copy_to_device(m->router_bias, b, (size_t)L * E * sizeof(real));
     free(b);
@@ -420,10 +523,10 @@ static moe_status load_bias(model *m, const char *folder) {
     return st;
 }
 
-moe_status hf_load_weights(model *m, const char *folder) {
+static moe_status load_weights(model *m, const char *folder) {
     real *host = malloc(m->n_params * sizeof(real));
     if (!host) return moe_error(MOE_ENOMEM, "cannot allocate %zu parameters", m->n_params);
-    moe_status st = load_tensors(host, m, folder, NULL, "");
+    moe_status st = load_tensors(host, m->tensors, m->n_tensors, folder, NULL, "");
     if (!st) m->be->copy_to_device(m->params, host, m->n_params * sizeof(real));
     free(host);
     char path[PATH_BUF];
@@ -431,6 +534,31 @@ moe_status hf_load_weights(model *m, const char *folder) {
     // a model with a selection bias starts from the folder's, or from zero if it has none
     if (!st && m->router_bias && access(path, F_OK) == 0) st = load_bias(m, folder);
     return st;
+}
+
+// A folder whose name is step_NNNNNNNN, or that has a trainer_state.json, is a moe.c
+// checkpoint: it is loaded only when intact.
+static int is_moe_checkpoint(const char *folder) {
+    char path[PATH_BUF];
+    path_fmt(path, sizeof path, "%s/trainer_state.json", folder);
+    if (access(path, F_OK) == 0) return 1;
+    path_fmt(path, sizeof path, "%s", folder);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') path[--n] = 0;
+    const char *base = strrchr(path, '/');
+    long long step;
+    return parse_step_name(base ? base + 1 : path, &step);
+}
+
+moe_status hf_load_weights(model *m, const char *folder) {
+    if (check_path_arg(folder)) return MOE_EINVAL;
+    char path[PATH_BUF];
+    path_fmt(path, sizeof path, "%s/trainer_state.json", folder);
+    if (is_moe_checkpoint(folder) && access(path, F_OK) != 0)
+        return moe_error(MOE_EIO, "%s: a moe.c checkpoint folder without its trainer_state.json "
+                         "(damaged or incomplete; an HF folder must not be named step_N)", folder);
+    moe_status st = is_moe_checkpoint(folder) ? checkpoint_verify(folder) : MOE_OK;
+    return st ? st : load_weights(m, folder);
 }
 
 // Writes the tensors of host (laid out like m->params) as shards of at most max_bytes (a
@@ -505,10 +633,6 @@ static moe_status write_moments(const char *folder, const char *file, const mode
 
 // ---- save -----------------------------------------------------------------------------
 
-static int parse_step_name(const char *name, long long *step) {
-    char tail;
-    return sscanf(name, "step_%lld%c", step, &tail) == 1 && strlen(name) == 13;
-}
 
 // Deletes leftovers of interrupted saves (step_*.tmp) and all but the newest `keep`
 // complete checkpoints.
@@ -689,7 +813,7 @@ done:
     return st;
 }
 
-// ---- load -----------------------------------------------------------------------------
+// ---- finding a checkpoint ------------------------------------------------------------
 
 moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
     if (check_path_arg(path)) return MOE_EINVAL;
@@ -718,93 +842,253 @@ moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
     return MOE_OK;
 }
 
-static int json_u64(const cJSON *obj, const char *key, uint64_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (cJSON_IsString(v)) {
-        char *end;
-        errno = 0;
-        unsigned long long x = strtoull(v->valuestring, &end, 10);
-        if (errno || *end || end == v->valuestring) return 0;
-        *out = x;
-        return 1;
-    }
-    if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0) {
-        *out = (uint64_t)v->valuedouble;
-        return 1;
-    }
-    return 0;
+// ---- trainer_state.json -------------------------------------------------------------
+//
+// Every field is checked for type and range before it is used: a JSON number is a double,
+// and casting 1e300 to int64 is undefined behaviour.
+
+#define STATE_MAX_STEPS INT64_C(1000000000000) // train.steps' limit (train/config.h)
+
+// An integer number in [lo, hi].
+static moe_status st_int64(const cJSON *obj, const char *file, const char *key, int64_t lo,
+                           int64_t hi, int64_t *out) {
+    const cJSON *v = field(obj, key);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
+        return moe_error(MOE_EIO, "%s: \"%s\" is missing or not an integer", file, key);
+    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+        return moe_error(MOE_EIO, "%s: \"%s\" = %g is outside [%" PRId64 ", %" PRId64 "]", file,
+                         key, v->valuedouble, lo, hi);
+    *out = (int64_t)v->valuedouble;
+    return MOE_OK;
 }
 
-moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts) {
-    char folder[PATH_BUF], file[PATH_BUF + 64];
-    moe_status st = checkpoint_resolve(folder, sizeof folder, path);
-    if (st) return st;
-    cJSON *state = NULL;
-    real *host = NULL;
-    path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
-    if ((st = read_json(&state, file))) return st;
+// A 64-bit unsigned integer written as a decimal string (JSON numbers are doubles).
+static moe_status st_u64(const cJSON *obj, const char *file, const char *key, uint64_t *out) {
+    const cJSON *v = field(obj, key);
+    const char *s = cJSON_IsString(v) ? v->valuestring : NULL;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
+    if (!s || !end || *end || end == s || errno)
+        return moe_error(MOE_EIO, "%s: \"%s\" is missing or not a decimal string of a 64-bit "
+                         "unsigned integer", file, key);
+    *out = x;
+    return MOE_OK;
+}
 
-    // every file as it was written
-    const cJSON *crcs = cJSON_GetObjectItemCaseSensitive(state, "crc32"), *c;
-    if (!cJSON_IsObject(crcs)) {
-        st = moe_error(MOE_EIO, "%s: no \"crc32\" object", file);
-        goto done;
-    }
-    cJSON_ArrayForEach(c, crcs) {
-        char fpath[PATH_BUF + 300];
-        uint32_t crc;
-        path_fmt(fpath, sizeof fpath, "%s/%s", folder, c->string);
-        if ((st = file_crc32(fpath, &crc))) goto done;
-        char hex[16];
-        snprintf(hex, sizeof hex, "%08" PRIx32, crc);
-        if (!cJSON_IsString(c) || strcmp(hex, c->valuestring)) {
-            st = moe_error(MOE_EIO, "%s: CRC32 mismatch: the file has %s, trainer_state.json says %s",
-                           fpath, hex, cJSON_IsString(c) ? c->valuestring : "(not a string)");
-            goto done;
-        }
-    }
-    if ((st = hf_config_check(folder, &m->cfg))) goto done;
-    if ((st = hf_load_weights(m, folder))) goto done;
-
-    if (opt && opt->m) {
-        if (!(host = malloc(m->n_params * sizeof(real)))) {
-            st = moe_error(MOE_ENOMEM, "checkpoint: out of memory");
-            goto done;
-        }
-        if ((st = load_tensors(host, m, folder, "optimizer-exp_avg.safetensors", ""))) goto done;
-        m->be->copy_to_device(opt->m, host, m->n_params * sizeof(real));
-        if ((st = load_tensors(host, m, folder, "optimizer-exp_avg_sq.safetensors", ""))) goto done;
-        m->be->copy_to_device(opt->v, host, m->n_params * sizeof(real));
-    }
+static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const char *file) {
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(state, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "moe.c trainer state"))
+        return moe_error(MOE_EIO, "%s: \"format\" is not \"moe.c trainer state\"", file);
+    int64_t version, world, ep;
+    moe_status st;
+    if ((st = st_int64(state, file, "version", 1, 1, &version))) return st;
+    memset(cs, 0, sizeof *cs);
+    train_state *ts = &cs->ts;
+    if ((st = st_int64(state, file, "step", 0, STATE_MAX_STEPS, &ts->step)) ||
+        (st = st_int64(state, file, "skipped", 0, ts->step, &ts->skipped)) ||
+        (st = st_int64(state, file, "consecutive_skips", 0, ts->skipped, &ts->consecutive_skips)))
+        return st;
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(state, "optimizer");
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "t");
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(state, "step");
-    const cJSON *ld = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetObjectItemCaseSensitive(state, "rng"), "data_loader");
-    if (!cJSON_IsNumber(t) || !cJSON_IsNumber(step)) {
-        st = moe_error(MOE_EIO, "%s: \"step\" or \"optimizer.t\" missing", file);
-        goto done;
-    }
-    if (opt) opt->t = (int64_t)t->valuedouble;
-    if (ts) {
-        memset(ts, 0, sizeof *ts);
-        ts->step = (int64_t)step->valuedouble;
-        const cJSON *v;
-        if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(state, "skipped"))) ts->skipped = (int64_t)v->valuedouble;
-        if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(state, "consecutive_skips")))
-            ts->consecutive_skips = (int64_t)v->valuedouble;
-        if (!json_u64(ld, "seed", &ts->loader.seed) || !json_u64(ld, "epoch", &ts->loader.epoch) ||
-            !json_u64(ld, "position", &ts->loader.position) ||
-            !json_u64(ld, "n_windows", &ts->loader.n_windows) ||
-            !json_u64(ld, "seq_len", &ts->loader.seq_len)) {
-            st = moe_error(MOE_EIO, "%s: rng.data_loader is incomplete", file);
-            goto done;
-        }
-    }
-done:
-    free(host);
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(o, "kind");
+    if (!cJSON_IsString(kind) || (strcmp(kind->valuestring, "adamw") && strcmp(kind->valuestring, "sgd")))
+        return moe_error(MOE_EIO, "%s: \"optimizer.kind\" is not \"adamw\" or \"sgd\"", file);
+    cs->optimizer = strcmp(kind->valuestring, "sgd") ? OPTIM_ADAMW : OPTIM_SGD;
+    // the optimizer counts the updates it made: never more than the steps
+    if ((st = st_int64(o, file, "optimizer.t", 0, ts->step, &cs->optimizer_t))) return st;
+    const cJSON *world_obj = cJSON_GetObjectItemCaseSensitive(state, "world");
+    if ((st = st_int64(world_obj, file, "world.size", 1, 1, &world)) ||
+        (st = st_int64(world_obj, file, "world.ep_size", 1, 1, &ep)))
+        return st; // expert parallelism comes later: one process wrote it
+    const cJSON *ld = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(state, "rng"),
+                                                       "data_loader");
+    data_loader_state *l = &ts->loader;
+    if ((st = st_u64(ld, file, "rng.data_loader.seed", &l->seed)) ||
+        (st = st_u64(ld, file, "rng.data_loader.epoch", &l->epoch)) ||
+        (st = st_u64(ld, file, "rng.data_loader.position", &l->position)) ||
+        (st = st_u64(ld, file, "rng.data_loader.n_windows", &l->n_windows)) ||
+        (st = st_u64(ld, file, "rng.data_loader.seq_len", &l->seq_len)))
+        return st;
+    if (l->position > l->n_windows)
+        return moe_error(MOE_EIO, "%s: rng.data_loader.position %" PRIu64 " exceeds n_windows %" PRIu64,
+                         file, l->position, l->n_windows);
+    if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(state, "crc32")))
+        return moe_error(MOE_EIO, "%s: no \"crc32\" object", file);
+    return MOE_OK;
+}
+
+moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder) {
+    if (check_path_arg(folder)) return MOE_EINVAL;
+    char file[PATH_BUF];
+    path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
+    cJSON *state;
+    moe_status st = read_json(&state, file);
+    if (st) return st;
+    st = parse_state(cs, state, file);
     cJSON_Delete(state);
     return st;
+}
+
+// ---- integrity -----------------------------------------------------------------------
+
+// name's CRC32 in crcs (8 hex digits) equals the file's.
+static moe_status verify_file(const char *folder, const cJSON *crcs, const char *name) {
+    char path[PATH_BUF + 300], hex[16];
+    path_fmt(path, sizeof path, "%s/%s", folder, name);
+    const cJSON *want = cJSON_GetObjectItemCaseSensitive(crcs, name);
+    if (!want)
+        return moe_error(MOE_EIO, "%s: no CRC32 for it in trainer_state.json (damaged state file)", path);
+    if (!cJSON_IsString(want) || strlen(want->valuestring) != 8 ||
+        strspn(want->valuestring, "0123456789abcdef") != 8)
+        return moe_error(MOE_EIO, "%s/trainer_state.json: crc32.\"%s\" is not 8 hex digits", folder, name);
+    uint32_t crc;
+    moe_status st = file_crc32(path, &crc);
+    if (st) return st;
+    snprintf(hex, sizeof hex, "%08" PRIx32, crc);
+    if (strcmp(hex, want->valuestring))
+        return moe_error(MOE_EIO, "%s: CRC32 mismatch: the file has %s, trainer_state.json says %s",
+                         path, hex, want->valuestring);
+    return MOE_OK;
+}
+
+// Appends name to the list of files to verify (once).
+static int add_required(char (*names)[256], int n, int cap, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(names[i], name)) return n;
+    if (n < cap) snprintf(names[n++], sizeof names[0], "%s", name);
+    return n;
+}
+
+// The files a checkpoint must hold, from what the folder itself says: config.json, the index
+// and every shard it names, the bias file when config.json has router_bias, the optimizer
+// moments for AdamW or whenever present.
+static moe_status required_files(char (*names)[256], int *n_out, int cap, const char *folder,
+                                 optim_kind kind) {
+    char path[PATH_BUF];
+    int n = 0;
+    n = add_required(names, n, cap, "config.json");
+    n = add_required(names, n, cap, "model.safetensors.index.json");
+    cJSON *index = NULL, *config = NULL;
+    path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
+    moe_status st = read_json(&index, path);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *e;
+    if (!st && !cJSON_IsObject(map)) st = moe_error(MOE_EIO, "%s: no \"weight_map\" object", path);
+    cJSON_ArrayForEach(e, (st ? NULL : map)) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strlen(e->valuestring) >= 256) {
+            st = moe_error(MOE_EIO, "%s: weight_map.\"%s\" is not a file name of this folder", path,
+                           e->string);
+            break;
+        }
+        n = add_required(names, n, cap, e->valuestring);
+    }
+    path_fmt(path, sizeof path, "%s/config.json", folder);
+    if (!st && !(st = read_json(&config, path)) &&
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(config, "router_bias")))
+        n = add_required(names, n, cap, BIAS_FILE);
+    static const char *const optional[] = {BIAS_FILE, "optimizer-exp_avg.safetensors",
+                                           "optimizer-exp_avg_sq.safetensors"};
+    for (int i = 0; i < 3 && !st; i++) {
+        path_fmt(path, sizeof path, "%s/%s", folder, optional[i]);
+        if (access(path, F_OK) == 0 || (i > 0 && kind == OPTIM_ADAMW))
+            n = add_required(names, n, cap, optional[i]);
+    }
+    if (!st && n == cap) st = moe_error(MOE_EIO, "%s: more than %d files to verify", folder, cap - 1);
+    cJSON_Delete(index);
+    cJSON_Delete(config);
+    *n_out = n;
+    return st;
+}
+
+#define VERIFY_MAX_FILES 256
+
+moe_status checkpoint_verify(const char *folder) {
+    checkpoint_state cs;
+    moe_status st = checkpoint_state_read(&cs, folder);
+    if (st) return st;
+    char file[PATH_BUF];
+    path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
+    cJSON *state = NULL;
+    char (*names)[256] = malloc(VERIFY_MAX_FILES * sizeof *names);
+    if (!names) return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
+    int n = 0;
+    if (!(st = read_json(&state, file)))
+        st = required_files(names, &n, VERIFY_MAX_FILES, folder, cs.optimizer);
+    const cJSON *crcs = cJSON_GetObjectItemCaseSensitive(state, "crc32"), *c;
+    for (int i = 0; i < n && !st; i++) st = verify_file(folder, crcs, names[i]);
+    cJSON_ArrayForEach(c, (st ? NULL : crcs)) { // and whatever else it lists
+        if (strchr(c->string, '/') || !strcmp(c->string, "trainer_state.json")) {
+            st = moe_error(MOE_EIO, "%s: crc32.\"%s\" does not name a file of the folder", file, c->string);
+            break;
+        }
+        if ((st = verify_file(folder, crcs, c->string))) break;
+    }
+    free(names);
+    cJSON_Delete(state);
+    return st;
+}
+
+// ---- sizes before allocation -------------------------------------------------------------
+
+moe_status hf_check_sizes(const char *folder, const model_config *cfg) {
+    if (check_path_arg(folder)) return MOE_EINVAL;
+    weight_source ws;
+    moe_status st = source_open(&ws, folder);
+    int64_t have = 0; // tensors the folder names: the index's entries, or the file's
+    if (!st && ws.index) {
+        have = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(ws.index, "weight_map"));
+    } else if (!st) {
+        char path[PATH_BUF];
+        path_fmt(path, sizeof path, "%s/model.safetensors", folder);
+        st_file f;
+        if (!(st = st_read_header(&f, path))) have = f.n;
+        st_free(&f);
+    }
+    source_close(&ws);
+    if (st) return st;
+    // the table is no bigger than the headers, which are bounded (ST_MAX_HEADER per file)
+    const int64_t need = model_tensor_count(cfg);
+    if (need > have)
+        return moe_error(MOE_EIO, "%s/config.json describes %" PRId64 " tensors (num_hidden_layers "
+                         "= %d, num_local_experts = %d), the folder's weights have %" PRId64
+                         ": config.json does not match the weights", folder, need, cfg->n_layers,
+                         cfg->moe.n_experts, have);
+    model_tensor *tab = model_tensor_table(cfg);
+    if (!tab) return moe_error(MOE_ENOMEM, "out of memory");
+    st = load_tensors(NULL, tab, (int)need, folder, NULL, "");
+    free(tab);
+    return st;
+}
+
+// ---- load -------------------------------------------------------------------------------
+
+moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts) {
+    char folder[PATH_BUF];
+    moe_status st = checkpoint_resolve(folder, sizeof folder, path);
+    if (st) return st;
+    checkpoint_state cs;
+    real *host = NULL;
+    if ((st = checkpoint_verify(folder)) || (st = checkpoint_state_read(&cs, folder))) return st;
+    if (opt && opt->cfg.kind != cs.optimizer)
+        return moe_error(MOE_EINVAL, "%s/trainer_state.json: the checkpoint was trained with %s, "
+                         "the config says train.optimizer = \"%s\" (switching optimizers on resume "
+                         "is not supported: use train.init_from to start a new run from the weights)",
+                         folder, cs.optimizer == OPTIM_SGD ? "sgd" : "adamw",
+                         opt->cfg.kind == OPTIM_SGD ? "sgd" : "adamw");
+    if ((st = hf_config_check(folder, &m->cfg))) return st;
+    if ((st = load_weights(m, folder))) return st;
+    if (opt && opt->m) {
+        if (!(host = malloc(m->n_params * sizeof(real))))
+            return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
+        if (!(st = load_tensors(host, m->tensors, m->n_tensors, folder, "optimizer-exp_avg.safetensors", "")))
+            m->be->copy_to_device(opt->m, host, m->n_params * sizeof(real));
+        if (!st && !(st = load_tensors(host, m->tensors, m->n_tensors, folder, "optimizer-exp_avg_sq.safetensors", "")))
+            m->be->copy_to_device(opt->v, host, m->n_params * sizeof(real));
+        free(host);
+        if (st) return st;
+    }
+    if (opt) opt->t = cs.optimizer_t;
+    if (ts) *ts = cs.ts;
+    return MOE_OK;
 }
 
 // ---- export ---------------------------------------------------------------------------

@@ -34,6 +34,25 @@ typedef struct {
 
 #define CHECKPOINT_SHARD_BYTES ((uint64_t)1 << 30)
 
+// trainer_state.json, read and validated field by field (type, range, consistency): a bad
+// field is MOE_EIO naming the file and the field.
+typedef struct {
+    train_state ts;
+    optim_kind optimizer;  // the optimizer whose moments the folder holds
+    int64_t optimizer_t;   // its update count (<= ts.step)
+} checkpoint_state;
+
+// Reads folder/trainer_state.json into cs (validated as above).
+moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder);
+
+// A moe.c checkpoint folder (one with trainer_state.json) is intact: every file it must
+// hold (config.json, the index and every shard it names, the bias file when config.json
+// has router_bias, the optimizer moments for AdamW) exists, every file of the folder has a
+// CRC32 in trainer_state.json, and each matches. The required set comes from the index and
+// the configs, so it cannot be emptied by editing trainer_state.json. MOE_EIO naming the
+// file otherwise. A folder without trainer_state.json (an HF folder) is not checked here.
+moe_status checkpoint_verify(const char *folder);
+
 // Saves into ckpt_root/step_%08lld (see above). opt may be NULL (no moment files).
 moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimizer *opt,
                            const train_state *ts, const moe_train_config *cfg, int keep,
@@ -43,7 +62,8 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
 moe_status checkpoint_resolve(char *folder, size_t n, const char *path);
 
 // Loads a checkpoint folder (or `latest`) into m (and opt and ts when not NULL), after
-// checking every file's CRC32 against trainer_state.json and config.json against m's config.
+// checkpoint_verify, checkpoint_state_read, config.json against m's config, and opt's kind
+// against the one that wrote the moments (MOE_EINVAL: no switching optimizers on resume).
 moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts);
 
 // Reads an HF Mixtral folder's config.json into a model config (MoE capacity settings at
@@ -53,8 +73,14 @@ moe_status hf_config_read(model_config *cfg, const char *folder);
 // MOE_EINVAL naming every field of folder/config.json that disagrees with cfg.
 moe_status hf_config_check(const char *folder, const model_config *cfg);
 
+// Before allocating a model of cfg for the folder: its safetensors headers (read without
+// the data) hold at least as many values as cfg's parameters, so a config.json that
+// describes a bigger model than its weights is refused before anything is allocated.
+moe_status hf_check_sizes(const char *folder, const model_config *cfg);
+
 // Loads every tensor of m by its HF name from folder (model.safetensors, or the shards of
-// model.safetensors.index.json; F32, BF16 or F16 converted to fp32).
+// model.safetensors.index.json; F32, BF16 or F16 converted to fp32). A moe.c checkpoint
+// (see checkpoint_verify) is verified first; a tensor with a NaN or Inf is refused.
 moe_status hf_load_weights(model *m, const char *folder);
 
 // Writes m's weights as an inference-only HF folder (config.json, shards, index) in dtype.

@@ -14,11 +14,20 @@ moe_status infer_load(model *m, const char *ckpt, int max_pos, int max_chunk) {
     if (st) return st;
     model_config cfg;
     if ((st = hf_config_read(&cfg, folder))) return st;
+    if ((st = hf_check_sizes(folder, &cfg))) return st; // before allocating from config.json
     if (max_pos <= 0 || max_pos > cfg.max_seq_len) max_pos = cfg.max_seq_len;
     if (max_chunk > max_pos) max_chunk = max_pos;
     if ((st = model_create_inference(m, moe_backend_cpu(), &cfg, max_pos, max_chunk))) return st;
     if ((st = hf_load_weights(m, folder))) model_destroy(m);
     return st;
+}
+
+// The first non-finite logit of rows [n, V], or -1. The weights are finite (checked at load),
+// so one here is an activation that overflowed.
+static long first_nonfinite(const real *logits, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(logits[i])) return (long)i;
+    return -1;
 }
 
 moe_status npy_write_f32(const char *path, const float *data, int rows, int cols) {
@@ -69,6 +78,13 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
         for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t];
         if ((st = model_infer(m, inputs, seq_len, 0))) break;
         m->be->copy_to_host(logits, m->logits, (size_t)seq_len * V * sizeof(real));
+        long bad = first_nonfinite(logits, (size_t)seq_len * V);
+        if (bad >= 0) {
+            st = moe_error(MOE_ENUMERIC, "eval: non-finite logit (%g) in window %ld at position %ld, "
+                           "token id %ld: the forward overflowed (the weights are finite)",
+                           (double)logits[bad], w, bad / V, bad % V);
+            break;
+        }
         if (w == 0 && logits_npy) st = npy_write_f32(logits_npy, logits, seq_len, V);
         for (int t = 0; t < seq_len; t++) { // CE = logsumexp(z) - z[target], in double
             const real *z = logits + (size_t)t * V;
@@ -81,6 +97,8 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
     free(inputs), free(logits);
     *n_tokens = windows * seq_len;
     *loss = sum / (double)*n_tokens;
+    if (!st && !isfinite(*loss)) // finite logits give a finite loss; never print nan
+        st = moe_error(MOE_ENUMERIC, "eval: the mean cross-entropy is not finite (%g)", *loss);
     return st;
 }
 
@@ -163,6 +181,13 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new,
     uint64_t rng = s->seed;
     for (int i = 0; i < n_new && !st; i++) {
         m->be->copy_to_host(logits, m->logits, (size_t)V * sizeof(real));
+        long bad = first_nonfinite(logits, (size_t)V);
+        if (bad >= 0) {
+            st = moe_error(MOE_ENUMERIC, "generate: non-finite logit (%g) for token id %ld at "
+                           "position %d: the forward overflowed (the weights are finite)",
+                           (double)logits[bad], bad, pos);
+            break;
+        }
         int next = sample(logits, V, s, &rng, cand);
         out[(*n_out)++] = next;
         if (pos >= m->max_pos || i + 1 == n_new) break; // the cache is full, or done

@@ -432,7 +432,7 @@ done:
     return st;
 }
 
-static moe_status read_file(st_file *f, FILE *fp, char **hdr_out, size_t *hdr_len) {
+static moe_status read_file(st_file *f, FILE *fp, char **hdr_out, size_t *hdr_len, int with_data) {
     const char *path = f->path;
     struct stat sb;
     if (fstat(fileno(fp), &sb) != 0) return moe_error(MOE_EIO, "%s: cannot stat: %s", path, strerror(errno));
@@ -467,6 +467,7 @@ static moe_status read_file(st_file *f, FILE *fp, char **hdr_out, size_t *hdr_le
     const char *nul = memchr(hdr, 0, (size_t)n);
     if (nul) return moe_error(MOE_EIO, "%s: header has a NUL byte at offset %zu", path, (size_t)(nul - hdr));
     f->data_size = size - 8 - n;
+    if (!with_data) return MOE_OK;
     f->data = malloc(f->data_size ? (size_t)f->data_size : 1);
     if (!f->data)
         return moe_error(MOE_ENOMEM, "%s: no memory for %" PRIu64 " bytes of tensor data", path, f->data_size);
@@ -476,7 +477,7 @@ static moe_status read_file(st_file *f, FILE *fp, char **hdr_out, size_t *hdr_le
     return MOE_OK;
 }
 
-moe_status st_read(st_file *f, const char *path) {
+static moe_status st_open(st_file *f, const char *path, int with_data) {
     memset(f, 0, sizeof *f);
     if (!path) return moe_error(MOE_EINVAL, "st_read: no path");
     size_t plen = strlen(path);
@@ -488,7 +489,7 @@ moe_status st_read(st_file *f, const char *path) {
     if (!fp) return moe_error(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
     char *hdr = NULL;
     size_t hdr_len = 0;
-    moe_status st = read_file(f, fp, &hdr, &hdr_len);
+    moe_status st = read_file(f, fp, &hdr, &hdr_len, with_data);
     fclose(fp);
     if (st == MOE_OK) st = parse_header(f, hdr, hdr_len);
     free(hdr);
@@ -500,6 +501,10 @@ moe_status st_read(st_file *f, const char *path) {
     }
     return st;
 }
+
+moe_status st_read(st_file *f, const char *path) { return st_open(f, path, 1); }
+
+moe_status st_read_header(st_file *f, const char *path) { return st_open(f, path, 0); }
 
 void st_free(st_file *f) {
     if (!f) return;

@@ -41,6 +41,9 @@ typedef struct {
 // data_offsets whose size differs from shape x dtype size; overlapping or gapped offsets, or
 // data not ending at the end of the file; duplicate names.
 moe_status st_read(st_file *f, const char *path);
+// st_read without the data (f->data stays NULL; data_size is the file's): the same checks,
+// for looking at the tensors' names and shapes before allocating anything for them.
+moe_status st_read_header(st_file *f, const char *path);
 void st_free(st_file *f);
 
 // The tensor named `name`, or NULL.

@@ -1,0 +1,384 @@
+// Loading hostile or damaged checkpoints (issue 8, defects 1-4 and 7): every path that
+// loads a moe.c checkpoint verifies it, trainer_state.json and config.json are validated
+// field by field before anything is allocated from them, and non-finite weights or results
+// are errors, never a printed nan.
+//
+//   test_ckpt_hardening CASE     CASE: uaf | integrity | state | sizes | nonfinite | rope
+#define _POSIX_C_SOURCE 200809L // mkdtemp
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/infer.h"
+#include "train/trainer.h"
+
+static char work[64];
+
+// A small model config: 2 layers, 4 experts top-2.
+static model_config small_config(void) {
+    model_config c = {.vocab_size = 256, .d_model = 32, .n_layers = 2, .n_heads = 4,
+                      .n_kv_heads = 2, .max_seq_len = 32, .rope_theta = 1e4, .rms_norm_eps = 1e-5};
+    c.moe = moe_config_default(32, 24, 4, 2);
+    return c;
+}
+
+// A moe.c checkpoint (trainer_state.json, CRC32s, AdamW moments) at work/name/step_00000003;
+// its folder goes to `folder`.
+static void make_checkpoint(const char *name, optim_kind kind, char *folder, size_t n) {
+    moe_train_config tc;
+    moe_train_config_default(&tc);
+    tc.optimizer = kind == OPTIM_SGD;
+    model_config mc = small_config();
+    model m;
+    model_create(&m, moe_backend_cpu(), &mc, 1, 8);
+    model_init_weights(&m, 3, 0.1);
+    optim_region all = {0, m.n_params, 1};
+    optim_config oc = {kind, 0.9, 0.95, 1e-8, 0.1};
+    optimizer o;
+    optimizer_create(&o, m.be, &oc, m.n_params, &all, 1);
+    o.t = 3;
+    train_state ts = {.step = 3, .loader = {.seed = 1, .position = 2, .n_windows = 9, .seq_len = 8}};
+    char root[200];
+    snprintf(root, sizeof root, "%s/%s", work, name);
+    if (checkpoint_save(root, &m, &o, &ts, &tc, 2, CHECKPOINT_SHARD_BYTES)) printf("save: %s\n", moe_last_error());
+    snprintf(folder, n, "%s/step_00000003", root);
+    optimizer_destroy(&o);
+    model_destroy(&m);
+}
+
+static void sh(const char *fmt, const char *a, const char *b) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, fmt, a, b);
+    if (system(cmd) != 0) printf("    command failed: %s\n", cmd);
+}
+
+static cJSON *read_json_file(const char *path) {
+    char *text = test_read_file(path);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    return j;
+}
+
+static void write_json_file(const char *path, cJSON *j) {
+    char *text = cJSON_Print(j);
+    FILE *f = fopen(path, "w");
+    if (f) fputs(text, f), fclose(f);
+    free(text);
+    cJSON_Delete(j);
+}
+
+// Sets folder/file's top-level `key` (a dotted path one level deep: "optimizer.t") to the
+// JSON value `json`.
+static void set_field(const char *folder, const char *file, const char *key, const char *json) {
+    char path[600], group[64] = "";
+    snprintf(path, sizeof path, "%s/%s", folder, file);
+    cJSON *j = read_json_file(path), *obj = j;
+    const char *dot = strchr(key, '.');
+    if (dot) {
+        snprintf(group, sizeof group, "%.*s", (int)(dot - key), key);
+        obj = cJSON_GetObjectItem(j, group);
+        key = dot + 1;
+    }
+    cJSON *v = cJSON_Parse(json);
+    if (cJSON_GetObjectItem(obj, key)) cJSON_ReplaceItemInObject(obj, key, v);
+    else cJSON_AddItemToObject(obj, key, v);
+    write_json_file(path, j);
+}
+
+static void remove_field(const char *folder, const char *file, const char *key) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", folder, file);
+    cJSON *j = read_json_file(path);
+    cJSON_DeleteItemFromObject(j, key);
+    write_json_file(path, j);
+}
+
+// infer_load must fail with `code` and a message holding `a` (and `b` when not NULL).
+static void expect_load_error(const char *what, const char *folder, moe_status code,
+                              const char *a, const char *b) {
+    model m;
+    moe_status st = infer_load(&m, folder, 8, 8);
+    int ok = st == code && strstr(moe_last_error(), a) && (!b || strstr(moe_last_error(), b));
+    check_true(what, ok);
+    printf("    -> %s\n", st ? moe_last_error() : "(loaded)");
+    if (!st) model_destroy(&m);
+}
+
+// A fresh copy of src named work/name; its path goes to out.
+static void copy_folder(const char *src, const char *name, char *out, size_t n) {
+    snprintf(out, n, "%s/%s/step_00000003", work, name);
+    char parent[300];
+    snprintf(parent, sizeof parent, "%s/%s", work, name);
+    sh("rm -rf %s && mkdir -p %s", parent, parent);
+    sh("cp -r %s %s/", src, parent);
+}
+
+// ---- 1: the error about an unknown scoring_func is formatted before the JSON is freed ----
+static void case_uaf(void) {
+    char ck[300], dir[300];
+    make_checkpoint("uaf_src", OPTIM_ADAMW, ck, sizeof ck);
+    copy_folder(ck, "uaf", dir, sizeof dir);
+    set_field(dir, "config.json", "scoring_func", "\"bogus_scoring_function_name\"");
+    model_config c;
+    moe_status st = hf_config_read(&c, dir);
+    check_true("unknown scoring_func: an error naming the field (ASan: no use after free)",
+               st == MOE_EINVAL && strstr(moe_last_error(), "scoring_func") &&
+                   strstr(moe_last_error(), "softmax"));
+    printf("    -> %s\n", moe_last_error());
+}
+
+// ---- 2: eval, generate, export and init_from verify; the CRC list cannot be emptied -------
+static void damage_last_byte(const char *path) {
+    FILE *f = fopen(path, "r+b");
+    if (!f) return;
+    fseek(f, -1, SEEK_END);
+    int last = fgetc(f);
+    fseek(f, -1, SEEK_END);
+    fputc(last ^ 0x40, f);
+    fclose(f);
+}
+
+static void case_integrity(void) {
+    char ck[300], dir[300], path[400];
+    make_checkpoint("int_src", OPTIM_ADAMW, ck, sizeof ck);
+    model m;
+    moe_status st = infer_load(&m, ck, 8, 8);
+    check_true("an intact checkpoint loads for inference", st == MOE_OK);
+    if (!st) model_destroy(&m);
+
+    copy_folder(ck, "int_shard", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
+    damage_last_byte(path);
+    expect_load_error("eval/generate/export: a damaged shard is refused (CRC32)", dir, MOE_EIO,
+                      "CRC32 mismatch", "model-00001-of-00001.safetensors");
+    // init_from loads through hf_load_weights
+    model t;
+    model_config mc = small_config();
+    model_create(&t, moe_backend_cpu(), &mc, 1, 8);
+    st = hf_load_weights(&t, dir);
+    check_true("init_from: a damaged shard is refused (CRC32)",
+               st == MOE_EIO && strstr(moe_last_error(), "CRC32 mismatch"));
+    model_destroy(&t);
+
+    copy_folder(ck, "int_empty", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
+    damage_last_byte(path);
+    set_field(dir, "trainer_state.json", "crc32", "{}");
+    expect_load_error("\"crc32\": {} does not disable the checks", dir, MOE_EIO,
+                      "config.json", "no CRC32");
+
+    copy_folder(ck, "int_drop", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    cJSON *j = read_json_file(path);
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "crc32"), "model-00001-of-00001.safetensors");
+    write_json_file(path, j);
+    expect_load_error("a shard whose CRC32 entry was removed is refused", dir, MOE_EIO,
+                      "model-00001-of-00001.safetensors", "no CRC32");
+
+    copy_folder(ck, "int_moments", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    j = read_json_file(path);
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "crc32"), "optimizer-exp_avg.safetensors");
+    write_json_file(path, j);
+    expect_load_error("the moments must be covered too (AdamW)", dir, MOE_EIO,
+                      "optimizer-exp_avg.safetensors", "no CRC32");
+
+    copy_folder(ck, "int_nostate", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    unlink(path);
+    expect_load_error("a step folder without trainer_state.json is refused", dir, MOE_EIO,
+                      "trainer_state.json", NULL);
+}
+
+// ---- 3: trainer_state.json is validated field by field ------------------------------------
+static void state_error(const char *what, const char *src, const char *key, const char *json,
+                        const char *expect) {
+    char dir[300];
+    copy_folder(src, "state", dir, sizeof dir);
+    if (json) set_field(dir, "trainer_state.json", key, json);
+    else remove_field(dir, "trainer_state.json", key);
+    checkpoint_state cs;
+    moe_status st = checkpoint_state_read(&cs, dir);
+    check_true(what, st == MOE_EIO && strstr(moe_last_error(), "trainer_state.json") &&
+                         strstr(moe_last_error(), expect));
+    printf("    -> %s\n", st ? moe_last_error() : "(accepted)");
+}
+
+static void case_state(void) {
+    char ck[300];
+    make_checkpoint("state_src", OPTIM_ADAMW, ck, sizeof ck);
+    checkpoint_state cs;
+    moe_status st = checkpoint_state_read(&cs, ck);
+    check_true("a saved state reads back", st == MOE_OK && cs.ts.step == 3 && cs.optimizer_t == 3 &&
+                                               cs.optimizer == OPTIM_ADAMW && cs.ts.loader.position == 2);
+    state_error("step = 1e300 refused", ck, "step", "1e300", "\"step\"");
+    state_error("negative step refused", ck, "step", "-4", "\"step\"");
+    state_error("fractional step refused", ck, "step", "2.5", "\"step\"");
+    state_error("step as a string refused", ck, "step", "\"3\"", "\"step\"");
+    state_error("missing step refused", ck, "step", NULL, "\"step\"");
+    state_error("negative skip count refused", ck, "skipped", "-1", "\"skipped\"");
+    state_error("more skips than steps refused", ck, "skipped", "4", "\"skipped\"");
+    state_error("optimizer.t beyond the steps refused", ck, "optimizer.t", "1e18", "\"optimizer.t\"");
+    state_error("unknown optimizer refused", ck, "optimizer.kind", "\"lion\"", "optimizer.kind");
+    state_error("a loader seed that is not a u64 string refused", ck, "rng", "{\"data_loader\": "
+                "{\"seed\": \"-1\", \"epoch\": \"0\", \"position\": \"0\", \"n_windows\": \"9\", "
+                "\"seq_len\": \"8\"}}", "\"rng.data_loader.seed\"");
+    state_error("a loader position beyond its windows refused", ck, "rng", "{\"data_loader\": "
+                "{\"seed\": \"1\", \"epoch\": \"0\", \"position\": \"10\", \"n_windows\": \"9\", "
+                "\"seq_len\": \"8\"}}", "position");
+    state_error("world size > 1 refused by a one-process build", ck, "world", "{\"size\": 2, \"ep_size\": 1}",
+                "size");
+    state_error("unknown format version refused", ck, "version", "2", "\"version\"");
+
+    // resuming with another optimizer: refused, naming both
+    char sgd[300];
+    make_checkpoint("state_sgd", OPTIM_SGD, sgd, sizeof sgd);
+    model m;
+    model_config mc = small_config();
+    model_create(&m, moe_backend_cpu(), &mc, 1, 8);
+    optim_region all = {0, m.n_params, 1};
+    optim_config oc = {OPTIM_ADAMW, 0.9, 0.95, 1e-8, 0.1};
+    optimizer o;
+    optimizer_create(&o, m.be, &oc, m.n_params, &all, 1);
+    train_state ts;
+    st = checkpoint_load(sgd, &m, &o, &ts);
+    check_true("switching the optimizer on resume is refused, naming both",
+               st == MOE_EINVAL && strstr(moe_last_error(), "sgd") && strstr(moe_last_error(), "adamw"));
+    printf("    -> %s\n", moe_last_error());
+    optimizer_destroy(&o);
+    model_destroy(&m);
+}
+
+// ---- 4: config.json sizes are bounded and checked against the headers before allocating ---
+static moe_status code_of(const char *msg) { return strstr(msg, "describes") || strstr(msg, "shape") ? MOE_EIO : MOE_EINVAL; }
+
+// An HF folder (the checkpoint without trainer_state.json, under a name that is not a step
+// folder's) whose config.json has key = json: the field checks alone must refuse it.
+static void config_error(const char *what, const char *src, const char *key, const char *json,
+                         const char *a, const char *b) {
+    char dir[300], path[400], hf[300];
+    copy_folder(src, "sizes", dir, sizeof dir);
+    set_field(dir, "config.json", key, json);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    unlink(path);
+    snprintf(hf, sizeof hf, "%s/sizes/hf", work);
+    if (rename(dir, hf) != 0) printf("    rename failed\n");
+    expect_load_error(what, hf, code_of(a), a, b);
+}
+
+static void case_sizes(void) {
+    char ck[300];
+    make_checkpoint("sizes_src", OPTIM_ADAMW, ck, sizeof ck);
+    config_error("a million layers: refused by its range, nothing allocated", ck,
+                 "num_hidden_layers", "1000000", "num_hidden_layers", "[1, 1024]");
+    config_error("1000 layers (in range): refused against the headers, nothing allocated", ck,
+                 "num_hidden_layers", "1000", "describes", "num_hidden_layers = 1000");
+    config_error("4096 experts (in range): refused against the headers", ck, "num_local_experts",
+                 "4096", "describes", "num_local_experts = 4096");
+    config_error("max_position_embeddings = 1e9 refused", ck, "max_position_embeddings", "1e9",
+                 "max_position_embeddings", NULL);
+    config_error("head_dim * num_attention_heads beyond int refused", ck, "head_dim", "1073741824",
+                 "head_dim", NULL);
+    config_error("a larger vocabulary: the shapes named from the headers alone", ck, "vocab_size",
+                 "300", "has shape [256, 32], expected [300, 32]", NULL);
+    config_error("hidden_size as a string refused", ck, "hidden_size", "\"32\"", "hidden_size",
+                 "integer");
+    config_error("fractional intermediate_size refused", ck, "intermediate_size", "24.5",
+                 "intermediate_size", "integer");
+}
+
+// ---- 7: non-finite weights, results and config values --------------------------------------
+static void case_nonfinite(void) {
+    char ck[300];
+    make_checkpoint("nf_src", OPTIM_ADAMW, ck, sizeof ck);
+    config_error("rms_norm_eps = 1e300 refused", ck, "rms_norm_eps", "1e300", "rms_norm_eps", NULL);
+    config_error("routed_scaling_factor = 1e300 refused", ck, "routed_scaling_factor", "1e300",
+                 "routed_scaling_factor", NULL);
+    config_error("rope_theta = 1e999 (inf) refused", ck, "rope_theta", "1e999", "rope_theta", NULL);
+
+    // an HF folder whose weights hold a NaN: refused at load, naming the tensor
+    model_config mc = small_config();
+    model m, back;
+    model_create_inference(&m, moe_backend_cpu(), &mc, 32, 32);
+    model_init_weights(&m, 4, 0.1);
+    m.p.wo[5] = NAN;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/nf_nan", work);
+    hf_export(dir, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    expect_load_error("a NaN weight is refused, naming the tensor", dir, MOE_EIO,
+                      "model.layers.0.self_attn.o_proj.weight", "non-finite");
+
+    // finite weights whose forward overflows: eval and generate fail, never print nan
+    model_init_weights(&m, 4, 0.1);
+    for (int i = 0; i < mc.vocab_size * mc.d_model; i++) m.p.lm_head[i] = 3e38f;
+    snprintf(dir, sizeof dir, "%s/nf_overflow", work);
+    hf_export(dir, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    moe_status st = infer_load(&back, dir, 32, 32);
+    check_true("overflowing weights still load (they are finite)", st == MOE_OK);
+    uint32_t toks[33];
+    for (int i = 0; i < 33; i++) toks[i] = (uint32_t)(i * 7 % 256);
+    token_file tf = {.count = 33, .vocab_size = 256, .dtype = 2, .tokens = toks};
+    snprintf(tf.path, sizeof tf.path, "in-memory");
+    double loss = 0;
+    long n = 0;
+    st = st ? st : infer_eval(&back, &tf, 16, 1, NULL, &loss, &n);
+    check_true("eval: non-finite logits are an error (not 'loss nan', exit 0)",
+               st == MOE_ENUMERIC && strstr(moe_last_error(), "non-finite logit"));
+    printf("    -> %s\n", moe_last_error());
+    sampling s = {.temperature = 0, .top_p = 1, .seed = 1, .prefill_chunk = 8};
+    int prompt[4] = {1, 2, 3, 4}, out[8], n_out = 0;
+    st = infer_generate(&back, prompt, 4, 8, &s, out, &n_out);
+    check_true("generate: non-finite logits are an error (not byte 255 forever)",
+               st == MOE_ENUMERIC && n_out == 0 && strstr(moe_last_error(), "non-finite logit"));
+    printf("    -> %s\n", moe_last_error());
+    model_destroy(&back);
+    model_destroy(&m);
+}
+
+// ---- transformers 5.x writes rope_parameters instead of rope_theta --------------------------
+static void case_rope(void) {
+    char ck[300], dir[300];
+    make_checkpoint("rope_src", OPTIM_ADAMW, ck, sizeof ck);
+    copy_folder(ck, "rope", dir, sizeof dir);
+    remove_field(dir, "config.json", "rope_theta");
+    set_field(dir, "config.json", "rope_parameters", "{\"rope_theta\": 10000.0, \"rope_type\": \"default\"}");
+    model_config c;
+    moe_status st = hf_config_read(&c, dir);
+    check_true("rope_parameters.rope_theta is read (transformers 5.x)", st == MOE_OK && c.rope_theta == 1e4);
+    set_field(dir, "config.json", "rope_parameters", "{\"rope_theta\": 10000.0, \"rope_type\": \"yarn\"}");
+    st = hf_config_read(&c, dir);
+    check_true("an unsupported rope_type is an error, not a silent default",
+               st == MOE_EINVAL && strstr(moe_last_error(), "rope_type"));
+    printf("    -> %s\n", moe_last_error());
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_ckpt_hardening uaf|integrity|state|sizes|nonfinite|rope\n");
+        return 2;
+    }
+    snprintf(work, sizeof work, "/tmp/moe_ckhard_XXXXXX");
+    if (!mkdtemp(work)) return 1;
+    const char *c = argv[1];
+    if (!strcmp(c, "uaf")) case_uaf();
+    else if (!strcmp(c, "integrity")) case_integrity();
+    else if (!strcmp(c, "state")) case_state();
+    else if (!strcmp(c, "sizes")) case_sizes();
+    else if (!strcmp(c, "nonfinite")) case_nonfinite();
+    else if (!strcmp(c, "rope")) case_rope();
+    else {
+        fprintf(stderr, "unknown case '%s'\n", c);
+        return 2;
+    }
+    printf("%d failure(s)\n", test_failures());
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf %s", work);
+    if (!test_failures() && system(rm) != 0) printf("note: could not remove %s\n", work);
+    return test_failures() != 0;
+}
