@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The inference commands on hostile folders, through the real binary: exit codes and memory.
+#   inference_cli.sh MOE_BINARY WORKDIR
+# - generate sizes its KV cache for the prompt plus -n tokens: a config.json that says
+#   max_position_embeddings = 2^20 (legal) does not make it allocate gigabytes (checked under
+#   a 1 GiB address-space limit; before the fix this model asked for 2 GiB of KV cache);
+# - eval, generate and export of a damaged moe.c checkpoint exit non-zero naming the file.
+set -u
+moe=$1 work=$2
+rm -rf "$work" && mkdir -p "$work"
+fail=0
+check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
+
+python3 -c "import random; random.seed(2); print(''.join(random.choice('abcdefgh ,.') for _ in range(20000)))" > "$work/text.txt"
+cat > "$work/tiny.cfg" <<CFG
+model = { vocab_size = 256; d_model = 64; n_layers = 4; n_heads = 4; n_kv_heads = 4; d_ff = 32;
+          n_experts = 4; top_k = 2; max_seq_len = 32; };
+train = { steps = 2; batch_size = 2; seq_len = 32; warmup_steps = 1; threads = 2; eval_batches = 1; };
+data = { dir = "$work/data"; text = ["$work/text.txt"]; };
+log = { dir = "$work/run"; interval = 100; };
+CFG
+"$moe" train "$work/tiny.cfg" > "$work/train.out" 2>&1 || { cat "$work/train.out"; exit 1; }
+ckpt="$work/run/ckpt/latest"
+"$moe" export --ckpt "$ckpt" --out "$work/hf" > /dev/null || exit 1
+python3 - "$work/hf/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = 1 << 20
+json.dump(c, open(sys.argv[1], "w"), indent=1)
+PY
+
+echo "generate: the KV cache is sized for the prompt plus -n, not max_position_embeddings"
+if ldd "$moe" 2>/dev/null | grep -q libasan; then
+  echo "  skip  (AddressSanitizer build: an address-space limit does not apply)"
+else
+  ( ulimit -v 1048576; "$moe" generate --ckpt "$work/hf" --prompt "abc" -n 8 --temperature 0 ) \
+    > "$work/gen.out" 2>&1
+  rc=$?
+  check "generate under a 1 GiB address-space limit succeeds (rc $rc)" "[ $rc -eq 0 ]"
+  [ $rc -eq 0 ] || tail -3 "$work/gen.out"
+fi
+
+echo "a damaged checkpoint: eval, generate and export exit 1 naming the shard"
+cp -r "$work/run/ckpt/step_00000002" "$work/damaged_step" 2>/dev/null
+mkdir -p "$work/dmg" && mv "$work/damaged_step" "$work/dmg/step_00000002"
+shard=$(ls "$work/dmg/step_00000002"/model-0000*.safetensors | head -1)
+python3 - "$shard" <<'PY'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-5] ^= 0x10; open(p, "wb").write(b)
+PY
+"$moe" prepare --text "$work/text.txt" --out "$work/tok" > /dev/null
+for cmd in "eval --data $work/tok/val.bin --seq-len 16" "generate --prompt abc -n 4" "export --out $work/never"; do
+  "$moe" ${cmd%% *} --ckpt "$work/dmg/step_00000002" ${cmd#* } > "$work/dmg.out" 2>&1
+  rc=$?
+  check "${cmd%% *}: exit 1 and 'CRC32 mismatch' (rc $rc)" \
+    "[ $rc -eq 1 ] && grep -q 'CRC32 mismatch' '$work/dmg.out' && grep -q '$(basename "$shard")' '$work/dmg.out'"
+done
+check "export wrote nothing" "[ ! -e '$work/never' ]"
+[ $fail -eq 0 ] && rm -rf "$work"
+exit $fail
