@@ -18,8 +18,11 @@ static const char *usage =
     "\n"
     "  moe prepare --text FILE_OR_DIR... --out DIR [--val-fraction F]\n"
     "      byte-tokenize text files into DIR/train.bin and DIR/val.bin (vocab 256)\n"
-    "  moe train CONFIG [--set group.key=value]... [--resume RUN/ckpt/latest|STEP_DIR]\n"
-    "      train the model a libconfig file describes (see configs/default.cfg)\n"
+    "  moe train CONFIG [--set group.key=value]... [--resume RUN_DIR|RUN/ckpt/latest|STEP_DIR]\n"
+    "                   [--overwrite]\n"
+    "      train the model a libconfig file describes (see configs/default.cfg); a log.dir that\n"
+    "      holds a run is refused unless --resume continues it or --overwrite deletes its logs\n"
+    "      and checkpoints\n"
     "  moe smoke CONFIG [--steps N] [--set group.key=value]...\n"
     "      N steps (default 10): load table, router logits, drops, memory, tokens/s; exit 1 on an alert\n"
     "  moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--json]\n"
@@ -185,17 +188,37 @@ static int cmd_train(int argc, char **argv) {
     const char *path = argv[0];
     char **sets = calloc((size_t)argc, sizeof(char *));
     const char *resume = NULL;
-    int n_set = 0;
+    int n_set = 0, overwrite = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[n_set++] = argv[++i];
         else if (!strncmp(argv[i], "--set=", 6)) sets[n_set++] = argv[i] + 6;
         else if (!strcmp(argv[i], "--resume") && i + 1 < argc) resume = argv[++i];
+        else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
         else moe_fatal("train: unknown argument '%s'\n%s", argv[i], usage);
     }
+    if (resume && overwrite)
+        moe_fatal("train: --resume continues a run and --overwrite deletes it: give one of them");
     moe_train_config *cfg = malloc(sizeof *cfg);
     if (!cfg) moe_fatal("out of memory");
     if (moe_train_config_load(cfg, path, n_set, sets)) moe_fatal("%s", moe_last_error());
     free(sets);
+    // a new run truncates the logs, and its checkpoints would mix with (and be rotated
+    // against) the old run's: never into a directory that holds a run, unless asked
+    char resolved[MOE_PATH_MAX + 32], what[64];
+    if (resume) {
+        if (trainer_resolve_resume(resolved, sizeof resolved, resume)) moe_fatal("%s", moe_last_error());
+        resume = resolved;
+    } else if (trainer_run_dir_holds(cfg->run_dir, what, sizeof what)) {
+        if (!overwrite)
+            moe_fatal("train: %s already holds a run (%s); a new run would overwrite its logs. "
+                      "Add one of:\n"
+                      "  --resume %s  (continue it from its latest checkpoint)\n"
+                      "  --overwrite  (delete its logs and checkpoints and start over)\n"
+                      "  --set 'log.dir=\"NEW_DIR\"'  (train into another directory)",
+                      cfg->run_dir, what, cfg->run_dir);
+        if (trainer_clear_run_dir(cfg->run_dir)) moe_fatal("%s", moe_last_error());
+        printf("--overwrite: deleted the logs and checkpoints of %s\n", cfg->run_dir);
+    }
     trainer_result res;
     moe_status st = trainer_run(cfg, resume, NULL, &res);
     trainer_result_free(&res);

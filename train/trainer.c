@@ -1,6 +1,9 @@
 // The training loop (see trainer.h).
+#define _POSIX_C_SOURCE 200809L // lstat, dirent
+
 #include "train/trainer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "data/loader.h"
 #include "data/prepare.h"
@@ -86,6 +90,120 @@ static double now_s(void) {
 static int file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
+}
+
+// ---- run directories (trainer.h) -------------------------------------------------------
+
+static int nonempty_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && st.st_size > 0;
+}
+
+// A folder with an entry; one that exists but cannot be read counts (it may hold a run).
+static int nonempty_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return errno != ENOENT && errno != ENOTDIR;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) found = strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return found;
+}
+
+int trainer_run_dir_holds(const char *run_dir, char *what, size_t n) {
+    static const char *names[] = {"metrics.jsonl", "expert_load.jsonl", "ckpt/"};
+    char path[MOE_PATH_MAX + 32];
+    int found = 0;
+    if (n) what[0] = 0;
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", run_dir, names[i]);
+        if (i < 2 ? nonempty_file(path) : nonempty_dir(path)) {
+            size_t len = strlen(what);
+            if (len < n) snprintf(what + len, n - len, "%s%s", found ? ", " : "", names[i]);
+            found = 1;
+        }
+    }
+    return found;
+}
+
+static moe_status delete_file(const char *path) {
+    if (unlink(path) != 0 && errno != ENOENT)
+        return moe_error(MOE_EIO, "%s: cannot delete: %s", path, strerror(errno));
+    return MOE_OK;
+}
+
+// A checkpoint folder: its plain files, then the folder, which fails (naming it) when it
+// holds a folder: nothing the trainer writes, so not ours to delete.
+static moe_status delete_checkpoint_folder(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
+    struct dirent *e;
+    char file[MOE_PATH_MAX + 600];
+    moe_status st = MOE_OK;
+    while (!st && (e = readdir(d))) {
+        struct stat sb;
+        if (snprintf(file, sizeof file, "%s/%s", path, e->d_name) >= (int)sizeof file)
+            st = moe_error(MOE_EINVAL, "%s/%s: path too long", path, e->d_name);
+        else if (lstat(file, &sb) == 0 && !S_ISDIR(sb.st_mode)) st = delete_file(file);
+    }
+    closedir(d);
+    if (!st && rmdir(path) != 0)
+        st = moe_error(MOE_EIO, "%s: cannot delete: %s", path, strerror(errno));
+    return st;
+}
+
+moe_status trainer_clear_run_dir(const char *run_dir) {
+    static const char *files[] = {"metrics.jsonl", "expert_load.jsonl", "config.cfg",
+                                  "metrics.jsonl.tmp", "expert_load.jsonl.tmp",
+                                  "ckpt/latest", "ckpt/latest.tmp"};
+    char path[MOE_PATH_MAX + 300], folder[MOE_PATH_MAX + 600];
+    moe_status st;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", run_dir, files[i]);
+        if ((st = delete_file(path))) return st;
+    }
+    snprintf(path, sizeof path, "%s/ckpt", run_dir);
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT ? MOE_OK : moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
+    struct dirent *e;
+    st = MOE_OK;
+    while (!st && (e = readdir(d))) {
+        struct stat sb;
+        if (snprintf(folder, sizeof folder, "%s/%s", path, e->d_name) >= (int)sizeof folder)
+            st = moe_error(MOE_EINVAL, "%s/%s: path too long", path, e->d_name);
+        else if (!strncmp(e->d_name, "step_", 5) && lstat(folder, &sb) == 0 && S_ISDIR(sb.st_mode))
+            st = delete_checkpoint_folder(folder);
+    }
+    closedir(d);
+    if (!st) (void)rmdir(path); // if empty now: anything else in it is the user's
+    return st;
+}
+
+moe_status trainer_resolve_resume(char *out, size_t n, const char *arg) {
+    char path[MOE_PATH_MAX + 32];
+    struct stat sb;
+    snprintf(out, n, "%s", arg);
+    if (stat(arg, &sb) != 0 || !S_ISDIR(sb.st_mode)) return MOE_OK; // `latest`, or missing:
+                                                                    // checkpoint_load says so
+    static const char *latest[] = {"ckpt/latest", "latest"}; // a run dir, its ckpt folder
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", arg, latest[i]);
+        if (file_exists(path)) {
+            snprintf(out, n, "%s", path);
+            return MOE_OK;
+        }
+    }
+    static const char *run_files[] = {"metrics.jsonl", "expert_load.jsonl", "config.cfg", "ckpt"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", arg, run_files[i]);
+        if (file_exists(path))
+            return moe_error(MOE_EIO,
+                             "--resume %s: a run directory with no checkpoint to resume from "
+                             "(no %s/ckpt/latest); start it over with --overwrite, or name a "
+                             "checkpoint folder",
+                             arg, arg);
+    }
+    return MOE_OK; // a step folder
 }
 
 static void format_duration(char *buf, size_t n, double s) {

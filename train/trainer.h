@@ -3,6 +3,7 @@
 #ifndef MOE_TRAINER_H
 #define MOE_TRAINER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "layers/model.h"
@@ -46,6 +47,23 @@ void trainer_result_free(trainer_result *r);
 // A failed write of config.cfg or a log stops the run: MOE_EIO "PATH: write failed: why".
 moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                        const trainer_hooks *hooks, trainer_result *result);
+
+// Run directories (moe train applies these; trainer_run itself truncates the logs of a new
+// run). A run directory holds a previous run when metrics.jsonl or expert_load.jsonl is not
+// empty or ckpt/ has anything in it: trainer_run_dir_holds says which of them ("what", e.g.
+// "metrics.jsonl, ckpt/"), 0 when none.
+int trainer_run_dir_holds(const char *run_dir, char *what, size_t n);
+
+// Deletes what a run writes into run_dir and nothing else: metrics.jsonl, expert_load.jsonl,
+// config.cfg (and their .tmp files), ckpt/latest, and the ckpt/step_* folders (the plain
+// files in them). MOE_EIO naming the path when one cannot be deleted (for instance a step
+// folder holding a folder of the user's).
+moe_status trainer_clear_run_dir(const char *run_dir);
+
+// The checkpoint --resume ARG names: for a run directory, RUN_DIR/ckpt/latest; for a ckpt
+// folder, its `latest`; else ARG (a step folder or a `latest` file). MOE_EIO saying so when
+// ARG is a run directory without a checkpoint.
+moe_status trainer_resolve_resume(char *out, size_t n, const char *arg);
 
 // The model config a train config describes.
 model_config trainer_model_config(const moe_train_config *cfg);

@@ -69,6 +69,39 @@ PY"
 rc=$?
 check "moe stats --capacity uses them: exit 0, no approximation note (got $rc)" \
   "[ $rc -eq 0 ] && grep -q 'grad_accum 2' '$work/accum_stats.out' && ! grep -q approximated '$work/accum_stats.out'"
+echo "a run directory that holds a run: a new run is refused, --resume RUN_DIR continues, --overwrite starts over"
+run="$work/run_twice"
+sets=(--set train.warmup_steps=1 --set checkpoint.interval=2 --set "log.dir=\"$run\"")
+"$moe" train "$work/random.cfg" "${sets[@]}" --set train.steps=4 > "$work/twice1.out" 2>&1
+check "the first run exits 0" "[ $? -eq 0 ]"
+cp -a "$run" "$work/run_twice.before"
+"$moe" train "$work/random.cfg" "${sets[@]}" --set train.steps=4 > "$work/twice2.out" 2>&1
+rc=$?
+cat "$work/twice2.out"
+check "the second run is refused (exit $rc)" "[ $rc -eq 1 ]"
+check "the message names the directory and what it holds, offers --resume RUN_DIR, --overwrite, log.dir" \
+  "grep -q 'train: $run already holds a run (metrics.jsonl, expert_load.jsonl, ckpt/)' '$work/twice2.out' &&
+   grep -q -- '--resume $run ' '$work/twice2.out' && grep -q -- '--overwrite' '$work/twice2.out' &&
+   grep -q 'log.dir' '$work/twice2.out'"
+check "the old run is intact (logs, config, checkpoints)" "diff -rq '$run' '$work/run_twice.before'"
+"$moe" train "$work/random.cfg" "${sets[@]}" --set train.steps=6 --resume "$run" > "$work/twice3.out" 2>&1
+rc=$?
+check "--resume RUN_DIR continues from RUN_DIR/ckpt/latest (step 4) to step 6 (exit $rc)" \
+  "[ $rc -eq 0 ] && grep -q 'resumed from $run/ckpt/latest at step 4' '$work/twice3.out' &&
+   [ \"\$(cat '$run/ckpt/latest')\" = step_00000006 ] && [ \$(wc -l < '$run/metrics.jsonl') -eq 6 ]"
+echo "a note of the user's" > "$run/notes.txt" && echo "mine" > "$run/ckpt/README"
+"$moe" train "$work/random.cfg" "${sets[@]}" --set train.steps=4 --overwrite > "$work/twice4.out" 2>&1
+rc=$?
+check "--overwrite starts over (exit $rc): 4 records, only this run's checkpoints (2, 4)" \
+  "[ $rc -eq 0 ] && [ \$(wc -l < '$run/metrics.jsonl') -eq 4 ] &&
+   [ \"\$(ls '$run/ckpt' | tr '\n' ' ')\" = 'README latest step_00000002 step_00000004 ' ]"
+check "--overwrite leaves files it did not write" "[ -f '$run/notes.txt' ] && [ -f '$run/ckpt/README' ]"
+mkdir -p "$work/run_nockpt" && echo '{"step":1}' > "$work/run_nockpt/metrics.jsonl"
+"$moe" train "$work/random.cfg" "${sets[@]}" --resume "$work/run_nockpt" > "$work/nockpt.out" 2>&1
+rc=$?
+tail -1 "$work/nockpt.out"
+check "--resume of a run directory without a checkpoint says so (exit $rc)" \
+  "[ $rc -eq 1 ] && grep -q 'run_nockpt: a run directory with no checkpoint to resume from' '$work/nockpt.out'"
 echo "a disk that fills mid-run (a 64 KiB tmpfs) stops the run at once, naming the file"
 if mkdir -p "$work/tmpfs" && mount -t tmpfs -o size=64k tmpfs "$work/tmpfs" 2>/dev/null; then
   # ~1.7 KB of logs per step: the disk is full after a few dozen of the 2000 steps
