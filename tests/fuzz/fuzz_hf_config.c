@@ -1,0 +1,14 @@
+// hf_config_read (train/checkpoint.h) on an arbitrary config.json. What it accepts must
+// pass model_config_check, since every loader builds a model from it.
+#include "fuzz.h"
+#include "train/checkpoint.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char dir[FUZZ_PATH_MAX], path[FUZZ_PATH_MAX];
+    fuzz_dir(dir, sizeof dir, "hf");
+    fuzz_write(path, sizeof path, dir, "config.json", data, size);
+    model_config cfg;
+    if (hf_config_read(&cfg, dir) == MOE_OK && model_config_check(&cfg) != MOE_OK)
+        fuzz_fail("%s: accepted, but model_config_check refuses it: %s", path, moe_last_error());
+    return 0;
+}
