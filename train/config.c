@@ -11,10 +11,16 @@
 // - a typo'd key is just another setting: the parsed tree is walked and every group and
 //   key the schema does not know is rejected, with the closest known name suggested.
 // - `lr = 1;` is an integer: integers are accepted wherever a number is expected.
+// - it opens @include files itself with fopen, without limits (no include hook before
+//   1.7), and drops a "\x00" escape without a word. So every text is scanned before
+//   libconfig parses it (scan_text): each @include is resolved as libconfig will, read
+//   within the limits of config.h and scanned in turn; a "\x00" in a string is refused.
+#define _POSIX_C_SOURCE 200809L // O_CLOEXEC, fstat
 #include "train/config.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <libconfig.h>
 #include <limits.h>
@@ -23,6 +29,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "layers/backend.h" // moe_drop_policy: drop_policy's ints are its values
 
@@ -357,14 +365,18 @@ static const override_origin *origin_of(const config_setting_t *s) {
     return NULL;
 }
 
-// A file name as libconfig records it (NULL: the main file) -> the path to show and open.
-static void resolve_file(const load_ctx *c, const char *file, char *buf, size_t n) {
+// A file name as libconfig records it (NULL: the main file) -> the path to show and open:
+// libconfig 1.5 opens "<include_dir>/<name>", an absolute name too, or the name without
+// an include dir. Returns 0 if the path does not fit in buf.
+static int resolve_file(const load_ctx *c, const char *file, char *buf, size_t n) {
+    int w;
     if (!file)
-        snprintf(buf, n, "%s", c->path ? c->path : "(no file)");
-    else if (file[0] != '/' && c->include_dir[0])
-        snprintf(buf, n, "%s/%s", c->include_dir, file);
+        w = snprintf(buf, n, "%s", c->path ? c->path : "(no file)");
+    else if (c->include_dir[0])
+        w = snprintf(buf, n, "%s/%s", c->include_dir, file);
     else
-        snprintf(buf, n, "%s", file);
+        w = snprintf(buf, n, "%s", file);
+    return w >= 0 && (size_t)w < n;
 }
 
 // "FILE:LINE" or "--set group.key".
@@ -502,13 +514,15 @@ static int parse_int_literal(const char *lit, int64_t *v) {
 
 static moe_status read_whole_file(const char *path, char **out);
 
-// Text of an @included file (read once, kept in ctx; NULL if it cannot be read).
-static const char *included_text(load_ctx *c, const char *file) {
+// The text of an @included file read before, by the name libconfig records (NULL: none).
+static const char *cached_text(const load_ctx *c, const char *file) {
     for (int i = 0; i < c->n_files; i++)
         if (strcmp(c->files[i].path, file) == 0) return c->files[i].text;
-    char path[MOE_PATH_MAX + 64], *text = NULL;
-    resolve_file(c, file, path, sizeof path);
-    if (read_whole_file(path, &text)) return NULL;
+    return NULL;
+}
+
+// Keeps text (taken over: freed here on failure) as that of `file`.
+static moe_status cache_text(load_ctx *c, const char *file, char *text) {
     source_text *files = realloc(c->files, (size_t)(c->n_files + 1) * sizeof *files);
     char *name = malloc(strlen(file) + 1);
     if (name) memcpy(name, file, strlen(file) + 1);
@@ -516,12 +530,194 @@ static const char *included_text(load_ctx *c, const char *file) {
     if (!files || !name) {
         free(name);
         free(text);
-        return NULL;
+        return moe_error(MOE_ENOMEM, "%s: out of memory", file);
     }
     c->files[c->n_files].path = name;
     c->files[c->n_files].text = text;
     c->n_files++;
-    return text;
+    return MOE_OK;
+}
+
+// Text of an @included file (scan_text has read it; NULL if it cannot be read).
+static const char *included_text(load_ctx *c, const char *file) {
+    const char *known = cached_text(c, file);
+    if (known) return known;
+    char path[2 * MOE_PATH_MAX + 2], *text = NULL;
+    if (!resolve_file(c, file, path, sizeof path) || read_whole_file(path, &text)) return NULL;
+    return cache_text(c, file, text) ? NULL : text;
+}
+
+// ---- the source text before libconfig parses it -------------------------------------------
+//
+// Read the way libconfig 1.5's lexer reads it: strings ("..." with \ escapes), comments (#,
+// //, /* */), and `@include "name"` at the start of a line after blanks (its name with only
+// \\ and \" as escapes; a lone backslash is dropped). Each @include is resolved as libconfig
+// will open it, read (read_whole_file: a regular file within the size limit) and scanned
+// in turn, so libconfig only ever opens files checked here. (A file swapped in between
+// the check and libconfig's open is not caught: the config's folder is trusted that far.)
+
+enum { SCAN_NEST = 8, SCAN_NAME = 64 };
+
+typedef struct {
+    load_ctx *c;
+    const char *set_label;               // a --set snippet: errors name it; no @include
+    size_t total;                        // bytes scanned, an included file each time
+    int depth;                           // { } nesting, for the key names in messages
+    char names[SCAN_NEST][SCAN_NAME];    // the last "name =" at each depth
+} scan_state;
+
+// "group.key" of the setting being scanned ("" when none).
+static void scan_key(const scan_state *s, char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i <= s->depth && i < SCAN_NEST; i++) {
+        if (!s->names[i][0]) continue;
+        int w = snprintf(buf + len, n - len, "%s%s", len ? "." : "", s->names[i]);
+        if (w < 0 || (size_t)w >= n - len) return;
+        len += (size_t)w;
+    }
+}
+
+static moe_status nul_escape(const scan_state *s, const char *label, unsigned line) {
+    static const char what[] = "\"\\x00\" in a string: a string cannot hold a NUL character "
+                               "(libconfig would silently drop it)";
+    if (s->set_label) return moe_error(MOE_EINVAL, "%s: %s", s->set_label, what);
+    char key[SCAN_NEST * SCAN_NAME];
+    scan_key(s, key, sizeof key);
+    return moe_error(MOE_EINVAL, "%s:%u: %s%s%s", label, line, key, key[0] ? ": " : "", what);
+}
+
+// *pp at the opening quote -> after the closing one.
+static moe_status scan_string(const scan_state *s, const char *label, unsigned *line,
+                              const char **pp) {
+    const char *p = *pp + 1;
+    for (; *p && *p != '"'; p++) {
+        if (*p == '\n') ++*line;
+        if (*p != '\\' || !p[1]) continue;
+        if ((p[1] == 'x' || p[1] == 'X') && p[2] == '0' && p[3] == '0')
+            return nul_escape(s, label, *line);
+        if (*++p == '\n') ++*line; // the escaped character
+    }
+    *pp = *p ? p + 1 : p;
+    return MOE_OK;
+}
+
+// After `^[ \t]*@include[ \t]+"` (libconfig's include_open) at p: the name's first byte.
+static const char *include_open(const char *p) {
+    p += strspn(p, " \t");
+    if (strncmp(p, "@include", 8) != 0 || (p[8] != ' ' && p[8] != '\t')) return NULL;
+    p += 8 + strspn(p + 8, " \t");
+    return *p == '"' ? p + 1 : NULL;
+}
+
+static moe_status scan_text(scan_state *s, const char *label, const char *text, int depth);
+
+// The @include whose name starts at *pp (moved past its closing quote).
+static moe_status scan_include(scan_state *s, const char *label, unsigned *line,
+                               const char **pp, int depth) {
+    const unsigned at = *line;
+    char name[MOE_PATH_MAX];
+    size_t n = 0;
+    const char *p = *pp;
+    for (; *p && *p != '"'; p++) {
+        if (*p == '\\' && (p[1] == '\\' || p[1] == '"')) p++;
+        else if (*p == '\\') continue;
+        if (*p == '\n') ++*line;
+        if (n + 1 >= sizeof name)
+            return moe_error(MOE_EINVAL, "%s:%u: @include: the name is too long (at most %d bytes)",
+                             label, at, MOE_PATH_MAX - 1);
+        name[n++] = *p;
+    }
+    name[n] = '\0';
+    *pp = *p ? p + 1 : p;
+    if (!*p) return MOE_OK; // unterminated: libconfig reports it
+    if (s->set_label)
+        return moe_error(MOE_EINVAL, "%s: @include is not allowed in a --set value", s->set_label);
+    if (depth >= MOE_CONFIG_MAX_INCLUDE_DEPTH)
+        return moe_error(MOE_EINVAL,
+                         "%s:%u: @include \"%s\": more than %d nested @includes (does a file "
+                         "include itself?)",
+                         label, at, name, MOE_CONFIG_MAX_INCLUDE_DEPTH);
+    char path[2 * MOE_PATH_MAX + 2];
+    if (!resolve_file(s->c, name, path, sizeof path))
+        return moe_error(MOE_EINVAL, "%s:%u: @include \"%s\": the path is too long", label, at,
+                         name);
+    const char *text = cached_text(s->c, name);
+    moe_status st = MOE_OK;
+    if (!text) {
+        char *fresh = NULL;
+        if ((st = read_whole_file(path, &fresh)) || (st = cache_text(s->c, name, fresh)))
+            return moe_error_context(st, "%s:%u: @include \"%s\"", label, at, name);
+        text = fresh;
+    }
+    s->total += strlen(text);
+    if (s->total > MOE_CONFIG_MAX_BYTES)
+        return moe_error(MOE_EIO,
+                         "%s:%u: @include \"%s\": the config and its @includes come to more than "
+                         "%d bytes (%d MiB; a file counts each time it is included)",
+                         label, at, name, MOE_CONFIG_MAX_BYTES, MOE_CONFIG_MAX_BYTES >> 20);
+    return scan_text(s, path, text, depth + 1);
+}
+
+// A name at p: remembered (for messages) when "=" or ":" follows. Returns its end.
+static const char *scan_name(scan_state *s, const char *p) {
+    const char *start = p;
+    while (is_name_char((unsigned char)*p)) p++;
+    unsigned ignored = 0;
+    const char *q = skip_blank(p, &ignored);
+    if ((*q == '=' || *q == ':') && s->depth < SCAN_NEST)
+        snprintf(s->names[s->depth], SCAN_NAME, "%.*s", (int)(p - start), start);
+    return p;
+}
+
+static const char *skip_block_comment(const char *p, unsigned *line) {
+    for (p += 2; *p && !(p[0] == '*' && p[1] == '/'); p++)
+        if (*p == '\n') ++*line;
+    return *p ? p + 2 : p;
+}
+
+// Checks text (of file `label`, included `depth` deep) and everything it includes.
+static moe_status scan_text(scan_state *s, const char *label, const char *text, int depth) {
+    unsigned line = 1;
+    int at_line_start = 1;
+    moe_status st;
+    for (const char *p = text; *p;) {
+        const char *inc = at_line_start ? include_open(p) : NULL;
+        at_line_start = 0;
+        unsigned char ch = (unsigned char)*p;
+        if (inc) {
+            p = inc;
+            if ((st = scan_include(s, label, &line, &p, depth))) return st;
+        } else if (ch == '\n') {
+            line++, at_line_start = 1, p++;
+        } else if (ch == '#' || (ch == '/' && p[1] == '/')) {
+            p += strcspn(p, "\n");
+        } else if (ch == '/' && p[1] == '*') {
+            p = skip_block_comment(p, &line);
+        } else if (ch == '"') {
+            if ((st = scan_string(s, label, &line, &p))) return st;
+        } else if (ch == '{') {
+            if (++s->depth < SCAN_NEST) s->names[s->depth][0] = '\0';
+            p++;
+        } else if (ch == '}') {
+            if (s->depth > 0) s->depth--;
+            p++;
+        } else if (is_name_start(ch)) {
+            p = scan_name(s, p);
+        } else if (isdigit(ch) || ch == '+' || ch == '-' || ch == '.') {
+            while (is_literal_char((unsigned char)*p)) p++;
+        } else {
+            p++;
+        }
+    }
+    return MOE_OK;
+}
+
+// The main file's text (label: its name) or, with set_label, a --set snippet.
+static moe_status scan_source(load_ctx *c, const char *label, const char *set_label,
+                              const char *text) {
+    scan_state s = {.c = c, .set_label = set_label, .total = strlen(text)};
+    return scan_text(&s, label, text, 0);
 }
 
 static int same_file(const char *a, const char *b) {
@@ -774,6 +970,99 @@ static moe_status inconsistent(const load_ctx *c, const moe_train_config *cfg, i
                      why ? why : "");
 }
 
+// ---- sizes: products of values, bounded in 64 bits -------------------------------------------
+
+// a * b for a, b >= 0, saturating at INT64_MAX (so no product below can wrap).
+static int64_t mul(int64_t a, int64_t b) {
+    return a != 0 && b > INT64_MAX / a ? INT64_MAX : a * b;
+}
+
+// A product of config values that sizes a buffer (or a loop), and its bound.
+typedef struct {
+    const char *expr;  // "train.batch_size * train.seq_len"
+    int64_t value, limit;
+    const char *limit_text, *why; // "2^24 tokens per micro-batch", why there is a bound
+    int keys[4];       // spec indices of its keys (-1: unused), the first one set locates it
+} size_bound;
+
+// "WHERE: EXPR = VALUE exceeds LIMIT (KEY = V, KEY = V (at WHERE)): WHY", at the first key
+// of the product that the file (or --set) sets.
+static moe_status too_big(const load_ctx *c, const moe_train_config *cfg, const size_bound *b) {
+    const config_setting_t *here = NULL;
+    for (int i = 0; i < 4 && !here; i++)
+        if (b->keys[i] >= 0) here = c->at[b->keys[i]];
+    char loc[MOE_PATH_MAX + 96], keys[4 * (MOE_PATH_MAX + 200)] = "";
+    if (here)
+        where(c, here, loc, sizeof loc);
+    else
+        snprintf(loc, sizeof loc, "%s", c->path ? c->path : "(defaults)");
+    size_t len = 0;
+    for (int i = 0; i < 4 && b->keys[i] >= 0; i++) {
+        char d[MOE_PATH_MAX + 200];
+        describe(c, cfg, b->keys[i], here, d, sizeof d);
+        int w = snprintf(keys + len, sizeof keys - len, "%s%s", i ? ", " : "", d);
+        if (w < 0 || (size_t)w >= sizeof keys - len) break;
+        len += (size_t)w;
+    }
+    return moe_error(MOE_EINVAL, "%s: %s = %" PRId64 " exceeds %s (%s): %s", loc, b->expr,
+                     b->value, b->limit_text, keys, b->why);
+}
+
+// What the model (layers/model.c: params_layout, model_create, moe_layer_init) and the
+// trainer allocate from the config: each key alone is in range, but their products could
+// wrap an int (max_tokens = 0 later, with no key named) or a size_t. The bounds: config.h.
+static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
+#define KEY(g, k) spec_index(g, k)
+    const int B = KEY("train", "batch_size"), S = KEY("train", "seq_len"),
+              k = KEY("model", "top_k"), d = KEY("model", "d_model"), ff = KEY("model", "d_ff"),
+              H = KEY("model", "n_heads"), V = KEY("model", "vocab_size"),
+              L = KEY("model", "n_layers"), E = KEY("model", "n_experts"),
+              G = KEY("train", "grad_accum"), ev = KEY("train", "eval_batches");
+#undef KEY
+    const int64_t T = mul(cfg->batch_size, cfg->seq_len), wide = cfg->d_ff > cfg->d_model;
+    const size_bound bounds[] = {
+        {"train.batch_size * train.seq_len", T, MOE_CONFIG_MAX_TOKENS,
+         "2^24 tokens per micro-batch", "the model counts a micro-batch's tokens in an int",
+         {B, S, -1, -1}},
+        {wide ? "train.batch_size * train.seq_len * model.top_k * model.d_ff"
+              : "train.batch_size * train.seq_len * model.top_k * model.d_model",
+         mul(mul(T, cfg->top_k), wide ? cfg->d_ff : cfg->d_model), MOE_CONFIG_MAX_DISPATCH,
+         "2^31-1", "the MoE layer indexes its dispatch buffers with an int",
+         {B, S, k, wide ? ff : d}},
+        {"train.batch_size * model.n_heads * train.seq_len^2",
+         mul(mul(T, cfg->n_heads), cfg->seq_len), MOE_CONFIG_MAX_ATTENTION,
+         "2^34 attention scores per layer", "the model keeps them for the backward pass",
+         {B, H, S, -1}},
+        {"train.batch_size * train.seq_len * model.vocab_size", mul(T, cfg->vocab_size),
+         MOE_CONFIG_MAX_LOGITS, "2^36 logits per micro-batch",
+         "the model keeps the logits and their gradient", {B, S, V, -1}},
+        {"model.n_layers * train.batch_size * train.seq_len * model.d_model",
+         mul(mul(cfg->n_layers, T), cfg->d_model), MOE_CONFIG_MAX_ACTIVATIONS,
+         "2^36 activations", "the model keeps several per layer for the backward pass",
+         {L, B, S, d}},
+        {"train.grad_accum * model.n_layers * model.n_experts",
+         mul(mul(cfg->grad_accum, cfg->n_layers), cfg->n_experts), MOE_CONFIG_MAX_COUNTS,
+         "2^26 routing counts", "the trainer keeps every micro-batch's counts of every layer "
+         "and expert", {G, L, E, -1}},
+        {"train.eval_batches * train.batch_size * train.seq_len", mul(cfg->eval_batches, T),
+         MOE_CONFIG_MAX_EVAL_TOKENS, "2^36 tokens per validation pass",
+         "at a million tokens a second one pass would take most of a day", {ev, B, S, -1}},
+        {"model.vocab_size * model.d_model", mul(cfg->vocab_size, cfg->d_model),
+         MOE_CONFIG_MAX_EMBED, "2^32 embedding weights", "the embedding (and the lm_head) "
+         "is one vocab_size x d_model matrix", {V, d, -1, -1}},
+        {"model.n_layers * model.d_model^2", mul(mul(cfg->n_layers, cfg->d_model), cfg->d_model),
+         MOE_CONFIG_MAX_ATTN_WEIGHTS, "2^34 reals",
+         "the attention weights are up to 4 x n_layers x d_model^2 reals", {L, d, -1, -1}},
+        {"model.n_layers * model.n_experts * 3 * model.d_ff * model.d_model",
+         mul(mul(mul(mul(cfg->n_layers, cfg->n_experts), 3), cfg->d_ff), cfg->d_model),
+         MOE_CONFIG_MAX_EXPERT_WEIGHTS, "2^34 expert weights",
+         "w1, w2 and w3 of every expert of every layer", {L, E, ff, d}},
+    };
+    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
+        if (bounds[i].value > bounds[i].limit) return too_big(c, cfg, &bounds[i]);
+    return MOE_OK;
+}
+
 static moe_status check_combinations(load_ctx *c, moe_train_config *cfg) {
     const int n_heads = spec_index("model", "n_heads"), n_kv = spec_index("model", "n_kv_heads"),
               d_model = spec_index("model", "d_model"), top_k = spec_index("model", "top_k"),
@@ -820,7 +1109,7 @@ static moe_status check_combinations(load_ctx *c, moe_train_config *cfg) {
                             "the schedule decays from lr down to min_lr");
     if (cfg->warmup_steps > cfg->steps)
         return inconsistent(c, cfg, warmup, steps, "exceeds", "warmup would never finish");
-    return MOE_OK;
+    return check_sizes(c, cfg);
 }
 
 // ---- --set group.key=value ------------------------------------------------------------------
@@ -907,9 +1196,10 @@ static moe_status apply_set(load_ctx *c, const char *arg, override_origin *o) {
     o->text = malloc(tn);
     if (!o->text) return moe_error(MOE_ENOMEM, "%s: out of memory", o->label);
     snprintf(o->text, tn, "%s = %s\n;", key, value);
+    moe_status st = scan_source(c, o->label, o->label, o->text); // no @include, no "\x00"
+    if (st) return st;
     config_t snip;
     config_init(&snip);
-    moe_status st = MOE_OK;
     if (!config_read_string(&snip, o->text)) {
         const char *why = config_error_text(&snip) ? config_error_text(&snip) : "?";
         char hint[MOE_PATH_MAX + 256] = "";
@@ -954,39 +1244,78 @@ out:
 
 // ---- load -----------------------------------------------------------------------------------
 
-static moe_status read_whole_file(const char *path, char **out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0;
+static const char *file_kind(mode_t m) {
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a file";
+}
+
+static moe_status too_large(const char *path, size_t n) {
+    return moe_error(MOE_EIO, "%s: is %zu bytes, more than the %d (%d MiB) a config file may have",
+                     path, n, MOE_CONFIG_MAX_BYTES, MOE_CONFIG_MAX_BYTES >> 20);
+}
+
+// The bytes of fd, at most MOE_CONFIG_MAX_BYTES (a file that grows past it while being read
+// is refused too), NUL-terminated.
+static moe_status read_fd(int fd, const char *path, size_t size, char **out) {
+    size_t cap = size + 2, len = 0; // room to see one byte more than fstat said
     char *text = malloc(cap);
     for (;;) {
-        if (!text) {
-            fclose(f);
-            return moe_error(MOE_ENOMEM, "%s: out of memory", path);
-        }
-        len += fread(text + len, 1, cap - 1 - len, f);
-        if (ferror(f)) {
+        if (!text) return moe_error(MOE_ENOMEM, "%s: out of memory", path);
+        ssize_t r = read(fd, text + len, cap - 1 - len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
             int e = errno;
-            fclose(f);
             free(text);
             return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(e));
         }
-        if (len < cap - 1) break;
-        char *bigger = realloc(text, cap * 2);
-        if (!bigger) free(text);
-        text = bigger;
-        cap *= 2;
+        if (r == 0) break;
+        len += (size_t)r;
+        if (len > MOE_CONFIG_MAX_BYTES) {
+            free(text);
+            return too_large(path, len);
+        }
+        if (len == cap - 1) { // it grew since fstat
+            cap = cap * 2 > MOE_CONFIG_MAX_BYTES + 2 ? MOE_CONFIG_MAX_BYTES + 2 : cap * 2;
+            char *bigger = realloc(text, cap);
+            if (!bigger) free(text);
+            text = bigger;
+        }
     }
-    fclose(f);
     text[len] = '\0';
-    if (strlen(text) != len) {
-        size_t at = strlen(text);
-        free(text);
-        return moe_error(MOE_EINVAL, "%s: contains a NUL byte (at offset %zu): not a config file",
-                         path, at);
-    }
     *out = text;
-    return MOE_OK;
+    if (strlen(text) == len) return MOE_OK;
+    size_t at = strlen(text);
+    free(text);
+    *out = NULL;
+    return moe_error(MOE_EINVAL, "%s: contains a NUL byte at offset %zu: not a config file", path,
+                     at);
+}
+
+// A config file (the main one or an @included one). Only a regular file of at most
+// MOE_CONFIG_MAX_BYTES is read: /dev/zero would never end, and a FIFO would block (it is
+// opened O_NONBLOCK, so not even the open waits for a writer). A NUL byte is refused too:
+// libconfig would stop reading at it.
+static moe_status read_whole_file(const char *path, char **out) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
+    struct stat sb;
+    moe_status st;
+    if (fstat(fd, &sb) != 0)
+        st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
+    else if (S_ISDIR(sb.st_mode))
+        st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(EISDIR));
+    else if (!S_ISREG(sb.st_mode))
+        st = moe_error(MOE_EIO, "%s: not a regular file (%s): a config must be a regular file",
+                       path, file_kind(sb.st_mode));
+    else if (sb.st_size > MOE_CONFIG_MAX_BYTES)
+        st = too_large(path, (size_t)sb.st_size);
+    else
+        st = read_fd(fd, path, (size_t)sb.st_size, out);
+    close(fd);
+    return st;
 }
 
 moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_set,
@@ -1023,6 +1352,8 @@ moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_
             c->include_dir[n] = '\0';
             config_set_include_dir(&c->lc, c->include_dir);
         }
+        // every @include checked and read before libconfig opens it; no "\x00" in strings
+        if ((st = scan_source(c, path, NULL, c->main_text))) goto done;
         if (!config_read_string(&c->lc, c->main_text)) {
             char file[MOE_PATH_MAX + 64];
             resolve_file(c, config_error_file(&c->lc), file, sizeof file);

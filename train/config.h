@@ -16,6 +16,35 @@
 #define MOE_PATH_MAX 1024
 #define MOE_MAX_TEXT_SOURCES 32
 
+// What a config may read (issue 8). The config file and every file it @includes must be a
+// regular file (not a FIFO, which would block, nor a device such as /dev/zero, which never
+// ends) of at most MOE_CONFIG_MAX_BYTES, without NUL bytes; @includes nest at most
+// MOE_CONFIG_MAX_INCLUDE_DEPTH deep (libconfig 1.5's own limit) and the config with its
+// @includes expanded (a file counted each time it is included) is at most
+// MOE_CONFIG_MAX_BYTES too. A --set value cannot @include.
+#define MOE_CONFIG_MAX_BYTES (16 << 20)
+#define MOE_CONFIG_MAX_INCLUDE_DEPTH 10
+
+// Bounds on the products of values that size the model's and the trainer's buffers, checked
+// in 64 bits once every key is in range (each key alone is; together they could wrap an int
+// or a size_t). Counts of elements (reals, ints or longs), not bytes.
+#define MOE_CONFIG_MAX_TOKENS (INT64_C(1) << 24)      // batch_size * seq_len: tokens per
+                                                      // micro-batch (the model takes an int)
+#define MOE_CONFIG_MAX_DISPATCH INT64_C(2147483647)   // batch_size * seq_len * top_k *
+                                                      // max(d_model, d_ff): MoE rows, int-indexed
+#define MOE_CONFIG_MAX_ATTENTION (INT64_C(1) << 34)   // batch_size * n_heads * seq_len^2:
+                                                      // attention scores per layer
+#define MOE_CONFIG_MAX_LOGITS (INT64_C(1) << 36)      // batch_size * seq_len * vocab_size
+#define MOE_CONFIG_MAX_ACTIVATIONS (INT64_C(1) << 36) // n_layers * batch_size * seq_len * d_model
+#define MOE_CONFIG_MAX_COUNTS (INT64_C(1) << 26)      // grad_accum * n_layers * n_experts:
+                                                      // the trainer's per-micro-batch counts
+#define MOE_CONFIG_MAX_EVAL_TOKENS (INT64_C(1) << 36) // eval_batches * batch_size * seq_len
+#define MOE_CONFIG_MAX_EMBED (INT64_C(1) << 32)       // vocab_size * d_model (embedding, lm_head)
+#define MOE_CONFIG_MAX_ATTN_WEIGHTS (INT64_C(1) << 34) // n_layers * d_model^2 (the attention
+                                                      // weights are at most 4x this)
+#define MOE_CONFIG_MAX_EXPERT_WEIGHTS (INT64_C(1) << 34) // n_layers * n_experts * 3 * d_ff *
+                                                         // d_model (w1, w2, w3 of every expert)
+
 typedef struct {
     // ---- model { } ------------------------------------------------------------
     int vocab_size;          // default 256, [2, 1<<24]
@@ -94,13 +123,17 @@ void moe_train_config_default(moe_train_config *cfg);
 
 // Parses `path`, applies `n_set` overrides of the form "group.key=value" (value in
 // libconfig syntax: 3, 3L, 0.5, true, "text"), validates. On error returns MOE_EINVAL
-// (or MOE_EIO if the file cannot be read) with a message
+// (or MOE_EIO if a file cannot be read, or is not a regular file of at most
+// MOE_CONFIG_MAX_BYTES) with a message
 // "<file>:<line>: <group>.<key>: <what is wrong>" (for an override: "--set group.key").
 // No key is required: every key has a default, so an empty file is a valid config.
 // path NULL: no file (defaults + overrides; source ""). @include "x" is relative to the
-// config's folder. Integers are taken as written in the source, not as libconfig 1.5 reads
-// them (it wraps 3000000000 to -1294967296 without an L suffix); a literal beyond 64 bits
-// is rejected. data.text also accepts a single string (a list of one). A combination that
+// config's folder (as libconfig 1.5 resolves it: "<folder>/x" even when x is absolute; x
+// itself when the path has no folder), within the limits above. A "\x00" escape in a
+// string (which libconfig drops) is refused, and so is a product of values beyond its
+// MOE_CONFIG_MAX_* bound. Integers are taken as written in the source, not as libconfig 1.5
+// reads them (it wraps 3000000000 to -1294967296 without an L suffix); a literal beyond 64
+// bits is rejected. data.text also accepts a single string (a list of one). A combination that
 // is inconsistent is reported at the line of the key named first (or, when that key is at
 // its default, of the other one), naming both. On error *cfg is left untouched.
 moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_set,

@@ -698,8 +698,9 @@ static void case_syntax_error(void) {
            "syntax_error_2.cfg:3: syntax error");
     REJECT("syntax_error_3.cfg", "train = {\n  lr = 0.1;\n  lr = 0.2;\n};\n",
            "=syntax_error_3.cfg:3: syntax error: duplicate setting name");
-    REJECT("syntax_error_4.cfg", "\n@include \"syntax_error_nope.cfg\"\n",
-           "syntax_error_4.cfg:2: syntax error: cannot open include file");
+    reject_at(__LINE__, "syntax_error_4.cfg", "\n@include \"syntax_error_nope.cfg\"\n", 0, NULL,
+              MOE_EIO, "=syntax_error_4.cfg:2: @include \"syntax_error_nope.cfg\": "
+              "syntax_error_nope.cfg: cannot read: No such file or directory", NULL);
     REJECT("syntax_error_5.cfg", "model = {\n  drop_policy = \"probs;\n};\n",
            "syntax_error_5.cfg:", "syntax error");
     FILE *f = fopen("syntax_error_6.cfg", "wb");
@@ -748,6 +749,213 @@ static void case_bad_set(void) {
                "=bad_set_file.cfg:2: train.lr: expected a number, got a string");
 }
 
+// ---- unbounded inputs, sizes, NUL (issue 8) -------------------------------------------------
+
+// A FIFO in the test folder (left from an earlier run is fine).
+static void make_fifo(const char *path) {
+    struct stat sb;
+    if (mkfifo(path, 0644) != 0 && !(stat(path, &sb) == 0 && S_ISFIFO(sb.st_mode))) {
+        fprintf(stderr, "cannot make the FIFO %s\n", path);
+        exit(1);
+    }
+}
+
+// `bytes` bytes of comment lines (a valid config of that size).
+static void write_big(const char *path, long bytes) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+    static char line[64];
+    memset(line, ' ', sizeof line);
+    line[0] = '#', line[sizeof line - 1] = '\n';
+    for (; bytes >= (long)sizeof line; bytes -= (long)sizeof line) fwrite(line, 1, sizeof line, f);
+    for (; bytes > 0; bytes--) fputc('\n', f);
+    if (fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+#define MIB (1L << 20)
+#define REJECT_IO(file, text, ...)                                                         \
+    reject_at(__LINE__, file, text, 0, NULL, MOE_EIO, __VA_ARGS__, NULL)
+
+// Only regular files of at most 16 MiB are read: /dev/zero never ends, a FIFO blocks.
+static void case_unbounded_input(void) {
+    reject_at(__LINE__, "/dev/zero", NULL, 0, NULL, MOE_EIO,
+              "=/dev/zero: not a regular file (a character device): a config must be a regular "
+              "file",
+              NULL);
+    make_fifo("unbounded_fifo.cfg");
+    reject_at(__LINE__, "unbounded_fifo.cfg", NULL, 0, NULL, MOE_EIO,
+              "=unbounded_fifo.cfg: not a regular file (a FIFO): a config must be a regular file",
+              NULL);
+    write_big("unbounded_big.cfg", 17 * MIB);
+    reject_at(__LINE__, "unbounded_big.cfg", NULL, 0, NULL, MOE_EIO,
+              "=unbounded_big.cfg: is 17825792 bytes, more than the 16777216 (16 MiB) a config "
+              "file may have",
+              NULL);
+    write_big("unbounded_big.cfg", 16 * MIB + 1);
+    reject_at(__LINE__, "unbounded_big.cfg", NULL, 0, NULL, MOE_EIO,
+              "unbounded_big.cfg: is 16777217 bytes, more than", NULL);
+    static moe_train_config c;
+    write_big("unbounded_big.cfg", 16 * MIB); // the limit itself is fine
+    ACCEPT("unbounded_big.cfg", NULL, &c);
+    remove("unbounded_big.cfg");
+}
+
+// @include reads only what the main file may be, at most 10 deep and 16 MiB in all.
+static void case_include_limits(void) {
+    static moe_train_config c;
+    REJECT_IO("include_limits_zero.cfg", "model = {};\n@include \"/dev/zero\"\n",
+           "=include_limits_zero.cfg:2: @include \"/dev/zero\": /dev/zero: not a regular file "
+           "(a character device): a config must be a regular file");
+    make_fifo("include_limits_fifo");
+    REJECT_IO("include_limits_fifo.cfg", "\n\n  @include \"include_limits_fifo\"\n",
+           "=include_limits_fifo.cfg:3: @include \"include_limits_fifo\": include_limits_fifo: "
+           "not a regular file (a FIFO): a config must be a regular file");
+    // nested, from a folder (relative to the main file's folder, as libconfig does)
+    mkdir("inc2", 0755);
+    make_fifo("inc2/fifo");
+    write_file("inc2/part.cfg", "train = {\n  lr = 0.1;\n};\n@include \"fifo\"\n");
+    REJECT_IO("inc2/main.cfg", "model = {};\n@include \"part.cfg\"\n",
+           "=inc2/part.cfg:4: @include \"fifo\": inc2/fifo: not a regular file (a FIFO): a "
+           "config must be a regular file");
+    write_big("inc2/big.cfg", 17 * MIB);
+    REJECT_IO("inc2/main_big.cfg", "@include \"big.cfg\"\n",
+           "=inc2/main_big.cfg:1: @include \"big.cfg\": inc2/big.cfg: is 17825792 bytes, more "
+           "than the 16777216 (16 MiB) a config file may have");
+    remove("inc2/big.cfg");
+    FILE *f = fopen("inc2/nul.cfg", "wb");
+    if (f) {
+        fwrite("model = {};\n\0", 1, 13, f);
+        fclose(f);
+    }
+    REJECT("inc2/main_nul.cfg", "@include \"nul.cfg\"\n",
+           "=inc2/main_nul.cfg:1: @include \"nul.cfg\": inc2/nul.cfg: contains a NUL byte at "
+           "offset 12: not a config file");
+    REJECT("include_limits_self.cfg", "model = {};\n@include \"include_limits_self.cfg\"\n",
+           "include_limits_self.cfg:2: @include \"include_limits_self.cfg\": more than 10 "
+           "nested @includes (does a file include itself?)");
+    // 17 inclusions of 1 MiB: each file is small, together they are not
+    write_big("include_limits_1m.cfg", MIB);
+    static char text[1024];
+    size_t len = 0;
+    for (int i = 0; i < 17; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len,
+                                "@include \"include_limits_1m.cfg\"\n");
+    REJECT_IO("include_limits_many.cfg", text,
+           "=include_limits_many.cfg:16: @include \"include_limits_1m.cfg\": the config and its "
+           "@includes come to more than 16777216 bytes (16 MiB; a file counts each time it is "
+           "included)");
+    remove("include_limits_1m.cfg");
+    // an @include inside a comment or a string is not one
+    if (ACCEPT("include_limits_text.cfg",
+               "/*\n@include \"/dev/zero\"\n*/\n# @include \"/dev/zero\"\n"
+               "train = { init_from = \"x\n@include \\\"/dev/zero\\\"\"; };\n",
+               &c))
+        CHECK(strcmp(c.init_from, "x\n@include \"/dev/zero\"") == 0);
+    // a --set value cannot include (it would be read relative to wherever moe runs)
+    REJECT_SET(NULL, NULL, "train.lr=1\n@include \"/dev/zero\"",
+               "=--set train.lr: @include is not allowed in a --set value");
+}
+
+// Products of config values that size buffers are bounded in 64 bits, every key named.
+static void case_size_limits(void) {
+    REJECT("size_tokens.cfg",
+           "model = {\n  max_seq_len = 1048576;\n};\ntrain = {\n  batch_size = 1048576;\n"
+           "  seq_len = 1048576;\n};\n",
+           "=size_tokens.cfg:5: train.batch_size * train.seq_len = 1099511627776 exceeds 2^24 "
+           "tokens per micro-batch (train.batch_size = 1048576, train.seq_len = 1048576 (at "
+           "size_tokens.cfg:6)): the model counts a micro-batch's tokens in an int");
+    REJECT("size_tokens_2.cfg", "train = {\n  batch_size = 131073;\n};\n",
+           "size_tokens_2.cfg:2: train.batch_size * train.seq_len = 16777344 exceeds 2^24",
+           "train.seq_len = 128 (default)");
+    static moe_train_config c;
+    if (ACCEPT("size_tokens_ok.cfg",
+               "model = { max_seq_len = 16; d_model = 64; d_ff = 64; top_k = 1; };\n"
+               "train = { batch_size = 1048576; seq_len = 16; };\n",
+               &c)) // exactly 2^24 tokens
+        CHECK(c.batch_size == 1048576 && c.seq_len == 16);
+    REJECT("size_dispatch.cfg",
+           "model = {\n  top_k = 8;\n  d_ff = 1048576;\n};\ntrain = {\n  batch_size = 64;\n"
+           "  seq_len = 256;\n};\n",
+           "=size_dispatch.cfg:6: train.batch_size * train.seq_len * model.top_k * model.d_ff = "
+           "137438953472 exceeds 2^31-1 (train.batch_size = 64, train.seq_len = 256 (at "
+           "size_dispatch.cfg:7), model.top_k = 8 (at size_dispatch.cfg:2), model.d_ff = 1048576 "
+           "(at size_dispatch.cfg:3)): the MoE layer indexes its dispatch buffers with an int");
+    REJECT("size_attention.cfg",
+           "model = {\n  max_seq_len = 65536;\n};\ntrain = {\n  seq_len = 65536;\n};\n",
+           "size_attention.cfg:5: train.batch_size * model.n_heads * train.seq_len^2 = "
+           "137438953472 exceeds 2^34 attention scores per layer (train.batch_size = 8 (default), "
+           "model.n_heads = 4 (default), train.seq_len = 65536)");
+    REJECT("size_logits.cfg",
+           "model = {\n  vocab_size = 16777216;\n  d_model = 8;\n  n_heads = 2;\n};\ntrain = {\n"
+           "  batch_size = 4096;\n};\n",
+           "size_logits.cfg:7: train.batch_size * train.seq_len * model.vocab_size = "
+           "8796093022208 exceeds 2^36 logits per micro-batch");
+    REJECT("size_activations.cfg",
+           "model = {\n  n_layers = 1024;\n  d_model = 4096;\n  d_ff = 8;\n};\ntrain = {\n"
+           "  batch_size = 256;\n};\n",
+           "size_activations.cfg:2: model.n_layers * train.batch_size * train.seq_len * "
+           "model.d_model = 137438953472 exceeds 2^36 activations");
+    REJECT("size_counts.cfg",
+           "model = {\n  n_layers = 64;\n  n_experts = 64;\n};\n"
+           "train = {\n  grad_accum = 1048576;\n};\n",
+           "=size_counts.cfg:6: train.grad_accum * model.n_layers * model.n_experts = 4294967296 "
+           "exceeds 2^26 routing counts (train.grad_accum = 1048576, model.n_layers = 64 (at "
+           "size_counts.cfg:2), model.n_experts = 64 (at size_counts.cfg:3)): the trainer keeps "
+           "every micro-batch's counts of every layer and expert");
+    REJECT("size_eval.cfg",
+           "train = {\n  batch_size = 1024;\n  seq_len = 256;\n  eval_batches = 1048576;\n};\n"
+           "model = { d_ff = 8; };\n",
+           "size_eval.cfg:4: train.eval_batches * train.batch_size * train.seq_len = "
+           "274877906944 exceeds 2^36 tokens per validation pass");
+    REJECT("size_embed.cfg", "model = {\n  vocab_size = 16777216;\n  d_model = 512;\n};\n",
+           "size_embed.cfg:2: model.vocab_size * model.d_model = 8589934592 exceeds 2^32 "
+           "embedding weights (model.vocab_size = 16777216, model.d_model = 512 (at "
+           "size_embed.cfg:3))");
+    REJECT("size_attn_weights.cfg",
+           "model = {\n  n_layers = 1024;\n  d_model = 8192;\n  n_experts = 2;\n  d_ff = 1;\n};\n"
+           "train = { batch_size = 1; seq_len = 8; };\n",
+           "size_attn_weights.cfg:2: model.n_layers * model.d_model^2 = 68719476736 exceeds "
+           "2^34");
+    REJECT("size_experts.cfg",
+           "model = {\n  n_layers = 64;\n  n_experts = 256;\n  d_ff = 4096;\n"
+           "  d_model = 1024;\n};\ntrain = { batch_size = 1; };\n",
+           "size_experts.cfg:2: model.n_layers * model.n_experts * 3 * model.d_ff * model.d_model "
+           "= 206158430208 exceeds 2^34 expert weights");
+    // an override is named like any other place
+    REJECT_SET("size_set.cfg",
+               "model = {\n  max_seq_len = 1048576;\n};\ntrain = {\n  seq_len = 1048576;\n};\n",
+               "train.batch_size=64",
+               "=--set train.batch_size: train.batch_size * train.seq_len = 67108864 exceeds 2^24 "
+               "tokens per micro-batch (train.batch_size = 64, train.seq_len = 1048576 (at "
+               "size_set.cfg:5)): the model counts a micro-batch's tokens in an int");
+}
+
+// "\x00" in a string is refused (libconfig 1.5 silently drops it: "a\x00b" reads as "ab").
+static void case_nul_string(void) {
+    REJECT("nul_string_1.cfg", "train = {\n  init_from = \"a\\x00b\";\n};\n",
+           "=nul_string_1.cfg:2: train.init_from: \"\\x00\" in a string: a string cannot hold "
+           "a NUL character (libconfig would silently drop it)");
+    REJECT("nul_string_2.cfg", "data = {\n  text = (\"a\",\n    \"b\\X00\");\n};\n",
+           "nul_string_2.cfg:3: data.text: \"\\x00\" in a string");
+    mkdir("inc3", 0755);
+    write_file("inc3/part.cfg", "\nlog = { dir = \"r\\x00\"; };\n");
+    REJECT("inc3/main.cfg", "model = {};\n@include \"part.cfg\"\n",
+           "inc3/part.cfg:2: log.dir: \"\\x00\" in a string");
+    REJECT_SET(NULL, NULL, "train.init_from=\"a\\x00\"",
+               "=--set train.init_from: \"\\x00\" in a string: a string cannot hold a NUL "
+               "character (libconfig would silently drop it)");
+    // an escaped backslash before x00, and other \x escapes, are fine
+    static moe_train_config c;
+    if (ACCEPT("nul_string_ok.cfg", "train = { init_from = \"a\\\\x00\\x41\"; };\n", &c))
+        CHECK(strcmp(c.init_from, "a\\x00A") == 0);
+}
+
 // ---- driver -------------------------------------------------------------------------------
 
 typedef struct {
@@ -764,7 +972,9 @@ static const test_case cases[] = {
     {"out_of_range", case_out_of_range}, {"int_overflow", case_int_overflow},
     {"inconsistent", case_inconsistent}, {"bad_enum", case_bad_enum},
     {"syntax_error", case_syntax_error}, {"missing_file", case_missing_file},
-    {"bad_set", case_bad_set},
+    {"bad_set", case_bad_set},           {"unbounded_input", case_unbounded_input},
+    {"include_limits", case_include_limits}, {"size_limits", case_size_limits},
+    {"nul_string", case_nul_string},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
