@@ -93,7 +93,7 @@ static const key_spec specs[] = {
     KINT("model", "n_experts", n_experts, 1, 4096),
     KINT("model", "top_k", top_k, 1, 4096), // and <= n_experts
     KINT("model", "max_seq_len", max_seq_len, 1, 1 << 20),
-    KFLT("model", "rope_theta", rope_theta, 0, OPEN, INFINITY, OPEN),
+    KFLT("model", "rope_theta", rope_theta, 0, OPEN, 1e12, CLOSED), // config.json's bound
     KFLT("model", "rms_norm_eps", rms_norm_eps, 0, OPEN, 1, OPEN),
     KBOOL("model", "tie_embeddings", tie_embeddings),
     KBOOL("model", "norm_topk_prob", norm_topk_prob),
@@ -103,7 +103,7 @@ static const key_spec specs[] = {
     KFLT("model", "z_coef", z_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "init_std", init_std, 0, OPEN, INFINITY, OPEN),
     KENUM("model", "scoring", scoring, scoring_names),
-    KFLT("model", "route_scale", route_scale, 0, OPEN, INFINITY, OPEN),
+    KFLT("model", "route_scale", route_scale, 0, OPEN, 1e6, CLOSED), // config.json's bound
     KFLT("model", "bias_rate", bias_rate, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "seq_aux_coef", seq_aux_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "router_jitter", router_jitter, 0, CLOSED, 1, OPEN),

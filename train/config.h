@@ -56,7 +56,7 @@ typedef struct {
     int n_experts;           // default 8, [1, 4096]
     int top_k;               // default 2, [1, n_experts]
     int max_seq_len;         // default 256, [1, 1<<20] (HF max_position_embeddings)
-    double rope_theta;       // default 1e6, > 0
+    double rope_theta;       // default 1e6, (0, 1e12] (config.json's bound)
     double rms_norm_eps;     // default 1e-5, (0, 1)
     int tie_embeddings;      // bool, default false
     int norm_topk_prob;      // bool, default true
@@ -66,7 +66,7 @@ typedef struct {
     double z_coef;           // default 0.001, >= 0
     double init_std;         // default 0.02, > 0
     int scoring;             // string "softmax" (0, default) | "sigmoid" (1, DeepSeek-V3)
-    double route_scale;      // default 1.0, > 0: multiplies the combine weights
+    double route_scale;      // default 1.0, (0, 1e6]: multiplies the combine weights
     double bias_rate;        // default 0 (off), >= 0: aux-loss-free bias balancing rate
     double seq_aux_coef;     // default 0 (off), >= 0: sequence-level aux loss coefficient
     double router_jitter;    // default 0 (off), [0, 1): router input noise U(1-j, 1+j)

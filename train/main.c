@@ -101,7 +101,8 @@ static int cmd_generate(int argc, char **argv) {
     if (!ckpt || !prompt) moe_fatal("generate: --ckpt and --prompt are required\n%s", usage);
     int n_prompt = (int)strlen(prompt);
     model m;
-    if (infer_load(&m, ckpt, 0, s.prefill_chunk)) moe_fatal("%s", moe_last_error());
+    // the KV cache holds what this call needs (at most max_position_embeddings)
+    if (infer_load(&m, ckpt, n_prompt + n_new, s.prefill_chunk)) moe_fatal("%s", moe_last_error());
     if (m.cfg.vocab_size < 256)
         moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",
                   m.cfg.vocab_size);

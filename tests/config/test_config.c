@@ -597,7 +597,7 @@ static void case_out_of_range(void) {
     REJECT("out_of_range_4.cfg", "train = {\n  lr = -0.001;\n};\n",
            "=out_of_range_4.cfg:2: train.lr: -0.001 is out of range [0, inf)");
     REJECT("out_of_range_5.cfg", "model = {\n  rope_theta = 1e999;\n};\n",
-           "=out_of_range_5.cfg:2: model.rope_theta: inf is out of range (0, inf)");
+           "=out_of_range_5.cfg:2: model.rope_theta: inf is out of range (0, 1e+12]");
     REJECT("out_of_range_6.cfg", "model = {\n  vocab_size = 1;\n};\n",
            "=out_of_range_6.cfg:2: model.vocab_size: 1 is out of range [2, 16777216]");
     REJECT("out_of_range_7.cfg", "model = {\n  capacity_factor = -1;\n};\n",
