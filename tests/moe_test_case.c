@@ -142,3 +142,97 @@ double *int_as_double(int slot, const int *x, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = x[i];
     return out;
 }
+
+void moe_routing_capture(moe_routing *r, const moe_layer *L, const real *bias) {
+    const int T = L->last_tokens, E = L->cfg.n_experts, k = L->cfg.top_k;
+    if (r->T != T || r->E != E) {
+        moe_routing_free(r);
+        r->v = malloc((size_t)T * E * sizeof(double));
+        r->w = malloc((size_t)T * E * sizeof(double));
+        r->state = malloc((size_t)T * E);
+    }
+    r->T = T, r->E = E, r->k = k;
+    r->capacity = L->stats.capacity;
+    r->policy = L->cfg.drop_policy;
+    for (size_t i = 0; i < (size_t)T * E; i++) {
+        r->v[i] = (double)L->scores[i] + (bias ? (double)bias[i % E] : 0.0);
+        r->w[i] = 0;
+        r->state[i] = 0;
+    }
+    for (size_t s = 0; s < (size_t)T * k; s++) {
+        size_t te = (s / k) * E + L->topk_idx[s];
+        r->w[te] = L->weights[s];
+        r->state[te] = L->assign_row[s] >= 0 ? 1 : 2;
+    }
+}
+
+void moe_routing_free(moe_routing *r) {
+    free(r->v);
+    free(r->w);
+    free(r->state);
+    memset(r, 0, sizeof *r);
+}
+
+double moe_routing_select_margin(const moe_routing *r, int *token) {
+    double best = INFINITY;
+    if (token) *token = -1;
+    if (r->k >= r->E) return best;
+    for (int t = 0; t < r->T; t++) {
+        // selected experts have v >= every unselected one: margin = min sel v - max unsel v
+        double lo_sel = INFINITY, hi_unsel = -INFINITY;
+        for (int e = 0; e < r->E; e++) {
+            double v = r->v[(size_t)t * r->E + e];
+            if (r->state[(size_t)t * r->E + e]) lo_sel = v < lo_sel ? v : lo_sel;
+            else hi_unsel = v > hi_unsel ? v : hi_unsel;
+        }
+        if (lo_sel - hi_unsel < best) {
+            best = lo_sel - hi_unsel;
+            if (token) *token = t;
+        }
+    }
+    return best;
+}
+
+double moe_routing_drop_margin(const moe_routing *r, int *token) {
+    double best = INFINITY;
+    if (token) *token = -1;
+    if (r->capacity <= 0 || r->policy != MOE_DROP_PROBS) return best;
+    for (int e = 0; e < r->E; e++) {
+        double lo_kept = INFINITY, hi_drop = -INFINITY;
+        int drop_tok = -1;
+        for (int t = 0; t < r->T; t++) {
+            size_t te = (size_t)t * r->E + e;
+            if (r->state[te] == 1 && r->w[te] < lo_kept) lo_kept = r->w[te];
+            if (r->state[te] == 2 && r->w[te] > hi_drop) hi_drop = r->w[te], drop_tok = t;
+        }
+        if (drop_tok >= 0 && lo_kept - hi_drop < best) {
+            best = lo_kept - hi_drop;
+            if (token) *token = drop_tok;
+        }
+    }
+    return best;
+}
+
+size_t moe_routing_diff(const moe_routing *a, const moe_routing *b, double *dv, double *dw) {
+    size_t n = 0;
+    double mv = 0, mw = 0;
+    for (size_t i = 0; i < (size_t)a->T * a->E; i++) {
+        n += a->state[i] != b->state[i];
+        double x = fabs(a->v[i] - b->v[i]), y = fabs(a->w[i] - b->w[i]);
+        mv = x > mv ? x : mv;
+        mw = y > mw ? y : mw;
+    }
+    if (dv) *dv = mv;
+    if (dw) *dw = mw;
+    return n;
+}
+
+int moe_routing_experts_used(const moe_routing *r) {
+    int used = 0;
+    for (int e = 0; e < r->E; e++) {
+        int any = 0;
+        for (int t = 0; t < r->T; t++) any |= r->state[(size_t)t * r->E + e] == 1;
+        used += any;
+    }
+    return used;
+}

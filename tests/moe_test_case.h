@@ -32,4 +32,36 @@ double *as_double(int slot, const real *x, size_t n);
 double *w13_part_as_double(int slot, const real *w13, int part, int E, int ff, int d);
 double *int_as_double(int slot, const int *x, size_t n);
 
+// The routing of a layer's last training forward per (token, expert), read from its host
+// buffers (CPU backend): what a finite-difference gradient check must not flip. Selection
+// is the top-k of v = s + bias (ties: lower index); under the probs policy an over-full
+// expert keeps its `capacity` largest combine weights w (ties: earlier token). The loss is
+// smooth in the parameters as long as `state` stays the same (the order of the k choices
+// of a token and the row order of the grouped experts do not change the loss beyond
+// rounding: sums are order-free, rows follow from `state` in token order).
+typedef struct {
+    int T, E, k, capacity; // capacity 0: dropless
+    moe_drop_policy policy;
+    double *v;           // [T, E] selection value s + bias
+    double *w;           // [T, E] combine weight of a selected expert, 0 otherwise
+    signed char *state;  // [T, E] 0 not selected, 1 selected and kept, 2 selected and dropped
+} moe_routing;
+
+// Fills r from L (r zeroed before the first call; reallocates when the shape changes).
+void moe_routing_capture(moe_routing *r, const moe_layer *L, const real *bias);
+void moe_routing_free(moe_routing *r);
+// Selection margin: min over tokens of v_(k) - v_(k+1), the k-th minus the (k+1)-th largest
+// v of the token; INFINITY when k == E (nothing to choose). *token (if not NULL): the token
+// that attains it, -1 if none.
+double moe_routing_select_margin(const moe_routing *r, int *token);
+// Drop margin (probs policy): min over over-full experts e of min_kept w - max_dropped w;
+// INFINITY when no decision depends on w (dropless, position policy, no expert over
+// capacity). *token: the first dropped assignment's token of the worst expert, -1 if none.
+double moe_routing_drop_margin(const moe_routing *r, int *token);
+// Number of (t, e) whose state differs between a and b (same shape); *dv = max |v_a - v_b|
+// and *dw = max |w_a - w_b| over all (t, e) (NULL to skip).
+size_t moe_routing_diff(const moe_routing *a, const moe_routing *b, double *dv, double *dw);
+// Number of experts with at least one kept assignment.
+int moe_routing_experts_used(const moe_routing *r);
+
 #endif
