@@ -5,8 +5,10 @@
     python3 scripts/check_hf.py --moe build/moe        # re-runs itself under /opt/moe-hf/bin/python
     /opt/moe-hf/bin/python scripts/check_hf.py --selftest   # the HF + numpy half only, no moe
 
-(transformers: scripts/install_hf.sh.) Exit 0 when every check passes, 1 when one fails, 77
-(CTest's skip code) when transformers cannot be imported.
+(transformers: scripts/install_hf.sh for 4.40 on Debian's torch 1.13, scripts/install_hf5.sh for
+the latest 5.x on PyTorch 2.x from PyPI; MOE_HF_PYTHON picks the interpreter, and ctest runs
+both.) Exit 0 when every check passes, 1 when one fails, 77 (CTest's skip code) when
+transformers cannot be imported.
 
 Forward (moe -> HF): train a tiny model for a few steps with `moe train`, `moe export` its
 latest checkpoint (fp32 and bf16), `moe eval --logits` the first seq_len tokens of val.bin, and
@@ -379,7 +381,11 @@ def _copy_to(model, dtype):
 # ---------------------------------------------------------------------------------------------
 # moe side
 
-EVAL_RE = re.compile(r"^\s*loss\s+(\S+)\s+ppl\s+(\S+)\s+tokens\s+(\d+)\s*$", re.M)
+# `moe eval`'s line: the loss, the perplexity and the token count, whatever words surround them
+# ("loss 2.05 ppl 7.8 tokens 4800" or "loss 2.05 nats/token (... over 4800 tokens) | ppl 7.8")
+EVAL_LOSS = re.compile(r"\bloss\s+([-+0-9.eEnaif]+)")
+EVAL_PPL = re.compile(r"\bppl\s+([-+0-9.eEnaif]+)")
+EVAL_TOKENS = re.compile(r"\btokens\s+(\d+)|\b(\d+)\s+tokens\b")
 
 
 class Moe:
@@ -411,10 +417,10 @@ class Moe:
         if os.path.exists(logits_path):
             os.remove(logits_path)
         out = self.run("eval", "--ckpt", ckpt, "--data", data, "--seq-len", seq_len, "--logits", logits_path)
-        m = EVAL_RE.search(out)
-        if not m:
-            raise CheckError(f"moe eval printed no 'loss <f> ppl <f> tokens <n>' line:\n{out[-2000:]}")
-        loss, ppl, ntok = float(m.group(1)), float(m.group(2)), int(m.group(3))
+        m, p, t = EVAL_LOSS.search(out), EVAL_PPL.search(out), EVAL_TOKENS.search(out)
+        if not (m and p and t):
+            raise CheckError(f"moe eval printed no loss, ppl and token count:\n{out[-2000:]}")
+        loss, ppl, ntok = float(m.group(1)), float(p.group(1)), int(t.group(1) or t.group(2))
         a = np.load(logits_path)
         if a.dtype != np.float32:
             raise CheckError(f"{logits_path}: dtype {a.dtype}, want float32")

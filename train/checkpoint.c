@@ -133,6 +133,22 @@ static void crash_point(const char *point) {
 
 // ---- HF config.json ----------------------------------------------------------------
 
+// A float field written as a JSON float ("0.0", "1e-05"): cJSON prints 0.0 as 0, which
+// transformers 5.x's typed config refuses for a float field.
+static void add_float(cJSON *obj, const char *key, double v) {
+    char num[40];
+    if (v == floor(v) && fabs(v) < 1e15) { // integral: 10000.0, not 1e+04
+        snprintf(num, sizeof num, "%.1f", v);
+    } else {
+        for (int p = 1; p <= 17; p++) { // the shortest form that reads back exactly
+            snprintf(num, sizeof num, "%.*g", p, v);
+            if (strtod(num, NULL) == v) break;
+        }
+        if (!strpbrk(num, ".eEn")) strcat(num, ".0"); // ("n": nan, inf)
+    }
+    cJSON_AddRawToObject(obj, key, num);
+}
+
 static cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_CreateArray();
@@ -148,23 +164,23 @@ static cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
     cJSON_AddNumberToObject(j, "head_dim", c->d_model / c->n_heads);
     cJSON_AddNumberToObject(j, "num_local_experts", c->moe.n_experts);
     cJSON_AddNumberToObject(j, "num_experts_per_tok", c->moe.top_k);
-    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_norm_eps);
-    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+    add_float(j, "rms_norm_eps", c->rms_norm_eps);
+    add_float(j, "rope_theta", c->rope_theta);
     cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_seq_len);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_embeddings);
     // HF's router_aux_loss_coef multiplies its helper's value, which is top_k times ours
-    cJSON_AddNumberToObject(j, "router_aux_loss_coef", c->moe.aux_coef / c->moe.top_k);
-    cJSON_AddNumberToObject(j, "router_jitter_noise", 0.0);
+    add_float(j, "router_aux_loss_coef", c->moe.aux_coef / c->moe.top_k);
+    add_float(j, "router_jitter_noise", 0.0);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNullToObject(j, "sliding_window");
-    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    add_float(j, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(j, "use_cache", 1);
     cJSON_AddStringToObject(j, "torch_dtype", torch_dtype);
     // ours, ignored by transformers: what HF's Mixtral block cannot express (DeepSeek-V3's
     // names where it has them)
     cJSON_AddBoolToObject(j, "norm_topk_prob", c->moe.norm_topk_prob);
     cJSON_AddStringToObject(j, "scoring_func", c->moe.scoring == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
-    cJSON_AddNumberToObject(j, "routed_scaling_factor", c->moe.route_scale);
+    add_float(j, "routed_scaling_factor", c->moe.route_scale);
     cJSON_AddBoolToObject(j, "router_bias", c->router_bias);
     return j;
 }
@@ -195,6 +211,12 @@ static moe_status cj_int(const cJSON *j, const char *path, const char *key, int6
                          key, v->valuedouble, lo, hi);
     *out = (int)v->valuedouble;
     return MOE_OK;
+}
+
+// cj_int, where null means absent (transformers 5.x writes "head_dim": null).
+static moe_status cj_int_or_null(const cJSON *j, const char *path, const char *key, int64_t lo,
+                                 int64_t hi, int *out) {
+    return cJSON_IsNull(field(j, key)) ? MOE_OK : cj_int(j, path, key, lo, hi, 0, out);
 }
 
 // A finite number in (lo, hi]. Absent: MOE_OK with *out untouched.
@@ -256,14 +278,58 @@ static moe_status cj_rope(const cJSON *j, const char *path, double *theta) {
     return MOE_OK;
 }
 
-// The fields of config.json that describe the model; unknown-to-us fields are ignored.
+// Every field of config.json must be one we understand: one that shapes the model (read
+// below), or one that cannot change what the weights compute here. A field we do not know
+// (a quantization_config, a rope_scaling, ...) may change the model, so it is an error naming
+// it, never silently ignored.
+static const char *const hf_model_fields[] = {
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "num_local_experts", "num_experts_per_tok",
+    "max_position_embeddings", "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters",
+    "tie_word_embeddings", "hidden_act", "sliding_window", "architectures",
+    "norm_topk_prob", "scoring_func", "routed_scaling_factor", "router_bias", // ours
+    NULL};
+// Accepted and not used: training-only hyperparameters (the train config sets training),
+// token ids (tokenizer metadata), storage and bookkeeping fields.
+static const char *const hf_ignored_fields[] = {
+    "attention_dropout", "router_aux_loss_coef", "router_jitter_noise", "output_router_logits",
+    "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
+    "transformers_version", "use_cache", "_name_or_path", "output_attentions",
+    "output_hidden_states", "return_dict", NULL};
+
+static int in_list(const char *const *list, const char *s) {
+    for (; *list; list++)
+        if (!strcmp(*list, s)) return 1;
+    return 0;
+}
+
+static moe_status check_hf_fields(const cJSON *j, const char *path) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, j) {
+        if (in_list(hf_model_fields, f->string)) continue;
+        if (!in_list(hf_ignored_fields, f->string))
+            return moe_error(MOE_EINVAL, "%s: field \"%s\" is not understood by moe.c (it may change "
+                             "the model; remove it if it does not apply)", path, f->string);
+        if (cJSON_IsObject(f) || cJSON_IsArray(f))
+            return moe_error(MOE_EINVAL, "%s: %s must be a number, a string, a boolean or null", path,
+                             f->string);
+    }
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures"), *a;
+    int mixtral = !arch || cJSON_IsNull(arch);
+    const cJSON *list = cJSON_IsArray(arch) ? arch : NULL;
+    cJSON_ArrayForEach(a, list) mixtral |= cJSON_IsString(a) && !strcmp(a->valuestring, "MixtralForCausalLM");
+    if (!mixtral) return moe_error(MOE_EINVAL, "%s: architectures does not list MixtralForCausalLM", path);
+    return MOE_OK;
+}
+
+// The fields of config.json that describe the model.
 static moe_status parse_hf_config(model_config *out, const cJSON *j, const char *path) {
     static const char *const mixtral[] = {"mixtral", NULL}, *const scoring[] = {"softmax", "sigmoid", NULL},
                              *const silu[] = {"silu", NULL};
     int type = -1, act = 0, ff = 0, E = 0, k = 0, head_dim = 0, score = 0;
     model_config c = {.max_seq_len = 4096, .rms_norm_eps = 1e-5, .rope_theta = 1e6};
     moe_status st;
-    if ((st = cj_enum(j, path, "model_type", mixtral, &type))) return st;
+    if ((st = check_hf_fields(j, path)) || (st = cj_enum(j, path, "model_type", mixtral, &type))) return st;
     if (type < 0) return moe_error(MOE_EINVAL, "%s: model_type is missing (expected \"mixtral\")", path);
     if ((st = cj_int(j, path, "vocab_size", 2, 1 << 24, 1, &c.vocab_size)) ||
         (st = cj_int(j, path, "hidden_size", 1, 65536, 1, &c.d_model)) ||
@@ -276,7 +342,7 @@ static moe_status parse_hf_config(model_config *out, const cJSON *j, const char 
     c.n_kv_heads = c.n_heads;
     if ((st = cj_int(j, path, "num_key_value_heads", 1, 4096, 0, &c.n_kv_heads)) ||
         (st = cj_int(j, path, "max_position_embeddings", 1, 1 << 20, 0, &c.max_seq_len)) ||
-        (st = cj_int(j, path, "head_dim", 1, 65536, 0, &head_dim)) ||
+        (st = cj_int_or_null(j, path, "head_dim", 1, 65536, &head_dim)) ||
         (st = cj_num(j, path, "rms_norm_eps", 0, 1, &c.rms_norm_eps)) ||
         (st = cj_rope(j, path, &c.rope_theta)) ||
         (st = cj_bool(j, path, "tie_word_embeddings", &c.tie_embeddings)) ||

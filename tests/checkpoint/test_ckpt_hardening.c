@@ -3,7 +3,7 @@
 // field by field before anything is allocated from them, and non-finite weights or results
 // are errors, never a printed nan.
 //
-//   test_ckpt_hardening CASE     CASE: uaf | integrity | state | sizes | nonfinite | rope
+//   test_ckpt_hardening CASE     CASE: uaf | integrity | state | sizes | nonfinite | rope | hf5
 #define _POSIX_C_SOURCE 200809L // mkdtemp
 
 #include <cjson/cJSON.h>
@@ -358,9 +358,39 @@ static void case_rope(void) {
     printf("    -> %s\n", moe_last_error());
 }
 
+// ---- what transformers 5.x reads and writes ---------------------------------------------------
+static void case_hf5(void) {
+    char ck[300], dir[300], path[400];
+    make_checkpoint("hf5_src", OPTIM_ADAMW, ck, sizeof ck);
+    // our float fields are JSON floats: transformers 5 refuses `"router_jitter_noise": 0`
+    snprintf(path, sizeof path, "%s/config.json", ck);
+    char *text = test_read_file(path);
+    check_true("float fields are written as floats (0.0, not 0)",
+               text && strstr(text, "\"router_jitter_noise\":\t0.0") &&
+                   strstr(text, "\"attention_dropout\":\t0.0") && strstr(text, "\"rope_theta\":\t10000.0"));
+    free(text);
+    copy_folder(ck, "hf5", dir, sizeof dir);
+    set_field(dir, "config.json", "head_dim", "null");
+    set_field(dir, "config.json", "pad_token_id", "null");
+    set_field(dir, "config.json", "dtype", "\"float32\"");
+    model_config c;
+    moe_status st = hf_config_read(&c, dir);
+    check_true("transformers 5.x fields (head_dim null, dtype, pad_token_id) are read", st == MOE_OK);
+    set_field(dir, "config.json", "quantization_config", "{\"quant_method\": \"fp8\"}");
+    st = hf_config_read(&c, dir);
+    check_true("a field moe.c does not understand is an error naming it",
+               st == MOE_EINVAL && strstr(moe_last_error(), "\"quantization_config\" is not understood"));
+    printf("    -> %s\n", moe_last_error());
+    remove_field(dir, "config.json", "quantization_config");
+    set_field(dir, "config.json", "architectures", "[\"LlamaForCausalLM\"]");
+    st = hf_config_read(&c, dir);
+    check_true("architectures without MixtralForCausalLM is refused",
+               st == MOE_EINVAL && strstr(moe_last_error(), "architectures"));
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: test_ckpt_hardening uaf|integrity|state|sizes|nonfinite|rope\n");
+        fprintf(stderr, "usage: test_ckpt_hardening uaf|integrity|state|sizes|nonfinite|rope|hf5\n");
         return 2;
     }
     snprintf(work, sizeof work, "/tmp/moe_ckhard_XXXXXX");
@@ -372,6 +402,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "sizes")) case_sizes();
     else if (!strcmp(c, "nonfinite")) case_nonfinite();
     else if (!strcmp(c, "rope")) case_rope();
+    else if (!strcmp(c, "hf5")) case_hf5();
     else {
         fprintf(stderr, "unknown case '%s'\n", c);
         return 2;
