@@ -545,7 +545,8 @@ def forward_checks(res, moe, wd, S, tol, tol_bf16, steps):
             ref[folder] = attempt(res, f"forward: {name} files", check_folder, res, name, folder, dt, x)
     if os.path.isdir(exp32):
         names = sorted(os.listdir(exp32))
-        extra = [n for n in names if not (n in ("config.json", "generation_config.json", "model.safetensors.index.json")
+        extra = [n for n in names if not (n in ("config.json", "generation_config.json", "model.safetensors.index.json",
+                                                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
                                           or (n.startswith("model") and n.endswith(".safetensors")))]
         res.check("forward: fp32 export is inference-only", not extra, f"files {names}")
 
