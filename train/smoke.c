@@ -23,25 +23,70 @@ static void human_bytes(char *buf, size_t n, double b) {
     snprintf(buf, n, "%.1f %s", b, unit[u]);
 }
 
+static const char *usage =
+    "usage: moe smoke CONFIG [--steps N] [--set group.key=value]...\n"
+    "\n"
+    "  Runs the first N steps of the config (its schedule unchanged; no checkpoint; logs in\n"
+    "  log.dir/smoke) and prints the expert-load table per layer, the router-logit distribution\n"
+    "  of the last step, tokens dropped, the exchange volume, the memory of the full config and\n"
+    "  the median tokens/s; then the gate (README \"moe smoke\"): exit 1, each failed check\n"
+    "  on a line saying why (a skipped step, router logits out of range, a collapsed or dead\n"
+    "  expert, a sustained load alert), else 0.\n"
+    "  --steps N              steps to run, in [1, 1000000] (default 10)\n"
+    "  --set group.key=value  override a config key (as for moe train)\n";
+
+// A usage error: the message and the usage on stderr, exit status 2.
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "moe smoke: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n\n%s", usage);
+    return 2;
+}
+
 int smoke_main(int argc, char **argv) {
-    if (argc < 1 || argv[0][0] == '-')
-        moe_fatal("smoke: a CONFIG file is required\nusage: moe smoke CONFIG [--steps N] [--set group.key=value]...");
+    const char *path = NULL;
     long steps = 10;
-    char **sets = calloc((size_t)argc, sizeof(char *));
+    char **sets = calloc((size_t)argc + 1, sizeof(char *));
     int n_set = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+    if (!sets) moe_fatal("out of memory");
+    for (int i = 0; i < argc; i++) { // options and CONFIG in any order
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            free(sets);
+            return 0;
+        }
+        if ((!strcmp(a, "--steps") || !strcmp(a, "--set")) && i + 1 >= argc) {
+            free(sets);
+            return usage_error("'%s' needs a value", a);
+        }
+        if (!strcmp(a, "--steps")) {
             char *end;
             steps = strtol(argv[++i], &end, 10);
-            if (*end || steps < 1 || steps > 1000000) moe_fatal("smoke: --steps '%s' must be in [1, 1000000]", argv[i]);
-        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+            if (*end || end == argv[i] || steps < 1 || steps > 1000000) {
+                free(sets);
+                return usage_error("--steps '%s': expected an integer in [1, 1000000]", argv[i]);
+            }
+        } else if (!strcmp(a, "--set")) {
             sets[n_set++] = argv[++i];
+        } else if (!strncmp(a, "--set=", 6)) {
+            sets[n_set++] = argv[i] + 6;
+        } else if (a[0] == '-' && a[1]) {
+            free(sets);
+            return usage_error("unknown option '%s'", a);
+        } else if (path) {
+            free(sets);
+            return usage_error("more than one CONFIG (and '%s')", a);
         } else {
-            moe_fatal("smoke: unknown argument '%s'", argv[i]);
+            path = a;
         }
     }
+    if (!path) {
+        free(sets);
+        return usage_error("a CONFIG file is required%s", "");
+    }
     moe_train_config *cfg = malloc(sizeof *cfg);
-    if (!cfg || moe_train_config_load(cfg, argv[0], n_set, sets)) moe_fatal("%s", moe_last_error());
+    if (!cfg || moe_train_config_load(cfg, path, n_set, sets)) moe_fatal("%s", moe_last_error());
     free(sets);
     // the first N steps of the configured run: its schedule is kept (a warmup longer than
     // the smoke simply does not finish)
@@ -61,7 +106,7 @@ int smoke_main(int argc, char **argv) {
 
     const int L = r.n_layers, E = r.n_experts, k = cfg->top_k;
     int alerts = 0;
-    printf("\n== moe smoke: %s, %ld steps (logs: %s) ==\n", argv[0], steps, cfg->run_dir);
+    printf("\n== moe smoke: %s, %ld steps (logs: %s) ==\n", path, steps, cfg->run_dir);
     printf("\nexpert load over the %ld steps (token share per expert, %%):\n", steps);
     long dropped_all = 0, routed_all = 0;
     for (int l = 0; l < L; l++) {

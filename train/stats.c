@@ -26,10 +26,11 @@
 #define STATS_DEFAULT_WINDOW 100
 #define STATS_DEFAULT_ALERT 1.5
 #define STATS_DEFAULT_MAX_DROP 0.01
+#define STATS_COLUMNS 100 // the default tables and prose fit this; --wide: the full tables
 
 static const char *usage =
-    "usage: moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--json]\n"
-    "       moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--json]\n"
+    "usage: moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--from STEP] [--wide] [--json]\n"
+    "       moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] [--json]\n"
     "\n"
     "  Reads RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg.\n"
     "  report      per MoE layer: max/mean load (mean, P95, P99 over steps), CV, hottest and\n"
@@ -42,6 +43,10 @@ static const char *usage =
     "  --capacity  the capacity factor each layer needed to drop at most --max-drop\n"
     "              (default 0.01) of its assignments on the P99 step and on the worst step,\n"
     "              and the expert activation memory at that factor\n"
+    "  --from STEP ignore the records of the steps before STEP (e.g. the warm-up's)\n"
+    "  --wide      the full tables (more than 100 columns): with the report, the aux and z\n"
+    "              loss trends, the entropy in nats, the exchange share and the dead experts'\n"
+    "              indexes; with --capacity, rows and the memory of all layers\n"
     "  --json      one JSON document instead of the tables\n";
 
 // ---- numbers ------------------------------------------------------------------------
@@ -134,8 +139,9 @@ typedef struct {
     int only_layer; // -1: all
     size_t window;
     double alert;
-    int json, capacity;
+    int json, capacity, wide;
     double max_drop;
+    long from; // --from: records of earlier steps are ignored (0: none)
     // inputs
     char load_path[MOE_PATH_MAX + 32], metrics_path[MOE_PATH_MAX + 32], cfg_path[MOE_PATH_MAX + 32];
     moe_train_config *cfg; // NULL without config.cfg
@@ -336,6 +342,7 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
     long step, layer;
     if ((st = get_int(w, o, "step", 1, 1, LONG_MAX / 2, 0, &step))) return st;
     if ((st = get_int(w, o, "layer", 1, 0, STATS_MAX_LAYERS - 1, 0, &layer))) return st;
+    if (step < rd->from) return MOE_OK; // --from
     if (rd->cfg && layer >= rd->cfg->n_layers)
         return moe_error(MOE_EIO, "%s:%ld: \"layer\" = %ld, but the run has model.n_layers = %d (%s)",
                          w.path, w.line, layer, rd->cfg->n_layers, rd->cfg_path);
@@ -439,6 +446,7 @@ static moe_status on_metrics_record(run_t *rd, where_t w, const cJSON *o) {
     moe_status st;
     metric_t m;
     if ((st = get_int(w, o, "step", 1, 1, LONG_MAX / 2, 0, &m.step))) return st;
+    if (m.step < rd->from) return MOE_OK; // --from
     if ((st = get_num(w, o, "step_s", &m.step_s))) return st;
     const cJSON *sk = cJSON_GetObjectItemCaseSensitive(o, "skipped");
     if (sk && !cJSON_IsBool(sk) && !cJSON_IsNull(sk)) return bad(w, "skipped", "is not a boolean");
@@ -502,6 +510,9 @@ static moe_status load_run(run_t *rd, FILE *err) {
                 rd->load_path, rd->load_partial);
     size_t total = 0;
     for (int l = 0; l < rd->n_layers; l++) total += rd->layers[l].n;
+    if (total == 0 && rd->from > 0)
+        return moe_error(MOE_EIO, "%s: no expert-load records at or after step %ld (--from)",
+                         rd->load_path, rd->from);
     if (total == 0) return moe_error(MOE_EIO, "%s: no expert-load records", rd->load_path);
 
     st = read_jsonl(rd, rd->metrics_path, 0, on_metrics_record, &missing, &rd->metrics_partial);
@@ -693,6 +704,51 @@ static cJSON *jpair(const char *ka, double a, const char *kb, double b) {
     return o;
 }
 
+// One line of s[0, len) wrapped at STATS_COLUMNS at spaces; continuation lines are indented
+// two more than the line (a word longer than a line is not cut).
+static void wrap_line(FILE *out, const char *s, size_t len) {
+    const size_t indent = strspn(s, " "), cont = indent + 2;
+    int first = 1;
+    for (;;) {
+        const size_t avail = STATS_COLUMNS - (first ? 0 : cont);
+        if (len <= avail) break;
+        size_t cut = avail;
+        while (cut > indent && s[cut] != ' ') cut--;
+        if (cut <= indent) { // one long word: break after it
+            cut = avail;
+            while (cut < len && s[cut] != ' ') cut++;
+            if (cut >= len) break;
+        }
+        fprintf(out, "%*s%.*s\n", first ? 0 : (int)cont, "", (int)cut, s);
+        while (cut < len && s[cut] == ' ') cut++;
+        s += cut, len -= cut;
+        first = 0;
+    }
+    fprintf(out, "%*s%.*s", first ? 0 : (int)cont, "", (int)len, s);
+}
+
+// Prose (headers, notes, alerts): as formatted with --wide, else every line wrapped to fit
+// STATS_COLUMNS.
+__attribute__((format(printf, 3, 4))) static void prose(const run_t *rd, FILE *out,
+                                                        const char *fmt, ...) {
+    char buf[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (rd->wide) {
+        fputs(buf, out);
+        return;
+    }
+    for (const char *p = buf; *p;) {
+        const size_t n = strcspn(p, "\n");
+        wrap_line(out, p, n);
+        if (!p[n]) break;
+        fputc('\n', out);
+        p += n + 1;
+    }
+}
+
 static void print_json(FILE *out, cJSON *doc) {
     char *s = cJSON_Print(doc);
     if (s) {
@@ -710,6 +766,8 @@ static void add_run_fields(const run_t *rd, cJSON *doc, size_t steps, long first
     cJSON_AddNumberToObject(doc, "steps_logged", (double)steps);
     cJSON_AddNumberToObject(doc, "first_step", (double)first);
     cJSON_AddNumberToObject(doc, "last_step", (double)last);
+    if (rd->from > 0) cJSON_AddNumberToObject(doc, "from_step", (double)rd->from);
+    else cJSON_AddNullToObject(doc, "from_step");
     if (rd->have_metrics) {
         cJSON_AddNumberToObject(doc, "metrics_steps", (double)rd->m_n);
         cJSON_AddNumberToObject(doc, "skipped_steps", (double)rd->m_skipped);
@@ -733,11 +791,14 @@ static void run_span(const run_t *rd, int only, size_t *steps, long *first, long
 
 static void print_header(const run_t *rd, FILE *out, size_t steps, long first, long last) {
     fprintf(out, "moe stats: %s\n", rd->dir);
-    fprintf(out, "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)", steps, first, last);
+    char from[64] = "";
+    if (rd->from > 0) snprintf(from, sizeof from, " (--from %ld: earlier steps ignored)", rd->from);
     if (rd->have_metrics)
-        fprintf(out, "; metrics.jsonl: %zu steps, %ld skipped\n", rd->m_n, rd->m_skipped);
+        prose(rd, out, "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; metrics.jsonl: %zu "
+                       "steps, %ld skipped\n", steps, first, last, from, rd->m_n, rd->m_skipped);
     else
-        fprintf(out, "; no metrics.jsonl\n");
+        prose(rd, out, "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; no metrics.jsonl\n",
+              steps, first, last, from);
     if (rd->cfg)
         fprintf(out, "  model: %d layers, %d experts, top-%d, capacity_factor %g%s\n",
                 rd->cfg->n_layers, rd->E, rd->top_k, rd->cfg->capacity_factor,
@@ -751,7 +812,7 @@ static int report(run_t *rd, FILE *out) {
     long first, last;
     run_span(rd, rd->only_layer, &steps, &first, &last);
     double *scratch = malloc(steps * sizeof *scratch);
-    lstat_t *ls = calloc((size_t)rd->n_layers, sizeof *ls);
+    lstat_t *ls = calloc(rd->n_layers > 0 ? (size_t)rd->n_layers : 1, sizeof *ls);
     int nl = 0, rc = 0;
     if (!scratch || !ls) {
         moe_error(MOE_ENOMEM, "out of memory");
@@ -828,46 +889,67 @@ static int report(run_t *rd, FILE *out) {
     }
 
     print_header(rd, out, steps, first, last);
-    fprintf(out, "  window: the first and the last %zu logged steps of each layer (hottest and dead "
-                 "experts: the last); max/mean and CV from the counts\n\n", rd->window);
-    fprintf(out, "%-5s %6s | %-30s | %-5s | %-13s | %-15s | %-13s | %-19s | %-19s | %-8s | %s\n",
-            "", "", "max/mean load", "cv", "hottest expert", "drop fraction", "router entropy",
-            "aux loss", "z loss", "exchange", "dead experts");
-    fprintf(out, "%-5s %6s | %6s %6s %6s %8s | %5s | %6s %6s | %7s %7s | %5s %7s | %9s %9s | %9s %9s | %8s | %s\n",
-            "layer", "steps", "mean", "p95", "p99", "med-last", "mean", "expert", "share", "first",
-            "last", "nats", "/log E", "first", "last", "first", "last", "share", "(last window)");
-    for (int i = 0; i < nl; i++) {
-        const lstat_t *s = &ls[i];
-        char b[16][40], dead[256];
-        dead_list(dead, sizeof dead, s);
-        fprintf(out,
-                "%5d %6zu | %6s %6s %6s %8s | %5s | %6d %6s | %7s %7s | %5s %7s | %9s %9s | %9s %9s | %8s | %s\n",
-                s->layer, s->n, num(b[0], 40, s->mom_mean, 3), num(b[1], 40, s->mom_p95, 3),
-                num(b[2], 40, s->mom_p99, 3), num(b[3], 40, s->mom_med_last, 3),
-                num(b[4], 40, s->cv_mean, 3), s->hot, pct(b[5], 40, s->hot_share, 1),
-                pct(b[6], 40, s->drop_first, 2), pct(b[7], 40, s->drop_last, 2),
-                num(b[8], 40, s->ent_mean, 3), num(b[9], 40, s->ent_frac, 3),
-                sci(b[10], 40, s->aux_first), sci(b[11], 40, s->aux_last),
-                sci(b[12], 40, s->z_first), sci(b[13], 40, s->z_last),
-                isfinite(s->exch_share) ? pct(b[14], 40, s->exch_share, 1) : "n/a", dead);
+    prose(rd, out, "  window: the first and the last %zu logged steps of each layer (hottest and dead "
+                   "experts: the last); max/mean and CV from the counts\n\n", rd->window);
+    if (!rd->wide) { // STATS_COLUMNS: the rest with --wide
+        fprintf(out, "%-5s %6s | %-29s | %-5s | %-10s | %-15s | %-7s | %s\n", "", "",
+                "max/mean load", "cv", "hottest", "drop fraction", "entropy", "dead");
+        fprintf(out, "%5s %6s | %6s %6s %6s %8s | %5s | %3s %6s | %7s %7s | %7s | %4s\n", "layer",
+                "steps", "mean", "p95", "p99", "med-last", "mean", "exp", "share", "first", "last",
+                "/log E", "last");
+        for (int i = 0; i < nl; i++) {
+            const lstat_t *s = &ls[i];
+            char b[9][40];
+            fprintf(out, "%5d %6zu | %6s %6s %6s %8s | %5s | %3d %6s | %7s %7s | %7s | %4d\n",
+                    s->layer, s->n, num(b[0], 40, s->mom_mean, 3), num(b[1], 40, s->mom_p95, 3),
+                    num(b[2], 40, s->mom_p99, 3), num(b[3], 40, s->mom_med_last, 3),
+                    num(b[4], 40, s->cv_mean, 3), s->hot, pct(b[5], 40, s->hot_share, 1),
+                    pct(b[6], 40, s->drop_first, 2), pct(b[7], 40, s->drop_last, 2),
+                    num(b[8], 40, s->ent_frac, 3), s->n_dead);
+        }
+        prose(rd, out, "  dead last: experts without a token in the last window (the alerts name "
+                       "them); --wide adds the aux and z loss trends, the entropy in nats and the "
+                       "exchange share\n");
+    } else {
+        fprintf(out, "%-5s %6s | %-30s | %-5s | %-13s | %-15s | %-13s | %-19s | %-19s | %-8s | %s\n",
+                "", "", "max/mean load", "cv", "hottest expert", "drop fraction", "router entropy",
+                "aux loss", "z loss", "exchange", "dead experts");
+        fprintf(out, "%-5s %6s | %6s %6s %6s %8s | %5s | %6s %6s | %7s %7s | %5s %7s | %9s %9s | %9s %9s | %8s | %s\n",
+                "layer", "steps", "mean", "p95", "p99", "med-last", "mean", "expert", "share", "first",
+                "last", "nats", "/log E", "first", "last", "first", "last", "share", "(last window)");
+        for (int i = 0; i < nl; i++) {
+            const lstat_t *s = &ls[i];
+            char b[16][40], dead[256];
+            dead_list(dead, sizeof dead, s);
+            fprintf(out,
+                    "%5d %6zu | %6s %6s %6s %8s | %5s | %6d %6s | %7s %7s | %5s %7s | %9s %9s | %9s %9s | %8s | %s\n",
+                    s->layer, s->n, num(b[0], 40, s->mom_mean, 3), num(b[1], 40, s->mom_p95, 3),
+                    num(b[2], 40, s->mom_p99, 3), num(b[3], 40, s->mom_med_last, 3),
+                    num(b[4], 40, s->cv_mean, 3), s->hot, pct(b[5], 40, s->hot_share, 1),
+                    pct(b[6], 40, s->drop_first, 2), pct(b[7], 40, s->drop_last, 2),
+                    num(b[8], 40, s->ent_mean, 3), num(b[9], 40, s->ent_frac, 3),
+                    sci(b[10], 40, s->aux_first), sci(b[11], 40, s->aux_last),
+                    sci(b[12], 40, s->z_first), sci(b[13], 40, s->z_last),
+                    isfinite(s->exch_share) ? pct(b[14], 40, s->exch_share, 1) : "n/a", dead);
+        }
     }
     int n_alerts = 0;
     for (int i = 0; i < nl; i++)
         n_alerts += ls[i].alert_load + ls[i].alert_dead + ls[i].alert_drops;
     fprintf(out, "\n");
     if (!n_alerts)
-        fprintf(out, "no alerts (max/mean threshold %.3g over the last %zu steps)\n", rd->alert,
-                rd->window);
+        prose(rd, out, "no alerts (max/mean threshold %.3g over the last %zu steps)\n", rd->alert,
+              rd->window);
     else
-        fprintf(out, "%d alert%s (max/mean threshold %.3g; window %zu steps):\n", n_alerts,
-                n_alerts > 1 ? "s" : "", rd->alert, rd->window);
+        prose(rd, out, "%d alert%s (max/mean threshold %.3g; window %zu steps):\n", n_alerts,
+              n_alerts > 1 ? "s" : "", rd->alert, rd->window);
     for (int i = 0; i < nl; i++) {
         const int on[3] = {ls[i].alert_load, ls[i].alert_dead, ls[i].alert_drops};
         for (int k = 0; k < 3; k++) {
             if (!on[k]) continue;
             char msg[512];
             alert_messages(rd, &ls[i], k, msg, sizeof msg);
-            fprintf(out, "  ALERT %s\n", msg);
+            prose(rd, out, "  ALERT %s\n", msg);
         }
     }
 done:
@@ -941,7 +1023,7 @@ static int capacity_report(run_t *rd, FILE *out) {
     long first, last;
     run_span(rd, rd->only_layer, &steps, &first, &last);
     double *scratch = malloc(steps * sizeof *scratch);
-    lcap_t *lc = calloc((size_t)rd->n_layers, sizeof *lc);
+    lcap_t *lc = calloc(rd->n_layers > 0 ? (size_t)rd->n_layers : 1, sizeof *lc);
     if (!scratch || !lc) {
         free(scratch);
         free(lc);
@@ -1035,49 +1117,64 @@ static int capacity_report(run_t *rd, FILE *out) {
         print_json(out, doc);
     } else {
         print_header(rd, out, steps, first, last);
-        fprintf(out, "  capacity needed per step: the smallest C with at most %g%% of the step's "
-                     "assignments beyond C (max_drop %g)\n", 100 * rd->max_drop, rd->max_drop);
-        fprintf(out, "  micro-batch: T = %ld tokens (batch_size %d x seq_len %d), grad_accum %d; "
-                     "cf = C*E/(T*k), C = ceil(T*k/E * cf)\n",
+        prose(rd, out, "  capacity needed per step: the smallest C with at most %g%% of the step's "
+                       "assignments beyond C (max_drop %g)\n", 100 * rd->max_drop, rd->max_drop);
+        prose(rd, out, "  micro-batch: T = %ld tokens (batch_size %d x seq_len %d), grad_accum %d; "
+                       "cf = C*E/(T*k), C = ceil(T*k/E * cf)\n",
                 T, rd->cfg->batch_size, rd->cfg->seq_len, rd->groups);
-        if (approx) fprintf(out, "  note: %s\n", note);
-        if (tok_note[0]) fprintf(out, "  note: %s\n", tok_note);
-        fprintf(out, "  expert buffers: rows = E*C; bytes = rows * (4*d_model + 6*d_ff) * 4 = rows * %.0f "
-                     "(fp32, forward + backward)\n",
+        if (approx) prose(rd, out, "  note: %s\n", note);
+        if (tok_note[0]) prose(rd, out, "  note: %s\n", tok_note);
+        prose(rd, out, "  expert buffers: rows = E*C; bytes = rows * (4*d_model + 6*d_ff) * 4 = rows * %.0f "
+                       "(fp32, forward + backward)\n",
                 (4.0 * rd->cfg->d_model + 6.0 * rd->cfg->d_ff) * 4.0);
-        fprintf(out, "  cf below: the shortest decimal capacity_factor that gives that C (P99: C of the "
-                     "99th percentile of the per-step factors; exact values in --json)\n");
+        prose(rd, out, "  cf below: the shortest decimal capacity_factor that gives that C (P99: C of the "
+                       "99th percentile of the per-step factors; exact values in --json)\n");
         if (cur_cf > 0)
-            fprintf(out, "  current: capacity_factor %g -> C = %ld per expert per micro-batch, %.0f rows, "
-                         "%.3f MiB per layer, %.3f MiB for %d layers\n\n",
+            prose(rd, out, "  current: capacity_factor %g -> C = %ld per expert per micro-batch, %.0f rows, "
+                           "%.3f MiB per layer, %.3f MiB for %d layers\n\n",
                     cur_cf, cur_C, cur.rows, mib(cur.bytes_layer), mib(cur.bytes_all),
                     rd->cfg->n_layers);
         else
-            fprintf(out, "  current: capacity_factor 0 (dropless)\n\n");
-        fprintf(out, "%-5s %6s | %-43s | %-51s | %s\n", "", "", "needed on the P99 step",
-                "needed on the worst step", "current");
-        char all[32];
-        snprintf(all, sizeof all, "MiB x%d", rd->cfg->n_layers);
-        fprintf(out, "%-5s %6s | %8s %6s %7s %9s %8s | %8s %6s %7s %9s %8s %7s | %s\n", "layer",
-                "steps", "cf", "C", "rows", "MiB/layer", all, "cf", "C", "rows", "MiB/layer", all,
-                "step", "drop fraction");
-        for (int i = 0; i < nl; i++) {
-            const lcap_t *c = &lc[i];
-            char d[32];
-            fprintf(out, "%5d %6zu | %8.*f %6ld %7.0f %9.3f %8.3f | %8.*f %6ld %7.0f %9.3f %8.3f %7ld | %s\n",
-                    c->layer, c->n, c->p99.decimals, c->p99.cf_short, c->p99.C, c->p99.rows,
-                    mib(c->p99.bytes_layer), mib(c->p99.bytes_all), c->worst.decimals,
-                    c->worst.cf_short, c->worst.C, c->worst.rows,
-                    mib(c->worst.bytes_layer), mib(c->worst.bytes_all), c->worst_step,
-                    pct(d, sizeof d, c->drop, 2));
+            prose(rd, out, "  current: capacity_factor 0 (dropless)\n\n");
+        if (!rd->wide) { // STATS_COLUMNS: rows and the memory of all layers with --wide
+            fprintf(out, "%-5s %6s | %-25s | %-33s | %s\n", "", "", "needed on the P99 step",
+                    "needed on the worst step", "current");
+            fprintf(out, "%5s %6s | %8s %6s %9s | %8s %6s %9s %7s | %s\n", "layer", "steps", "cf",
+                    "C", "MiB/layer", "cf", "C", "MiB/layer", "step", "drop fraction");
+            for (int i = 0; i < nl; i++) {
+                const lcap_t *c = &lc[i];
+                char d[32];
+                fprintf(out, "%5d %6zu | %8.*f %6ld %9.3f | %8.*f %6ld %9.3f %7ld | %s\n", c->layer,
+                        c->n, c->p99.decimals, c->p99.cf_short, c->p99.C, mib(c->p99.bytes_layer),
+                        c->worst.decimals, c->worst.cf_short, c->worst.C,
+                        mib(c->worst.bytes_layer), c->worst_step, pct(d, sizeof d, c->drop, 2));
+            }
+        } else {
+            fprintf(out, "%-5s %6s | %-43s | %-51s | %s\n", "", "", "needed on the P99 step",
+                    "needed on the worst step", "current");
+            char all[32];
+            snprintf(all, sizeof all, "MiB x%d", rd->cfg->n_layers);
+            fprintf(out, "%-5s %6s | %8s %6s %7s %9s %8s | %8s %6s %7s %9s %8s %7s | %s\n", "layer",
+                    "steps", "cf", "C", "rows", "MiB/layer", all, "cf", "C", "rows", "MiB/layer", all,
+                    "step", "drop fraction");
+            for (int i = 0; i < nl; i++) {
+                const lcap_t *c = &lc[i];
+                char d[32];
+                fprintf(out, "%5d %6zu | %8.*f %6ld %7.0f %9.3f %8.3f | %8.*f %6ld %7.0f %9.3f %8.3f %7ld | %s\n",
+                        c->layer, c->n, c->p99.decimals, c->p99.cf_short, c->p99.C, c->p99.rows,
+                        mib(c->p99.bytes_layer), mib(c->p99.bytes_all), c->worst.decimals,
+                        c->worst.cf_short, c->worst.C, c->worst.rows,
+                        mib(c->worst.bytes_layer), mib(c->worst.bytes_all), c->worst_step,
+                        pct(d, sizeof d, c->drop, 2));
+            }
         }
-        fprintf(out, "\nrun (one capacity_factor for every layer: the largest of the layers above):\n");
-        fprintf(out, "  P99 step:   capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
-                     "layer, %.3f MiB for %d layers\n",
+        prose(rd, out, "\nrun (one capacity_factor for every layer: the largest of the layers above):\n");
+        prose(rd, out, "  P99 step:   capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
+                       "layer, %.3f MiB for %d layers\n",
                 rp99.decimals, rp99.cf_short, run_p99_layer, rp99.C, rp99.rows, mib(rp99.bytes_layer),
                 mib(rp99.bytes_all), rd->cfg->n_layers);
-        fprintf(out, "  worst step: capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
-                     "layer, %.3f MiB for %d layers\n",
+        prose(rd, out, "  worst step: capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
+                       "layer, %.3f MiB for %d layers\n",
                 rworst.decimals, rworst.cf_short, run_worst_layer, rworst.C, rworst.rows, mib(rworst.bytes_layer),
                 mib(rworst.bytes_all), rd->cfg->n_layers);
     }
@@ -1135,13 +1232,18 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
             rd.capacity = 1;
             continue;
         }
+        if (!strcmp(a, "--wide")) {
+            rd.wide = 1;
+            continue;
+        }
         if (a[0] != '-' || !a[1]) {
             if (rd.dir) return usage_error(err, "more than one RUN_DIR: '%s' and '%s'", rd.dir, a);
             rd.dir = a;
             continue;
         }
         const int known = !strcmp(a, "--layer") || !strcmp(a, "--window") ||
-                          !strcmp(a, "--alert") || !strcmp(a, "--max-drop");
+                          !strcmp(a, "--alert") || !strcmp(a, "--max-drop") ||
+                          !strcmp(a, "--from");
         if (!known) return usage_error(err, "unknown option '%s'", a);
         if (!v) return usage_error(err, "'%s' needs a value", a);
         i++;
@@ -1150,6 +1252,10 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
             if (parse_long(v, 0, STATS_MAX_LAYERS - 1, &n))
                 return usage_error(err, "--layer '%s': expected a layer index >= 0", v);
             rd.only_layer = (int)n;
+        } else if (!strcmp(a, "--from")) {
+            if (parse_long(v, 1, LONG_MAX / 2, &n))
+                return usage_error(err, "--from '%s': expected a step >= 1", v);
+            rd.from = n;
         } else if (!strcmp(a, "--window")) {
             if (parse_long(v, 1, 1000000000L, &n))
                 return usage_error(err, "--window '%s': expected an integer in [1, 1e9]", v);

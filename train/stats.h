@@ -1,14 +1,16 @@
 // `moe stats`: the expert-load report and capacity planning, read from a run's logs
 // (RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg; README "Training", logs).
 //
-//   moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--json]
+//   moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--from STEP] [--wide] [--json]
 //       per MoE layer: max/mean load (mean, P95, P99 over steps), CV, the hottest expert and
 //       dead experts of the last window, drop fraction in the first and the last window,
 //       router entropy, aux/z trend, exchange share of step time; then the alerts.
-//   moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--json]
+//   moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] [--json]
 //       per MoE layer: the capacity factor that would have dropped at most F of the
 //       assignments on the P99 step and on the worst step, and the expert buffers it needs.
 //
+// The tables and notes fit 100 columns; --wide prints the full tables (every column) and the
+// notes unwrapped. --from STEP ignores the records of earlier steps (both logs).
 // A partial last line (a run in progress) is ignored; any other malformed line is an error
 // naming the file and the line.
 #ifndef MOE_TRAIN_STATS_H

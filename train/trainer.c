@@ -3,6 +3,7 @@
 
 #include "train/trainer.h"
 
+#include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -214,37 +215,86 @@ static void format_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%lds", t);
 }
 
-// Token files: data.train / data.val, else data.dir/{train,val}.bin, prepared from
-// data.text when missing.
-static moe_status open_data(const moe_train_config *cfg, token_file *train, token_file *val) {
-    char train_path[MOE_PATH_MAX + 16], val_path[MOE_PATH_MAX + 16];
-    if (cfg->train_path[0]) snprintf(train_path, sizeof train_path, "%s", cfg->train_path);
-    else snprintf(train_path, sizeof train_path, "%s/train.bin", cfg->dir);
-    if (cfg->val_path[0]) snprintf(val_path, sizeof val_path, "%s", cfg->val_path);
-    else snprintf(val_path, sizeof val_path, "%s/val.bin", cfg->dir);
+// The token files a config names and the key each comes from (for messages): data.train /
+// data.val, else data.dir/{train,val}.bin.
+typedef struct {
+    char path[2][MOE_PATH_MAX + 16]; // train, val
+    char key[2][24];                 // "data.train" or "data.dir/train.bin", ...
+    int from_dir;                    // both come from data.dir
+} data_paths;
 
-    if ((!file_exists(train_path) || !file_exists(val_path)) && cfg->n_text > 0 &&
-        !cfg->train_path[0] && !cfg->val_path[0]) {
+static void data_paths_of(const moe_train_config *cfg, data_paths *d) {
+    static const char *names[2] = {"train", "val"};
+    const char *given[2] = {cfg->train_path, cfg->val_path};
+    d->from_dir = !cfg->train_path[0] && !cfg->val_path[0];
+    for (int i = 0; i < 2; i++) {
+        if (given[i][0]) {
+            snprintf(d->path[i], sizeof d->path[i], "%s", given[i]);
+            snprintf(d->key[i], sizeof d->key[i], "data.%s", names[i]);
+        } else {
+            snprintf(d->path[i], sizeof d->path[i], "%s/%s.bin", cfg->dir, names[i]);
+            snprintf(d->key[i], sizeof d->key[i], "data.dir/%s.bin", names[i]);
+        }
+    }
+}
+
+// Prefixes the last error with the config key a path came from: "KEY = 'PATH': message".
+static moe_status name_key(moe_status st, const char *key, const char *path) {
+    char old[1024];
+    snprintf(old, sizeof old, "%s", moe_last_error());
+    return moe_error(st, "%s = '%s': %s", key, path, old);
+}
+
+// Every data.text source exists; else an error naming it and how to point at the text.
+static moe_status check_text_sources(const moe_train_config *cfg) {
+    for (int i = 0; i < cfg->n_text; i++) {
+        struct stat sb;
+        if (stat(cfg->text[i], &sb) == 0) continue;
+        const int err = errno;
+        char cwd[MOE_PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
+        return moe_error(MOE_EIO,
+                         "data.text[%d] = '%s': %s (relative paths are relative to the directory "
+                         "moe runs in, %s); point at the text with --set "
+                         "'data.text=[\"path/to/input.txt\"]'",
+                         i, cfg->text[i], strerror(err), cwd);
+    }
+    return MOE_OK;
+}
+
+// Token files: data.train / data.val, else data.dir/{train,val}.bin, prepared from
+// data.text when missing. Errors name the config key of the path.
+static moe_status open_data(const moe_train_config *cfg, token_file *train, token_file *val) {
+    data_paths d;
+    data_paths_of(cfg, &d);
+    moe_status st;
+    if ((!file_exists(d.path[0]) || !file_exists(d.path[1])) && cfg->n_text > 0 && d.from_dir) {
+        if ((st = check_text_sources(cfg))) return st;
         const char *sources[MOE_MAX_TEXT_SOURCES];
         for (int i = 0; i < cfg->n_text; i++) sources[i] = cfg->text[i];
         uint64_t n_train = 0, n_val = 0;
         printf("preparing %s from %d text source(s) (byte tokenizer)\n", cfg->dir, cfg->n_text);
-        moe_status st = data_prepare_text(sources, cfg->n_text, cfg->dir, cfg->val_fraction,
-                                          &n_train, &n_val);
-        if (st) return st;
+        st = data_prepare_text(sources, cfg->n_text, cfg->dir, cfg->val_fraction, &n_train, &n_val);
+        if (st) return name_key(st, "data.dir (prepared from data.text)", cfg->dir);
         printf("prepared %llu train and %llu val tokens\n", (unsigned long long)n_train,
                (unsigned long long)n_val);
     }
-    moe_status st = token_file_read(train, train_path);
-    if (st) return st;
-    st = token_file_read(val, val_path);
-    if (st) return st;
     for (int i = 0; i < 2; i++) {
-        const token_file *tf = i ? val : train;
+        token_file *tf = i ? val : train;
+        if ((st = token_file_read(tf, d.path[i]))) {
+            name_key(st, d.key[i], d.path[i]);
+            if (d.from_dir && !cfg->n_text && !file_exists(d.path[i])) {
+                char old[1024];
+                snprintf(old, sizeof old, "%s", moe_last_error());
+                moe_error(st, "%s (set data.text to prepare data.dir from text files, or "
+                              "data.train and data.val to token files)", old);
+            }
+            return st;
+        }
         if ((int64_t)tf->vocab_size > cfg->vocab_size)
             return moe_error(MOE_EINVAL,
-                             "%s: token vocabulary %u exceeds model.vocab_size = %d", tf->path,
-                             tf->vocab_size, cfg->vocab_size);
+                             "%s = '%s': token vocabulary %u exceeds model.vocab_size = %d",
+                             d.key[i], tf->path, tf->vocab_size, cfg->vocab_size);
     }
     return MOE_OK;
 }
@@ -345,11 +395,262 @@ static int checkpoint_due(const moe_train_config *cfg, const trainer_hooks *hook
     return (cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) || step + 1 == cfg->steps;
 }
 
+// ---- resuming ------------------------------------------------------------------------------
+
+// A resume of a run that is already at (or past) train.steps: *finished = its step, after
+// checking that the checkpoint is intact (a damaged one is an error, as for a real resume).
+// Nothing is decided (0) when the state cannot be read: checkpoint_load then says why.
+static moe_status resume_finished(const char *resume, int64_t steps, int64_t *finished) {
+    char folder[MOE_PATH_MAX + 64];
+    checkpoint_state cs;
+    *finished = 0;
+    if (checkpoint_resolve(folder, sizeof folder, resume) || checkpoint_state_read(&cs, folder))
+        return MOE_OK;
+    if (cs.ts.step < steps) return MOE_OK;
+    moe_status st = checkpoint_verify(folder);
+    if (st) return st;
+    *finished = cs.ts.step;
+    return MOE_OK;
+}
+
+// Warnings for a schedule that changed since the checkpoint (trainer_state.json "schedule":
+// kind, lr, min_lr, warmup_steps, steps): the run continues on the new schedule. A changed
+// train.steps matters to the cosine schedule only (the constant one does not depend on it).
+static void warn_schedule_change(const moe_train_config *cfg, const char *resume, int64_t step) {
+    char folder[MOE_PATH_MAX + 64], path[MOE_PATH_MAX + 96];
+    if (checkpoint_resolve(folder, sizeof folder, resume)) return;
+    snprintf(path, sizeof path, "%s/trainer_state.json", folder);
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    char *text = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 > cap) {
+            char *t = realloc(text, cap = 2 * cap + 8192);
+            if (!t) break;
+            text = t;
+        }
+        size_t got = fread(text + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    fclose(f);
+    if (!text) return;
+    text[n < cap ? n : cap - 1] = 0;
+    cJSON *state = cJSON_Parse(text);
+    free(text);
+    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(state, "schedule");
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(sch, "kind");
+    const cJSON *num[4] = {cJSON_GetObjectItemCaseSensitive(sch, "lr"),
+                           cJSON_GetObjectItemCaseSensitive(sch, "min_lr"),
+                           cJSON_GetObjectItemCaseSensitive(sch, "warmup_steps"),
+                           cJSON_GetObjectItemCaseSensitive(sch, "steps")};
+    int ok = cJSON_IsString(kind) && (!strcmp(kind->valuestring, "cosine") ||
+                                      !strcmp(kind->valuestring, "constant"));
+    for (int i = 0; i < 4; i++) ok = ok && cJSON_IsNumber(num[i]) && isfinite(num[i]->valuedouble);
+    if (!ok) { // an older or damaged state: nothing to compare with
+        cJSON_Delete(state);
+        return;
+    }
+    const int was_constant = !strcmp(kind->valuestring, "constant"), constant = cfg->schedule == 1;
+    const double was[4] = {num[0]->valuedouble, num[1]->valuedouble, num[2]->valuedouble,
+                           num[3]->valuedouble};
+    const double now[4] = {cfg->lr, cfg->min_lr, (double)cfg->warmup_steps, (double)cfg->steps};
+    static const char *keys[4] = {"train.lr", "train.min_lr", "train.warmup_steps", "train.steps"};
+    cJSON_Delete(state);
+    int changed = 0;
+    if (was_constant != constant) {
+        printf("warning: train.schedule \"%s\" -> \"%s\" since the checkpoint: the learning rate "
+               "follows the new schedule from step %lld on\n", was_constant ? "constant" : "cosine",
+               constant ? "constant" : "cosine", (long long)step + 1);
+        changed = 1;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (was[i] == now[i] || fabs(was[i] - now[i]) <= 1e-12 * fabs(was[i])) continue;
+        if (i == 3 && constant && was_constant) continue; // no effect on a constant schedule
+        if (i == 3)
+            printf("warning: train.steps %.0f -> %.0f since the checkpoint: the %s schedule is "
+                   "re-stretched over the new length\n", was[i], now[i], constant ? "constant" : "cosine");
+        else if (i == 2)
+            printf("warning: train.warmup_steps %.0f -> %.0f since the checkpoint: the warmup is "
+                   "re-stretched\n", was[i], now[i]);
+        else
+            printf("warning: %s %g -> %g since the checkpoint: the schedule is rescaled\n", keys[i],
+                   was[i], now[i]);
+        changed = 1;
+    }
+    if (changed)
+        printf("  the learning rate at step %lld: %.3e (the checkpoint's schedule: %.3e)\n",
+               (long long)step + 1,
+               lr_at_step(constant ? SCHEDULE_CONSTANT : SCHEDULE_COSINE, now[0], now[1],
+                          (int64_t)now[2], (int64_t)now[3], step),
+               lr_at_step(was_constant ? SCHEDULE_CONSTANT : SCHEDULE_COSINE, was[0], was[1],
+                          (int64_t)was[2], (int64_t)was[3], step));
+}
+
+// ---- the run header (moe train before step 1; moe train --dry-run) ---------------------
+
+static void human_bytes(char *buf, size_t n, double b) {
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, u++;
+    snprintf(buf, n, "%.1f %s", b, unit[u]);
+}
+
+// 1234567 -> "1,234,567"
+static const char *grouped(char *buf, size_t n, uint64_t v) {
+    char digits[32];
+    const int len = snprintf(digits, sizeof digits, "%llu", (unsigned long long)v);
+    size_t at = 0;
+    for (int i = 0; i < len && at + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) buf[at++] = ',';
+        buf[at++] = digits[i];
+    }
+    buf[at] = 0;
+    return buf;
+}
+
+// 2304000 -> "2.30M" (K, M, G, T, P)
+static const char *si(char *buf, size_t n, double v) {
+    const char *unit[] = {"", "K", "M", "G", "T", "P"};
+    int u = 0;
+    while (fabs(v) >= 1000 && u < 5) v /= 1000, u++;
+    snprintf(buf, n, u ? "%.2f%s" : "%.0f%s", v, unit[u]);
+    return buf;
+}
+
+typedef struct {
+    size_t params, grads, optimizer, activations, experts; // bytes; activations without experts
+} run_memory;
+
+// The memory of a training model as allocated (model_memory), with the optimizer's state.
+static run_memory memory_of(const model *m, const moe_train_config *cfg) {
+    run_memory r = {0};
+    size_t acts;
+    model_memory(m, &r.params, &r.grads, &acts);
+    for (int l = 0; l < m->n_moe; l++) r.experts += m->moe[l].bytes;
+    r.activations = acts - r.experts;
+    r.optimizer = cfg->optimizer == 1 ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
+    return r;
+}
+
+// model, parameter counts, FLOPs per token, memory (NULL: not measured, why in mem_note),
+// the data line, BLAS and threads.
+static void print_header(const moe_train_config *cfg, const model_config *mc, size_t n_params,
+                         size_t n_dense, const run_memory *mem, const char *mem_note,
+                         const char *data_line, int threads) {
+    const int L = mc->n_layers, E = mc->moe.n_experts, k = mc->moe.top_k;
+    const double d = mc->d_model, ff = mc->moe.d_ff, V = mc->vocab_size;
+    const double hd = d / mc->n_heads, q_rows = (mc->n_heads + 2.0 * mc->n_kv_heads) * hd;
+    const double expert = 3 * d * ff; // w1, w3 (stacked as w13) and w2 of one expert
+    const double active = (double)n_dense + (double)L * k * expert;
+    printf("model: %d layers, d=%d, %d heads (%d kv), %d experts top-%d, ff=%d: %.2fM parameters "
+           "(%.2fM in experts)\n", L, mc->d_model, mc->n_heads, mc->n_kv_heads, E, k,
+           mc->moe.d_ff, n_params / 1e6, (n_params - n_dense) / 1e6);
+    char a[32], b[32], c[32], e[32];
+    printf("parameters: %s total, %s active per token (%s dense + top-%d of %d experts of %s\n"
+           "  in each of %d layers)\n", grouped(a, sizeof a, n_params),
+           grouped(b, sizeof b, (uint64_t)active), grouped(c, sizeof c, n_dense), k, E,
+           grouped(e, sizeof e, (uint64_t)expert), L);
+    // forward FLOPs per token: 2 per weight of every matmul a token goes through (q/k/v, o,
+    // router, its top_k experts, lm_head; the embedding is a lookup), and attention's
+    // QK^T and AV: 2 x 2 x S x (heads x head_dim) per layer over the whole S x S window
+    const double matmul = L * (q_rows * d + d * mc->n_heads * hd + E * d + k * expert) + V * d;
+    const double attn = L * 4.0 * cfg->seq_len * mc->n_heads * hd;
+    const double fwd = 2 * matmul + attn;
+    char f1[32], f2[32], f3[32], f4[32];
+    printf("FLOPs per token: %s forward (2 x %s matmul weights + %s attention: 4 x S x d per\n"
+           "  layer at S = %d, the full S x S, not halved for the causal mask); %s to train "
+           "(3 x forward)\n", si(f1, sizeof f1, fwd), si(f2, sizeof f2, matmul),
+           si(f3, sizeof f3, attn), cfg->seq_len, si(f4, sizeof f4, 3 * fwd));
+    if (mem) {
+        char p[32], g[32], o[32], act[32], ex[32], all[32];
+        human_bytes(p, sizeof p, (double)mem->params);
+        human_bytes(g, sizeof g, (double)mem->grads);
+        human_bytes(o, sizeof o, (double)mem->optimizer);
+        human_bytes(act, sizeof act, (double)mem->activations);
+        human_bytes(ex, sizeof ex, (double)mem->experts);
+        human_bytes(all, sizeof all, (double)(mem->params + mem->grads + mem->optimizer +
+                                              mem->activations + mem->experts));
+        printf("memory (fp32, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
+               "  %s %s, activations %s, expert buffers %s\n", cfg->batch_size, cfg->seq_len,
+               all, p, g, cfg->optimizer == 1 ? "SGD state" : "AdamW moments", o, act, ex);
+    } else {
+        printf("memory: not measured: %s\n", mem_note);
+    }
+    printf("%s\n", data_line);
+    const char *blas = openblas_get_config();
+    printf("BLAS: %s (kernels %s); threads: %d%s\n", blas ? blas : "OpenBLAS", moe_blas_kernel(),
+           threads, cfg->threads > 0 ? " (train.threads)" : " (automatic)");
+}
+
+// What open_data would read, without reading or preparing anything.
+static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
+    data_paths d;
+    data_paths_of(cfg, &d);
+    size_t at = (size_t)snprintf(buf, n, "data:");
+    for (int i = 0; i < 2 && at < n; i++) {
+        struct stat sb;
+        char size[32];
+        const char *what = size;
+        if (stat(d.path[i], &sb) == 0) human_bytes(size, sizeof size, (double)sb.st_size);
+        else if (d.from_dir && cfg->n_text) what = "missing: prepared from data.text by the run";
+        else what = "missing";
+        at += (size_t)snprintf(buf + at, n - at, "%s %s (%s, %s)", i ? ",\n " : "", d.path[i],
+                               d.key[i], what);
+    }
+    if (at < n)
+        snprintf(buf + at, n - at, "; %d x %d tokens x %d micro-batch%s per step", cfg->batch_size,
+                 cfg->seq_len, cfg->grad_accum, cfg->grad_accum == 1 ? "" : "es");
+}
+
+moe_status trainer_dry_run(const moe_train_config *cfg) {
+    printf("# the resolved config: %s with the --set overrides, every key\n",
+           cfg->source[0] ? cfg->source : "(defaults)");
+    moe_status st = moe_train_config_write(cfg, stdout);
+    if (st) return st;
+    printf("\n");
+    const int threads = moe_cpu_threads(cfg->threads);
+    model_config mc = trainer_model_config(cfg);
+    const size_t n_params = model_param_count(&mc);
+    const size_t n_dense = n_params - (size_t)mc.n_layers * mc.moe.n_experts * 3 *
+                                          (size_t)mc.d_model * mc.moe.d_ff;
+    char data_line[3 * MOE_PATH_MAX + 256];
+    dry_data_line(cfg, data_line, sizeof data_line);
+    // the model allocated as the run would (not initialised, no data): its real buffers
+    model m = {0};
+    run_memory mem;
+    st = model_create(&m, moe_backend_cpu(), &mc, cfg->batch_size, cfg->seq_len);
+    if (!st) mem = memory_of(&m, cfg);
+    print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line,
+                 threads);
+    if (st) fprintf(stderr, "warning: the model does not allocate here: %s\n", moe_last_error());
+    model_destroy(&m);
+    data_paths d;
+    data_paths_of(cfg, &d);
+    if ((!file_exists(d.path[0]) || !file_exists(d.path[1])) && cfg->n_text > 0 && d.from_dir &&
+        check_text_sources(cfg))
+        fprintf(stderr, "warning: moe train would stop here: %s\n", moe_last_error());
+    return MOE_OK;
+}
+
 moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                        const trainer_hooks *hooks, trainer_result *result) {
     trainer_result res = {0};
     res.last_val_loss = NAN;
     if (result) *result = res; // the early returns below leave an empty, freeable result
+    if (resume) { // a finished run: nothing to do (and nothing written)
+        int64_t finished;
+        moe_status st = resume_finished(resume, cfg->steps, &finished);
+        if (st) return st;
+        if (finished) {
+            printf("run already finished at step %lld (train.steps = %lld): nothing to do; raise "
+                   "train.steps to continue\n", (long long)finished, (long long)cfg->steps);
+            res.steps_done = finished;
+            if (result) *result = res;
+            return MOE_OK;
+        }
+    }
     const int threads = moe_cpu_threads(cfg->threads);
     const moe_backend *be = moe_backend_cpu();
 
@@ -378,6 +679,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     optim_region *regions = NULL;
     step_load sl = {0};
     load_alert *alerts = NULL; // [L]
+    int in_init_from = 0;      // errors of the init_from block name the key (at done:)
     // tokens/s of the last TPS_WINDOW steps after the first, a ring: memory does not grow
     // with train.steps (which may be 1e12)
     double step_tps[TPS_WINDOW];
@@ -416,6 +718,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     int64_t start_step = 0, consecutive_skips = 0;
     char ckpt_root[MOE_PATH_MAX + 8];
     snprintf(ckpt_root, sizeof ckpt_root, "%s/ckpt", cfg->run_dir);
+    in_init_from = !resume && cfg->init_from[0];
     if (resume) {
         train_state ts;
         if ((st = checkpoint_load(resume, &m, &opt, &ts))) goto done;
@@ -423,6 +726,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         start_step = ts.step, res.skipped = ts.skipped, consecutive_skips = ts.consecutive_skips;
         res.steps_done = start_step;
         printf("resumed from %s at step %lld\n", resume, (long long)start_step);
+        warn_schedule_change(cfg, resume, start_step);
         // the logs continue from the checkpoint: records of later steps are dropped
         if ((st = jsonl_keep_until(cfg->run_dir, "metrics.jsonl", start_step))) goto done;
         if ((st = jsonl_keep_until(cfg->run_dir, "expert_load.jsonl", start_step))) goto done;
@@ -433,6 +737,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         if ((st = hf_load_weights(&m, from))) goto done;
         printf("initialised from %s\n", from);
     }
+    in_init_from = 0;
     if ((st = jsonl_open(&metrics, cfg->run_dir, "metrics.jsonl", resume != NULL))) goto done;
     if ((st = jsonl_open(&load_log, cfg->run_dir, "expert_load.jsonl", resume != NULL))) goto done;
 
@@ -453,13 +758,15 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         st = moe_error(MOE_ENOMEM, "trainer: out of memory");
         goto done;
     }
-    printf("model: %d layers, d=%d, %d heads (%d kv), %d experts top-%d, ff=%d: %.2fM parameters "
-           "(%.2fM in experts)\n", L, mc.d_model, mc.n_heads, mc.n_kv_heads, E, mc.moe.top_k,
-           mc.moe.d_ff, m.n_params / 1e6, (m.n_params - m.n_dense) / 1e6);
-    printf("data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step\n",
-           train.path, (unsigned long long)train.count, val.path, (unsigned long long)val.count,
-           cfg->batch_size, cfg->seq_len, cfg->grad_accum);
-    printf("threads: %d%s\n", threads, cfg->threads > 0 ? " (train.threads)" : " (automatic)");
+    {
+        char data_line[2 * MOE_PATH_MAX + 256];
+        snprintf(data_line, sizeof data_line,
+                 "data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step",
+                 train.path, (unsigned long long)train.count, val.path, (unsigned long long)val.count,
+                 cfg->batch_size, cfg->seq_len, cfg->grad_accum);
+        const run_memory mem = memory_of(&m, cfg);
+        print_header(cfg, &mc, m.n_params, m.n_dense, &mem, NULL, data_line, threads);
+    }
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
 
@@ -686,11 +993,14 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     res.seconds = now_s() - t_start;
     res.median_tokens_per_s =
         n_tps ? median_of(step_tps, n_tps < TPS_WINDOW ? (int)n_tps : TPS_WINDOW) : NAN;
-    printf("done: %lld steps in %.1f s, final loss %.4f, val loss %.4f, %lld skipped\n",
-           (long long)res.steps_done, res.seconds, res.last_loss, res.last_val_loss,
-           (long long)res.skipped);
+    char val_part[64] = "no validation at the end"; // a skipped last step, or stopped early
+    if (isfinite(res.last_val_loss)) snprintf(val_part, sizeof val_part, "val loss %.4f", res.last_val_loss);
+    printf("done: %lld steps in %.1f s, final loss %.4f, %s, %lld skipped\n",
+           (long long)res.steps_done, res.seconds, res.last_loss, val_part, (long long)res.skipped);
+
 
 done:
+    if (st && in_init_from) name_key(st, "train.init_from", cfg->init_from);
     if (result) *result = res;
     else trainer_result_free(&res);
     // a failed close loses the last records: an error unless the run failed already

@@ -45,8 +45,23 @@ void trainer_result_free(trainer_result *r);
 // A step whose update was skipped saves no checkpoint (not even at the end), so the newest
 // checkpoint is the state after a good step and `keep` never rotates the last good one out.
 // A failed write of config.cfg or a log stops the run: MOE_EIO "PATH: write failed: why".
+// Before step 1 it prints the run header (as trainer_dry_run). Resuming a checkpoint at or
+// past train.steps prints "run already finished at step N ..." and returns MOE_OK having
+// written nothing (steps_done = N); resuming with another schedule (train.steps, warmup,
+// lr, min_lr, schedule) than the checkpoint's warns that the schedule is re-stretched.
+// Data errors name the config key of the path ("data.train = 'x.bin': ...",
+// "data.dir/train.bin = ...", "data.text[2] = ..."), init_from errors "train.init_from = ...".
 moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                        const trainer_hooks *hooks, trainer_result *result);
+
+// moe train --dry-run: prints the resolved config (every key), then the run header: the model,
+// parameter counts (total; active per token = dense + top_k experts per layer), FLOPs per
+// token (forward = 2 x matmul weights + attention over the full S x S; training = 3 x
+// forward), the memory of the model allocated as the run would (parameters, gradients,
+// optimizer state, activations, expert buffers), the data paths, BLAS and threads. Reads and
+// prepares no data and creates no run directory; a model that does not allocate is a
+// warning, not an error.
+moe_status trainer_dry_run(const moe_train_config *cfg);
 
 // Run directories (moe train applies these; trainer_run itself truncates the logs of a new
 // run). A run directory holds a previous run when metrics.jsonl or expert_load.jsonl is not

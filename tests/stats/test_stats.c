@@ -190,6 +190,17 @@ static double jd(const cJSON *o, const char *path) {
 
 static int contains(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
 
+// The longest line of s, in characters (bytes: the reports are ASCII).
+static size_t longest_line(const char *s) {
+    size_t best = 0;
+    while (s && *s) {
+        const size_t n = strcspn(s, "\n");
+        if (n > best) best = n;
+        s += n + (s[n] == '\n');
+    }
+    return best;
+}
+
 // ---- cases --------------------------------------------------------------------------
 
 static void case_units(void) {
@@ -332,9 +343,25 @@ static void case_report(void) {
     free(out);
     free(err);
 
+    // the default table fits 100 columns: the same first columns, dead experts counted
     rc = run_stats(&out, &err, 1, "run_report");
     printf("%s%s", out, err);
+    check_true("default table exits 0", rc == 0);
+    check_true("default table: no line over 100 columns", longest_line(out) <= 100);
+    check_true("default table: layer 0 row",
+               contains(out, "    0    200 |  1.027  1.144  1.704    1.000 | 0.016 |   0  25.4% |   0.42%   0.28% |   0.993 |    0\n"));
+    check_true("default table: layer 1 row",
+               contains(out, "    1    200 |  1.656  2.000  2.000    2.000 | 0.445 |   0  50.0% |   1.56%  18.75% |   0.866 |    1\n"));
+    check_true("default table: 3 alerts, wrapped", contains(out, "3 alerts") &&
+               contains(out, "ALERT layer 1: dead expert 3: no tokens in the last 100 steps"));
+    free(out);
+    free(err);
+
+    // --wide: the full table
+    rc = run_stats(&out, &err, 2, "run_report", "--wide");
+    printf("%s%s", out, err);
     check_true("table exits 0", rc == 0);
+    check_true("--wide: lines over 100 columns", longest_line(out) > 100);
     check_true("table: header", contains(out, "200 steps logged (steps 1..202); metrics.jsonl: 202 steps, 2 skipped"));
     check_true("table: layer 0 row", contains(out, "    0    200 |  1.027  1.144  1.704    1.000 |"));
     check_true("table: layer 1 row", contains(out, "    1    200 |  1.656  2.000  2.000    2.000 |"));
@@ -418,7 +445,15 @@ static void capacity_run(const char *dir, int n, int micro) {
 
     rc = run_stats(&out, &err, 4, dir, "--capacity", "--max-drop", "0.05");
     printf("%s%s", out, err);
-    check_true("--capacity table exits 0", rc == 0);
+    check_true("--capacity default table exits 0, fits 100 columns", rc == 0 && longest_line(out) <= 100);
+    check_true("--capacity default table: layer 0 without rows and all-layer MiB",
+               contains(out, "    0    200 |     1.51    194     1.516 |    1.641    211     1.648     122 | 0.35%\n"));
+    free(out);
+    free(err);
+
+    rc = run_stats(&out, &err, 5, dir, "--capacity", "--max-drop", "0.05", "--wide");
+    printf("%s%s", out, err);
+    check_true("--capacity --wide table exits 0, over 100 columns", rc == 0 && longest_line(out) > 100);
     // max_drop 0.05: layer 0 P99 cf 1.5085156249999994 (C 194), worst 1.6484375 (C 211);
     // layer 1 1.8046875 (C 231); rows 4*C, MiB 4*C*2048/2^20 per layer and x2 layers; the
     // table shows the shortest decimal factor giving C: 1.51 (ceil(128*1.51) = 194), 1.641, 1.80
@@ -618,6 +653,48 @@ static void case_malformed(void) {
                  "run_missing", NULL, NULL);
 }
 
+// --from STEP: the records (and metrics) of earlier steps are ignored, for the report and for
+// --capacity. From step 103 (records 101..200): layer 1 is [256,128,128,0] on every step.
+static void case_from(void) {
+    write_run("run_from", 1, 1.25, 0);
+    char *out, *err;
+    int rc = run_stats(&out, &err, 4, "run_from", "--from", "103", "--json");
+    cJSON *doc = cJSON_Parse(out);
+    check_true("--from 103 --json exits 0", rc == 0 && doc);
+    check_true("--from 103: 100 steps 103..202, from_step echoed",
+               jd(doc, "steps_logged") == 100 && jd(doc, "first_step") == 103 &&
+                   jd(doc, "last_step") == 202 && jd(doc, "from_step") == 103);
+    check_true("--from 103: metrics from step 103 (the skipped steps 55, 56 are before)",
+               jd(doc, "metrics_steps") == 100 && jd(doc, "skipped_steps") == 0);
+    const cJSON *l1 = cJSON_GetArrayItem(jget(doc, "layers"), 1);
+    check_num("--from 103: layer 1 max/mean mean", jd(l1, "max_over_mean.mean"), 2.0, 1e-15);
+    check_num("--from 103: layer 1 drops in the first window", jd(l1, "drop_fraction.first_window"), 0.1875, 1e-15);
+    cJSON_Delete(doc);
+    free(out);
+    free(err);
+    rc = run_stats(&out, &err, 5, "run_from", "--capacity", "--from", "103", "--json");
+    doc = cJSON_Parse(out);
+    const cJSON *l0 = cJSON_GetArrayItem(jget(doc, "layers"), 0);
+    l1 = cJSON_GetArrayItem(jget(doc, "layers"), 1);
+    // layer 1: every step needs C = 251; layer 0: its worst step (122) is after 103
+    check_true("--capacity --from 103: 100 steps per layer, the worst steps unchanged",
+               rc == 0 && jd(l0, "steps") == 100 && jd(l0, "worst.step") == 122 &&
+                   jd(l0, "worst.capacity") == 231 && jd(l1, "worst.capacity") == 251 &&
+                   jd(l1, "p99.capacity") == 251);
+    cJSON_Delete(doc);
+    free(out);
+    free(err);
+    rc = run_stats(&out, &err, 3, "run_from", "--from", "103");
+    check_true("--from table: says so, fits 100 columns",
+               rc == 0 && contains(out, "(--from 103: earlier steps ignored)") && longest_line(out) <= 100);
+    free(out);
+    free(err);
+    expect_error("--from after the last step", 1,
+                 "run_from/expert_load.jsonl: no expert-load records at or after step 1000 (--from)", 3,
+                 "run_from", "--from", "1000");
+    expect_error("--from 0", 2, "--from '0': expected a step >= 1", 3, "run_from", "--from", "0");
+}
+
 static void case_usage(void) {
     write_run("run_usage", 1, 1.25, 0);
     expect_error("no RUN_DIR", 2, "a RUN_DIR is required", 1, "--json", NULL, NULL);
@@ -703,7 +780,7 @@ static int case_plot(const char *python, const char *script) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_stats units|report|capacity|partial|malformed|usage|plot PYTHON SCRIPT\n");
+        fprintf(stderr, "usage: test_stats units|report|capacity|partial|malformed|usage|from|plot PYTHON SCRIPT\n");
         return 2;
     }
     const char *c = argv[1];
@@ -713,6 +790,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "partial")) case_partial();
     else if (!strcmp(c, "malformed")) case_malformed();
     else if (!strcmp(c, "usage")) case_usage();
+    else if (!strcmp(c, "from")) case_from();
     else if (!strcmp(c, "plot")) {
         if (argc < 4 || !argv[2][0] || access(argv[2], X_OK)) {
             printf("no python3: skipped\n");
