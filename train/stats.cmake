@@ -1,6 +1,7 @@
 # train/stats: `moe stats` (expert-load report, capacity planning) and its tests.
 # Included from the root CMakeLists.txt after train/config.cmake (needs moe_train_config).
-add_library(moe_stats STATIC ${CMAKE_SOURCE_DIR}/train/stats.c)
-target_include_directories(moe_stats PUBLIC ${CMAKE_SOURCE_DIR})
-target_link_libraries(moe_stats PUBLIC moe_train_config moe_layers PkgConfig::CJSON m)
-add_subdirectory(${CMAKE_SOURCE_DIR}/tests/stats ${CMAKE_BINARY_DIR}/tests/stats)
+moe_component(moe_stats SOURCES ${CMAKE_CURRENT_LIST_DIR}/stats.c
+  LINK moe_train_config moe_layers PkgConfig::CJSON m)
+if(MOE_BUILD_TESTS)
+  add_subdirectory(${PROJECT_SOURCE_DIR}/tests/stats ${PROJECT_BINARY_DIR}/tests/stats)
+endif()
