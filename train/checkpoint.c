@@ -3,6 +3,9 @@
 
 #include "train/checkpoint.h"
 
+#include "data/prepare.h"   // BYTE_VOCAB_SIZE
+#include "data/tokenizer.h" // the tokenizer files checkpoints and exports carry
+
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -782,6 +785,20 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
         if ((st = write_bias(tmp, m))) goto done;
         cJSON_AddItemToArray(files, cJSON_CreateString(BIAS_FILE));
     }
+    // the run's tokenizer travels with the weights (the trainer's open_data makes the same
+    // choice): its files, else the byte tokenizer's for a vocabulary of 256; CRC'd like the rest
+    {
+        char tok[PATH_BUF];
+        st = tokenizer_for_run(tok, sizeof tok, cfg->tokenizer, cfg->init_from, NULL);
+        if (st) goto done;
+        if (tok[0]) st = tokenizer_copy_hf(tok, tmp, NULL);
+        else if (m->cfg.vocab_size == BYTE_VOCAB_SIZE) st = tokenizer_write_byte_hf(tmp);
+        if (st) goto done;
+        for (const char *const *name = tokenizer_hf_files; *name; name++) {
+            path_fmt(path, sizeof path, "%s/%s", tmp, *name);
+            if (access(path, F_OK) == 0) cJSON_AddItemToArray(files, cJSON_CreateString(*name));
+        }
+    }
 
     // trainer_state.json: everything else, and the CRC32 of every other file
     state = cJSON_CreateObject();
@@ -1159,22 +1176,36 @@ moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_sta
 
 // ---- export ---------------------------------------------------------------------------
 
-moe_status hf_export(const char *out_folder, const model *m, st_dtype dtype,
-                     uint64_t max_shard_bytes) {
-    char tmp[PATH_BUF], path[PATH_BUF + 32];
+moe_status hf_export_from(const char *out_folder, const char *src_folder, const model *m,
+                          st_dtype dtype, uint64_t max_shard_bytes) {
+    char tmp[PATH_BUF], path[PATH_BUF + 32], src[PATH_BUF] = "";
     struct stat sb;
     if (check_path_arg(out_folder)) return MOE_EINVAL;
+    moe_status st = src_folder ? checkpoint_resolve(src, sizeof src, src_folder) : MOE_OK;
+    if (st) return st;
     if (stat(out_folder, &sb) == 0)
         return moe_error(MOE_EINVAL, "%s: already exists (export never overwrites)", out_folder);
     path_fmt(tmp, sizeof tmp, "%s.tmp", out_folder);
     remove_folder(tmp);
     if (mkdir(tmp, 0755) != 0) return moe_error(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     real *host = malloc(m->n_params * sizeof(real));
-    moe_status st = MOE_OK;
     if (!host) st = moe_error(MOE_ENOMEM, "export: out of memory");
+    // what a user needs to run the export: the tokenizer of the weights (the source's files,
+    // else the byte tokenizer's for a vocabulary of 256) and generation_config.json
+    int bos = -1, eos = -1, pad = -1;
+    if (!st && src[0] && tokenizer_has_hf(src)) st = tokenizer_copy_hf(src, tmp, NULL);
+    else if (!st && m->cfg.vocab_size == BYTE_VOCAB_SIZE) st = tokenizer_write_byte_hf(tmp);
+    if (!st) st = tokenizer_special_ids(tmp, &bos, &eos, &pad);
+    if (!st) st = tokenizer_write_generation_config(src[0] ? src : NULL, tmp, tmp);
     if (!st) {
         path_fmt(path, sizeof path, "%s/config.json", tmp);
         cJSON *cj = hf_config_json(&m->cfg, dtype == ST_BF16 ? "bfloat16" : dtype == ST_F16 ? "float16" : "float32");
+        // the tokenizer's ids: MixtralConfig's defaults (bos 1, eos 2) would name real tokens
+        if (bos >= 0) cJSON_AddNumberToObject(cj, "bos_token_id", bos);
+        else cJSON_AddNullToObject(cj, "bos_token_id");
+        if (eos >= 0) cJSON_AddNumberToObject(cj, "eos_token_id", eos);
+        else cJSON_AddNullToObject(cj, "eos_token_id");
+        if (pad >= 0) cJSON_AddNumberToObject(cj, "pad_token_id", pad);
         st = write_json(path, cj);
         cJSON_Delete(cj);
     }

@@ -83,8 +83,19 @@ moe_status hf_check_sizes(const char *folder, const model_config *cfg);
 // (see checkpoint_verify) is verified first; a tensor with a NaN or Inf is refused.
 moe_status hf_load_weights(model *m, const char *folder);
 
-// Writes m's weights as an inference-only HF folder (config.json, shards, index) in dtype.
-moe_status hf_export(const char *out_folder, const model *m, st_dtype dtype,
-                     uint64_t max_shard_bytes);
+// Writes m's weights as an inference-only HF folder (config.json, shards, index) in dtype,
+// with what running it needs: the tokenizer files of src_folder (the checkpoint or HF folder
+// the weights come from; a `latest` file names one) or, when it has none and the vocabulary
+// is 256, the byte tokenizer's (data/tokenizer.h); generation_config.json (src_folder's own,
+// else the tokenizer's bos/eos/pad ids, those it defines), and those ids in config.json.
+// src_folder NULL: no source (the byte tokenizer's files for a vocabulary of 256).
+moe_status hf_export_from(const char *out_folder, const char *src_folder, const model *m,
+                          st_dtype dtype, uint64_t max_shard_bytes);
+
+// hf_export_from without a source folder.
+static inline moe_status hf_export(const char *out_folder, const model *m, st_dtype dtype,
+                                   uint64_t max_shard_bytes) {
+    return hf_export_from(out_folder, NULL, m, dtype, max_shard_bytes);
+}
 
 #endif

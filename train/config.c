@@ -136,6 +136,7 @@ static const key_spec specs[] = {
     KSTR("data", "dir", dir, 1),
     {.group = "data", .key = "text", .kind = K_STRLIST, .off = OFF(text), .count_off = OFF(n_text)},
     KFLT("data", "val_fraction", val_fraction, 0, OPEN, 0.5, CLOSED),
+    KSTR("data", "tokenizer", tokenizer, 0),
 
     KSTR("log", "dir", run_dir, 1),
     KI64("log", "interval", interval, 1, INT64_MAX),

@@ -99,11 +99,15 @@ typedef struct {
     char train_path[MOE_PATH_MAX]; // default "" -> "<dir>/train.bin"
     char val_path[MOE_PATH_MAX];   // default "" -> "<dir>/val.bin"
     char dir[MOE_PATH_MAX];        // default "data/cache/default": where prepared files go
-    // text sources (files or folders) prepared with the byte tokenizer when the token
-    // files are missing; list of strings, default empty
+    // text sources (files or folders) prepared with the run's tokenizer (below) when the
+    // token files are missing; list of strings, default empty
     int n_text;
     char text[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX];
     double val_fraction;     // default 0.1, (0, 0.5]
+    // a Hugging Face tokenizer folder (its tokenizer.json) that prepares data.text and travels
+    // with the checkpoints; default "" = the byte tokenizer, or train.init_from's tokenizer
+    // when that folder has one (data/tokenizer.h tokenizer_for_run)
+    char tokenizer[MOE_PATH_MAX];
 
     // ---- log { } --------------------------------------------------------------
     char run_dir[MOE_PATH_MAX]; // key "dir", default "runs/default"

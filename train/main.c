@@ -9,6 +9,7 @@
 
 #include "data/prepare.h"
 #include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/infer.h"
@@ -22,13 +23,14 @@
 static const char *usage =
     "usage: moe COMMAND [options]        (moe help COMMAND or moe COMMAND --help: its options)\n"
     "\n"
-    "  prepare   byte-tokenize text files into DIR/train.bin and DIR/val.bin\n"
+    "  prepare   tokenize text files (bytes, or --tokenizer: a Hugging Face tokenizer) into\n"
+    "            DIR/train.bin and DIR/val.bin\n"
     "  train     train the model a config file describes (--dry-run: its sizes, then exit)\n"
     "  smoke     the first steps of a config: expert load, router logits, memory, tokens/s;\n"
     "            exit 1 on an alert\n"
     "  stats     expert-load report and capacity planning from a run's logs\n"
     "  eval      mean cross-entropy of a checkpoint over a token file\n"
-    "  generate  text from a checkpoint (KV cache, byte tokenizer)\n"
+    "  generate  text from a checkpoint (KV cache, the checkpoint's tokenizer)\n"
     "  export    a checkpoint as an inference-only Hugging Face Mixtral folder\n"
     "  help      this text, or moe help COMMAND: the command's usage\n"
     "\n"
@@ -37,14 +39,19 @@ static const char *usage =
 // A command's usage: the synopsis (up to the first blank line) is also the list of its
 // options that moe checks the arguments against before the command runs (check_args).
 static const char *usage_prepare =
-    "usage: moe prepare --text FILE_OR_DIR... --out DIR [--val-fraction F]\n"
+    "usage: moe prepare --text FILE_OR_DIR... --out DIR [--val-fraction F] [--tokenizer DIR]\n"
     "\n"
     "  Byte-tokenizes text (a folder: the files in it) into DIR/train.bin and DIR/val.bin\n"
-    "  (vocabulary 256; the token file format: data/README.md).\n"
+    "  (vocabulary 256; the token file format: data/README.md), or tokenizes it with a\n"
+    "  Hugging Face tokenizer (--tokenizer).\n"
     "  --text FILE_OR_DIR...  the text sources, one or more\n"
     "  --out DIR              the output folder\n"
     "  --val-fraction F       the share of the text that goes to val.bin, in (0, 0.5]\n"
-    "                         (default 0.1)\n";
+    "                         (default 0.1)\n"
+    "  --tokenizer DIR        a folder with a Hugging Face tokenizer.json (e.g. an HF Mixtral\n"
+    "                         checkpoint's): scripts/hf_tokenizer.py encodes with the tokenizers\n"
+    "                         library (python: $MOE_PYTHON, else python3); the tokenizer's\n"
+    "                         files are copied into the output folder\n";
 
 static const char *usage_train =
     "usage: moe train CONFIG [--set group.key=value]... [--resume RUN] [--overwrite] [--dry-run]\n"
@@ -78,8 +85,9 @@ static const char *usage_generate =
     "usage: moe generate --ckpt DIR --prompt TEXT [-n N] [--temperature T] [--top-k K]\n"
     "                    [--top-p P] [--seed S] [--prefill-chunk C] [--stats]\n"
     "\n"
-    "  Prefills the prompt, then decodes N tokens one at a time with a KV cache (byte\n"
-    "  tokenizer).\n"
+    "  Prefills the prompt, then decodes N tokens one at a time with a KV cache. The\n"
+    "  tokenizer is the checkpoint's tokenizer.json (run through scripts/hf_tokenizer.py),\n"
+    "  else the byte tokenizer; prints the prompt, then the decoded tokens.\n"
     "  --ckpt DIR         a checkpoint folder, RUN/ckpt/latest, or a Hugging Face Mixtral folder\n"
     "  --prompt TEXT      the prompt\n"
     "  -n N               tokens to generate (default 200)\n"
@@ -95,7 +103,8 @@ static const char *usage_export =
     "usage: moe export --ckpt DIR --out DIR [--dtype f32|bf16|f16]\n"
     "\n"
     "  Writes a checkpoint's weights as an inference-only Hugging Face Mixtral folder\n"
-    "  (config.json, safetensors shards and their index).\n"
+    "  (config.json, safetensors shards and their index, generation_config.json) with the\n"
+    "  checkpoint's tokenizer files (the byte tokenizer's for a vocabulary of 256).\n"
     "  --ckpt DIR     a checkpoint folder, RUN/ckpt/latest, or a Hugging Face Mixtral folder\n"
     "  --out DIR      the output folder\n"
     "  --dtype D      f32 (default), bf16 or f16\n";
@@ -181,21 +190,37 @@ static int cmd_generate(int argc, char **argv) {
         i++;
     }
     if (!ckpt || !prompt) moe_fatal("generate: --ckpt and --prompt are required\n%s", usage);
-    int n_prompt = (int)strlen(prompt);
+    // the tokenizer: the folder's tokenizer.json unless it is the byte tokenizer's
+    char folder[MOE_PATH_MAX + 64];
+    if (checkpoint_resolve(folder, sizeof folder, ckpt)) moe_fatal("%s", moe_last_error());
+    const int hf_tok = tokenizer_has_hf(folder) && !tokenizer_is_byte_hf(folder);
+    int n_prompt = (int)strlen(prompt), *tokens = NULL;
+    if (hf_tok && hf_tokenizer_encode(folder, prompt, (size_t)n_prompt, &tokens, &n_prompt))
+        moe_fatal("generate: encoding the prompt: %s", moe_last_error());
     model m;
     // the KV cache holds what this call needs (at most max_position_embeddings)
     if (infer_load(&m, ckpt, n_prompt + n_new, s.prefill_chunk)) moe_fatal("%s", moe_last_error());
-    if (m.cfg.vocab_size < 256)
+    if (!hf_tok && m.cfg.vocab_size < 256)
         moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",
                   m.cfg.vocab_size);
-    int *tokens = malloc((size_t)(n_prompt + 1) * sizeof(int)), *out = malloc((size_t)n_new * sizeof(int));
-    byte_tokenize(tokens, prompt, (size_t)n_prompt);
-    int n_out;
+    for (int i = 0; hf_tok && i < n_prompt; i++)
+        if (tokens[i] >= m.cfg.vocab_size)
+            moe_fatal("generate: %s/tokenizer.json gives the prompt token id %d, beyond the model's "
+                      "vocabulary (%d)", folder, tokens[i], m.cfg.vocab_size);
+    if (!hf_tok) {
+        tokens = malloc((size_t)(n_prompt + 1) * sizeof(int));
+        byte_tokenize(tokens, prompt, (size_t)n_prompt);
+    }
+    int *out = malloc((size_t)n_new * sizeof(int)), n_out;
     if (infer_generate(&m, tokens, n_prompt, n_new, &s, out, &n_out)) moe_fatal("%s", moe_last_error());
-    char *text = malloc((size_t)n_out + 1);
-    if (byte_detokenize(text, out, (size_t)n_out)) moe_fatal("%s", moe_last_error());
-    fwrite(prompt, 1, (size_t)n_prompt, stdout);
-    fwrite(text, 1, (size_t)n_out, stdout);
+    char *text = NULL;
+    size_t n_text = (size_t)n_out;
+    moe_status st = hf_tok ? hf_tokenizer_decode(folder, out, n_out, &text, &n_text)
+                    : !(text = malloc(n_text + 1)) ? moe_error(MOE_ENOMEM, "generate: out of memory")
+                                                   : byte_detokenize(text, out, n_text);
+    if (st) moe_fatal("%s", moe_last_error());
+    fwrite(prompt, 1, strlen(prompt), stdout);
+    fwrite(text, 1, n_text, stdout);
     putchar('\n');
     if (n_out < n_new) fprintf(stderr, "note: stopped after %d tokens: the KV cache (%d positions) is full\n", n_out, m.max_pos);
     if (stats) {
@@ -230,14 +255,15 @@ static int cmd_export(int argc, char **argv) {
     if (!ckpt || !out) moe_fatal("export: --ckpt and --out are required\n%s", usage);
     model m;
     if (infer_load(&m, ckpt, 1, 1)) moe_fatal("%s", moe_last_error());
-    if (hf_export(out, &m, dtype, CHECKPOINT_SHARD_BYTES)) moe_fatal("%s", moe_last_error());
+    // (with ckpt's tokenizer files)
+    if (hf_export_from(out, ckpt, &m, dtype, CHECKPOINT_SHARD_BYTES)) moe_fatal("%s", moe_last_error());
     printf("exported %s (%s, %.2fM parameters) to %s\n", ckpt, st_dtype_name(dtype), m.n_params / 1e6, out);
     model_destroy(&m);
     return 0;
 }
 
 static int cmd_prepare(int argc, char **argv) {
-    const char *sources[MOE_MAX_TEXT_SOURCES], *out = NULL;
+    const char *sources[MOE_MAX_TEXT_SOURCES], *out = NULL, *tokenizer = NULL;
     int n = 0;
     double val_fraction = 0.1;
     for (int i = 0; i < argc; i++) {
@@ -249,6 +275,8 @@ static int cmd_prepare(int argc, char **argv) {
             }
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
+        } else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) {
+            tokenizer = argv[++i];
         } else if (!strcmp(argv[i], "--val-fraction") && i + 1 < argc) {
             char *end;
             val_fraction = strtod(argv[++i], &end);
@@ -258,6 +286,10 @@ static int cmd_prepare(int argc, char **argv) {
         }
     }
     if (!n || !out) moe_fatal("prepare: --text and --out are required\n%s", usage);
+    if (tokenizer) { // scripts/hf_tokenizer.py prints the counts
+        if (hf_tokenizer_prepare(tokenizer, sources, n, out, val_fraction)) moe_fatal("%s", moe_last_error());
+        return 0;
+    }
     uint64_t n_train, n_val;
     if (data_prepare_text(sources, n, out, val_fraction, &n_train, &n_val))
         moe_fatal("%s", moe_last_error());

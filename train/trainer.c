@@ -17,6 +17,7 @@
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "optim/optimizer.h"
 #include "train/checkpoint.h"
 #include "train/log.h"
@@ -268,16 +269,29 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
     data_paths d;
     data_paths_of(cfg, &d);
     moe_status st;
+    // the run's tokenizer: data.tokenizer, else train.init_from's (checkpoint_save picks the same)
+    char tok[MOE_PATH_MAX];
+    int tok_from_init = 0;
+    if ((st = tokenizer_for_run(tok, sizeof tok, cfg->tokenizer, cfg->init_from, &tok_from_init)))
+        return st;
+    if (tok[0])
+        printf("tokenizer: %s (%s)\n", tok,
+               tok_from_init ? "train.init_from's, as data.tokenizer is empty" : "data.tokenizer");
     if ((!file_exists(d.path[0]) || !file_exists(d.path[1])) && cfg->n_text > 0 && d.from_dir) {
         if ((st = check_text_sources(cfg))) return st;
         const char *sources[MOE_MAX_TEXT_SOURCES];
         for (int i = 0; i < cfg->n_text; i++) sources[i] = cfg->text[i];
         uint64_t n_train = 0, n_val = 0;
-        printf("preparing %s from %d text source(s) (byte tokenizer)\n", cfg->dir, cfg->n_text);
-        st = data_prepare_text(sources, cfg->n_text, cfg->dir, cfg->val_fraction, &n_train, &n_val);
+        printf("preparing %s from %d text source(s) (%s)\n", cfg->dir, cfg->n_text,
+               tok[0] ? "the tokenizer above" : "byte tokenizer");
+        if (tok[0]) // (scripts/hf_tokenizer.py prints the counts)
+            st = hf_tokenizer_prepare(tok, sources, cfg->n_text, cfg->dir, cfg->val_fraction);
+        else
+            st = data_prepare_text(sources, cfg->n_text, cfg->dir, cfg->val_fraction, &n_train, &n_val);
         if (st) return name_key(st, "data.dir (prepared from data.text)", cfg->dir);
-        printf("prepared %llu train and %llu val tokens\n", (unsigned long long)n_train,
-               (unsigned long long)n_val);
+        if (!tok[0])
+            printf("prepared %llu train and %llu val tokens\n", (unsigned long long)n_train,
+                   (unsigned long long)n_val);
     }
     for (int i = 0; i < 2; i++) {
         token_file *tf = i ? val : train;
@@ -296,6 +310,9 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
                              "%s = '%s': token vocabulary %u exceeds model.vocab_size = %d",
                              d.key[i], tf->path, tf->vocab_size, cfg->vocab_size);
     }
+    // token files of another tokenizer than the run's would train silently on wrong ids
+    if ((st = tokenizer_check_data(d.path[0], tok, train->vocab_size)))
+        return name_key(st, d.key[0], d.path[0]);
     return MOE_OK;
 }
 
