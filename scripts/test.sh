@@ -43,9 +43,10 @@ if [ ${#want[@]} -gt 0 ]; then
     echo "test.sh: optional packages not installed: the tests that need them will be skipped"
 fi
 
-# Hugging Face transformers for the checkpoint compatibility test (optional: bounded in
-# time, never fails the run; without it that test reports itself skipped)
-[ "${MOE_SKIP_HF:-0}" = 1 ] || bash scripts/install_hf.sh || true
+# Hugging Face transformers for the checkpoint compatibility tests (optional: bounded in
+# time, never fails the run; without it those tests report themselves skipped): 4.40 on
+# Debian's torch 1.13, and the latest 5.x on PyTorch 2.x from PyPI
+[ "${MOE_SKIP_HF:-0}" = 1 ] || { bash scripts/install_hf.sh || true; bash scripts/install_hf5.sh || true; }
 phase "packages and transformers"
 
 sanitize=${MOE_SANITIZE:-OFF}
