@@ -202,18 +202,26 @@ static const cJSON *field(const cJSON *obj, const char *key) {
 }
 
 // An integer field in [lo, hi]. Absent: MOE_OK with *out untouched, unless required.
+// The integer field `key` of j, in [lo, hi]; `code` is the status of a bad or missing one.
+static moe_status json_integer(const cJSON *j, const char *path, const char *key, int64_t lo,
+                               int64_t hi, moe_status code, int64_t *out) {
+    const cJSON *v = field(j, key);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
+        return moe_error(code, "%s: \"%s\" is missing or not an integer", path, key);
+    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+        return moe_error(code, "%s: \"%s\" = %.15g is outside [%" PRId64 ", %" PRId64 "]", path, key,
+                         v->valuedouble, lo, hi);
+    *out = (int64_t)v->valuedouble;
+    return MOE_OK;
+}
+
 static moe_status cj_int(const cJSON *j, const char *path, const char *key, int64_t lo,
                          int64_t hi, int required, int *out) {
-    const cJSON *v = field(j, key);
-    if (!v && !required) return MOE_OK;
-    if (!v) return moe_error(MOE_EINVAL, "%s: %s is missing", path, key);
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
-        return moe_error(MOE_EINVAL, "%s: %s must be an integer", path, key);
-    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
-        return moe_error(MOE_EINVAL, "%s: %s = %g is outside [%" PRId64 ", %" PRId64 "]", path,
-                         key, v->valuedouble, lo, hi);
-    *out = (int)v->valuedouble;
-    return MOE_OK;
+    if (!field(j, key) && !required) return MOE_OK;
+    int64_t x = 0;
+    moe_status st = json_integer(j, path, key, lo, hi, MOE_EINVAL, &x);
+    if (!st) *out = (int)x;
+    return st;
 }
 
 // cj_int, where null means absent (transformers 5.x writes "head_dim": null).
@@ -932,17 +940,9 @@ moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
 
 #define STATE_MAX_STEPS INT64_C(1000000000000) // train.steps' limit (train/config.h)
 
-// An integer number in [lo, hi].
 static moe_status st_int64(const cJSON *obj, const char *file, const char *key, int64_t lo,
                            int64_t hi, int64_t *out) {
-    const cJSON *v = field(obj, key);
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
-        return moe_error(MOE_EIO, "%s: \"%s\" is missing or not an integer", file, key);
-    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
-        return moe_error(MOE_EIO, "%s: \"%s\" = %g is outside [%" PRId64 ", %" PRId64 "]", file,
-                         key, v->valuedouble, lo, hi);
-    *out = (int64_t)v->valuedouble;
-    return MOE_OK;
+    return json_integer(obj, file, key, lo, hi, MOE_EIO, out);
 }
 
 // A 64-bit unsigned integer written as a decimal string (JSON numbers are doubles).
