@@ -6,6 +6,7 @@
 // run, so the ratio is the cost of everything that is not an expert GEMM (router,
 // dispatch, permute, SwiGLU, combine, losses). Threads: OMP_NUM_THREADS /
 // OPENBLAS_NUM_THREADS from the environment (scripts/bench_moe_layer sets both).
+#define _POSIX_C_SOURCE 200809L // clock_gettime
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>

@@ -135,7 +135,7 @@ static int cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *logits = NULL;
     int seq_len = 128;
     long max_windows = 0;
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc; i += 2) { // every option takes a value
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage_error("eval", usage_eval, "'%s' needs a value", a);
         if (!strcmp(a, "--ckpt")) ckpt = v;
@@ -144,7 +144,6 @@ static int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--seq-len")) seq_len = (int)number_arg(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--max-windows")) max_windows = (long)number_arg(a, v, 0, 1e12);
         else return usage_error("eval", usage_eval, "unknown argument '%s'", a);
-        i++;
     }
     if (!ckpt || !data) return usage_error("eval", usage_eval, "--ckpt and --data are required");
     token_file tf;
@@ -170,14 +169,15 @@ static int cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL;
     int n_new = 200, stats = 0;
     sampling s = {.temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 1, .prefill_chunk = 64};
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc; i += 2) { // options with a value step by 2, --stats by 1
         const char *a = argv[i];
         if (!strcmp(a, "--stats")) {
             stats = 1;
+            i--;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) moe_fatal("generate: '%s' needs a value\n%s", a, usage);
+        if (!v) return usage_error("generate", usage_generate, "'%s' needs a value", a);
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "-n")) n_new = (int)number_arg(a, v, 1, 1 << 20);
@@ -186,10 +186,9 @@ static int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--top-p")) s.top_p = number_arg(a, v, 1e-9, 1);
         else if (!strcmp(a, "--seed")) s.seed = (uint64_t)number_arg(a, v, 0, 9007199254740992.0);
         else if (!strcmp(a, "--prefill-chunk")) s.prefill_chunk = (int)number_arg(a, v, 1, 1 << 20);
-        else moe_fatal("generate: unknown argument '%s'\n%s", a, usage);
-        i++;
+        else return usage_error("generate", usage_generate, "unknown argument '%s'", a);
     }
-    if (!ckpt || !prompt) moe_fatal("generate: --ckpt and --prompt are required\n%s", usage);
+    if (!ckpt || !prompt) return usage_error("generate", usage_generate, "--ckpt and --prompt are required");
     // the tokenizer: the folder's tokenizer.json unless it is the byte tokenizer's
     char folder[MOE_PATH_MAX + 64];
     if (checkpoint_resolve(folder, sizeof folder, ckpt)) moe_fatal("%s", moe_last_error());
@@ -241,7 +240,8 @@ static int cmd_generate(int argc, char **argv) {
 static int cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *out = NULL;
     st_dtype dtype = ST_F32;
-    for (int i = 0; i + 1 < argc || (i < argc && (moe_fatal("export: '%s' needs a value", argv[i]), 0)); i += 2) {
+    for (int i = 0; i < argc; i += 2) {
+        if (i + 1 == argc) return usage_error("export", usage_export, "'%s' needs a value", argv[i]);
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--out")) out = v;
@@ -249,10 +249,10 @@ static int cmd_export(int argc, char **argv) {
             if (!strcmp(v, "f32") || !strcmp(v, "float32")) dtype = ST_F32;
             else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) dtype = ST_BF16;
             else if (!strcmp(v, "f16") || !strcmp(v, "float16")) dtype = ST_F16;
-            else moe_fatal("export: --dtype '%s': expected f32, bf16 or f16", v);
-        } else moe_fatal("export: unknown argument '%s'\n%s", a, usage);
+            else return usage_error("export", usage_export, "--dtype '%s': expected f32, bf16 or f16", v);
+        } else return usage_error("export", usage_export, "unknown argument '%s'", a);
     }
-    if (!ckpt || !out) moe_fatal("export: --ckpt and --out are required\n%s", usage);
+    if (!ckpt || !out) return usage_error("export", usage_export, "--ckpt and --out are required");
     model m;
     if (infer_load(&m, ckpt, 1, 1)) moe_fatal("%s", moe_last_error());
     // (with ckpt's tokenizer files)
@@ -282,10 +282,10 @@ static int cmd_prepare(int argc, char **argv) {
             val_fraction = strtod(argv[++i], &end);
             if (*end) moe_fatal("prepare: --val-fraction '%s' is not a number", argv[i]);
         } else {
-            moe_fatal("prepare: unknown argument '%s'\n%s", argv[i], usage);
+            return usage_error("prepare", usage_prepare, "unknown argument '%s'", argv[i]);
         }
     }
-    if (!n || !out) moe_fatal("prepare: --text and --out are required\n%s", usage);
+    if (!n || !out) return usage_error("prepare", usage_prepare, "--text and --out are required");
     if (tokenizer) { // scripts/hf_tokenizer.py prints the counts
         if (hf_tokenizer_prepare(tokenizer, sources, n, out, val_fraction)) moe_fatal("%s", moe_last_error());
         return 0;
@@ -298,6 +298,9 @@ static int cmd_prepare(int argc, char **argv) {
     return 0;
 }
 
+// usage_error, freeing the --set list first
+#define train_usage_error(sets, ...) (free(sets), usage_error("train", usage_train, __VA_ARGS__))
+
 static int cmd_train(int argc, char **argv) {
     const char *path = NULL, *resume = NULL;
     char **sets = calloc((size_t)argc + 1, sizeof(char *));
@@ -306,25 +309,26 @@ static int cmd_train(int argc, char **argv) {
     for (int i = 0; i < argc; i++) { // options and CONFIG in any order
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if ((!strcmp(a, "--set") || !strcmp(a, "--resume")) && !v)
-            return usage_error("train", usage_train, "'%s' needs a value", a);
+            return train_usage_error(sets, "'%s' needs a value", a);
         if (!strcmp(a, "--set")) sets[n_set++] = argv[++i];
         else if (!strncmp(a, "--set=", 6)) sets[n_set++] = argv[i] + 6;
         else if (!strcmp(a, "--resume")) resume = argv[++i];
         else if (!strncmp(a, "--resume=", 9)) resume = a + 9;
         else if (!strcmp(a, "--overwrite")) overwrite = 1;
         else if (!strcmp(a, "--dry-run")) dry_run = 1;
-        else if (a[0] == '-' && a[1]) return usage_error("train", usage_train, "unknown option '%s'", a);
-        else if (path) return usage_error("train", usage_train, "more than one CONFIG: '%s' and '%s'", path, a);
+        else if (a[0] == '-' && a[1]) return train_usage_error(sets, "unknown option '%s'", a);
+        else if (path) return train_usage_error(sets, "more than one CONFIG: '%s' and '%s'", path, a);
         else path = a;
     }
-    if (!path) return usage_error("train", usage_train, "a CONFIG file is required");
+    if (!path) return train_usage_error(sets, "a CONFIG file is required");
     if (resume && overwrite)
-        return usage_error("train", usage_train,
+        return train_usage_error(sets,
                            "--resume continues a run and --overwrite deletes it: give one of them");
     moe_train_config *cfg = malloc(sizeof *cfg);
     if (!cfg) moe_fatal("out of memory");
     if (moe_train_config_load(cfg, path, n_set, sets)) moe_fatal("%s", moe_last_error());
     free(sets);
+#undef train_usage_error
     // a new run truncates the logs, and its checkpoints would mix with (and be rotated
     // against) the old run's: never into a directory that holds a run, unless asked
     char resolved[MOE_PATH_MAX + 32], what[64];
