@@ -141,6 +141,8 @@ static const key_spec specs[] = {
     KSTR("log", "dir", run_dir, 1),
     KI64("log", "interval", interval, 1, INT64_MAX),
     KFLT("log", "load_alert", load_alert, 1, CLOSED, INFINITY, OPEN),
+    KI64("log", "alert_after", alert_after, 0, INT64_C(1000000000000)),
+    KI64("log", "alert_window", alert_window, 1, 10000),
 
     KI64("checkpoint", "interval", ckpt_interval, 0, INT64_MAX),
     KINT("checkpoint", "keep", ckpt_keep, 1, INT_MAX),
@@ -202,7 +204,9 @@ void moe_train_config_default(moe_train_config *cfg) {
 
     strcpy(cfg->run_dir, "runs/default");
     cfg->interval = 10;
-    cfg->load_alert = 1.5;
+    cfg->load_alert = 2.0;  // the load alert's defaults: config.h
+    cfg->alert_after = 200;
+    cfg->alert_window = 20;
 
     cfg->ckpt_interval = 0;
     cfg->ckpt_keep = 2;

@@ -352,13 +352,100 @@ static void step_load_add(step_load *s, const model *m) {
     s->micro++;
 }
 
-// The steps of one layer whose max/mean load exceeded log.load_alert since the last console
-// line: how many, and the worst of them (which the console warning names).
+// The load alert (README "Expert load: monitoring and balancing"). Steps up to
+// log.alert_after are a warm-up grace: they never enter the window. The window is the last
+// log.alert_window logged steps after it (a skipped step logs no load). On a step that fills
+// the window, a layer is in alert when
+//   - overload: the median over the window of its per-step max/mean load exceeds
+//     log.load_alert, i.e. (about) half the window's steps are above it, so a spike of a few
+//     steps never fires while a router that stays skewed does;
+//   - dead: an expert received no token in any of the window's steps.
+// So the first possible alert is at step alert_after + alert_window. Per layer a ring of the
+// window's max/mean and hottest expert; per expert the last step that routed it a token
+// (dead <=> that step is before the window). A resumed run fills its window again.
 typedef struct {
-    long long n, step;
-    double mom;
-    int expert;
+    int64_t W, n, head;  // window, entries so far (<= W), next slot (the oldest once full)
+    int64_t *step;       // [W] the step of each slot
+    double *mom;         // [L][W] per-step max/mean
+    int *hot;            // [L][W] per-step hottest expert
+    int64_t *last_seen;  // [L][E] the last step with a token for the expert (0: none)
+    double *scratch;     // [W]
+    int *votes;          // [E]
+} alert_window;
+
+static void alert_window_free(alert_window *w) {
+    free(w->step), free(w->mom), free(w->hot), free(w->last_seen), free(w->scratch), free(w->votes);
+    memset(w, 0, sizeof *w);
+}
+
+static int alert_window_init(alert_window *w, int64_t W, int L, int E) {
+    memset(w, 0, sizeof *w);
+    w->W = W;
+    w->step = calloc((size_t)W, sizeof *w->step);
+    w->mom = calloc((size_t)L * W, sizeof *w->mom);
+    w->hot = calloc((size_t)L * W, sizeof *w->hot);
+    w->last_seen = calloc((size_t)L * E, sizeof *w->last_seen);
+    w->scratch = calloc((size_t)W, sizeof *w->scratch);
+    w->votes = calloc((size_t)E, sizeof *w->votes);
+    if (w->step && w->mom && w->hot && w->last_seen && w->scratch && w->votes) return 0;
+    alert_window_free(w);
+    return -1;
+}
+
+// A layer's verdict on a full window: what fires, and what the messages name.
+typedef struct {
+    int overload, n_dead;
+    double median;      // of max/mean over the window
+    int expert;         // the expert hottest on the most of the window's steps (lowest on ties)
+    long long from, to; // the window's steps
+    char dead_list[128]; // the dead experts' indexes (the first few)
+} alert_verdict;
+
+// The verdict of layer l on the window ending with the latest push (w->n == W).
+static alert_verdict alert_window_eval(alert_window *w, int l, int E, double threshold) {
+    alert_verdict v = {0};
+    const int64_t W = w->W;
+    v.from = w->step[w->head], v.to = w->step[(w->head + W - 1) % W];
+    memcpy(w->scratch, w->mom + (size_t)l * W, (size_t)W * sizeof *w->scratch);
+    v.median = median_of(w->scratch, (int)W);
+    v.overload = v.median > threshold;
+    memset(w->votes, 0, (size_t)E * sizeof *w->votes);
+    for (int64_t i = 0; i < W; i++) w->votes[w->hot[(size_t)l * W + i]]++;
+    for (int e = 1; e < E; e++)
+        if (w->votes[e] > w->votes[v.expert]) v.expert = e;
+    size_t len = 0;
+    for (int e = 0; e < E; e++) {
+        if (w->last_seen[(size_t)l * E + e] >= v.from) continue;
+        if (v.n_dead++ < 16 && len < sizeof v.dead_list)
+            len += (size_t)snprintf(v.dead_list + len, sizeof v.dead_list - len, " %d", e);
+    }
+    if (v.n_dead > 16 && len < sizeof v.dead_list)
+        snprintf(v.dead_list + len, sizeof v.dead_list - len, " ...");
+    return v;
+}
+
+// Per layer, since the previous console line: the steps in alert for each condition, the
+// worst overload (the highest median) and the latest dead verdict, which the warnings name.
+typedef struct {
+    long long n_load, n_dead, step, dead_step;
+    alert_verdict load, dead;
 } load_alert;
+
+// Test-only (tests/train/alerts.sh): MOE_TEST_LOAD_MOM="A-B:V[,A-B:V]..." makes the alert
+// rule see layer 0's max/mean as V on steps A..B (the logs keep the measured value).
+static double test_load_override(int64_t step, double mom) {
+    const char *spec = getenv("MOE_TEST_LOAD_MOM");
+    while (spec && *spec) {
+        long long a, b;
+        double v;
+        int used = 0;
+        if (sscanf(spec, "%lld-%lld:%lf%n", &a, &b, &v, &used) != 3) break;
+        if (step >= a && step <= b) return v;
+        spec += used;
+        if (*spec == ',') spec++;
+    }
+    return mom;
+}
 
 // max/mean and CV of one layer's counts; *hot receives the hottest expert.
 static void load_summary(const long *c, int E, double *max_over_mean, double *cv, int *hot) {
@@ -697,6 +784,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     step_load sl = {0};
     load_alert *alerts = NULL; // [L]
     int in_init_from = 0;      // errors of the init_from block name the key (at done:)
+    alert_window aw = {0};
     // tokens/s of the last TPS_WINDOW steps after the first, a ring: memory does not grow
     // with train.steps (which may be 1e12)
     double step_tps[TPS_WINDOW];
@@ -771,7 +859,8 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     sl.z = malloc((size_t)L * sizeof(double));
     alerts = calloc((size_t)L, sizeof *alerts);
     if (!inputs || !targets || !sl.routed || !sl.kept || !sl.micro_routed || !sl.entropy ||
-        !sl.aux || !sl.seq_aux || !sl.z || !alerts) {
+        !sl.aux || !sl.seq_aux || !sl.z || !alerts ||
+        alert_window_init(&aw, cfg->alert_window, L, E)) {
         st = moe_error(MOE_ENOMEM, "trainer: out of memory");
         goto done;
     }
@@ -885,20 +974,10 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             for (int e = 0; e < E; e++) dropped += routed[e] - kept[e], total += routed[e];
             drop_sum += dropped, routed_sum += total;
             if (mom > worst_mom) worst_mom = mom, worst_layer = l;
-            if (mom > cfg->load_alert) { // checked every step
-                if (cfg->load_alert_action == 1) { // "stop"
-                    fprintf(stderr, "warning: step %lld layer %d: expert %d has %.2fx the mean load "
-                            "(log.load_alert = %.2f)\n", (long long)step + 1, l, hot, mom, cfg->load_alert);
-                    st = moe_error(MOE_ENUMERIC,
-                                   "stopping at step %lld: layer %d expert %d has %.2fx the mean load "
-                                   "(log.load_alert = %.2f, train.load_alert_action = \"stop\")",
-                                   (long long)step + 1, l, hot, mom, cfg->load_alert);
-                    goto done;
-                }
-                load_alert *a = &alerts[l]; // "warn": the console reports the worst step
-                if (!a->n || mom > a->mom) a->mom = mom, a->step = step + 1, a->expert = hot;
-                a->n++;
-            }
+            for (int e = 0; e < E; e++) // the load alert's window (pushed after the layers)
+                if (routed[e] > 0) aw.last_seen[(size_t)l * E + e] = step + 1;
+            aw.mom[(size_t)l * aw.W + aw.head] = l == 0 ? test_load_override(step + 1, mom) : mom;
+            aw.hot[(size_t)l * aw.W + aw.head] = hot;
             cJSON *rec = cJSON_CreateObject();
             cJSON_AddNumberToObject(rec, "step", (double)step + 1);
             cJSON_AddNumberToObject(rec, "layer", l);
@@ -972,6 +1051,39 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         if (evaluated) cJSON_AddNumberToObject(rec, "val_loss", val_loss);
         if ((st = jsonl_write(&metrics, rec))) goto done;
 
+        if (step + 1 > cfg->alert_after) { // the load alert: past the grace, on a full window
+            aw.step[aw.head] = step + 1;
+            aw.head = (aw.head + 1) % aw.W;
+            if (aw.n < aw.W) aw.n++;
+        }
+        for (int l = 0; aw.n == aw.W && l < L; l++) {
+            const alert_verdict v = alert_window_eval(&aw, l, E, cfg->load_alert);
+            if (!v.overload && !v.n_dead) continue;
+            if (cfg->load_alert_action == 1) { // "stop": the first step in alert
+                char why[400];
+                if (v.overload)
+                    snprintf(why, sizeof why,
+                             "median max/mean load %.2f over steps %lld-%lld, hottest expert %d "
+                             "(log.load_alert = %.2f",
+                             v.median, v.from, v.to, v.expert, cfg->load_alert);
+                else
+                    snprintf(why, sizeof why, "%d dead expert%s (no token in steps %lld-%lld):%s (",
+                             v.n_dead, v.n_dead == 1 ? "" : "s", v.from, v.to, v.dead_list);
+                st = moe_error(MOE_ENUMERIC,
+                               "stopping at step %lld: layer %d: %s%slog.alert_window = %lld, "
+                               "log.alert_after = %lld, train.load_alert_action = \"stop\")",
+                               (long long)step + 1, l, why, v.overload ? ", " : "",
+                               (long long)cfg->alert_window, (long long)cfg->alert_after);
+                goto done;
+            }
+            load_alert *a = &alerts[l]; // "warn": the console line reports it
+            if (v.overload) {
+                if (!a->n_load || v.median > a->load.median) a->load = v, a->step = step + 1;
+                a->n_load++;
+            }
+            if (v.n_dead) a->dead = v, a->dead_step = step + 1, a->n_dead++;
+        }
+
         const int last = step + 1 == cfg->steps;
         if ((step + 1) % cfg->interval == 0 || step == 0 || last || evaluated) {
             char eta[32];
@@ -987,12 +1099,20 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             fflush(stdout);
             for (int l = 0; l < L; l++) { // warn (stop acted above, on every step)
                 const load_alert *a = &alerts[l];
-                if (a->n)
+                if (a->n_load)
                     fprintf(stderr,
-                            "warning: step %lld layer %d: expert %d has %.2fx the mean load "
-                            "(log.load_alert = %.2f; %lld step%s above it since the last report)\n",
-                            a->step, l, a->expert, a->mom, cfg->load_alert, a->n,
-                            a->n == 1 ? "" : "s");
+                            "warning: step %lld layer %d: median max/mean load %.2f over steps "
+                            "%lld-%lld, hottest expert %d (log.load_alert = %.2f; %lld step%s in "
+                            "alert since the last report)\n",
+                            a->step, l, a->load.median, a->load.from, a->load.to, a->load.expert,
+                            cfg->load_alert, a->n_load, a->n_load == 1 ? "" : "s");
+                if (a->n_dead)
+                    fprintf(stderr,
+                            "warning: step %lld layer %d: %d dead expert%s (no token in steps "
+                            "%lld-%lld):%s (%lld step%s in alert since the last report)\n",
+                            a->dead_step, l, a->dead.n_dead, a->dead.n_dead == 1 ? "" : "s",
+                            a->dead.from, a->dead.to, a->dead.dead_list, a->n_dead,
+                            a->n_dead == 1 ? "" : "s");
             }
             memset(alerts, 0, (size_t)L * sizeof *alerts);
         }
@@ -1029,6 +1149,7 @@ done:
     free(inputs), free(targets), free(regions);
     free(sl.routed), free(sl.kept), free(sl.micro_routed), free(sl.entropy), free(sl.aux), free(sl.seq_aux), free(sl.z);
     free(alerts);
+    alert_window_free(&aw);
     data_loader_free(&loader);
     optimizer_destroy(&opt);
     model_destroy(&m);

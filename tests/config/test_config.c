@@ -162,7 +162,9 @@ static void check_defaults(const moe_train_config *c) {
     CHECK(c->val_fraction == 0.1);
     CHECK(strcmp(c->run_dir, "runs/default") == 0);
     CHECK(c->interval == 10);
-    CHECK(c->load_alert == 1.5);
+    CHECK(c->load_alert == 2.0);
+    CHECK(c->alert_after == 200);
+    CHECK(c->alert_window == 20);
     CHECK(c->ckpt_interval == 0);
     CHECK(c->ckpt_keep == 2);
 }
@@ -622,6 +624,10 @@ static void case_out_of_range(void) {
            "=out_of_range_13.cfg:2: data.text: has 33 entries, at most 32");
     REJECT("out_of_range_14.cfg", "data = {\n  text = [\"a\", \"\"];\n};\n",
            "=out_of_range_14.cfg:2: data.text[1]: must not be empty");
+    REJECT("out_of_range_15.cfg", "log = {\n  alert_window = 0;\n};\n",
+           "=out_of_range_15.cfg:2: log.alert_window: 0 is out of range [1, 10000]");
+    REJECT("out_of_range_16.cfg", "log = {\n  alert_after = -1;\n};\n",
+           "=out_of_range_16.cfg:2: log.alert_after: -1 is out of range [0, 1000000000000]");
 }
 
 static void case_int_overflow(void) {

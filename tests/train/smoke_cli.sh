@@ -18,7 +18,7 @@ model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; n_kv_heads 
           n_experts = 8; top_k = 1; max_seq_len = 32; capacity_factor = 1.25; };
 train = { steps = 100; batch_size = 4; seq_len = 32; warmup_steps = 5; threads = 2; };
 data = { dir = "$work/data_$corpus"; text = ["$work/$corpus.txt"]; };
-log = { dir = "$work/run_$corpus"; interval = 100; load_alert = 1.5; };
+log = { dir = "$work/run_$corpus"; interval = 100; load_alert = 1.5; alert_after = 0; };
 CFG
 done
 echo "collapsed routing (one repeated byte)"
@@ -26,7 +26,7 @@ echo "collapsed routing (one repeated byte)"
 rc=$?
 cat "$work/collapse.out" | grep -E "layer|ALERT|smoke:|memory|throughput|dropped"
 check "exit status 1 (got $rc)" "[ $rc -eq 1 ]"
-check "the load alert names the layer and expert" "grep -q 'ALERT: layer 0 expert [0-9] has 8.00x the mean load' '$work/collapse.out'"
+check "the collapse check names the layer and expert" "grep -q 'FAIL collapse: layer 0 expert [0-9] has 8.00x the mean load' '$work/collapse.out'"
 check "dead experts are reported" "grep -q 'dead expert' '$work/collapse.out'"
 check "no checkpoint is written" "[ ! -d '$work/run_collapse/smoke/ckpt' ]"
 echo "healthy routing (random bytes), load_alert 3"
@@ -41,15 +41,16 @@ echo "train.load_alert_action = \"stop\" stops a collapsing run"
 rc=$?
 tail -2 "$work/stop.out"
 check "exit status 1 (got $rc)" "[ $rc -eq 1 ]"
-check "the message names the step, layer, expert and the setting" \
-  "grep -q 'stopping at step 1: layer 0 expert [0-9] has 8.00x the mean load (log.load_alert = 1.50, train.load_alert_action = \"stop\")' '$work/stop.out'"
-"$moe" train "$work/collapse.cfg" --set train.steps=3 --set train.warmup_steps=1 --set log.interval=1 > "$work/warn.out" 2>&1
+check "the message names the step (the first after a full window), layer, expert and the settings" \
+  "grep -q 'stopping at step 20: layer 0: median max/mean load 8.00 over steps 1-20, hottest expert [0-9] (log.load_alert = 1.50, log.alert_window = 20, log.alert_after = 0, train.load_alert_action = \"stop\")' '$work/stop.out'"
+"$moe" train "$work/collapse.cfg" --set train.steps=3 --set train.warmup_steps=1 --set log.interval=1 \
+  --set "log.dir=\"$work/run_warn\"" > "$work/warn.out" 2>&1
 rc=$?
 check "with the default (warn) the same run goes on (exit $rc)" "[ $rc -eq 0 ] && grep -q 'done: 3 steps' '$work/warn.out'"
 "$moe" train "$work/collapse.cfg" --set train.steps=4 --set train.warmup_steps=1 --set log.interval=4 \
-  --set "log.dir=\"$work/run_warn4\"" > "$work/warn4.out" 2>&1
-check "console lines at steps 1 and 4: the warning at step 4 counts steps 2-4 and names the worst" \
-  "grep -q 'warning: step 2 layer 0: expert [0-9] has 8.00x the mean load (log.load_alert = 1.50; 3 steps above it since the last report)' '$work/warn4.out'"
+  --set log.alert_window=1 --set "log.dir=\"$work/run_warn4\"" > "$work/warn4.out" 2>&1
+check "console lines at steps 1 and 4 (window 1): the warning at step 4 counts steps 2-4 and names the worst" \
+  "grep -q 'warning: step 2 layer 0: median max/mean load 8.00 over steps 2-2, hottest expert [0-9] (log.load_alert = 1.50; 3 steps in alert since the last report)' '$work/warn4.out'"
 echo "grad_accum 2: each expert_load record has the micro-batches' own counts"
 "$moe" train "$work/random.cfg" --set train.steps=3 --set train.warmup_steps=1 --set train.grad_accum=2 \
   --set "log.dir=\"$work/run_accum\"" > "$work/accum.out" 2>&1
