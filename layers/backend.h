@@ -164,14 +164,26 @@ typedef struct moe_backend {
     void (*rope)(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
                  int pos0, int n_rot, int n_heads, int hd, int inverse);
 
-    // Causal self-attention with GQA on rows qkv [T = B*S, (H + 2KV)*hd] = [q | k | v];
-    // query head h uses kv head h / (H/KV). att [B,H,S,S] = softmax(q k^T hd^-1/2) (saved
-    // for backward), out [T, H*hd] = att v.
-    void (*attention_forward)(real *out, real *att, const real *qkv, int B, int S, int H,
-                              int KV, int hd);
-    // dqkv [T, (H+2KV)*hd] (written); datt [B,H,S,S] scratch
-    void (*attention_backward)(real *dqkv, real *datt, const real *dout, const real *qkv,
-                               const real *att, int B, int S, int H, int KV, int hd);
+    // Causal self-attention with GQA, flash-style: nothing of size S x S is kept.
+    // Rows qkv [T = B*S, (H + 2KV)*hd] = [q | k | v]; query head h uses kv head h / (H/KV).
+    //   S_ij = q_i . k_j * hd^-1/2 (j <= i),  lse_i = log sum_{j<=i} exp(S_ij),
+    //   P_ij = exp(S_ij - lse_i),  o_i = sum_j P_ij v_j
+    // out [T, H*hd] = o; lse [B, H, S] (saved for the backward, with out);
+    // scratch [scratch_size] reals of work space, scratch_size >= attention_scratch_size(S)
+    // (the CPU: one [2, 64, S] slot per thread, threads beyond the slots stay idle).
+    void (*attention_forward)(real *out, real *lse, const real *qkv, int B, int S, int H,
+                              int KV, int hd, real *scratch, size_t scratch_size);
+    // Recomputes P = exp(S - lse) block by block (FlashAttention-2 backward):
+    //   D_i = do_i . o_i,  dP = do v^T,  dS = P * (dP - D),
+    //   dq = dS k hd^-1/2,  dk = dS^T q hd^-1/2,  dv = P^T do  (kv heads sum their query heads)
+    // dqkv [T, (H+2KV)*hd] (written); dout, out [T, H*hd]; qkv [T, (H+2KV)*hd]; lse [B, H, S];
+    // scratch as for the forward. Deterministic: fixed summation order, no atomics.
+    void (*attention_backward)(real *dqkv, const real *dout, const real *qkv, const real *out,
+                               const real *lse, int B, int S, int H, int KV, int hd,
+                               real *scratch, size_t scratch_size);
+    // Reals of scratch that attention_forward/backward need for sequences of up to S tokens
+    // with the backend's current thread count (CPU: threads x 2 x 64 x S).
+    size_t (*attention_scratch_size)(int S);
 
     // Attention of n new tokens of one sequence, at positions pos0..pos0+n-1, over a KV cache
     // that already holds positions 0..pos0+n-1 (the new ones included): causal, GQA.

@@ -234,19 +234,20 @@ moe_status model_create(model *m, const moe_backend *be, const model_config *cfg
     }
     m->training = 1;
     m->max_batch = max_batch, m->max_seq = max_seq;
+    m->attn_scratch_size = be->attention_scratch_size((int)S);
     buffer_spec specs[] = {
         {(void **)&m->grads, m->n_params * R},
         {(void **)&m->tokens, T * sizeof(int)}, {(void **)&m->targets, T * sizeof(int)},
         {(void **)&m->x, (L + 1) * T * d * R},  {(void **)&m->n1, L * T * d * R},
         {(void **)&m->rstd1, L * T * R},        {(void **)&m->qkv, L * T * Q * R},
-        {(void **)&m->att, L * B * H * S * S * R}, {(void **)&m->attn_out, L * T * H * hd * R},
+        {(void **)&m->lse, L * B * H * S * R},  {(void **)&m->attn_out, L * T * H * hd * R},
         {(void **)&m->h, L * T * d * R},        {(void **)&m->n2, L * T * d * R},
         {(void **)&m->rstd2, L * T * R},        {(void **)&m->moe_out, T * d * R},
         {(void **)&m->xf, T * d * R},           {(void **)&m->rstdf, T * R},
         {(void **)&m->logits, T * V * R},       {(void **)&m->losses, T * R},
         {(void **)&m->dx, T * d * R},           {(void **)&m->dn, T * d * R},
         {(void **)&m->dattn_out, T * H * hd * R}, {(void **)&m->dqkv, T * Q * R},
-        {(void **)&m->datt, B * H * S * S * R}, {(void **)&m->dlogits, T * V * R},
+        {(void **)&m->attn_scratch, m->attn_scratch_size * R}, {(void **)&m->dlogits, T * V * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
         model_destroy(m);
@@ -283,7 +284,7 @@ moe_status model_create_inference(model *m, const moe_backend *be, const model_c
         {(void **)&m->n1, C * d * R},            {(void **)&m->rstd1, C * R},
         {(void **)&m->qkv, C * Q * R},           {(void **)&m->attn_out, C * H * hd * R},
         {(void **)&m->moe_out, C * d * R},       {(void **)&m->logits, C * V * R},
-        {(void **)&m->att, H * C * P * R},       {(void **)&m->k_cache, L * P * KV * hd * R},
+        {(void **)&m->attn_scratch, H * C * P * R}, {(void **)&m->k_cache, L * P * KV * hd * R},
         {(void **)&m->v_cache, L * P * KV * hd * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
@@ -296,9 +297,9 @@ moe_status model_create_inference(model *m, const moe_backend *be, const model_c
 void model_destroy(model *m) {
     if (m->be) {
         void *bufs[] = {m->params, m->grads, m->rope_cos, m->rope_sin, m->tokens, m->targets,
-                        m->x, m->n1, m->rstd1, m->qkv, m->att, m->attn_out, m->h, m->n2,
+                        m->x, m->n1, m->rstd1, m->qkv, m->lse, m->attn_out, m->h, m->n2,
                         m->rstd2, m->moe_out, m->xf, m->rstdf, m->logits, m->losses, m->dx,
-                        m->dn, m->dattn_out, m->dqkv, m->datt, m->dlogits, m->k_cache,
+                        m->dn, m->dattn_out, m->dqkv, m->attn_scratch, m->dlogits, m->k_cache,
                         m->v_cache, m->router_bias};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) m->be->free(bufs[i]);
@@ -381,12 +382,13 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
         const size_t Td = (size_t)T * d;
         real *xl = m->x + l * Td, *n1 = m->n1 + l * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
         real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
-        real *att = m->att + (size_t)l * B * H * S * S;
+        real *lse = m->lse + (size_t)l * B * H * S;
         be->rmsnorm_forward(n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T, d,
                             (real)c->rms_norm_eps);
         be->matmul(qkv, n1, m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0, 1, 0);
         be->rope(qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
-        be->attention_forward(ao, att, qkv, B, S, H, KV, hd);
+        be->attention_forward(ao, lse, qkv, B, S, H, KV, hd, m->attn_scratch,
+                              m->attn_scratch_size);
         be->matmul(h, ao, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0, 1, 0);
         be->add(h, h, xl, Td);
         be->rmsnorm_forward(n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T, d,
@@ -436,7 +438,7 @@ moe_status model_backward(model *m, double loss_scale) {
     for (int l = L - 1; l >= 0; l--) {
         real *xl = m->x + l * Td, *n1 = m->n1 + l * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
         real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
-        real *att = m->att + (size_t)l * B * H * S * S;
+        const real *lse = m->lse + (size_t)l * B * H * S;
         // x_{l+1} = h + MoE(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
         moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias),
                     gw = layer_moe_weights(&m->g, c, l, NULL);
@@ -449,7 +451,8 @@ moe_status model_backward(model *m, double loss_scale) {
         const real *wo = m->p.wo + (size_t)l * d * H * hd;
         be->matmul(m->dattn_out, m->dx, wo, T, H * hd, d, 0, 0, 0);
         be->matmul(m->g.wo + (size_t)l * d * H * hd, m->dx, ao, d, H * hd, T, 1, 0, 1);
-        be->attention_backward(m->dqkv, m->datt, m->dattn_out, qkv, att, B, S, H, KV, hd);
+        be->attention_backward(m->dqkv, m->dattn_out, qkv, ao, lse, B, S, H, KV, hd,
+                               m->attn_scratch, m->attn_scratch_size);
         be->rope(m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 1);
         be->matmul(m->dn, m->dqkv, m->p.wqkv + (size_t)l * Q * d, T, d, Q, 0, 0, 0);
         be->matmul(m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, Q, d, T, 1, 0, 1);
@@ -483,7 +486,8 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
         be->matmul(m->qkv, m->n1, m->p.wqkv + (size_t)l * Q * d, n, Q, d, 0, 1, 0);
         be->rope(m->qkv, m->qkv, m->rope_cos, m->rope_sin, n, n, pos0, H + KV, H + 2 * KV, hd, 0);
         be->kv_cache_append(kc, vc, m->qkv, n, pos0, H, KV, hd);
-        be->attention_cached_forward(m->attn_out, m->att, m->qkv, kc, vc, n, pos0, H, KV, hd);
+        be->attention_cached_forward(m->attn_out, m->attn_scratch, m->qkv, kc, vc, n, pos0, H,
+                                     KV, hd);
         be->matmul(m->moe_out, m->attn_out, m->p.wo + (size_t)l * d * H * hd, n, d, H * hd, 0, 1, 0);
         be->add(m->x, m->x, m->moe_out, nd);
         // x += MoE(RMSNorm(x)), dropless

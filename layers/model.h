@@ -90,7 +90,7 @@ typedef struct {
     real *x;                // [L+1, T, d]  residual stream entering each layer; x[L] final
     real *n1, *rstd1;       // [L, T, d], [L, T]   attention RMSNorm
     real *qkv;              // [L, T, Q]   after RoPE
-    real *att;              // [L, B, H, S, S]
+    real *lse;              // [L, B, H, S]  log-sum-exp of each query row's attention scores
     real *attn_out;         // [L, T, H*hd]
     real *h;                // [L, T, d]   after the attention residual
     real *n2, *rstd2;       // [L, T, d], [L, T]   MoE RMSNorm
@@ -102,8 +102,12 @@ typedef struct {
     int n_moe;
     moe_stats *moe_stats;   // [L] of the last forward
     // backward scratch
-    real *dx, *dn, *dattn_out, *dqkv, *datt, *dlogits;
-    // inference: KV cache [L, max_pos, KV*hd] each; att is the scores scratch [H, chunk, max_pos]
+    real *dx, *dn, *dattn_out, *dqkv, *dlogits;
+    // attention work space, shared by the layers: attention_scratch_size(max_seq) reals in
+    // training; inference: the scores [H, chunk, max_pos] of attention_cached_forward
+    real *attn_scratch;
+    size_t attn_scratch_size; // reals
+    // inference: KV cache [L, max_pos, KV*hd] each
     real *k_cache, *v_cache;
     long *expert_hits;      // inference: [L, E] routed assignments summed over model_infer calls
     size_t buffer_bytes;    // device memory of the buffers of this struct (params, grads, ...)

@@ -46,6 +46,7 @@ static const moe_backend cpu_backend = {
     .rope = cpu_rope,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
+    .attention_scratch_size = cpu_attention_scratch_size,
     .attention_cached_forward = cpu_attention_cached_forward,
     .kv_cache_append = cpu_kv_cache_append,
     .cross_entropy_forward = cpu_cross_entropy_forward,

@@ -76,10 +76,12 @@ void cpu_attention_cached_forward(real *out, real *scratch, const real *qkv, con
                                   const real *v_cache, int n, int pos0, int H, int KV, int hd);
 void cpu_kv_cache_append(real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
                          int KV, int hd);
-void cpu_attention_forward(real *out, real *att, const real *qkv, int B, int S, int H, int KV,
-                           int hd);
-void cpu_attention_backward(real *dqkv, real *datt, const real *dout, const real *qkv,
-                            const real *att, int B, int S, int H, int KV, int hd);
+void cpu_attention_forward(real *out, real *lse, const real *qkv, int B, int S, int H, int KV,
+                           int hd, real *scratch, size_t scratch_size);
+void cpu_attention_backward(real *dqkv, const real *dout, const real *qkv, const real *out,
+                            const real *lse, int B, int S, int H, int KV, int hd, real *scratch,
+                            size_t scratch_size);
+size_t cpu_attention_scratch_size(int S);
 void cpu_cross_entropy_forward(real *losses, const real *logits, const int *targets, int T,
                                int V);
 void cpu_cross_entropy_backward(real *dlogits, const real *logits, const int *targets, int T,
