@@ -205,8 +205,8 @@ void moe_train_config_default(moe_train_config *cfg) {
     strcpy(cfg->run_dir, "runs/default");
     cfg->interval = 10;
     cfg->load_alert = 2.0;  // the load alert's defaults: config.h
-    cfg->alert_after = 200;
-    cfg->alert_window = 20;
+    cfg->alert_after = 150;
+    cfg->alert_window = 50;
 
     cfg->ckpt_interval = 0;
     cfg->ckpt_keep = 2;

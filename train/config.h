@@ -115,14 +115,16 @@ typedef struct {
     // The load alert (README "Load alerts"): after a warm-up grace of alert_after steps, a
     // layer alerts when the median of its per-step max/mean load over the last alert_window
     // steps exceeds load_alert, or an expert got no token in all of them. Defaults measured
-    // on configs/default.cfg and shakespeare.cfg: a fresh model routes byte tokens by
-    // identity, so its per-step max/mean reaches 3.95 of the 4.0 possible at top-2 of 8, and
-    // the 20-step median stays above 2 until ~step 150 (2.24 and 2.07 in steps 101-150);
-    // from step 200 on it is at most 1.77 (per-step: median 1.27, P95 1.7, max 2.6), so 2.0
-    // clears it by 13%. A collapsed router sits at E/top_k (4.0 at top-2, 8.0 at top-1).
+    // on configs/default.cfg (1200 steps) and shakespeare.cfg (2000): a fresh model routes
+    // byte tokens by identity, so its per-step max/mean reaches 3.95 of the 4.0 possible at
+    // top-2 of 8, and the 50-step median is 2.42 and 2.34 over the first 50 steps; after step
+    // 150 it is at most 1.63 and 1.66 (per-step: median 1.2-1.3, P95 1.6-1.7, max 2.6), so
+    // 2.0 clears it by 17%. A 20-step window would not: a 10-step skew of 2.0-2.4x in
+    // shakespeare's layer 0 (steps 936-945) takes its median to 1.98. A collapsed router sits
+    // at E/top_k (4.0 at top-2 of 8, 8.0 at top-1).
     double load_alert;       // default 2.0, >= 1: an expert with twice its share
-    int64_t alert_after;     // default 200 steps of warm-up grace, [0, 1e12]
-    int64_t alert_window;    // default 20 steps, [1, 10000]: a spike of < W/2 steps never fires
+    int64_t alert_after;     // default 150 steps of warm-up grace, [0, 1e12]
+    int64_t alert_window;    // default 50 steps, [1, 10000]: fewer than W/2 never fire
 
     // ---- checkpoint { } (issue #4) --------------------------------------------
     int64_t ckpt_interval;   // key "interval", default 0 = only at the end, >= 0

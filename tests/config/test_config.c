@@ -163,8 +163,8 @@ static void check_defaults(const moe_train_config *c) {
     CHECK(strcmp(c->run_dir, "runs/default") == 0);
     CHECK(c->interval == 10);
     CHECK(c->load_alert == 2.0);
-    CHECK(c->alert_after == 200);
-    CHECK(c->alert_window == 20);
+    CHECK(c->alert_after == 150);
+    CHECK(c->alert_window == 50);
     CHECK(c->ckpt_interval == 0);
     CHECK(c->ckpt_keep == 2);
 }

@@ -42,7 +42,7 @@ rc=$?
 tail -2 "$work/stop.out"
 check "exit status 1 (got $rc)" "[ $rc -eq 1 ]"
 check "the message names the step (the first after a full window), layer, expert and the settings" \
-  "grep -q 'stopping at step 20: layer 0: median max/mean load 8.00 over steps 1-20, hottest expert [0-9] (log.load_alert = 1.50, log.alert_window = 20, log.alert_after = 0, train.load_alert_action = \"stop\")' '$work/stop.out'"
+  "grep -q 'stopping at step 50: layer 0: median max/mean load 8.00 over steps 1-50, hottest expert [0-9] (log.load_alert = 1.50, log.alert_window = 50, log.alert_after = 0, train.load_alert_action = \"stop\")' '$work/stop.out'"
 "$moe" train "$work/collapse.cfg" --set train.steps=3 --set train.warmup_steps=1 --set log.interval=1 \
   --set "log.dir=\"$work/run_warn\"" > "$work/warn.out" 2>&1
 rc=$?
