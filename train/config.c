@@ -1020,7 +1020,7 @@ static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
 #define KEY(g, k) spec_index(g, k)
     const int B = KEY("train", "batch_size"), S = KEY("train", "seq_len"),
               k = KEY("model", "top_k"), d = KEY("model", "d_model"), ff = KEY("model", "d_ff"),
-              H = KEY("model", "n_heads"), V = KEY("model", "vocab_size"),
+              V = KEY("model", "vocab_size"),
               L = KEY("model", "n_layers"), E = KEY("model", "n_experts"),
               G = KEY("train", "grad_accum"), ev = KEY("train", "eval_batches");
 #undef KEY
@@ -1034,10 +1034,6 @@ static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
          mul(mul(T, cfg->top_k), wide ? cfg->d_ff : cfg->d_model), MOE_CONFIG_MAX_DISPATCH,
          "2^31-1", "the MoE layer indexes its dispatch buffers with an int",
          {B, S, k, wide ? ff : d}},
-        {"train.batch_size * model.n_heads * train.seq_len^2",
-         mul(mul(T, cfg->n_heads), cfg->seq_len), MOE_CONFIG_MAX_ATTENTION,
-         "2^34 attention scores per layer", "the model keeps them for the backward pass",
-         {B, H, S, -1}},
         {"train.batch_size * train.seq_len * model.vocab_size", mul(T, cfg->vocab_size),
          MOE_CONFIG_MAX_LOGITS, "2^36 logits per micro-batch",
          "the model keeps the logits and their gradient", {B, S, V, -1}},

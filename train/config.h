@@ -32,8 +32,8 @@
                                                       // micro-batch (the model takes an int)
 #define MOE_CONFIG_MAX_DISPATCH INT64_C(2147483647)   // batch_size * seq_len * top_k *
                                                       // max(d_model, d_ff): MoE rows, int-indexed
-#define MOE_CONFIG_MAX_ATTENTION (INT64_C(1) << 34)   // batch_size * n_heads * seq_len^2:
-                                                      // attention scores per layer
+// (no batch_size * n_heads * seq_len^2 bound: attention keeps one log-sum-exp per query row,
+// not the scores, and its scratch is O(threads * seq_len))
 #define MOE_CONFIG_MAX_LOGITS (INT64_C(1) << 36)      // batch_size * seq_len * vocab_size
 #define MOE_CONFIG_MAX_ACTIVATIONS (INT64_C(1) << 36) // n_layers * batch_size * seq_len * d_model
 #define MOE_CONFIG_MAX_COUNTS (INT64_C(1) << 26)      // grad_accum * n_layers * n_experts:

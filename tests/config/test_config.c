@@ -892,11 +892,6 @@ static void case_size_limits(void) {
            "137438953472 exceeds 2^31-1 (train.batch_size = 64, train.seq_len = 256 (at "
            "size_dispatch.cfg:7), model.top_k = 8 (at size_dispatch.cfg:2), model.d_ff = 1048576 "
            "(at size_dispatch.cfg:3)): the MoE layer indexes its dispatch buffers with an int");
-    REJECT("size_attention.cfg",
-           "model = {\n  max_seq_len = 65536;\n};\ntrain = {\n  seq_len = 65536;\n};\n",
-           "size_attention.cfg:5: train.batch_size * model.n_heads * train.seq_len^2 = "
-           "137438953472 exceeds 2^34 attention scores per layer (train.batch_size = 8 (default), "
-           "model.n_heads = 4 (default), train.seq_len = 65536)");
     REJECT("size_logits.cfg",
            "model = {\n  vocab_size = 16777216;\n  d_model = 8;\n  n_heads = 2;\n};\ntrain = {\n"
            "  batch_size = 4096;\n};\n",
