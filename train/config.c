@@ -1203,12 +1203,12 @@ static moe_status apply_set(load_ctx *c, const char *arg, override_origin *o) {
     config_init(&snip);
     if (!config_read_string(&snip, o->text)) {
         const char *why = config_error_text(&snip) ? config_error_text(&snip) : "?";
-        char hint[MOE_PATH_MAX + 256] = "";
+        char quote_hint[MOE_PATH_MAX + 256] = "";
         if (looks_like_bare_word(value))
-            snprintf(hint, sizeof hint, " (strings need double quotes: --set '%s=\"%s\"')",
+            snprintf(quote_hint, sizeof quote_hint, " (strings need double quotes: --set '%s=\"%s\"')",
                      o->name, value);
         st = moe_error(MOE_EINVAL, "%s: syntax error: %s in \"%s\"%s", o->label, why, value,
-                       hint);
+                       quote_hint);
         goto out;
     }
     const config_setting_t *sroot = config_root_setting(&snip);

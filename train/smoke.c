@@ -205,9 +205,9 @@ int smoke_main(int argc, char **argv) {
                    (long long)cfg->alert_after);
         if (dead && total) {
             char list[256];
-            size_t n = 0;
-            for (int e = 0; e < E && n < sizeof list - 8; e++)
-                if (!c[e]) n += (size_t)snprintf(list + n, sizeof list - n, " %d", e);
+            size_t used = 0;
+            for (int e = 0; e < E && used < sizeof list - 8; e++)
+                if (!c[e]) used += (size_t)snprintf(list + used, sizeof list - used, " %d", e);
             if (dropped > 0)
                 SMOKE_FAIL(3, "smoke: FAIL dead experts: layer %d: %d dead expert%s (no token in any "
                            "of the %lld steps):%s while capacity_factor %g dropped %.2f%% of its "

@@ -986,9 +986,9 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             cJSON_AddItemToObject(rec, "counts", json_int_array(routed, E));
             cJSON_AddItemToObject(rec, "kept", json_int_array(kept, E));
             if (sl.micro > 1) {
-                cJSON *mc = cJSON_AddArrayToObject(rec, "micro_counts");
+                cJSON *micro = cJSON_AddArrayToObject(rec, "micro_counts");
                 for (int i = 0; i < sl.micro; i++)
-                    cJSON_AddItemToArray(mc, json_int_array(sl.micro_routed + ((size_t)i * L + l) * E, E));
+                    cJSON_AddItemToArray(micro, json_int_array(sl.micro_routed + ((size_t)i * L + l) * E, E));
             }
             cJSON_AddNumberToObject(rec, "dropped", (double)dropped);
             cJSON_AddNumberToObject(rec, "max_over_mean", mom);

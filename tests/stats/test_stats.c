@@ -232,12 +232,12 @@ static void case_units(void) {
     int ok = 1;
     const int Es[3] = {4, 8, 7}, ks[3] = {2, 2, 3}, Ts[3] = {256, 1000, 4093};
     for (int t = 0; t < 3; t++) {
-        moe_config mc = moe_config_default(32, 64, Es[t], ks[t]);
+        moe_config moe = moe_config_default(32, 64, Es[t], ks[t]);
         for (long C = 1; C <= Ts[t]; C++) {
-            mc.capacity_factor = stats_capacity_factor(C, Ts[t], ks[t], Es[t]);
-            if (moe_capacity(&mc, Ts[t]) != C || stats_capacity_of(mc.capacity_factor, Ts[t], ks[t], Es[t]) != C) {
+            moe.capacity_factor = stats_capacity_factor(C, Ts[t], ks[t], Es[t]);
+            if (moe_capacity(&moe, Ts[t]) != C || stats_capacity_of(moe.capacity_factor, Ts[t], ks[t], Es[t]) != C) {
                 printf("  C=%ld E=%d k=%d T=%d: cf %.17g gives %d\n", C, Es[t], ks[t], Ts[t],
-                       mc.capacity_factor, moe_capacity(&mc, Ts[t]));
+                       moe.capacity_factor, moe_capacity(&moe, Ts[t]));
                 ok = 0;
                 break;
             }
