@@ -4,6 +4,8 @@
 
 #include "data/tokenizer.h"
 
+#include "data/files.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -324,37 +326,6 @@ int tokenizer_has_hf(const char *dir) {
     return readable_file(p);
 }
 
-// Writes text to path and fsyncs it.
-static moe_status write_file(const char *path, const char *text, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return moe_error(MOE_EIO, "%s: cannot write: %s", path, strerror(errno));
-    int ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = 0;
-    return ok ? MOE_OK : moe_error(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
-}
-
-// A whole file (NUL-terminated) of at most max bytes.
-static moe_status read_file(const char *path, size_t max, char **out, size_t *len) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
-    buf b = {0};
-    char chunk[65536];
-    size_t r;
-    int ok = buf_add(&b, "", 0);
-    while (ok && (r = fread(chunk, 1, sizeof chunk, f)) > 0) ok = buf_add(&b, chunk, r) && b.n <= max;
-    int bad = ferror(f);
-    fclose(f);
-    if (!ok || bad) {
-        free(b.p);
-        return moe_error(bad ? MOE_EIO : MOE_ENOMEM, "%s: %s", path,
-                         bad ? "read error" : b.n > max ? "too large" : "out of memory");
-    }
-    *out = b.p;
-    if (len) *len = b.n;
-    return MOE_OK;
-}
-
 // GPT-2's bytes_to_unicode: the printable Latin-1 bytes stand for themselves, the other 68
 // bytes for U+0100.. in byte order, so that every byte has a visible, non-space symbol.
 static unsigned byte_symbol(int b) {
@@ -410,7 +381,7 @@ int tokenizer_is_byte_hf(const char *dir) {
     char p[TOK_PATH], *text;
     const char *want = tokenizer_byte_json();
     join(p, sizeof p, dir, "tokenizer.json");
-    if (!want || !readable_file(p) || read_file(p, 1u << 20, &text, NULL)) return 0;
+    if (!want || !readable_file(p) || file_read_all(p, 1u << 20, &text, NULL)) return 0;
     int same = strcmp(text, want) == 0;
     free(text);
     return same;
@@ -421,7 +392,7 @@ moe_status tokenizer_write_byte_hf(const char *dir) {
     if (!json) return moe_error(MOE_ENOMEM, "byte tokenizer: out of memory");
     char p[TOK_PATH];
     join(p, sizeof p, dir, "tokenizer.json");
-    moe_status st = write_file(p, json, strlen(json));
+    moe_status st = file_write_synced(p, json, strlen(json));
     if (st) return st;
     // model_max_length: transformers' "no limit" value, which it writes itself
     static const char config[] =
@@ -429,7 +400,7 @@ moe_status tokenizer_write_byte_hf(const char *dir) {
         "  \"model_max_length\": 1000000000000000019884624838656,\n"
         "  \"clean_up_tokenization_spaces\": false\n}\n";
     join(p, sizeof p, dir, "tokenizer_config.json");
-    return write_file(p, config, sizeof config - 1);
+    return file_write_synced(p, config, sizeof config - 1);
 }
 
 static moe_status copy_file(const char *src, const char *dst) {
@@ -473,29 +444,14 @@ moe_status tokenizer_same_hf(const char *a, const char *b, int *same) {
     size_t na = 0, nb = 0;
     join(pa, sizeof pa, a, "tokenizer.json");
     join(pb, sizeof pb, b, "tokenizer.json");
-    moe_status st = read_file(pa, (size_t)1 << 30, &ta, &na);
-    if (!st) st = read_file(pb, (size_t)1 << 30, &tb, &nb);
+    moe_status st = file_read_all(pa, (size_t)1 << 30, &ta, &na);
+    if (!st) st = file_read_all(pb, (size_t)1 << 30, &tb, &nb);
     if (!st) *same = na == nb && memcmp(ta, tb, na) == 0;
     free(ta), free(tb);
     return st;
 }
 
 // ---- special tokens ------------------------------------------------------------------------
-
-static moe_status read_json(const char *path, cJSON **j) {
-    char *text;
-    *j = NULL;
-    moe_status st = read_file(path, (size_t)1 << 30, &text, NULL);
-    if (st) return st;
-    *j = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(*j)) {
-        cJSON_Delete(*j);
-        *j = NULL;
-        return moe_error(MOE_EIO, "%s: not a JSON object", path);
-    }
-    return MOE_OK;
-}
 
 // A special token as tokenizer_config.json writes it: "text" or {"content": "text", ...}.
 static const char *token_text(const cJSON *cfg, const char *key) {
@@ -525,10 +481,10 @@ moe_status tokenizer_special_ids(const char *dir, int *bos, int *eos, int *pad) 
     cJSON *tok = NULL, *cfg[2] = {NULL, NULL};
     static const char *const cfg_files[2] = {"tokenizer_config.json", "special_tokens_map.json"};
     join(p, sizeof p, dir, "tokenizer.json");
-    moe_status st = read_json(p, &tok);
+    moe_status st = file_read_json_object(p, (size_t)1 << 30, &tok);
     for (int f = 0; f < 2 && !st; f++) {
         join(p, sizeof p, dir, cfg_files[f]);
-        if (readable_file(p)) st = read_json(p, &cfg[f]);
+        if (readable_file(p)) st = file_read_json_object(p, (size_t)1 << 30, &cfg[f]);
     }
     for (int i = 0; i < 3 && !st; i++) {
         const char *text = token_text(cfg[0], keys[i]);
@@ -559,7 +515,7 @@ moe_status tokenizer_write_generation_config(const char *src_dir, const char *to
             strcat(text, line);
         }
     strcat(text, "  \"transformers_version\": \"5.24.0\"\n}\n"); // the version it is tested with
-    return write_file(dst, text, strlen(text));
+    return file_write_synced(dst, text, strlen(text));
 }
 
 // ---- the run's tokenizer -------------------------------------------------------------------
@@ -574,7 +530,7 @@ static void init_folder(char *dir, size_t n, const char *init_from) {
         return;
     }
     char *text;
-    if (!S_ISREG(st.st_mode) || read_file(init_from, 4096, &text, NULL)) return;
+    if (!S_ISREG(st.st_mode) || file_read_all(init_from, 4096, &text, NULL)) return;
     text[strcspn(text, "\r\n")] = '\0';
     const char *slash = strrchr(init_from, '/');
     if (text[0] && !strchr(text, '/'))

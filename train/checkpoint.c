@@ -4,6 +4,7 @@
 #include "train/checkpoint.h"
 
 #include "data/prepare.h"   // BYTE_VOCAB_SIZE
+#include "data/files.h"
 #include "data/tokenizer.h" // the tokenizer files checkpoints and exports carry
 
 #include <cjson/cJSON.h>
@@ -23,6 +24,7 @@
 _Static_assert(sizeof(real) == sizeof(float), "checkpoints hold fp32 tensors");
 
 #define PATH_BUF 2048
+#define SMALL_FILE_MAX ((size_t)64 << 20) // the largest JSON (an index) or `latest` file we read
 #define PATH_ARG_MAX 1024 // longest folder argument; leaves room for the names appended
 
 // snprintf for paths. Every folder argument is checked against PATH_ARG_MAX on entry, so
@@ -57,58 +59,12 @@ static moe_status fsync_path(const char *path) {
     return MOE_OK;
 }
 
-static moe_status write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) return moe_error(MOE_EIO, "%s: cannot write: %s", path, strerror(errno));
-    size_t n = strlen(text);
-    int ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) return moe_error(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
-    return MOE_OK;
-}
-
 static moe_status write_json(const char *path, cJSON *obj) {
     char *text = cJSON_Print(obj);
     if (!text) return moe_error(MOE_ENOMEM, "%s: cannot format JSON", path);
-    moe_status st = write_text(path, text);
+    moe_status st = file_write_synced(path, text, strlen(text));
     free(text);
     return st;
-}
-
-static moe_status read_text(char **out, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (64L << 20)) {
-        fclose(f);
-        return moe_error(MOE_EIO, "%s: unreadable or larger than 64 MiB", path);
-    }
-    char *s = malloc((size_t)n + 1);
-    size_t got = s ? fread(s, 1, (size_t)n, f) : 0;
-    fclose(f);
-    if (!s || got != (size_t)n) {
-        free(s);
-        return moe_error(MOE_EIO, "%s: short read", path);
-    }
-    s[n] = 0;
-    *out = s;
-    return MOE_OK;
-}
-
-static moe_status read_json(cJSON **out, const char *path) {
-    char *text;
-    moe_status st = read_text(&text, path);
-    if (st) return st;
-    *out = cJSON_Parse(text);
-    free(text);
-    if (!*out || !cJSON_IsObject(*out)) {
-        cJSON_Delete(*out);
-        *out = NULL;
-        return moe_error(MOE_EIO, "%s: not a JSON object (parse error)", path);
-    }
-    return MOE_OK;
 }
 
 // Removes a folder of plain files (a checkpoint), then the folder.
@@ -384,7 +340,7 @@ moe_status hf_config_read(model_config *cfg, const char *folder) {
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/config.json", folder);
     cJSON *j;
-    moe_status st = read_json(&j, path);
+    moe_status st = file_read_json_object(path, SMALL_FILE_MAX, &j);
     if (st) return st;
     st = parse_hf_config(cfg, j, path); // every message is formatted before j is freed
     cJSON_Delete(j);
@@ -437,7 +393,7 @@ static moe_status source_open(weight_source *ws, const char *folder) {
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
     if (access(path, F_OK) == 0) {
-        moe_status st = read_json(&ws->index, path);
+        moe_status st = file_read_json_object(path, SMALL_FILE_MAX, &ws->index);
         if (st) return st;
         if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(ws->index, "weight_map")))
             return moe_error(MOE_EIO, "%s: no \"weight_map\" object", path);
@@ -631,10 +587,11 @@ moe_status hf_load_weights(model *m, const char *folder) {
     if (check_path_arg(folder)) return MOE_EINVAL;
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/trainer_state.json", folder);
-    if (is_moe_checkpoint(folder) && access(path, F_OK) != 0)
+    if (!is_moe_checkpoint(folder)) return load_weights(m, folder); // an HF folder
+    if (access(path, F_OK) != 0)
         return moe_error(MOE_EIO, "%s: a moe.c checkpoint folder without its trainer_state.json "
                          "(damaged or incomplete; an HF folder must not be named step_N)", folder);
-    moe_status st = is_moe_checkpoint(folder) ? checkpoint_verify(folder) : MOE_OK;
+    moe_status st = checkpoint_verify(folder);
     return st ? st : load_weights(m, folder);
 }
 
@@ -885,7 +842,7 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     path_fmt(latest, sizeof latest, "%s/latest", ckpt_root);
     path_fmt(latest_tmp, sizeof latest_tmp, "%s.tmp", latest);
     snprintf(line, sizeof line, "step_%08lld\n", (long long)ts->step);
-    if ((st = write_text(latest_tmp, line))) goto done;
+    if ((st = file_write_synced(latest_tmp, line, strlen(line)))) goto done;
     crash_point("latest_written");
     if (rename(latest_tmp, latest) != 0) {
         st = moe_error(MOE_EIO, "%s: cannot rename: %s", latest_tmp, strerror(errno));
@@ -915,7 +872,7 @@ moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
         return MOE_OK;
     }
     char *text;
-    moe_status st = read_text(&text, path);
+    moe_status st = file_read_all(path, SMALL_FILE_MAX, &text, NULL);
     if (st) return st;
     text[strcspn(text, "\r\n")] = 0;
     long long step;
@@ -1000,14 +957,19 @@ static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const ch
     return MOE_OK;
 }
 
-moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder) {
+// folder/trainer_state.json, parsed into *json and validated into *cs.
+static moe_status read_state(cJSON **json, checkpoint_state *cs, const char *folder) {
     if (check_path_arg(folder)) return MOE_EINVAL;
     char file[PATH_BUF];
     path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
+    moe_status st = file_read_json_object(file, SMALL_FILE_MAX, json);
+    if (!st && (st = parse_state(cs, *json, file))) cJSON_Delete(*json), *json = NULL;
+    return st;
+}
+
+moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder) {
     cJSON *state;
-    moe_status st = read_json(&state, file);
-    if (st) return st;
-    st = parse_state(cs, state, file);
+    moe_status st = read_state(&state, cs, folder);
     cJSON_Delete(state);
     return st;
 }
@@ -1053,7 +1015,7 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
     n = add_required(names, n, cap, "model.safetensors.index.json");
     cJSON *index = NULL, *config = NULL;
     path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
-    moe_status st = read_json(&index, path);
+    moe_status st = file_read_json_object(path, SMALL_FILE_MAX, &index);
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *e;
     if (!st && !cJSON_IsObject(map)) st = moe_error(MOE_EIO, "%s: no \"weight_map\" object", path);
     cJSON_ArrayForEach(e, (st ? NULL : map)) {
@@ -1065,7 +1027,7 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
         n = add_required(names, n, cap, e->valuestring);
     }
     path_fmt(path, sizeof path, "%s/config.json", folder);
-    if (!st && !(st = read_json(&config, path)) &&
+    if (!st && !(st = file_read_json_object(path, SMALL_FILE_MAX, &config)) &&
         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(config, "router_bias")))
         n = add_required(names, n, cap, BIAS_FILE);
     static const char *const optional[] = {BIAS_FILE, "optimizer-exp_avg.safetensors",
@@ -1084,23 +1046,21 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
 
 #define VERIFY_MAX_FILES 256
 
-moe_status checkpoint_verify(const char *folder) {
-    checkpoint_state cs;
-    moe_status st = checkpoint_state_read(&cs, folder);
-    if (st) return st;
-    char file[PATH_BUF];
-    path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
+// checkpoint_verify, also giving the validated state (trainer_state.json is read once).
+static moe_status verify(checkpoint_state *cs, const char *folder) {
     cJSON *state = NULL;
+    moe_status st = read_state(&state, cs, folder);
+    if (st) return st;
     char (*names)[256] = malloc(VERIFY_MAX_FILES * sizeof *names);
-    if (!names) return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
     int n = 0;
-    if (!(st = read_json(&state, file)))
-        st = required_files(names, &n, VERIFY_MAX_FILES, folder, cs.optimizer);
+    st = names ? required_files(names, &n, VERIFY_MAX_FILES, folder, cs->optimizer)
+               : moe_error(MOE_ENOMEM, "checkpoint: out of memory");
     const cJSON *crcs = cJSON_GetObjectItemCaseSensitive(state, "crc32"), *c;
     for (int i = 0; i < n && !st; i++) st = verify_file(folder, crcs, names[i]);
     cJSON_ArrayForEach(c, (st ? NULL : crcs)) { // and whatever else it lists
         if (strchr(c->string, '/') || !strcmp(c->string, "trainer_state.json")) {
-            st = moe_error(MOE_EIO, "%s: crc32.\"%s\" does not name a file of the folder", file, c->string);
+            st = moe_error(MOE_EIO, "%s/trainer_state.json: crc32.\"%s\" does not name a file of "
+                           "the folder", folder, c->string);
             break;
         }
         if ((st = verify_file(folder, crcs, c->string))) break;
@@ -1108,6 +1068,11 @@ moe_status checkpoint_verify(const char *folder) {
     free(names);
     cJSON_Delete(state);
     return st;
+}
+
+moe_status checkpoint_verify(const char *folder) {
+    checkpoint_state cs;
+    return verify(&cs, folder);
 }
 
 // ---- sizes before allocation -------------------------------------------------------------
@@ -1150,7 +1115,7 @@ moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_sta
     if (st) return st;
     checkpoint_state cs;
     real *host = NULL;
-    if ((st = checkpoint_verify(folder)) || (st = checkpoint_state_read(&cs, folder))) return st;
+    if ((st = verify(&cs, folder))) return st;
     if (opt && opt->cfg.kind != cs.optimizer)
         return moe_error(MOE_EINVAL, "%s/trainer_state.json: the checkpoint was trained with %s, "
                          "the config says train.optimizer = \"%s\" (switching optimizers on resume "
