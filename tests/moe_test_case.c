@@ -236,3 +236,16 @@ int moe_routing_experts_used(const moe_routing *r) {
     }
     return used;
 }
+
+void check_routing_margins(double ms, double md, double dv, double dw, size_t flipped,
+                           size_t evals, double margin_min, double safety) {
+    char label[96];
+    snprintf(label, sizeof label, "selection margin %.1e >= %.0e (no near-tie)", ms, margin_min);
+    check_true(label, ms >= margin_min);
+    snprintf(label, sizeof label, "drop margin %.1e >= %.0e (no near-tie)", md, margin_min);
+    check_true(label, md >= margin_min);
+    snprintf(label, sizeof label, "margins > %.0f x 2 x max change under +-h", safety);
+    check_true(label, ms > safety * 2 * dv && md > safety * 2 * dw);
+    snprintf(label, sizeof label, "no decision flipped (%zu of %zu evaluations)", flipped, evals);
+    check_true(label, flipped == 0);
+}

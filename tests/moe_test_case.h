@@ -64,4 +64,10 @@ size_t moe_routing_diff(const moe_routing *a, const moe_routing *b, double *dv, 
 // Number of experts with at least one kept assignment.
 int moe_routing_experts_used(const moe_routing *r);
 
+// The gradient check's routing assertions: selection margin ms and drop margin md are at least
+// margin_min and more than safety x 2 x the largest score / weight change under +-h (dv, dw),
+// and none of the evals evaluations flipped a decision.
+void check_routing_margins(double ms, double md, double dv, double dw, size_t flipped,
+                           size_t evals, double margin_min, double safety);
+
 #endif

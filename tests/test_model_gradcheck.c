@@ -183,16 +183,7 @@ static void run(const char *title, model_config cfg, int B, int S, uint64_t seed
            "select %.3e, drop %.3e; max change under +-h: v %.3e, w %.3e\n",
            redrawn, used, cfg.moe.n_experts, ms, md, rw.dv, rw.dw);
     check_true("routing is not trivial: every expert used", used == cfg.moe.n_experts);
-    char label[96];
-    snprintf(label, sizeof label, "selection margin %.1e >= %.0e (no near-tie)", ms, MARGIN_MIN);
-    check_true(label, ms >= MARGIN_MIN);
-    snprintf(label, sizeof label, "drop margin %.1e >= %.0e (no near-tie)", md, MARGIN_MIN);
-    check_true(label, md >= MARGIN_MIN);
-    snprintf(label, sizeof label, "margins > %.0f x 2 x max change under +-h", MARGIN_SAFETY);
-    check_true(label, ms > MARGIN_SAFETY * 2 * rw.dv && md > MARGIN_SAFETY * 2 * rw.dw);
-    snprintf(label, sizeof label, "no decision flipped (%zu of %zu evaluations)", rw.flipped,
-             2 * total);
-    check_true(label, rw.flipped == 0);
+    check_routing_margins(ms, md, rw.dv, rw.dw, rw.flipped, 2 * total, MARGIN_MIN, MARGIN_SAFETY);
     for (int l = 0; l < L; l++) moe_routing_free(&rw.base[l]), moe_routing_free(&rw.cur[l]);
     free(rw.base), free(rw.cur), free(grads), free(tok), free(tgt);
     model_destroy(&m);
