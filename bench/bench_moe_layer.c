@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "layers/cpu/cpu_backend.h"
 #include "layers/moe.h"
 
 static double now(void) {
@@ -86,8 +87,10 @@ int main(int argc, char **argv) {
     }
     if (reps < 1 || reps > 1000) moe_fatal("bench_moe_layer: --reps must be in [1, 1000]");
     moe_config cfg = moe_config_default(d, ff, E, k);
+    moe_backend *be;
+    if (moe_backend_create(&be, "cpu", NULL)) moe_fatal("%s", moe_last_error());
     moe_layer L;
-    if (moe_layer_init(&L, moe_backend_cpu(), &cfg, T)) moe_fatal("%s", moe_last_error());
+    if (moe_layer_init(&L, be, &cfg, T)) moe_fatal("%s", moe_last_error());
 
     size_t nw = moe_weights_count(&cfg), nx = (size_t)T * d;
     float *params = malloc(nw * sizeof(float)), *grads = calloc(nw, sizeof(float));

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "layers/backend.h"
+#include "layers/cpu/cpu_backend.h"
 #include "layers/status.h"
 
 static double now(void) {

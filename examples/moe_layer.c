@@ -21,8 +21,10 @@ static double norm(const real *x, size_t n) {
 int main(void) {
     int T = 64, d = 32, ff = 64, E = 8, k = 2; // tokens, model dim, expert hidden, experts, top-k
     moe_config cfg = moe_config_default(d, ff, E, k);
+    moe_backend *be;
+    if (moe_backend_create(&be, "cpu", NULL)) moe_fatal("%s", moe_last_error());
     moe_layer L;
-    if (moe_layer_init(&L, moe_backend_cpu(), &cfg, T)) moe_fatal("%s", moe_last_error());
+    if (moe_layer_init(&L, be, &cfg, T)) moe_fatal("%s", moe_last_error());
     size_t nw = moe_weights_count(&cfg), nx = (size_t)T * d;
     srand(1);
     real *params = rand_uniform(nw, 0.2), *x = rand_uniform(nx, 1.0), *dout = rand_uniform(nx, 1.0);

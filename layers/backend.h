@@ -1,12 +1,27 @@
-// The kernel interface: one table of function pointers that every layer calls.
+// The kernel interface: one backend object, a table of function pointers plus the backend's
+// own state, that every layer calls.
 //
 // The CPU implementation (layers/cpu/, OpenMP + OpenBLAS) is the reference; a CUDA
 // implementation (cuda/) fills the same table with kernels of the same names and
 // argument order, and is tested op by op against the CPU one.
 //
+// Shape of a call: ggml-style `be->fn(be, ...)`. Every kernel receives the backend object it
+// was called through, first. Why: a kernel needs its backend's state (CPU: the thread count
+// and the strict-memory registry; CUDA: its stream, cuBLAS handle and workspace), and passing
+// it explicitly means no global state: two backends live side by side in one process (the
+// twin tests run CPU and CUDA on the same inputs), and a kernel can never reach another
+// backend's stream. A separate context argument beside a const table would carry the same
+// information in two pointers that must always travel together; here it is one.
+//
+// Backends are found by name (moe_backend_create("cpu", ...)), chosen by the config key
+// model.device or --device; nothing above layers/ names a backend's implementation.
+//
 // Conventions (llm.c style): outputs first, then inputs, then sizes.
 // Matrices are row-major. `y = x W^T` with W stored [out, in].
-// All pointers are device pointers of the backend unless the comment says "host".
+// All pointers are device pointers of the backend unless the comment says "host"; the host
+// never dereferences a device pointer (the CPU backend's strict mode, "cpu-strict", makes
+// every such access fault). Memory moves between host and device only through the three
+// typed copies.
 // Integer index arrays are `int` (32-bit); sizes fit comfortably (T*k*d < 2^31).
 // "+=" in a comment means the kernel accumulates into its output.
 #ifndef MOE_BACKEND_H
@@ -16,6 +31,7 @@
 #include <stdint.h>
 
 #include "layers/real.h"
+#include "layers/status.h"
 
 // How an expert that receives more than `capacity` assignments picks the ones it keeps.
 typedef enum {
@@ -29,34 +45,49 @@ typedef enum {
     MOE_SCORE_SIGMOID = 1, // s = sigmoid(z) (DeepSeek-V3)
 } moe_scoring;
 
-typedef struct moe_backend {
-    const char *name;
+typedef struct moe_backend moe_backend;
+
+// Options of moe_backend_create; zero-initialised means "the defaults".
+typedef struct {
+    int threads; // CPU: worker threads, 0 = automatic (OMP_NUM_THREADS, else cores capped by the
+                 // cgroup CPU quota); other backends ignore it
+} moe_backend_options;
+
+struct moe_backend {
+    const char *name; // the name it was created by: "cpu", "cpu-strict", later "cuda"
+    void *state;      // the backend's own (CPU: struct cpu_state of layers/cpu/cpu_backend.h)
+    void (*destroy)(moe_backend *be); // frees the state and the object (moe_backend_destroy)
+    // One line for logs: the implementation, its kernels and its parallelism, e.g.
+    // "BLAS: OpenBLAS 0.3.21 ... (kernels Zen); threads: 2". Host string owned by the backend.
+    const char *(*describe)(moe_backend *be);
 
     // ---- memory ---------------------------------------------------------
-    void *(*alloc)(size_t bytes); // zero-filled; NULL on failure
-    void (*free)(void *ptr);
-    void (*copy_to_device)(void *dst, const void *host_src, size_t bytes);
-    void (*copy_to_host)(void *host_dst, const void *src, size_t bytes);
-    void (*zero)(void *ptr, size_t bytes);
+    void *(*alloc)(moe_backend *be, size_t bytes); // zero-filled; NULL on failure
+    void (*free)(moe_backend *be, void *ptr);
+    // The three typed copies: host -> device, device -> host, device -> device.
+    void (*copy_to_device)(moe_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*copy_to_host)(moe_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*copy_on_device)(moe_backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(moe_backend *be, void *ptr, size_t bytes);
 
     // ---- dense GEMM -----------------------------------------------------
     // c[m,n] = op(a) @ op(b) + beta * c, op(a) is [m,kd], op(b) is [kd,n].
     // a is stored [m,kd] (or [kd,m] if trans_a); b is stored [kd,n] (or [n,kd] if trans_b).
-    void (*matmul)(real *c, const real *a, const real *b, int m, int n, int kd,
+    void (*matmul)(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
                    int trans_a, int trans_b, real beta);
 
     // ---- grouped expert GEMMs --------------------------------------------
     // Rows are grouped by expert: expert e owns rows [offsets[e], offsets[e+1]).
     // `offsets` is a HOST array of n_experts+1 ints. weight is [E, n_out, n_in].
     // out[r,:] = inp[r,:] @ weight[e]^T            out [N, n_out], inp [N, n_in]
-    void (*expert_matmul_forward)(real *out, const real *inp, const real *weight,
+    void (*expert_matmul_forward)(moe_backend *be, real *out, const real *inp, const real *weight,
                                   const int *offsets, int n_experts, int n_out, int n_in);
     // dinp[r,:] (= or +=) dout[r,:] @ weight[e]     dinp [N, n_in], dout [N, n_out]
-    void (*expert_matmul_backward_input)(real *dinp, const real *dout, const real *weight,
+    void (*expert_matmul_backward_input)(moe_backend *be, real *dinp, const real *dout, const real *weight,
                                          const int *offsets, int n_experts, int n_out,
                                          int n_in, int accumulate);
     // dweight[e] += dout[rows_e]^T @ inp[rows_e]    dweight [E, n_out, n_in]
-    void (*expert_matmul_backward_weight)(real *dweight, const real *dout, const real *inp,
+    void (*expert_matmul_backward_weight)(moe_backend *be, real *dweight, const real *dout, const real *inp,
                                           const int *offsets, int n_experts, int n_out,
                                           int n_in);
 
@@ -66,20 +97,20 @@ typedef struct moe_backend {
     // Top-k of s + bias (bias may be NULL; ties: lower expert index), in descending order;
     // weights = route_scale * s_sel / sum(s_sel) when norm_topk_prob, else route_scale * s_sel.
     // scores, probs [T,E]; lse [T]; topk_idx, weights [T,k]; logits [T,E]; bias [E]
-    void (*router_topk)(real *scores, real *probs, real *lse, int *topk_idx, real *weights,
+    void (*router_topk)(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx, real *weights,
                         const real *logits, const real *bias, int T, int E, int k,
                         moe_scoring scoring, int norm_topk_prob, real route_scale);
 
     // counts[e] = number of top-k assignments to expert e.   counts [E]; topk_idx [T,k]
-    void (*moe_dispatch_counts)(int *counts, const int *topk_idx, int T, int k, int E);
+    void (*moe_dispatch_counts)(moe_backend *be, int *counts, const int *topk_idx, int T, int k, int E);
     // The same per sequence: tokens are T / seq_len sequences of seq_len consecutive tokens.
     // seq_counts [T/seq_len, E]
-    void (*moe_seq_counts)(int *seq_counts, const int *topk_idx, int T, int k, int E,
+    void (*moe_seq_counts)(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
                            int seq_len);
 
     // keep[t,j] = 1 if assignment (t,j) survives the capacity limit, else 0.
     // capacity <= 0 keeps everything. scratch [2*T*k] ints.
-    void (*moe_capacity_keep)(int *keep, int *scratch, const int *topk_idx,
+    void (*moe_capacity_keep)(moe_backend *be, int *keep, int *scratch, const int *topk_idx,
                               const real *weights, const int *counts, int T, int k, int E,
                               int capacity, moe_drop_policy policy);
 
@@ -87,30 +118,30 @@ typedef struct moe_backend {
     // offsets[e] = first row of expert e (offsets[E] = rows in all),
     // assign_row[t,j] = row of assignment (t,j) or -1 if dropped, row_token[row] = t.
     // offsets [E+1]; assign_row [T,k]; row_token [T*k] (first offsets[E] used)
-    void (*moe_permute_index)(int *offsets, int *assign_row, int *row_token,
+    void (*moe_permute_index)(moe_backend *be, int *offsets, int *assign_row, int *row_token,
                               const int *topk_idx, const int *keep, int T, int k, int E);
 
     // ---- data movement ---------------------------------------------------
     // xp[r,:] = x[row_token[r],:]                          xp [N,d]; x [T,d]
-    void (*moe_permute)(real *xp, const real *x, const int *row_token, int N, int d);
+    void (*moe_permute)(moe_backend *be, real *xp, const real *x, const int *row_token, int N, int d);
     // out[t,:] = sum_j weights[t,j] * y[assign_row[t,j],:] (kept only)   out [T,d]; y [N,d]
-    void (*moe_combine_forward)(real *out, const real *y, const real *weights,
+    void (*moe_combine_forward)(moe_backend *be, real *out, const real *y, const real *weights,
                                 const int *assign_row, int T, int k, int d);
     // dy[r,:] = weights[t,j] * dout[t,:]; dweights[t,j] = dout[t,:] . y[r,:] (0 if dropped)
-    void (*moe_combine_backward)(real *dy, real *dweights, const real *dout, const real *y,
+    void (*moe_combine_backward)(moe_backend *be, real *dy, real *dweights, const real *dout, const real *y,
                                  const real *weights, const int *assign_row, int T, int k,
                                  int d);
     // dx[t,:] += sum_j dxp[assign_row[t,j],:] (kept only)     dx [T,d]; dxp [N,d]
-    void (*moe_unpermute_add)(real *dx, const real *dxp, const int *assign_row, int T, int k,
+    void (*moe_unpermute_add)(moe_backend *be, real *dx, const real *dxp, const int *assign_row, int T, int k,
                               int d);
 
     // ---- SwiGLU ----------------------------------------------------------
     // Rows of h13 [N, 2ff] are [h1 | h3]. act = silu(h1) * h3, silu(a) = a * sigmoid(a).
     // act [N, ff]; h13 [N, 2ff]
-    void (*swiglu_forward)(real *act, const real *h13, int N, int ff);
+    void (*swiglu_forward)(moe_backend *be, real *act, const real *h13, int N, int ff);
     // dh13 = [dh1 | dh3]: dh1 = dact * h3 * silu'(h1), dh3 = dact * silu(h1),
     // silu'(a) = s * (1 + a * (1 - s)), s = sigmoid(a).   dh13 [N, 2ff]; dact [N, ff]
-    void (*swiglu_backward)(real *dh13, const real *dact, const real *h13, int N, int ff);
+    void (*swiglu_backward)(moe_backend *be, real *dh13, const real *dact, const real *h13, int N, int ff);
 
     // ---- router losses ---------------------------------------------------
     // With s' = probs, f_e = counts[e]/(k T), P_e = mean_t s'_e, B = T / seq_len sequences:
@@ -120,7 +151,7 @@ typedef struct moe_backend {
     // out[3] = L_seq = seq_aux_coef * mean_b E sum_e f_{b,e} P_{b,e} (per-sequence f and P;
     //          seq_counts is read only when seq_aux_coef != 0)
     // out[4..7] = mean, std and max |.| of the logits, mean lse
-    void (*router_losses)(real *out, const real *probs, const real *logits, const real *lse,
+    void (*router_losses)(moe_backend *be, real *out, const real *probs, const real *logits, const real *lse,
                           const int *counts, const int *seq_counts, int T, int E, int k,
                           int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
 
@@ -128,7 +159,7 @@ typedef struct moe_backend {
     //   dweights through the combine weights (renormalisation, route_scale), + dloss * the
     //   aux and sequence aux gradients (through P only), through the scoring function, +
     //   dloss * (2 z_coef / T) lse(t) softmax(z)_e (z-loss).
-    void (*router_backward)(real *dlogits, const real *dweights, const real *scores,
+    void (*router_backward)(moe_backend *be, real *dlogits, const real *dweights, const real *scores,
                             const real *probs, const real *logits, const real *lse,
                             const int *topk_idx, const real *weights, const int *counts,
                             const int *seq_counts, int T, int E, int k, int seq_len,
@@ -137,22 +168,22 @@ typedef struct moe_backend {
 
     // Router input jitter: u[i] ~ U(lo, hi), a counter-based function of (key, i), so any
     // backend draws the same numbers.
-    void (*uniform_noise)(real *u, size_t n, uint64_t key, real lo, real hi);
+    void (*uniform_noise)(moe_backend *be, real *u, size_t n, uint64_t key, real lo, real hi);
     // out (= or +=) a * b elementwise                                   all [n]
-    void (*mul)(real *out, const real *a, const real *b, size_t n, int accumulate);
+    void (*mul)(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate);
 
     // ---- dense model layers ----------------------------------------------
     // out[t,:] = embed[tokens[t],:]                      out [T,d]; embed [V,d]
-    void (*embedding_forward)(real *out, const int *tokens, const real *embed, int T, int d);
+    void (*embedding_forward)(moe_backend *be, real *out, const int *tokens, const real *embed, int T, int d);
     // dembed[tokens[t],:] += dout[t,:]
-    void (*embedding_backward)(real *dembed, const real *dout, const int *tokens, int T, int d);
+    void (*embedding_backward)(moe_backend *be, real *dembed, const real *dout, const int *tokens, int T, int d);
 
     // out = inp * rstd * weight, rstd[t] = 1 / sqrt(mean_i inp[t,i]^2 + eps)
     // out [T,d]; rstd [T]; inp [T,d]; weight [d]
-    void (*rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *weight, int T,
+    void (*rmsnorm_forward)(moe_backend *be, real *out, real *rstd, const real *inp, const real *weight, int T,
                             int d, real eps);
     // dinp += rstd * (w*dout - n * mean_i(w*dout*n)), n = inp*rstd; dweight += sum_t dout*n
-    void (*rmsnorm_backward)(real *dinp, real *dweight, const real *dout, const real *inp,
+    void (*rmsnorm_backward)(moe_backend *be, real *dinp, real *dweight, const real *dout, const real *inp,
                              const real *weight, const real *rstd, int T, int d);
 
     // Rotary embedding, HF rotate_half convention, on the first n_rot heads of each row of
@@ -161,7 +192,7 @@ typedef struct moe_backend {
     //   a' = a cos - b sin, b' = b cos + a sin,  angle = pos * theta^(-2i/hd)
     // inverse=1 rotates by -angle (the backward). out, inp [T, n_heads*hd];
     // cos, sin [max_pos, hd/2]
-    void (*rope)(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
+    void (*rope)(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin, int T, int S,
                  int pos0, int n_rot, int n_heads, int hd, int inverse);
 
     // Causal self-attention with GQA, flash-style: nothing of size S x S is kept.
@@ -171,71 +202,64 @@ typedef struct moe_backend {
     // out [T, H*hd] = o; lse [B, H, S] (saved for the backward, with out);
     // scratch [scratch_size] reals of work space, scratch_size >= attention_scratch_size(S)
     // (the CPU: one [2, 64, S] slot per thread, threads beyond the slots stay idle).
-    void (*attention_forward)(real *out, real *lse, const real *qkv, int B, int S, int H,
+    void (*attention_forward)(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S, int H,
                               int KV, int hd, real *scratch, size_t scratch_size);
     // Recomputes P = exp(S - lse) block by block (FlashAttention-2 backward):
     //   D_i = do_i . o_i,  dP = do v^T,  dS = P * (dP - D),
     //   dq = dS k hd^-1/2,  dk = dS^T q hd^-1/2,  dv = P^T do  (kv heads sum their query heads)
     // dqkv [T, (H+2KV)*hd] (written); dout, out [T, H*hd]; qkv [T, (H+2KV)*hd]; lse [B, H, S];
     // scratch as for the forward. Deterministic: fixed summation order, no atomics.
-    void (*attention_backward)(real *dqkv, const real *dout, const real *qkv, const real *out,
+    void (*attention_backward)(moe_backend *be, real *dqkv, const real *dout, const real *qkv, const real *out,
                                const real *lse, int B, int S, int H, int KV, int hd,
                                real *scratch, size_t scratch_size);
     // Reals of scratch that attention_forward/backward need for sequences of up to S tokens
     // with the backend's current thread count (CPU: threads x 2 x 64 x S).
-    size_t (*attention_scratch_size)(int S);
+    size_t (*attention_scratch_size)(moe_backend *be, int S);
 
     // Attention of n new tokens of one sequence, at positions pos0..pos0+n-1, over a KV cache
     // that already holds positions 0..pos0+n-1 (the new ones included): causal, GQA.
     // out [n, H*hd]; q = the q part of qkv rows [n, (H+2KV)*hd]; k_cache, v_cache
     // [>= pos0+n, KV*hd]; scratch [H, n, pos0+n]
-    void (*attention_cached_forward)(real *out, real *scratch, const real *qkv,
+    void (*attention_cached_forward)(moe_backend *be, real *out, real *scratch, const real *qkv,
                                      const real *k_cache, const real *v_cache, int n, int pos0,
                                      int H, int KV, int hd);
     // Copies the k and v parts of qkv rows [n, (H+2KV)*hd] into the caches at rows
     // pos0..pos0+n-1 (k_cache, v_cache [max_pos, KV*hd]).
-    void (*kv_cache_append)(real *k_cache, real *v_cache, const real *qkv, int n, int pos0,
+    void (*kv_cache_append)(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n, int pos0,
                             int H, int KV, int hd);
 
     // losses[t] = logsumexp(logits[t]) - logits[t, targets[t]]     logits [T,V]
-    void (*cross_entropy_forward)(real *losses, const real *logits, const int *targets, int T,
+    void (*cross_entropy_forward)(moe_backend *be, real *losses, const real *logits, const int *targets, int T,
                                   int V);
     // dlogits[t,:] = dloss * (softmax(logits[t]) - onehot(targets[t]))
-    void (*cross_entropy_backward)(real *dlogits, const real *logits, const int *targets, int T,
+    void (*cross_entropy_backward)(moe_backend *be, real *dlogits, const real *logits, const int *targets, int T,
                                    int V, real dloss);
 
     // ---- elementwise and reductions --------------------------------------
     // out = a + b (out may alias a or b)                                 all [n]
-    void (*add)(real *out, const real *a, const real *b, size_t n);
-    // out[0] = sum_i x[i]^2 (accumulated in double); NaN/Inf propagate
-    void (*sum_squares)(double *host_out, const real *x, size_t n);
+    void (*add)(moe_backend *be, real *out, const real *a, const real *b, size_t n);
+    // host_out[0] = sum_i x[i]^2, resp. sum_i x[i] (accumulated in double); NaN/Inf propagate.
+    // The result is written to host memory when the call returns (a device synchronises).
+    void (*sum_squares)(moe_backend *be, double *host_out, const real *x, size_t n);
+    void (*sum)(moe_backend *be, double *host_out, const real *x, size_t n);
 
     // ---- optimizer updates (optim/ decides what to call with what) --------
     // AdamW (decoupled weight decay, as torch.optim.AdamW), with g = grad_scale * grads:
     //   p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     //   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t
-    void (*adamw_update)(real *params, real *m, real *v, const real *grads, size_t n, real lr,
+    void (*adamw_update)(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n, real lr,
                          real beta1, real beta2, real eps, real weight_decay, real bc1,
                          real bc2, real grad_scale);
     // SGD without momentum: p -= lr * grad_scale * g
-    void (*sgd_update)(real *params, const real *grads, size_t n, real lr, real grad_scale);
-} moe_backend;
+    void (*sgd_update)(moe_backend *be, real *params, const real *grads, size_t n, real lr, real grad_scale);
+};
 
-// The CPU reference backend (always built).
-const moe_backend *moe_backend_cpu(void);
-
-// Sets the CPU backend's thread count and returns it. requested > 0: that many; 0: automatic,
-// i.e. OMP_NUM_THREADS when set, else the cores this process may run on capped by its cgroup
-// CPU quota (layers/cpu/threads.c).
-int moe_cpu_threads(int requested);
-// The OpenBLAS kernel family in use ("Haswell", "SkylakeX", "Cooperlake", ...): OpenBLAS picks
-// it for the CPU when it loads, unless OPENBLAS_CORETYPE names one. It sets the sgemm rate (on
-// the AVX-512 machine here: 250 GFLOP/s with Haswell's AVX2 kernels, 450-470 with AVX-512), so
-// benchmarks print it.
-const char *moe_blas_kernel(void);
-// The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max
-// PERIOD"), else v1's cfs_quota_us / cfs_period_us; 0 when there is no quota or no file.
-int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,
-                        const char *cfs_period_path);
+// The backend named `name` ("cpu", "cpu-strict"; see moe_backend_names), created with opt
+// (NULL: defaults) into *out. MOE_EINVAL naming the known backends when there is none of that
+// name in this build; MOE_ENOMEM. Destroy with moe_backend_destroy.
+moe_status moe_backend_create(moe_backend **out, const char *name, const moe_backend_options *opt);
+void moe_backend_destroy(moe_backend *be); // NULL is a no-op
+// The names moe_backend_create knows in this build, comma-separated ("cpu, cpu-strict").
+const char *moe_backend_names(void);
 
 #endif

@@ -158,7 +158,7 @@ typedef struct {
 
 static moe_status alloc_all(model *m, const buffer_spec *specs, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        *specs[i].ptr = m->be->alloc(specs[i].bytes);
+        *specs[i].ptr = m->be->alloc(m->be, specs[i].bytes);
         m->buffer_bytes += specs[i].bytes;
         if (!*specs[i].ptr)
             return moe_error(MOE_ENOMEM, "model: cannot allocate %zu bytes on %s", specs[i].bytes,
@@ -169,7 +169,7 @@ static moe_status alloc_all(model *m, const buffer_spec *specs, size_t n) {
 
 // What both modes share: parameters, tensor table, RoPE tables for max_pos positions,
 // n_moe MoE layers of max_tokens tokens each.
-static moe_status create_common(model *m, const moe_backend *be, const model_config *cfg,
+static moe_status create_common(model *m, moe_backend *be, const model_config *cfg,
                                 int max_pos, int n_moe, int max_tokens) {
     memset(m, 0, sizeof *m);
     moe_status st = model_config_check(cfg);
@@ -211,13 +211,13 @@ static moe_status create_common(model *m, const moe_backend *be, const model_con
             cs[pos * hd / 2 + i] = (real)cos(angle);
             cs[P * hd / 2 + pos * hd / 2 + i] = (real)sin(angle);
         }
-    be->copy_to_device(m->rope_cos, cs, P * hd / 2 * R);
-    be->copy_to_device(m->rope_sin, cs + P * hd / 2, P * hd / 2 * R);
+    be->copy_to_device(be, m->rope_cos, cs, P * hd / 2 * R);
+    be->copy_to_device(be, m->rope_sin, cs + P * hd / 2, P * hd / 2 * R);
     free(cs);
     return MOE_OK;
 }
 
-moe_status model_create(model *m, const moe_backend *be, const model_config *cfg, int max_batch,
+moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int max_batch,
                         int max_seq) {
     if (max_batch < 1 || max_seq < 1 || max_seq > cfg->max_seq_len) {
         memset(m, 0, sizeof *m);
@@ -234,7 +234,7 @@ moe_status model_create(model *m, const moe_backend *be, const model_config *cfg
     }
     m->training = 1;
     m->max_batch = max_batch, m->max_seq = max_seq;
-    m->attn_scratch_size = be->attention_scratch_size((int)S);
+    m->attn_scratch_size = be->attention_scratch_size(be, (int)S);
     buffer_spec specs[] = {
         {(void **)&m->grads, m->n_params * R},
         {(void **)&m->tokens, T * sizeof(int)}, {(void **)&m->targets, T * sizeof(int)},
@@ -257,7 +257,7 @@ moe_status model_create(model *m, const moe_backend *be, const model_config *cfg
     return MOE_OK;
 }
 
-moe_status model_create_inference(model *m, const moe_backend *be, const model_config *cfg,
+moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg,
                                   int max_pos, int max_chunk) {
     if (max_pos < 1 || max_chunk < 1 || max_chunk > max_pos) {
         memset(m, 0, sizeof *m);
@@ -280,7 +280,8 @@ moe_status model_create_inference(model *m, const moe_backend *be, const model_c
         return moe_error(MOE_ENOMEM, "model: cannot allocate expert hit counts");
     }
     buffer_spec specs[] = {
-        {(void **)&m->tokens, C * sizeof(int)},  {(void **)&m->x, C * d * R},
+        {(void **)&m->tokens, C * sizeof(int)},  {(void **)&m->targets, C * sizeof(int)},
+        {(void **)&m->losses, C * R},            {(void **)&m->x, C * d * R},
         {(void **)&m->n1, C * d * R},            {(void **)&m->rstd1, C * R},
         {(void **)&m->qkv, C * Q * R},           {(void **)&m->attn_out, C * H * hd * R},
         {(void **)&m->moe_out, C * d * R},       {(void **)&m->logits, C * V * R},
@@ -302,7 +303,7 @@ void model_destroy(model *m) {
                         m->dn, m->dattn_out, m->dqkv, m->attn_scratch, m->dlogits, m->k_cache,
                         m->v_cache, m->router_bias};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-            if (bufs[i]) m->be->free(bufs[i]);
+            if (bufs[i]) m->be->free(m->be, bufs[i]);
     }
     if (m->moe)
         for (int l = 0; l < m->n_moe; l++) moe_layer_free(&m->moe[l]);
@@ -315,7 +316,7 @@ void model_destroy(model *m) {
 }
 
 void model_zero_grads(model *m) {
-    if (m->grads) m->be->zero(m->grads, m->n_params * sizeof(real));
+    if (m->grads) m->be->zero(m->be, m->grads, m->n_params * sizeof(real));
 }
 
 // ---- initialisation -------------------------------------------------------------------
@@ -345,7 +346,7 @@ void model_init_weights(model *m, uint64_t seed, double std) {
         for (size_t j = 0; j < n; j++)
             w[j] = t->is_norm ? 1 : (real)((residual ? residual_std : std) * normal(&s));
     }
-    m->be->copy_to_device(m->params, host, m->n_params * sizeof(real));
+    m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
     free(host);
 }
 
@@ -362,7 +363,7 @@ static moe_status check_ids(const int *ids, size_t n, int V, const char *what) {
 moe_status model_forward(model *m, const int *tokens, const int *targets, int B, int S,
                          int training) {
     const model_config *c = &m->cfg;
-    const moe_backend *be = m->be;
+    moe_backend *be = m->be;
     if (!m->training) return moe_error(MOE_EINVAL, "model: created for inference: use model_infer");
     if (B < 1 || B > m->max_batch || S < 1 || S > m->max_seq)
         return moe_error(MOE_EINVAL, "model: batch %d x seq %d exceeds the buffers (%d x %d)", B,
@@ -373,47 +374,43 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     if (!st && targets) st = check_ids(targets, T, V, "targets");
     if (st) return st;
     m->B = B, m->S = S;
-    be->copy_to_device(m->tokens, tokens, (size_t)T * sizeof(int));
-    if (targets) be->copy_to_device(m->targets, targets, (size_t)T * sizeof(int));
+    be->copy_to_device(be, m->tokens, tokens, (size_t)T * sizeof(int));
+    if (targets) be->copy_to_device(be, m->targets, targets, (size_t)T * sizeof(int));
 
-    be->embedding_forward(m->x, m->tokens, m->p.embed, T, d);
+    be->embedding_forward(be, m->x, m->tokens, m->p.embed, T, d);
     m->aux = m->z = 0;
     for (int l = 0; l < L; l++) {
         const size_t Td = (size_t)T * d;
         real *xl = m->x + l * Td, *n1 = m->n1 + l * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
         real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
         real *lse = m->lse + (size_t)l * B * H * S;
-        be->rmsnorm_forward(n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T, d,
+        be->rmsnorm_forward(be, n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T, d,
                             (real)c->rms_norm_eps);
-        be->matmul(qkv, n1, m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0, 1, 0);
-        be->rope(qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
-        be->attention_forward(ao, lse, qkv, B, S, H, KV, hd, m->attn_scratch,
+        be->matmul(be, qkv, n1, m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0, 1, 0);
+        be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
+        be->attention_forward(be, ao, lse, qkv, B, S, H, KV, hd, m->attn_scratch,
                               m->attn_scratch_size);
-        be->matmul(h, ao, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0, 1, 0);
-        be->add(h, h, xl, Td);
-        be->rmsnorm_forward(n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T, d,
+        be->matmul(be, h, ao, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0, 1, 0);
+        be->add(be, h, h, xl, Td);
+        be->rmsnorm_forward(be, n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T, d,
                             (real)c->rms_norm_eps);
         moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias);
         m->moe[l].noise_key = m->noise_key ^ (0xD1B54A32D192ED03ull * (uint64_t)(l + 1));
         st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, S, training, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
-        be->add(m->x + (l + 1) * Td, h, m->moe_out, Td);
+        be->add(be, m->x + (l + 1) * Td, h, m->moe_out, Td);
         m->aux += m->moe_stats[l].aux + m->moe_stats[l].seq_aux;
         m->z += m->moe_stats[l].z;
     }
-    be->rmsnorm_forward(m->xf, m->rstdf, m->x + (size_t)L * T * d, m->p.final_norm, T, d,
+    be->rmsnorm_forward(be, m->xf, m->rstdf, m->x + (size_t)L * T * d, m->p.final_norm, T, d,
                         (real)c->rms_norm_eps);
-    be->matmul(m->logits, m->xf, m->p.lm_head, T, V, d, 0, 1, 0);
+    be->matmul(be, m->logits, m->xf, m->p.lm_head, T, V, d, 0, 1, 0);
 
     m->ce = 0;
     if (targets) {
-        be->cross_entropy_forward(m->losses, m->logits, m->targets, T, V);
-        real *host = malloc((size_t)T * sizeof(real));
-        if (!host) return moe_error(MOE_ENOMEM, "model: cannot allocate %d losses", T);
-        be->copy_to_host(host, m->losses, (size_t)T * sizeof(real));
-        double sum = 0;
-        for (int t = 0; t < T; t++) sum += host[t];
-        free(host);
+        be->cross_entropy_forward(be, m->losses, m->logits, m->targets, T, V);
+        double sum;
+        be->sum(be, &sum, m->losses, (size_t)T);
         m->ce = sum / T;
     }
     return MOE_OK;
@@ -421,18 +418,18 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
 
 moe_status model_backward(model *m, double loss_scale) {
     const model_config *c = &m->cfg;
-    const moe_backend *be = m->be;
+    moe_backend *be = m->be;
     if (m->B == 0 || !m->training) return moe_error(MOE_EINVAL, "model: backward before forward");
     const int B = m->B, S = m->S, T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads,
               KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = c->vocab_size;
     const size_t Td = (size_t)T * d;
 
     // logits = xf lm_head^T; CE is a mean over T tokens
-    be->cross_entropy_backward(m->dlogits, m->logits, m->targets, T, V, (real)(loss_scale / T));
-    be->matmul(m->dn, m->dlogits, m->p.lm_head, T, d, V, 0, 0, 0);     // dxf = dlogits lm_head
-    be->matmul(m->g.lm_head, m->dlogits, m->xf, V, d, T, 1, 0, 1);      // dlm += dlogits^T xf
-    be->zero(m->dx, Td * sizeof(real));
-    be->rmsnorm_backward(m->dx, m->g.final_norm, m->dn, m->x + (size_t)L * Td, m->p.final_norm,
+    be->cross_entropy_backward(be, m->dlogits, m->logits, m->targets, T, V, (real)(loss_scale / T));
+    be->matmul(be, m->dn, m->dlogits, m->p.lm_head, T, d, V, 0, 0, 0);     // dxf = dlogits lm_head
+    be->matmul(be, m->g.lm_head, m->dlogits, m->xf, V, d, T, 1, 0, 1);      // dlm += dlogits^T xf
+    be->zero(be, m->dx, Td * sizeof(real));
+    be->rmsnorm_backward(be, m->dx, m->g.final_norm, m->dn, m->x + (size_t)L * Td, m->p.final_norm,
                          m->rstdf, T, d);
 
     for (int l = L - 1; l >= 0; l--) {
@@ -442,30 +439,30 @@ moe_status model_backward(model *m, double loss_scale) {
         // x_{l+1} = h + MoE(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
         moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias),
                     gw = layer_moe_weights(&m->g, c, l, NULL);
-        be->zero(m->dn, Td * sizeof(real));
+        be->zero(be, m->dn, Td * sizeof(real));
         moe_status st = moe_layer_backward(&m->moe[l], m->dn, &gw, m->dx, n2, &w, loss_scale);
         if (st) return moe_error_context(st, "layer %d", l);
-        be->rmsnorm_backward(m->dx, m->g.moe_norm + (size_t)l * d, m->dn, h,
+        be->rmsnorm_backward(be, m->dx, m->g.moe_norm + (size_t)l * d, m->dn, h,
                              m->p.moe_norm + (size_t)l * d, m->rstd2 + (size_t)l * T, T, d);
         // h = x_l + attn_out wo^T: dx becomes dL/dx_l
         const real *wo = m->p.wo + (size_t)l * d * H * hd;
-        be->matmul(m->dattn_out, m->dx, wo, T, H * hd, d, 0, 0, 0);
-        be->matmul(m->g.wo + (size_t)l * d * H * hd, m->dx, ao, d, H * hd, T, 1, 0, 1);
-        be->attention_backward(m->dqkv, m->dattn_out, qkv, ao, lse, B, S, H, KV, hd,
+        be->matmul(be, m->dattn_out, m->dx, wo, T, H * hd, d, 0, 0, 0);
+        be->matmul(be, m->g.wo + (size_t)l * d * H * hd, m->dx, ao, d, H * hd, T, 1, 0, 1);
+        be->attention_backward(be, m->dqkv, m->dattn_out, qkv, ao, lse, B, S, H, KV, hd,
                                m->attn_scratch, m->attn_scratch_size);
-        be->rope(m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 1);
-        be->matmul(m->dn, m->dqkv, m->p.wqkv + (size_t)l * Q * d, T, d, Q, 0, 0, 0);
-        be->matmul(m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, Q, d, T, 1, 0, 1);
-        be->rmsnorm_backward(m->dx, m->g.attn_norm + (size_t)l * d, m->dn, xl,
+        be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 1);
+        be->matmul(be, m->dn, m->dqkv, m->p.wqkv + (size_t)l * Q * d, T, d, Q, 0, 0, 0);
+        be->matmul(be, m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, Q, d, T, 1, 0, 1);
+        be->rmsnorm_backward(be, m->dx, m->g.attn_norm + (size_t)l * d, m->dn, xl,
                              m->p.attn_norm + (size_t)l * d, m->rstd1 + (size_t)l * T, T, d);
     }
-    be->embedding_backward(m->g.embed, m->dx, m->tokens, T, d);
+    be->embedding_backward(be, m->g.embed, m->dx, m->tokens, T, d);
     return MOE_OK;
 }
 
 moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
     const model_config *c = &m->cfg;
-    const moe_backend *be = m->be;
+    moe_backend *be = m->be;
     if (m->training) return moe_error(MOE_EINVAL, "model: created for training: use model_forward");
     if (n < 1 || n > m->max_seq || pos0 < 0 || pos0 + n > m->max_pos)
         return moe_error(MOE_EINVAL,
@@ -477,30 +474,30 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
     if (st) return st;
     const size_t nd = (size_t)n * d, cache = (size_t)m->max_pos * KV * hd;
     const real eps = (real)c->rms_norm_eps;
-    be->copy_to_device(m->tokens, tokens, (size_t)n * sizeof(int));
-    be->embedding_forward(m->x, m->tokens, m->p.embed, n, d);
+    be->copy_to_device(be, m->tokens, tokens, (size_t)n * sizeof(int));
+    be->embedding_forward(be, m->x, m->tokens, m->p.embed, n, d);
     for (int l = 0; l < L; l++) {
         real *kc = m->k_cache + l * cache, *vc = m->v_cache + l * cache;
         // x += Attn(RMSNorm(x)) over the cache
-        be->rmsnorm_forward(m->n1, m->rstd1, m->x, m->p.attn_norm + (size_t)l * d, n, d, eps);
-        be->matmul(m->qkv, m->n1, m->p.wqkv + (size_t)l * Q * d, n, Q, d, 0, 1, 0);
-        be->rope(m->qkv, m->qkv, m->rope_cos, m->rope_sin, n, n, pos0, H + KV, H + 2 * KV, hd, 0);
-        be->kv_cache_append(kc, vc, m->qkv, n, pos0, H, KV, hd);
-        be->attention_cached_forward(m->attn_out, m->attn_scratch, m->qkv, kc, vc, n, pos0, H,
+        be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.attn_norm + (size_t)l * d, n, d, eps);
+        be->matmul(be, m->qkv, m->n1, m->p.wqkv + (size_t)l * Q * d, n, Q, d, 0, 1, 0);
+        be->rope(be, m->qkv, m->qkv, m->rope_cos, m->rope_sin, n, n, pos0, H + KV, H + 2 * KV, hd, 0);
+        be->kv_cache_append(be, kc, vc, m->qkv, n, pos0, H, KV, hd);
+        be->attention_cached_forward(be, m->attn_out, m->attn_scratch, m->qkv, kc, vc, n, pos0, H,
                                      KV, hd);
-        be->matmul(m->moe_out, m->attn_out, m->p.wo + (size_t)l * d * H * hd, n, d, H * hd, 0, 1, 0);
-        be->add(m->x, m->x, m->moe_out, nd);
+        be->matmul(be, m->moe_out, m->attn_out, m->p.wo + (size_t)l * d * H * hd, n, d, H * hd, 0, 1, 0);
+        be->add(be, m->x, m->x, m->moe_out, nd);
         // x += MoE(RMSNorm(x)), dropless
-        be->rmsnorm_forward(m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);
+        be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);
         moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias);
         st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, n, 0, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         for (int e = 0; e < c->moe.n_experts; e++)
             m->expert_hits[(size_t)l * c->moe.n_experts + e] += m->moe_stats[l].routed[e];
-        be->add(m->x, m->x, m->moe_out, nd);
+        be->add(be, m->x, m->x, m->moe_out, nd);
     }
-    be->rmsnorm_forward(m->n1, m->rstd1, m->x, m->p.final_norm, n, d, eps);
-    be->matmul(m->logits, m->n1, m->p.lm_head, n, V, d, 0, 1, 0);
+    be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.final_norm, n, d, eps);
+    be->matmul(be, m->logits, m->n1, m->p.lm_head, n, V, d, 0, 1, 0);
     return MOE_OK;
 }
 

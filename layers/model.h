@@ -67,7 +67,7 @@ model_tensor *model_tensor_table(const model_config *cfg);
 
 typedef struct {
     model_config cfg;
-    const moe_backend *be;
+    moe_backend *be;
     int training;           // 1: model_create (forward + backward); 0: model_create_inference
     int max_batch, max_seq; // activation buffers sized for max_batch x max_seq tokens
                             // (inference: max_batch 1, max_seq = the longest chunk)
@@ -118,13 +118,13 @@ typedef struct {
 
 // Allocates parameters, gradients and activations for training; parameters are zero until
 // model_init_weights or a load.
-moe_status model_create(model *m, const moe_backend *be, const model_config *cfg, int max_batch,
+moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int max_batch,
                         int max_seq);
 
 // Allocates parameters, a KV cache of max_pos positions and the buffers of one chunk of at
 // most max_chunk tokens (one layer's worth, reused by every layer): no gradients and no
 // activations kept for a backward.
-moe_status model_create_inference(model *m, const moe_backend *be, const model_config *cfg,
+moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg,
                                   int max_pos, int max_chunk);
 
 // Inference on one sequence: tokens (host [n]) sit at positions pos0..pos0+n-1; their k/v are

@@ -84,7 +84,7 @@ typedef struct {
     size_t bytes;
 } buffer_spec;
 
-moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config *cfg,
+moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg,
                           int max_tokens) {
     memset(L, 0, sizeof *L);
     if (!be) return moe_error(MOE_EINVAL, "moe: backend is NULL");
@@ -118,7 +118,7 @@ moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config 
         {(void **)&L->dxp, N * d * R},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
-        *specs[i].ptr = be->alloc(specs[i].bytes);
+        *specs[i].ptr = be->alloc(be, specs[i].bytes);
         L->bytes += specs[i].bytes;
         if (!*specs[i].ptr) {
             moe_layer_free(L);
@@ -142,7 +142,7 @@ void moe_layer_free(moe_layer *L) {
                         L->act,    L->ye,     L->losses,   L->dlogits,  L->dweights, L->dye,
                         L->dact,   L->dh13,   L->dxp};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-            if (bufs[i]) L->be->free(bufs[i]);
+            if (bufs[i]) L->be->free(L->be, bufs[i]);
     }
     free(L->host_counts);
     free(L->host_kept);
@@ -169,7 +169,7 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     if (seq_len <= 0) seq_len = T;
     if (T % seq_len)
         return moe_error(MOE_EINVAL, "moe: T=%d tokens are not whole sequences of %d", T, seq_len);
-    const moe_backend *be = L->be;
+    moe_backend *be = L->be;
     const moe_config *c = &L->cfg;
     const int E = c->n_experts, k = c->top_k, d = c->d_model, ff = c->d_ff;
     const int capacity = training ? moe_capacity(c, T) : 0; // inference never drops
@@ -181,36 +181,36 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     if (L->jittered) {
         const real *u = L->jitter_override ? L->jitter_override : L->jitter;
         if (!L->jitter_override)
-            be->uniform_noise(L->jitter, (size_t)T * d, L->noise_key, (real)(1 - c->jitter_eps),
+            be->uniform_noise(be, L->jitter, (size_t)T * d, L->noise_key, (real)(1 - c->jitter_eps),
                               (real)(1 + c->jitter_eps));
-        be->mul(L->router_in, inp, u, (size_t)T * d, 0);
+        be->mul(be, L->router_in, inp, u, (size_t)T * d, 0);
         router_in = L->router_in;
     }
     // router: logits [T,E] = router_in [T,d] @ gate [E,d]^T, scores, top-k
-    be->matmul(L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
-    be->router_topk(L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias, T,
+    be->matmul(be, L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
+    be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias, T,
                     E, k, c->scoring, c->norm_topk_prob, (real)c->route_scale);
-    be->moe_dispatch_counts(L->counts, L->topk_idx, T, k, E);
-    if (c->seq_aux_coef > 0) be->moe_seq_counts(L->seq_counts, L->topk_idx, T, k, E, seq_len);
-    be->moe_capacity_keep(L->keep, L->scratch, L->topk_idx, L->weights, L->counts, T, k, E,
+    be->moe_dispatch_counts(be, L->counts, L->topk_idx, T, k, E);
+    if (c->seq_aux_coef > 0) be->moe_seq_counts(be, L->seq_counts, L->topk_idx, T, k, E, seq_len);
+    be->moe_capacity_keep(be, L->keep, L->scratch, L->topk_idx, L->weights, L->counts, T, k, E,
                           capacity, c->drop_policy);
-    be->moe_permute_index(offsets, L->assign_row, L->row_token, L->topk_idx, L->keep, T, k, E);
+    be->moe_permute_index(be, offsets, L->assign_row, L->row_token, L->topk_idx, L->keep, T, k, E);
     // the one device-to-host copy: routed counts and row offsets (grouped GEMM shapes)
-    be->copy_to_host(L->host_counts, L->counts, (size_t)(2 * E + 1) * sizeof(int));
+    be->copy_to_host(be, L->host_counts, L->counts, (size_t)(2 * E + 1) * sizeof(int));
     const int *host_offsets = L->host_counts + E;
     const int N = host_offsets[E];
 
     // experts: [h1 h3] = xp w13^T, act = silu(h1) h3, ye = act w2^T
-    be->moe_permute(L->xp, inp, L->row_token, N, d);
-    be->expert_matmul_forward(L->h13, L->xp, w->w13, host_offsets, E, 2 * ff, d);
-    be->swiglu_forward(L->act, L->h13, N, ff);
-    be->expert_matmul_forward(L->ye, L->act, w->w2, host_offsets, E, d, ff);
-    be->moe_combine_forward(out, L->ye, L->weights, L->assign_row, T, k, d);
+    be->moe_permute(be, L->xp, inp, L->row_token, N, d);
+    be->expert_matmul_forward(be, L->h13, L->xp, w->w13, host_offsets, E, 2 * ff, d);
+    be->swiglu_forward(be, L->act, L->h13, N, ff);
+    be->expert_matmul_forward(be, L->ye, L->act, w->w2, host_offsets, E, d, ff);
+    be->moe_combine_forward(be, out, L->ye, L->weights, L->assign_row, T, k, d);
 
     real losses[8];
-    be->router_losses(L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E, k,
+    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E, k,
                       seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
-    be->copy_to_host(losses, L->losses, sizeof losses);
+    be->copy_to_host(be, losses, L->losses, sizeof losses);
 
     for (int e = 0; e < E; e++) L->host_kept[e] = host_offsets[e + 1] - host_offsets[e];
     moe_stats_from_counts(&L->stats, L->host_counts, L->host_kept, E, T, capacity);
@@ -239,37 +239,37 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
     if (!inp || !grads || !grads->gate || !grads->w13 || !grads->w2)
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument to backward");
     if (!isfinite(dloss)) return moe_error(MOE_EINVAL, "moe: dloss=%g must be finite", dloss);
-    const moe_backend *be = L->be;
+    moe_backend *be = L->be;
     const moe_config *c = &L->cfg;
     const int T = L->last_tokens, E = c->n_experts, k = c->top_k, d = c->d_model, ff = c->d_ff;
     const int *host_offsets = L->host_counts + E;
     const int N = host_offsets[E];
 
     // combine: dye = w * dout (per kept row), dweights = dout . ye
-    be->moe_combine_backward(L->dye, L->dweights, dout, L->ye, L->weights, L->assign_row, T, k,
+    be->moe_combine_backward(be, L->dye, L->dweights, dout, L->ye, L->weights, L->assign_row, T, k,
                              d);
     // w2: ye = act w2^T
-    be->expert_matmul_backward_weight(grads->w2, L->dye, L->act, host_offsets, E, d, ff);
-    be->expert_matmul_backward_input(L->dact, L->dye, w->w2, host_offsets, E, d, ff, 0);
-    be->swiglu_backward(L->dh13, L->dact, L->h13, N, ff);
+    be->expert_matmul_backward_weight(be, grads->w2, L->dye, L->act, host_offsets, E, d, ff);
+    be->expert_matmul_backward_input(be, L->dact, L->dye, w->w2, host_offsets, E, d, ff, 0);
+    be->swiglu_backward(be, L->dh13, L->dact, L->h13, N, ff);
     // w13: h13 = xp w13^T
-    be->expert_matmul_backward_weight(grads->w13, L->dh13, L->xp, host_offsets, E, 2 * ff, d);
-    be->expert_matmul_backward_input(L->dxp, L->dh13, w->w13, host_offsets, E, 2 * ff, d, 0);
-    be->moe_unpermute_add(dinp, L->dxp, L->assign_row, T, k, d);
+    be->expert_matmul_backward_weight(be, grads->w13, L->dh13, L->xp, host_offsets, E, 2 * ff, d);
+    be->expert_matmul_backward_input(be, L->dxp, L->dh13, w->w13, host_offsets, E, 2 * ff, d, 0);
+    be->moe_unpermute_add(be, dinp, L->dxp, L->assign_row, T, k, d);
 
     // router: dlogits from the combine weights and the losses; then the logits GEMM
-    be->router_backward(L->dlogits, L->dweights, L->scores, L->probs, L->logits, L->lse,
+    be->router_backward(be, L->dlogits, L->dweights, L->scores, L->probs, L->logits, L->lse,
                         L->topk_idx, L->weights, L->counts, L->seq_counts, T, E, k,
                         L->last_seq_len, c->scoring, c->norm_topk_prob, (real)c->route_scale,
                         (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef, (real)dloss);
     const real *router_in = L->jittered ? L->router_in : inp;
-    be->matmul(grads->gate, L->dlogits, router_in, E, d, T, 1, 0, 1); // dgate += dlogits^T x_r
+    be->matmul(be, grads->gate, L->dlogits, router_in, E, d, T, 1, 0, 1); // dgate += dlogits^T x_r
     if (L->jittered) { // x_r = inp * u: dinp += (dlogits gate) * u
         const real *u = L->jitter_override ? L->jitter_override : L->jitter;
-        be->matmul(L->dxp, L->dlogits, w->gate, T, d, E, 0, 0, 0); // dxp is free again
-        be->mul(dinp, L->dxp, u, (size_t)T * d, 1);
+        be->matmul(be, L->dxp, L->dlogits, w->gate, T, d, E, 0, 0, 0); // dxp is free again
+        be->mul(be, dinp, L->dxp, u, (size_t)T * d, 1);
     } else {
-        be->matmul(dinp, L->dlogits, w->gate, T, d, E, 0, 0, 1); // dinp += dlogits gate
+        be->matmul(be, dinp, L->dlogits, w->gate, T, d, E, 0, 0, 1); // dinp += dlogits gate
     }
     return MOE_OK;
 }

@@ -82,7 +82,7 @@ void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, in
 
 typedef struct {
     moe_config cfg;
-    const moe_backend *be;
+    moe_backend *be;
     int max_tokens;
     int last_tokens; // T of the last forward
     // forward activations (device memory of the backend), shapes for T tokens, N <= T*k rows
@@ -125,7 +125,7 @@ typedef struct {
 } moe_layer;
 
 // Allocates the activation buffers for up to max_tokens tokens per call.
-moe_status moe_layer_init(moe_layer *L, const moe_backend *be, const moe_config *cfg,
+moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg,
                           int max_tokens);
 void moe_layer_free(moe_layer *L);
 

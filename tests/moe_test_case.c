@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "test_backend.h"
 
 static void die_status(const char *what, moe_status st) {
     fprintf(stderr, "%s failed: %s: %s\n", what, moe_status_name(st), moe_last_error());
@@ -20,7 +21,7 @@ static void alloc_case(moe_case *c) {
     c->dout = calloc(nx, sizeof(real));
     c->y = calloc(nx, sizeof(real));
     c->dx = calloc(nx, sizeof(real));
-    moe_status st = moe_layer_init(&c->layer, moe_backend_cpu(), &c->cfg, c->T);
+    moe_status st = moe_layer_init(&c->layer, test_backend(), &c->cfg, c->T);
     if (st) die_status("moe_layer_init", st);
 }
 

@@ -16,6 +16,8 @@
 
 #include "layers/backend.h"
 #include "test_util.h"
+#include "layers/cpu/cpu_backend.h"
+#include "test_backend.h"
 
 #ifdef MOE_REAL_DOUBLE
 #define cblas_gemm cblas_dgemm
@@ -156,7 +158,7 @@ typedef struct {
 } shape;
 
 // Everything but the finite differences, on one shape.
-static void check_shape(const moe_backend *be, shape sh, uint64_t seed) {
+static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
     const int B = sh.B, S = sh.S, H = sh.H, KV = sh.KV, hd = sh.hd, T = B * S,
               row = (H + 2 * KV) * hd;
     const size_t nq = (size_t)T * row, no = (size_t)T * H * hd, nl = (size_t)B * H * S,
@@ -174,12 +176,12 @@ static void check_shape(const moe_backend *be, shape sh, uint64_t seed) {
     for (size_t i = 0; i < no; i++) dout[i] = (real)rng_normal(&r);
 
     // threaded, with the scratch the backend asks for (2 threads)
-    moe_cpu_threads(2);
-    const size_t n_scratch = be->attention_scratch_size(S);
+    cpu_backend_set_threads(be, 2);
+    const size_t n_scratch = be->attention_scratch_size(be, S);
     real *scratch = malloc(n_scratch * sizeof *scratch);
-    be->attention_forward(out, lse, qkv, B, S, H, KV, hd, scratch, n_scratch);
+    be->attention_forward(be, out, lse, qkv, B, S, H, KV, hd, scratch, n_scratch);
     for (size_t i = 0; i < nq; i++) dqkv[i] = -1; // the backward must overwrite every entry
-    be->attention_backward(dqkv, dout, qkv, out, lse, B, S, H, KV, hd, scratch, n_scratch);
+    be->attention_backward(be, dqkv, dout, qkv, out, lse, B, S, H, KV, hd, scratch, n_scratch);
 
     // the formula
     double *want_o = malloc(no * sizeof *want_o), *want_l = malloc(nl * sizeof *want_l);
@@ -207,19 +209,19 @@ static void check_shape(const moe_backend *be, shape sh, uint64_t seed) {
     check_true("backward writes every dqkv entry", written);
 
     // one slot of scratch: the kernels run on one thread and give the same bits
-    moe_cpu_threads(1);
-    const size_t n_one = be->attention_scratch_size(S);
-    moe_cpu_threads(2);
-    be->attention_forward(out1, lse1, qkv, B, S, H, KV, hd, scratch, n_one);
-    be->attention_backward(dqkv1, dout, qkv, out1, lse1, B, S, H, KV, hd, scratch, n_one);
+    cpu_backend_set_threads(be, 1);
+    const size_t n_one = be->attention_scratch_size(be, S);
+    cpu_backend_set_threads(be, 2);
+    be->attention_forward(be, out1, lse1, qkv, B, S, H, KV, hd, scratch, n_one);
+    be->attention_backward(be, dqkv1, dout, qkv, out1, lse1, B, S, H, KV, hd, scratch, n_one);
     check_true("one scratch slot (1 thread) == 2 threads, bit for bit",
                !memcmp(out, out1, no * sizeof *out) && !memcmp(lse, lse1, nl * sizeof *lse) &&
                    !memcmp(dqkv, dqkv1, nq * sizeof *dqkv));
     // a scratch sized for sequences of 2S (as the model sizes it for max_seq) serves S
-    const size_t n_long = be->attention_scratch_size(2 * S);
+    const size_t n_long = be->attention_scratch_size(be, 2 * S);
     real *scratch_long = malloc(n_long * sizeof *scratch_long);
-    be->attention_forward(out1, lse1, qkv, B, S, H, KV, hd, scratch_long, n_long);
-    be->attention_backward(dqkv1, dout, qkv, out1, lse1, B, S, H, KV, hd, scratch_long, n_long);
+    be->attention_forward(be, out1, lse1, qkv, B, S, H, KV, hd, scratch_long, n_long);
+    be->attention_backward(be, dqkv1, dout, qkv, out1, lse1, B, S, H, KV, hd, scratch_long, n_long);
     check_true("scratch for 2S used at S == scratch for S, bit for bit",
                !memcmp(out, out1, no * sizeof *out) && !memcmp(lse, lse1, nl * sizeof *lse) &&
                    !memcmp(dqkv, dqkv1, nq * sizeof *dqkv));
@@ -232,19 +234,19 @@ static void check_shape(const moe_backend *be, shape sh, uint64_t seed) {
 
 #ifdef MOE_REAL_DOUBLE
 // sum over (b, i, h, c) of out * w: the scalar whose gradient the backward computes with dout = w
-static double weighted_out(const moe_backend *be, shape sh, const real *qkv, const real *w,
+static double weighted_out(moe_backend *be, shape sh, const real *qkv, const real *w,
                            real *out, real *lse, real *scratch, size_t n_scratch) {
-    be->attention_forward(out, lse, qkv, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch, n_scratch);
+    be->attention_forward(be, out, lse, qkv, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch, n_scratch);
     double s = 0;
     for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.hd; i++) s += out[i] * w[i];
     return s;
 }
 
 // The new backward against central differences of the forward on 400 entries of qkv.
-static void check_finite_differences(const moe_backend *be, shape sh) {
+static void check_finite_differences(moe_backend *be, shape sh) {
     const size_t nq = (size_t)sh.B * sh.S * (sh.H + 2 * sh.KV) * sh.hd,
                  no = (size_t)sh.B * sh.S * sh.H * sh.hd, nl = (size_t)sh.B * sh.H * sh.S;
-    const size_t n_scratch = be->attention_scratch_size(sh.S);
+    const size_t n_scratch = be->attention_scratch_size(be, sh.S);
     real *qkv = malloc(nq * sizeof *qkv), *dqkv = malloc(nq * sizeof *dqkv),
          *out = malloc(no * sizeof *out), *w = malloc(no * sizeof *w),
          *lse = malloc(nl * sizeof *lse), *scratch = malloc(n_scratch * sizeof *scratch);
@@ -252,8 +254,8 @@ static void check_finite_differences(const moe_backend *be, shape sh) {
     rng_seed(&r, 21);
     for (size_t i = 0; i < nq; i++) qkv[i] = rng_normal(&r);
     for (size_t i = 0; i < no; i++) w[i] = rng_normal(&r);
-    be->attention_forward(out, lse, qkv, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch, n_scratch);
-    be->attention_backward(dqkv, w, qkv, out, lse, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch,
+    be->attention_forward(be, out, lse, qkv, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch, n_scratch);
+    be->attention_backward(be, dqkv, w, qkv, out, lse, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch,
                            n_scratch);
     enum { N_CHECK = 400 };
     double got[N_CHECK], fd[N_CHECK];
@@ -276,7 +278,7 @@ static void check_finite_differences(const moe_backend *be, shape sh) {
 #endif
 
 int main(void) {
-    const moe_backend *be = moe_backend_cpu();
+    moe_backend *be = test_backend();
     const shape shapes[] = {
         {2, 150, 4, 2, 8},  // GQA, 3 query blocks, the last one partial
         {1, 128, 4, 4, 16}, // MHA, 2 full blocks

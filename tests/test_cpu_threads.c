@@ -5,7 +5,7 @@
 
 #include <omp.h>
 
-#include "layers/backend.h"
+#include "layers/cpu/cpu_backend.h"
 #include "test_util.h"
 
 static const char *spit(const char *name, const char *text) {

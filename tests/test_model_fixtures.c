@@ -9,6 +9,7 @@
 #include "layers/model.h"
 #include "optim/optimizer.h"
 #include "test_util.h"
+#include "test_backend.h"
 
 static model_config config_from(const fixture *fx) {
     model_config c = {
@@ -72,7 +73,7 @@ static void run_fixture(const char *path) {
            cfg.vocab_size, cfg.d_model, L, cfg.n_heads, cfg.n_kv_heads, cfg.moe.d_ff,
            cfg.moe.n_experts, cfg.moe.top_k, B, S, cfg.tie_embeddings, cfg.moe.capacity_factor);
     model m;
-    if (model_create(&m, moe_backend_cpu(), &cfg, B, S)) {
+    if (model_create(&m, test_backend(), &cfg, B, S)) {
         fprintf(stderr, "model_create: %s\n", moe_last_error());
         exit(1);
     }
@@ -108,7 +109,7 @@ static void run_fixture(const char *path) {
     model_backward(&m, 1.0);
     check_all_tensors(&m, m.grads, &fx, "grad.", 1e-5);
     double ss;
-    m.be->sum_squares(&ss, m.grads, m.n_params);
+    m.be->sum_squares(m.be, &ss, m.grads, m.n_params);
     double gn = sqrt(ss);
     check_rel("grad_norm", &gn, fixture_get(&fx, "grad_norm", 1)->data, 1, 1e-5);
 
@@ -130,7 +131,7 @@ static void run_fixture(const char *path) {
         if (model_forward(&m, tokens + (size_t)s * T, targets + (size_t)s * T, B, S, 1)) exit(1);
         losses[s] = m.ce + m.aux + m.z;
         model_backward(&m, 1.0);
-        m.be->sum_squares(&ss, m.grads, m.n_params);
+        m.be->sum_squares(m.be, &ss, m.grads, m.n_params);
         norms[s] = sqrt(ss);
         optimizer_step(&opt, m.params, m.grads, lr, clip_scale(norms[s], clip));
     }

@@ -29,6 +29,7 @@
 
 #include "layers/model.h"
 #include "moe_test_case.h"
+#include "test_backend.h"
 
 #define H_STEP 1e-6
 #define TOL 1e-6
@@ -116,7 +117,7 @@ static int make_decisive(model *m, int *tok, const int *tgt, int B, int S, test_
 
 static void run(const char *title, model_config cfg, int B, int S, uint64_t seed) {
     model m;
-    if (model_create(&m, moe_backend_cpu(), &cfg, B, S)) {
+    if (model_create(&m, test_backend(), &cfg, B, S)) {
         fprintf(stderr, "model_create: %s\n", moe_last_error());
         exit(1);
     }

@@ -8,6 +8,7 @@
 
 #include "layers/model.h"
 #include "test_util.h"
+#include "test_backend.h"
 
 #define TOL 1e-5
 
@@ -25,8 +26,8 @@ int main(void) {
     cfg.moe = moe_config_default(32, 40, 6, 2);
     const int S = 24, V = cfg.vocab_size;
     model train, inf;
-    if (model_create(&train, moe_backend_cpu(), &cfg, 1, S) ||
-        model_create_inference(&inf, moe_backend_cpu(), &cfg, S, S)) {
+    if (model_create(&train, test_backend(), &cfg, 1, S) ||
+        model_create_inference(&inf, test_backend(), &cfg, S, S)) {
         fprintf(stderr, "%s\n", moe_last_error());
         return 1;
     }

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "moe_test_case.h"
+#include "test_backend.h"
 
 static int same_bits(const real *a, const real *b, size_t n) {
     return memcmp(a, b, n * sizeof(real)) == 0;
@@ -146,27 +147,27 @@ static void invalid_arguments(void) {
     printf("invalid arguments are refused with a message\n");
     moe_layer L;
     moe_config cfg = moe_config_default(8, 8, 4, 5);
-    check_true("k > E refused", moe_layer_init(&L, moe_backend_cpu(), &cfg, 4) == MOE_EINVAL &&
+    check_true("k > E refused", moe_layer_init(&L, test_backend(), &cfg, 4) == MOE_EINVAL &&
                                     strstr(moe_last_error(), "top_k") != NULL);
     printf("    -> %s\n", moe_last_error());
     cfg = moe_config_default(8, 8, 0, 1);
-    check_true("E < 1 refused", moe_layer_init(&L, moe_backend_cpu(), &cfg, 4) == MOE_EINVAL &&
+    check_true("E < 1 refused", moe_layer_init(&L, test_backend(), &cfg, 4) == MOE_EINVAL &&
                                     strstr(moe_last_error(), "n_experts") != NULL);
     printf("    -> %s\n", moe_last_error());
     cfg = moe_config_default(8, 8, 4, 2);
     cfg.aux_coef = NAN;
     check_true("NaN aux_coef refused",
-               moe_layer_init(&L, moe_backend_cpu(), &cfg, 4) == MOE_EINVAL &&
+               moe_layer_init(&L, test_backend(), &cfg, 4) == MOE_EINVAL &&
                    strstr(moe_last_error(), "aux_coef") != NULL);
     printf("    -> %s\n", moe_last_error());
     cfg = moe_config_default(8, 8, 4, 2);
     cfg.z_coef = -1;
     check_true("negative z_coef refused",
-               moe_layer_init(&L, moe_backend_cpu(), &cfg, 4) == MOE_EINVAL);
+               moe_layer_init(&L, test_backend(), &cfg, 4) == MOE_EINVAL);
     cfg = moe_config_default(8, 8, 4, 2);
     cfg.capacity_factor = INFINITY;
     check_true("infinite capacity_factor refused",
-               moe_layer_init(&L, moe_backend_cpu(), &cfg, 4) == MOE_EINVAL);
+               moe_layer_init(&L, test_backend(), &cfg, 4) == MOE_EINVAL);
 
     moe_case c;
     cfg = moe_config_default(8, 8, 4, 2);

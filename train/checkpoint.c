@@ -517,7 +517,7 @@ static moe_status write_bias(const char *folder, const model *m) {
     moe_status st = MOE_OK;
     if (!b || !entries || !names) st = moe_error(MOE_ENOMEM, "out of memory");
     if (!st) {
-        m->be->copy_to_host(b, m->router_bias, (size_t)L * E * sizeof(real));
+        m->be->copy_to_host(m->be, b, m->router_bias, (size_t)L * E * sizeof(real));
         for (int l = 0; l < L; l++) {
             snprintf(names[l], sizeof names[l], BIAS_NAME, l);
             entries[l] = (st_entry){.name = names[l], .data = b + (size_t)l * E, .ndim = 1, .shape = {E}};
@@ -550,7 +550,7 @@ static moe_status load_bias(model *m, const char *folder) {
             st = check_finite(b + (size_t)l * E, (size_t)E, path, name);
         }
     }
-    if (!st) m->be->copy_to_device(m->router_bias, b, (size_t)L * E * sizeof(real));
+    if (!st) m->be->copy_to_device(m->be, m->router_bias, b, (size_t)L * E * sizeof(real));
     free(b);
     st_free(&f);
     return st;
@@ -560,7 +560,7 @@ static moe_status load_weights(model *m, const char *folder) {
     real *host = malloc(m->n_params * sizeof(real));
     if (!host) return moe_error(MOE_ENOMEM, "cannot allocate %zu parameters", m->n_params);
     moe_status st = load_tensors(host, m->tensors, m->n_tensors, folder, NULL, "");
-    if (!st) m->be->copy_to_device(m->params, host, m->n_params * sizeof(real));
+    if (!st) m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
     free(host);
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
@@ -735,13 +735,13 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     cJSON_Delete(cj);
     if (st) goto done;
     cJSON_AddItemToArray(files, cJSON_CreateString("config.json"));
-    m->be->copy_to_host(host, m->params, m->n_params * sizeof(real));
+    m->be->copy_to_host(m->be, host, m->params, m->n_params * sizeof(real));
     if ((st = write_shards(tmp, m, host, ST_F32, max_shard_bytes, files))) goto done;
     crash_point("model_written");
     if (opt && opt->m) {
-        m->be->copy_to_host(host, opt->m, m->n_params * sizeof(real));
+        m->be->copy_to_host(m->be, host, opt->m, m->n_params * sizeof(real));
         if ((st = write_moments(tmp, "optimizer-exp_avg.safetensors", m, host))) goto done;
-        m->be->copy_to_host(host, opt->v, m->n_params * sizeof(real));
+        m->be->copy_to_host(m->be, host, opt->v, m->n_params * sizeof(real));
         if ((st = write_moments(tmp, "optimizer-exp_avg_sq.safetensors", m, host))) goto done;
         cJSON_AddItemToArray(files, cJSON_CreateString("optimizer-exp_avg.safetensors"));
         cJSON_AddItemToArray(files, cJSON_CreateString("optimizer-exp_avg_sq.safetensors"));
@@ -1128,9 +1128,9 @@ moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_sta
         if (!(host = malloc(m->n_params * sizeof(real))))
             return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
         if (!(st = load_tensors(host, m->tensors, m->n_tensors, folder, "optimizer-exp_avg.safetensors", "")))
-            m->be->copy_to_device(opt->m, host, m->n_params * sizeof(real));
+            m->be->copy_to_device(m->be, opt->m, host, m->n_params * sizeof(real));
         if (!st && !(st = load_tensors(host, m->tensors, m->n_tensors, folder, "optimizer-exp_avg_sq.safetensors", "")))
-            m->be->copy_to_device(opt->v, host, m->n_params * sizeof(real));
+            m->be->copy_to_device(m->be, opt->v, host, m->n_params * sizeof(real));
         free(host);
         if (st) return st;
     }
@@ -1175,7 +1175,7 @@ moe_status hf_export_from(const char *out_folder, const char *src_folder, const 
         cJSON_Delete(cj);
     }
     if (!st) {
-        m->be->copy_to_host(host, m->params, m->n_params * sizeof(real));
+        m->be->copy_to_host(m->be, host, m->params, m->n_params * sizeof(real));
         st = write_shards(tmp, m, host, dtype, max_shard_bytes, NULL);
     }
     if (!st && m->router_bias) st = write_bias(tmp, m);

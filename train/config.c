@@ -107,6 +107,7 @@ static const key_spec specs[] = {
     KFLT("model", "bias_rate", bias_rate, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "seq_aux_coef", seq_aux_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "router_jitter", router_jitter, 0, CLOSED, 1, OPEN),
+    KSTR("model", "device", device, 1),
 
     KI64("train", "seed", seed, 0, INT64_MAX),
     KI64("train", "steps", steps, 1, INT64_C(1000000000000)),
@@ -175,6 +176,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->seq_aux_coef = 0.0;
     cfg->router_jitter = 0.0;
     cfg->init_std = 0.02;
+    snprintf(cfg->device, sizeof cfg->device, "cpu");
 
     cfg->seed = 1;
     cfg->steps = 1000;

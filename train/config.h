@@ -70,6 +70,9 @@ typedef struct {
     double bias_rate;        // default 0 (off), >= 0: aux-loss-free bias balancing rate
     double seq_aux_coef;     // default 0 (off), >= 0: sequence-level aux loss coefficient
     double router_jitter;    // default 0 (off), [0, 1): router input noise U(1-j, 1+j)
+    // the backend the run computes on, by name (layers/backend.h moe_backend_names: "cpu";
+    // "cpu-strict" is the test-only strict-memory CPU); --device NAME sets it; default "cpu"
+    char device[MOE_PATH_MAX];
 
     // ---- train { } ------------------------------------------------------------
     int64_t seed;            // default 1, >= 0

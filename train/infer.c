@@ -8,7 +8,7 @@
 
 #include "train/checkpoint.h"
 
-moe_status infer_load(model *m, const char *ckpt, int max_pos, int max_chunk) {
+moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk) {
     char folder[2048];
     moe_status st = checkpoint_resolve(folder, sizeof folder, ckpt);
     if (st) return st;
@@ -17,7 +17,7 @@ moe_status infer_load(model *m, const char *ckpt, int max_pos, int max_chunk) {
     if ((st = hf_check_sizes(folder, &cfg))) return st; // before allocating from config.json
     if (max_pos <= 0 || max_pos > cfg.max_seq_len) max_pos = cfg.max_seq_len;
     if (max_chunk > max_pos) max_chunk = max_pos;
-    if ((st = model_create_inference(m, moe_backend_cpu(), &cfg, max_pos, max_chunk))) return st;
+    if ((st = model_create_inference(m, be, &cfg, max_pos, max_chunk))) return st;
     if ((st = hf_load_weights(m, folder))) model_destroy(m);
     return st;
 }
@@ -66,19 +66,30 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
                          (unsigned long long)tf->count, seq_len);
     if (max_windows > 0 && windows > max_windows) windows = max_windows;
     int *inputs = malloc((size_t)seq_len * sizeof(int));
-    real *logits = malloc((size_t)seq_len * V * sizeof(real));
-    if (!inputs || !logits) {
-        free(inputs), free(logits);
-        return moe_error(MOE_ENOMEM, "eval: out of memory");
-    }
+    real *logits = NULL; // host copy of a window's logits: only for the .npy or an error message
+    if (!inputs) return moe_error(MOE_ENOMEM, "eval: out of memory");
+    moe_backend *be = m->be;
     moe_status st = MOE_OK;
     double sum = 0;
     for (long w = 0; w < windows && !st; w++) {
         const uint32_t *win = tf->tokens + (size_t)w * seq_len;
+        for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t + 1]; // the targets
+        be->copy_to_device(be, m->targets, inputs, (size_t)seq_len * sizeof(int));
         for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t];
         if ((st = model_infer(m, inputs, seq_len, 0))) break;
-        m->be->copy_to_host(logits, m->logits, (size_t)seq_len * V * sizeof(real));
-        long bad = first_nonfinite(logits, (size_t)seq_len * V);
+        // CE_t = logsumexp(z_t) - z_t[target] on the device; the window's sum comes back
+        double window_sum;
+        be->cross_entropy_forward(be, m->losses, m->logits, m->targets, seq_len, V);
+        be->sum(be, &window_sum, m->losses, (size_t)seq_len);
+        sum += window_sum;
+        if (!isfinite(window_sum) || (w == 0 && logits_npy)) {
+            if (!logits && !(logits = malloc((size_t)seq_len * V * sizeof(real)))) {
+                st = moe_error(MOE_ENOMEM, "eval: out of memory");
+                break;
+            }
+            be->copy_to_host(be, logits, m->logits, (size_t)seq_len * V * sizeof(real));
+        }
+        long bad = isfinite(window_sum) ? -1 : first_nonfinite(logits, (size_t)seq_len * V);
         if (bad >= 0) {
             st = moe_error(MOE_ENUMERIC, "eval: non-finite logit (%g) in window %ld at position %ld, "
                            "token id %ld: the forward overflowed (the weights are finite)",
@@ -86,13 +97,6 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
             break;
         }
         if (w == 0 && logits_npy) st = npy_write_f32(logits_npy, logits, seq_len, V);
-        for (int t = 0; t < seq_len; t++) { // CE = logsumexp(z) - z[target], in double
-            const real *z = logits + (size_t)t * V;
-            double mx = z[0], s = 0;
-            for (int i = 1; i < V; i++) mx = z[i] > mx ? z[i] : mx;
-            for (int i = 0; i < V; i++) s += exp(z[i] - mx);
-            sum += mx + log(s) - z[win[t + 1]];
-        }
     }
     free(inputs), free(logits);
     *n_tokens = windows * seq_len;
@@ -167,7 +171,8 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new,
         int n = n_prompt - pos < chunk ? n_prompt - pos : chunk;
         st = model_infer(m, prompt + pos, n, pos);
         if (!st && pos + n == n_prompt && n > 1) // keep the last row: the next token's distribution
-            m->be->copy_to_device(m->logits, m->logits + (size_t)(n - 1) * V, (size_t)V * sizeof(real));
+            m->be->copy_on_device(m->be, m->logits, m->logits + (size_t)(n - 1) * V,
+                                  (size_t)V * sizeof(real));
     }
     if (st) return st;
     pos = n_prompt;
@@ -180,7 +185,7 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new,
     }
     uint64_t rng = s->seed;
     for (int i = 0; i < n_new && !st; i++) {
-        m->be->copy_to_host(logits, m->logits, (size_t)V * sizeof(real));
+        m->be->copy_to_host(m->be, logits, m->logits, (size_t)V * sizeof(real));
         long bad = first_nonfinite(logits, (size_t)V);
         if (bad >= 0) {
             st = moe_error(MOE_ENUMERIC, "generate: non-finite logit (%g) for token id %ld at "

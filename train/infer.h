@@ -10,8 +10,9 @@
 
 // Loads a checkpoint (a step folder, a `latest` file, or any HF Mixtral folder) into an
 // inference model with a KV cache of max_pos positions (0: the config's
-// max_position_embeddings) and chunks of at most max_chunk tokens.
-moe_status infer_load(model *m, const char *ckpt, int max_pos, int max_chunk);
+// max_position_embeddings) and chunks of at most max_chunk tokens, on backend be (the model
+// uses it, the caller still owns it).
+moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk);
 
 // Mean cross-entropy over the windows of tf: window i = tokens [i*S, i*S + S], inputs its
 // first S, targets its last S (at most max_windows windows; 0 = all). If logits_npy is not

@@ -55,6 +55,7 @@ static const char *usage_prepare =
 
 static const char *usage_train =
     "usage: moe train CONFIG [--set group.key=value]... [--resume RUN] [--overwrite] [--dry-run]\n"
+    "                        [--device NAME]\n"
     "\n"
     "  Trains the model a libconfig file describes (configs/default.cfg; every key, its type,\n"
     "  default and range: train/config.h). Logs and checkpoints go to log.dir; a log.dir that\n"
@@ -65,12 +66,14 @@ static const char *usage_train =
     "                         step folder (a run at train.steps has nothing to do; another\n"
     "                         train.steps re-stretches the schedule, with a warning)\n"
     "  --overwrite            delete the logs and checkpoints of the run in log.dir, start over\n"
+    "  --device NAME          the backend the run computes on (model.device; default cpu)\n"
     "  --dry-run              print the resolved config, the parameter counts (total, active\n"
     "                         per token), FLOPs per token, the memory estimate, BLAS and\n"
     "                         threads, then exit: no run directory, no data read or prepared\n";
 
 static const char *usage_eval =
     "usage: moe eval --ckpt DIR --data FILE.bin [--seq-len S] [--max-windows N] [--logits OUT.npy]\n"
+    "                [--device NAME]\n"
     "\n"
     "  The mean cross-entropy of the model's next-token predictions, in nats per token, over\n"
     "  non-overlapping windows of S tokens of the token file (dropless), its perplexity, and\n"
@@ -79,11 +82,12 @@ static const char *usage_eval =
     "  --data FILE.bin   a token file (moe prepare)\n"
     "  --seq-len S       the window (default 128)\n"
     "  --max-windows N   at most N windows (default 0: all)\n"
-    "  --logits OUT.npy  write the first window's logits [S, vocab] as float32 .npy\n";
+    "  --logits OUT.npy  write the first window's logits [S, vocab] as float32 .npy\n"
+    "  --device NAME     the backend to compute on (default cpu)\n";
 
 static const char *usage_generate =
     "usage: moe generate --ckpt DIR --prompt TEXT [-n N] [--temperature T] [--top-k K]\n"
-    "                    [--top-p P] [--seed S] [--prefill-chunk C] [--stats]\n"
+    "                    [--top-p P] [--seed S] [--prefill-chunk C] [--stats] [--device NAME]\n"
     "\n"
     "  Prefills the prompt, then decodes N tokens one at a time with a KV cache. The\n"
     "  tokenizer is the checkpoint's tokenizer.json (run through scripts/hf_tokenizer.py),\n"
@@ -97,7 +101,8 @@ static const char *usage_generate =
     "                     (default 1)\n"
     "  --seed S           the sampling seed (default 1): the same seed gives the same text\n"
     "  --prefill-chunk C  prefill the prompt C tokens at a time (default 64)\n"
-    "  --stats            print the expert hits per layer while decoding\n";
+    "  --stats            print the expert hits per layer while decoding\n"
+    "  --device NAME      the backend to compute on (default cpu)\n";
 
 static const char *usage_export =
     "usage: moe export --ckpt DIR --out DIR [--dtype f32|bf16|f16]\n"
@@ -131,8 +136,15 @@ static double number_arg(const char *opt, const char *text, double lo, double hi
     return v;
 }
 
+// The backend named by --device (automatic threads), or exit naming the backends there are.
+static moe_backend *open_device(const char *name) {
+    moe_backend *be;
+    if (moe_backend_create(&be, name, NULL)) moe_fatal("--device: %s", moe_last_error());
+    return be;
+}
+
 static int cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *logits = NULL;
+    const char *ckpt = NULL, *data = NULL, *logits = NULL, *device = "cpu";
     int seq_len = 128;
     long max_windows = 0;
     for (int i = 0; i < argc; i += 2) { // every option takes a value
@@ -141,6 +153,7 @@ static int cmd_eval(int argc, char **argv) {
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--data")) data = v;
         else if (!strcmp(a, "--logits")) logits = v;
+        else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--seq-len")) seq_len = (int)number_arg(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--max-windows")) max_windows = (long)number_arg(a, v, 0, 1e12);
         else return usage_error("eval", usage_eval, "unknown argument '%s'", a);
@@ -148,8 +161,9 @@ static int cmd_eval(int argc, char **argv) {
     if (!ckpt || !data) return usage_error("eval", usage_eval, "--ckpt and --data are required");
     token_file tf;
     if (token_file_read(&tf, data)) moe_fatal("%s", moe_last_error());
+    moe_backend *be = open_device(device);
     model m;
-    if (infer_load(&m, ckpt, seq_len, seq_len)) moe_fatal("%s", moe_last_error());
+    if (infer_load(&m, be, ckpt, seq_len, seq_len)) moe_fatal("%s", moe_last_error());
     double loss;
     long n;
     if (infer_eval(&m, &tf, seq_len, max_windows, logits, &loss, &n)) moe_fatal("%s", moe_last_error());
@@ -161,12 +175,13 @@ static int cmd_eval(int argc, char **argv) {
     if (m.cfg.vocab_size == 256) printf(" | %.4f bits/byte", loss / log(2.0));
     printf("\n");
     model_destroy(&m);
+    moe_backend_destroy(be);
     token_file_free(&tf);
     return 0;
 }
 
 static int cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = NULL;
+    const char *ckpt = NULL, *prompt = NULL, *device = "cpu";
     int n_new = 200, stats = 0;
     sampling s = {.temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 1, .prefill_chunk = 64};
     for (int i = 0; i < argc; i += 2) { // options with a value step by 2, --stats by 1
@@ -180,6 +195,7 @@ static int cmd_generate(int argc, char **argv) {
         if (!v) return usage_error("generate", usage_generate, "'%s' needs a value", a);
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "-n")) n_new = (int)number_arg(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--temperature")) s.temperature = number_arg(a, v, 0, 100);
         else if (!strcmp(a, "--top-k")) s.top_k = (int)number_arg(a, v, 0, 1 << 24);
@@ -196,9 +212,10 @@ static int cmd_generate(int argc, char **argv) {
     int n_prompt = (int)strlen(prompt), *tokens = NULL;
     if (hf_tok && hf_tokenizer_encode(folder, prompt, (size_t)n_prompt, &tokens, &n_prompt))
         moe_fatal("generate: encoding the prompt: %s", moe_last_error());
+    moe_backend *be = open_device(device);
     model m;
     // the KV cache holds what this call needs (at most max_position_embeddings)
-    if (infer_load(&m, ckpt, n_prompt + n_new, s.prefill_chunk)) moe_fatal("%s", moe_last_error());
+    if (infer_load(&m, be, ckpt, n_prompt + n_new, s.prefill_chunk)) moe_fatal("%s", moe_last_error());
     if (!hf_tok && m.cfg.vocab_size < 256)
         moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",
                   m.cfg.vocab_size);
@@ -234,6 +251,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     free(tokens), free(out), free(text);
     model_destroy(&m);
+    moe_backend_destroy(be);
     return 0;
 }
 
@@ -253,12 +271,14 @@ static int cmd_export(int argc, char **argv) {
         } else return usage_error("export", usage_export, "unknown argument '%s'", a);
     }
     if (!ckpt || !out) return usage_error("export", usage_export, "--ckpt and --out are required");
+    moe_backend *be = open_device("cpu"); // a copy of the weights: the CPU is enough
     model m;
-    if (infer_load(&m, ckpt, 1, 1)) moe_fatal("%s", moe_last_error());
+    if (infer_load(&m, be, ckpt, 1, 1)) moe_fatal("%s", moe_last_error());
     // (with ckpt's tokenizer files)
     if (hf_export_from(out, ckpt, &m, dtype, CHECKPOINT_SHARD_BYTES)) moe_fatal("%s", moe_last_error());
     printf("exported %s (%s, %.2fM parameters) to %s\n", ckpt, st_dtype_name(dtype), m.n_params / 1e6, out);
     model_destroy(&m);
+    moe_backend_destroy(be);
     return 0;
 }
 
@@ -303,13 +323,20 @@ static int cmd_prepare(int argc, char **argv) {
 
 static int cmd_train(int argc, char **argv) {
     const char *path = NULL, *resume = NULL;
-    char **sets = calloc((size_t)argc + 1, sizeof(char *));
-    int n_set = 0, overwrite = 0, dry_run = 0;
+    char **sets = calloc((size_t)argc + 1, sizeof(char *)), device_set[160];
+    int n_set = 0, overwrite = 0, dry_run = 0, have_device = 0;
     if (!sets) moe_fatal("out of memory");
     for (int i = 0; i < argc; i++) { // options and CONFIG in any order
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if ((!strcmp(a, "--set") || !strcmp(a, "--resume")) && !v)
+        if ((!strcmp(a, "--set") || !strcmp(a, "--resume") || !strcmp(a, "--device")) && !v)
             return train_usage_error(sets, "'%s' needs a value", a);
+        if (!strcmp(a, "--device")) { // the same as --set model.device="NAME", applied last
+            if (strlen(v) > 64 || strpbrk(v, "\"\\"))
+                return train_usage_error(sets, "--device '%s': not a backend name", v);
+            snprintf(device_set, sizeof device_set, "model.device=\"%s\"", argv[++i]);
+            have_device = 1;
+            continue;
+        }
         if (!strcmp(a, "--set")) sets[n_set++] = argv[++i];
         else if (!strncmp(a, "--set=", 6)) sets[n_set++] = argv[i] + 6;
         else if (!strcmp(a, "--resume")) resume = argv[++i];
@@ -321,6 +348,7 @@ static int cmd_train(int argc, char **argv) {
         else path = a;
     }
     if (!path) return train_usage_error(sets, "a CONFIG file is required");
+    if (have_device) sets[n_set++] = device_set; // last: it wins over a --set of model.device
     if (resume && overwrite)
         return train_usage_error(sets,
                            "--resume continues a run and --overwrite deletes it: give one of them");
@@ -506,8 +534,5 @@ int main(int argc, char **argv) {
         if (rc) return rc;
         if (help) return show_help(c);
     }
-    // automatic threads (OMP_NUM_THREADS, else the cores capped by a CPU quota); training
-    // applies train.threads on top
-    moe_cpu_threads(0);
     return c->run(argc - 2, argv + 2);
 }

@@ -3,7 +3,6 @@
 
 #include "train/trainer.h"
 
-#include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -59,9 +58,9 @@ static void update_router_bias(model *m, const long *routed, double rate) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     real *b = malloc((size_t)L * E * sizeof(real));
     if (!b) moe_fatal("out of memory");
-    m->be->copy_to_host(b, m->router_bias, (size_t)L * E * sizeof(real));
+    m->be->copy_to_host(m->be, b, m->router_bias, (size_t)L * E * sizeof(real));
     for (int l = 0; l < L; l++) moe_router_bias_update(b + (size_t)l * E, routed + (size_t)l * E, E, rate);
-    m->be->copy_to_device(m->router_bias, b, (size_t)L * E * sizeof(real));
+    m->be->copy_to_device(m->be, m->router_bias, b, (size_t)L * E * sizeof(real));
     free(b);
 }
 
@@ -487,7 +486,7 @@ static const char *first_nonfinite_grad(const model *m) {
     for (int i = 0; i < m->n_tensors; i++) {
         const model_tensor *t = &m->tensors[i];
         double ss;
-        m->be->sum_squares(&ss, m->grads + t->offset, (size_t)t->rows * (t->cols ? t->cols : 1));
+        m->be->sum_squares(m->be, &ss, m->grads + t->offset, (size_t)t->rows * (t->cols ? t->cols : 1));
         if (!isfinite(ss)) return t->name;
     }
     return "none (the loss itself)";
@@ -642,7 +641,7 @@ static run_memory memory_of(const model *m, const moe_train_config *cfg) {
 // the data line, BLAS and threads.
 static void print_header(const moe_train_config *cfg, const model_config *mc, size_t n_params,
                          size_t n_dense, const run_memory *mem, const char *mem_note,
-                         const char *data_line, int threads) {
+                         const char *data_line, moe_backend *be) {
     const int L = mc->n_layers, E = mc->moe.n_experts, k = mc->moe.top_k;
     const double d = mc->d_model, ff = mc->moe.d_ff, V = mc->vocab_size;
     const double hd = d / mc->n_heads, q_rows = (mc->n_heads + 2.0 * mc->n_kv_heads) * hd;
@@ -683,9 +682,8 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
         printf("memory: not measured: %s\n", mem_note);
     }
     printf("%s\n", data_line);
-    const char *blas = openblas_get_config();
-    printf("BLAS: %s (kernels %s); threads: %d%s\n", blas ? blas : "OpenBLAS", moe_blas_kernel(),
-           threads, cfg->threads > 0 ? " (train.threads)" : " (automatic)");
+    printf("device: %s (model.device)\n%s%s\n", be->name, be->describe(be),
+           cfg->threads > 0 ? " (train.threads)" : " (automatic)");
 }
 
 // What open_data would read, without reading or preparing anything.
@@ -714,7 +712,9 @@ moe_status trainer_dry_run(const moe_train_config *cfg) {
     moe_status st = moe_train_config_write(cfg, stdout);
     if (st) return st;
     printf("\n");
-    const int threads = moe_cpu_threads(cfg->threads);
+    moe_backend *be;
+    const moe_backend_options bo = {.threads = cfg->threads};
+    if ((st = moe_backend_create(&be, cfg->device, &bo))) return name_key(st, "model.device", cfg->device);
     model_config mc = trainer_model_config(cfg);
     const size_t n_params = model_param_count(&mc);
     const size_t n_dense = n_params - (size_t)mc.n_layers * mc.moe.n_experts * 3 *
@@ -724,12 +724,12 @@ moe_status trainer_dry_run(const moe_train_config *cfg) {
     // the model allocated as the run would (not initialised, no data): its real buffers
     model m = {0};
     run_memory mem;
-    st = model_create(&m, moe_backend_cpu(), &mc, cfg->batch_size, cfg->seq_len);
+    st = model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
     if (!st) mem = memory_of(&m, cfg);
-    print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line,
-                 threads);
+    print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line, be);
     if (st) fprintf(stderr, "warning: the model does not allocate here: %s\n", moe_last_error());
     model_destroy(&m);
+    moe_backend_destroy(be);
     data_paths d;
     data_paths_of(cfg, &d);
     if ((!file_exists(d.path[0]) || !file_exists(d.path[1])) && cfg->n_text > 0 && d.from_dir &&
@@ -755,9 +755,6 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             return MOE_OK;
         }
     }
-    const int threads = moe_cpu_threads(cfg->threads);
-    const moe_backend *be = moe_backend_cpu();
-
     moe_status st = make_dirs(cfg->run_dir);
     if (st) return st;
     {
@@ -790,6 +787,13 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
     double step_tps[TPS_WINDOW];
     int64_t n_tps = 0;
 
+    moe_backend *be = NULL;
+    const moe_backend_options bo = {.threads = cfg->threads};
+    st = moe_backend_create(&be, cfg->device, &bo);
+    if (st) {
+        name_key(st, "model.device", cfg->device);
+        goto done;
+    }
     st = open_data(cfg, &train, &val);
     if (st) goto done;
     model_config mc = trainer_model_config(cfg);
@@ -871,7 +875,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                  train.path, (unsigned long long)train.count, val.path, (unsigned long long)val.count,
                  cfg->batch_size, cfg->seq_len, cfg->grad_accum);
         const run_memory mem = memory_of(&m, cfg);
-        print_header(cfg, &mc, m.n_params, m.n_dense, &mem, NULL, data_line, threads);
+        print_header(cfg, &mc, m.n_params, m.n_dense, &mem, NULL, data_line, be);
     }
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
@@ -918,11 +922,11 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         }
         if (hooks && step >= hooks->nan_from && step <= hooks->nan_to && hooks->nan_from >= 0) {
             real nan_value = NAN; // test-only: poison the last layer's w2
-            be->copy_to_device(m.g.w2 + (size_t)(L - 1) * E * mc.d_model * mc.moe.d_ff, &nan_value,
+            be->copy_to_device(be, m.g.w2 + (size_t)(L - 1) * E * mc.d_model * mc.moe.d_ff, &nan_value,
                                sizeof nan_value);
         }
         double ss = 0;
-        be->sum_squares(&ss, m.grads, m.n_params);
+        be->sum_squares(be, &ss, m.grads, m.n_params);
         const double grad_norm = sqrt(ss), loss = ce + aux + z;
         if (!finite || !isfinite(loss) || !isfinite(grad_norm)) {
             res.skipped++;
@@ -1004,7 +1008,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
                     st = moe_error(MOE_ENOMEM, "trainer: out of memory");
                     goto done;
                 }
-                m.be->copy_to_host(b, m.router_bias + (size_t)l * E, (size_t)E * sizeof(real));
+                m.be->copy_to_host(m.be, b, m.router_bias + (size_t)l * E, (size_t)E * sizeof(real));
                 cJSON *arr = cJSON_AddArrayToObject(rec, "bias");
                 for (int e = 0; e < E; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(b[e]));
                 free(b);
@@ -1153,6 +1157,7 @@ done:
     data_loader_free(&loader);
     optimizer_destroy(&opt);
     model_destroy(&m);
+    moe_backend_destroy(be);
     token_file_free(&train);
     token_file_free(&val);
     return st;

@@ -18,6 +18,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "layers/cpu/cpu_backend.h"
 #include "layers/cpu/cpu_kernels.h"
 #include "layers/cpu/vec_math.h"
 #include "layers/status.h"
@@ -59,7 +60,9 @@ static real causal_softmax_row(real *p, int last, int len) {
 
 static size_t slot_reals(int S) { return (size_t)2 * ATTN_BLOCK * S; }
 
-size_t cpu_attention_scratch_size(int S) { return (size_t)omp_get_max_threads() * slot_reals(S); }
+size_t cpu_attention_scratch_size(moe_backend *be, int S) {
+    return (size_t)((const cpu_state *)be->state)->threads * slot_reals(S);
+}
 
 // Threads for a loop over `tasks`: at most one per slot of the scratch; 1 below the fork
 // threshold (the `if` of the loop then runs it on the calling thread, slot 0).
@@ -72,8 +75,9 @@ static int attention_threads(size_t scratch_size, int S, const char *who) {
     return slots < (size_t)nt ? (int)slots : nt;
 }
 
-void cpu_attention_forward(real *out, real *lse, const real *qkv, int B, int S, int H, int KV,
+void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S, int H, int KV,
                            int hd, real *scratch, size_t scratch_size) {
+    CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV, nb = (S + ATTN_BLOCK - 1) / ATTN_BLOCK;
     const real scale = (real)(1.0 / sqrt((double)hd));
     const int nt = attention_threads(scratch_size, S, "attention_forward");
@@ -99,9 +103,10 @@ void cpu_attention_forward(real *out, real *lse, const real *qkv, int B, int S, 
             }
 }
 
-void cpu_attention_backward(real *dqkv, const real *dout, const real *qkv, const real *out,
+void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv, const real *out,
                             const real *lse, int B, int S, int H, int KV, int hd, real *scratch,
                             size_t scratch_size) {
+    CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV;
     const real scale = (real)(1.0 / sqrt((double)hd));
     const int nt = attention_threads(scratch_size, S, "attention_backward");
@@ -163,8 +168,9 @@ void cpu_attention_backward(real *dqkv, const real *dout, const real *qkv, const
         }
 }
 
-void cpu_kv_cache_append(real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
+void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
                          int KV, int hd) {
+    CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, kv = KV * hd;
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)n * KV * hd))
     for (int i = 0; i < n; i++) {
@@ -174,8 +180,9 @@ void cpu_kv_cache_append(real *k_cache, real *v_cache, const real *qkv, int n, i
     }
 }
 
-void cpu_attention_cached_forward(real *out, real *scratch, const real *qkv, const real *k_cache,
+void cpu_attention_cached_forward(moe_backend *be, real *out, real *scratch, const real *qkv, const real *k_cache,
                                   const real *v_cache, int n, int pos0, int H, int KV, int hd) {
+    CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV, len = pos0 + n, kv = KV * hd;
     const real scale = (real)(1.0 / sqrt((double)hd));
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)H * n * (pos0 + n) * hd))

@@ -1,24 +1,60 @@
-// The CPU backend table: host memory and the reference kernels.
+// The CPU backend: host memory, the reference kernels, and its state (thread count; in
+// strict mode the registry of protected allocations, layers/cpu/strict.c).
+#include <cblas.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "layers/cpu/cpu_kernels.h"
 
-static void *cpu_alloc(size_t bytes) { return calloc(1, bytes ? bytes : 1); }
-static void cpu_free(void *ptr) { free(ptr); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) {
+static cpu_state *state_of(moe_backend *be) { return be->state; }
+
+static void *cpu_alloc(moe_backend *be, size_t bytes) {
+    if (state_of(be)->strict) return cpu_strict_alloc(be, bytes);
+    return calloc(1, bytes ? bytes : 1);
+}
+static void cpu_free(moe_backend *be, void *ptr) {
+    if (state_of(be)->strict) cpu_strict_free(be, ptr);
+    else free(ptr);
+}
+// One copy for all three directions: host and device memory are the same here. Each is a
+// kernel scope, so strict mode opens the device side (and the host side is plain memory).
+static void cpu_copy(moe_backend *be, void *dst, const void *src, size_t bytes) {
+    CPU_KERNEL(be);
     if (bytes) memcpy(dst, src, bytes);
 }
-static void cpu_zero(void *ptr, size_t bytes) {
+static void cpu_zero(moe_backend *be, void *ptr, size_t bytes) {
+    CPU_KERNEL(be);
     if (bytes) memset(ptr, 0, bytes);
 }
 
-static const moe_backend cpu_backend = {
-    .name = "cpu-" MOE_REAL_NAME,
+static const char *cpu_describe(moe_backend *be) {
+    cpu_state *s = state_of(be);
+    const char *blas = openblas_get_config();
+    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s); threads: %d%s",
+             blas ? blas : "OpenBLAS", moe_blas_kernel(), s->threads,
+             s->strict ? "; strict memory (test mode, slow)" : "");
+    return s->line;
+}
+
+int cpu_backend_set_threads(moe_backend *be, int requested) {
+    return state_of(be)->threads = moe_cpu_threads(requested);
+}
+
+static void cpu_destroy(moe_backend *be) {
+    cpu_strict_release(be);
+    free(be->state);
+    free(be);
+}
+
+static const moe_backend cpu_table = {
+    .destroy = cpu_destroy,
+    .describe = cpu_describe,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
+    .copy_on_device = cpu_copy,
     .zero = cpu_zero,
     .matmul = cpu_matmul,
     .expert_matmul_forward = cpu_expert_matmul_forward,
@@ -53,8 +89,25 @@ static const moe_backend cpu_backend = {
     .cross_entropy_backward = cpu_cross_entropy_backward,
     .add = cpu_add,
     .sum_squares = cpu_sum_squares,
+    .sum = cpu_sum,
     .adamw_update = cpu_adamw_update,
     .sgd_update = cpu_sgd_update,
 };
 
-const moe_backend *moe_backend_cpu(void) { return &cpu_backend; }
+moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt, int strict) {
+    *out = NULL;
+    moe_backend *be = malloc(sizeof *be);
+    cpu_state *s = calloc(1, sizeof *s);
+    if (!be || !s) {
+        free(be);
+        free(s);
+        return moe_error(MOE_ENOMEM, "cpu backend: out of memory");
+    }
+    *be = cpu_table;
+    be->name = strict ? "cpu-strict" : "cpu";
+    be->state = s;
+    s->strict = strict;
+    s->threads = moe_cpu_threads(opt ? opt->threads : 0);
+    *out = be;
+    return MOE_OK;
+}

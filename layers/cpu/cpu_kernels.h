@@ -4,6 +4,14 @@
 #define MOE_CPU_KERNELS_H
 
 #include "layers/backend.h"
+#include "layers/cpu/cpu_backend.h"
+
+// Every CPU kernel begins with CPU_KERNEL(be). In strict mode ("cpu-strict") it opens the
+// backend's memory to the host for the duration of the call; the cleanup attribute closes it
+// again on every return path. On the plain CPU backend it is one test of a flag.
+#define CPU_KERNEL(be)                                                                    \
+    moe_backend *cpu_kernel_scope_ __attribute__((cleanup(cpu_strict_close), unused)) = \
+        (cpu_strict_open(be), (be))
 
 // Threads are forked only for loops that touch enough elements to pay for it. A parallel region
 // costs microseconds on an idle machine and can cost a scheduler time slice (milliseconds) when
@@ -15,84 +23,85 @@ static inline int cpu_parallel_worth(size_t elements) {
 }
 
 // gemm.c
-void cpu_matmul(real *c, const real *a, const real *b, int m, int n, int kd, int trans_a,
+void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd, int trans_a,
                 int trans_b, real beta);
-void cpu_expert_matmul_forward(real *out, const real *inp, const real *weight,
+void cpu_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
                                const int *offsets, int n_experts, int n_out, int n_in);
-void cpu_expert_matmul_backward_input(real *dinp, const real *dout, const real *weight,
+void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout, const real *weight,
                                       const int *offsets, int n_experts, int n_out, int n_in,
                                       int accumulate);
-void cpu_expert_matmul_backward_weight(real *dweight, const real *dout, const real *inp,
+void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout, const real *inp,
                                        const int *offsets, int n_experts, int n_out, int n_in);
 
 // router.c
-void cpu_router_topk(real *scores, real *probs, real *lse, int *topk_idx, real *weights,
+void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx, real *weights,
                      const real *logits, const real *bias, int T, int E, int k,
                      moe_scoring scoring, int norm_topk_prob, real route_scale);
-void cpu_moe_seq_counts(int *seq_counts, const int *topk_idx, int T, int k, int E, int seq_len);
-void cpu_router_backward(real *dlogits, const real *dweights, const real *scores,
+void cpu_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E, int seq_len);
+void cpu_router_backward(moe_backend *be, real *dlogits, const real *dweights, const real *scores,
                          const real *probs, const real *logits, const real *lse,
                          const int *topk_idx, const real *weights, const int *counts,
                          const int *seq_counts, int T, int E, int k, int seq_len,
                          moe_scoring scoring, int norm_topk_prob, real route_scale,
                          real aux_coef, real seq_aux_coef, real z_coef, real dloss);
-void cpu_uniform_noise(real *u, size_t n, uint64_t key, real lo, real hi);
+void cpu_uniform_noise(moe_backend *be, real *u, size_t n, uint64_t key, real lo, real hi);
 
 // dispatch.c
-void cpu_moe_dispatch_counts(int *counts, const int *topk_idx, int T, int k, int E);
-void cpu_moe_capacity_keep(int *keep, int *scratch, const int *topk_idx, const real *weights,
+void cpu_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k, int E);
+void cpu_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *topk_idx, const real *weights,
                            const int *counts, int T, int k, int E, int capacity,
                            moe_drop_policy policy);
-void cpu_moe_permute_index(int *offsets, int *assign_row, int *row_token, const int *topk_idx,
+void cpu_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int *row_token, const int *topk_idx,
                            const int *keep, int T, int k, int E);
-void cpu_moe_permute(real *xp, const real *x, const int *row_token, int N, int d);
-void cpu_moe_combine_forward(real *out, const real *y, const real *weights,
+void cpu_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_token, int N, int d);
+void cpu_moe_combine_forward(moe_backend *be, real *out, const real *y, const real *weights,
                              const int *assign_row, int T, int k, int d);
-void cpu_moe_combine_backward(real *dy, real *dweights, const real *dout, const real *y,
+void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout, const real *y,
                               const real *weights, const int *assign_row, int T, int k, int d);
-void cpu_moe_unpermute_add(real *dx, const real *dxp, const int *assign_row, int T, int k,
+void cpu_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row, int T, int k,
                            int d);
 
 // expert.c
-void cpu_swiglu_forward(real *act, const real *h13, int N, int ff);
-void cpu_swiglu_backward(real *dh13, const real *dact, const real *h13, int N, int ff);
+void cpu_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff);
+void cpu_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const real *h13, int N, int ff);
 
 // losses.c
-void cpu_router_losses(real *out, const real *probs, const real *logits, const real *lse,
+void cpu_router_losses(moe_backend *be, real *out, const real *probs, const real *logits, const real *lse,
                        const int *counts, const int *seq_counts, int T, int E, int k,
                        int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
-void cpu_mul(real *out, const real *a, const real *b, size_t n, int accumulate);
+void cpu_mul(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate);
 
 // embedding.c, rmsnorm.c, rope.c, attention.c, cross_entropy.c
-void cpu_embedding_forward(real *out, const int *tokens, const real *embed, int T, int d);
-void cpu_embedding_backward(real *dembed, const real *dout, const int *tokens, int T, int d);
-void cpu_rmsnorm_forward(real *out, real *rstd, const real *inp, const real *weight, int T,
+void cpu_embedding_forward(moe_backend *be, real *out, const int *tokens, const real *embed, int T, int d);
+void cpu_embedding_backward(moe_backend *be, real *dembed, const real *dout, const int *tokens, int T, int d);
+void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp, const real *weight, int T,
                          int d, real eps);
-void cpu_rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp,
+void cpu_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout, const real *inp,
                           const real *weight, const real *rstd, int T, int d);
-void cpu_rope(real *out, const real *inp, const real *cos, const real *sin, int T, int S,
+void cpu_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin, int T, int S,
               int pos0, int n_rot, int n_heads, int hd, int inverse);
-void cpu_attention_cached_forward(real *out, real *scratch, const real *qkv, const real *k_cache,
+void cpu_attention_cached_forward(moe_backend *be, real *out, real *scratch, const real *qkv, const real *k_cache,
                                   const real *v_cache, int n, int pos0, int H, int KV, int hd);
-void cpu_kv_cache_append(real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
+void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
                          int KV, int hd);
-void cpu_attention_forward(real *out, real *lse, const real *qkv, int B, int S, int H, int KV,
+void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S, int H, int KV,
                            int hd, real *scratch, size_t scratch_size);
-void cpu_attention_backward(real *dqkv, const real *dout, const real *qkv, const real *out,
+void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv, const real *out,
                             const real *lse, int B, int S, int H, int KV, int hd, real *scratch,
                             size_t scratch_size);
-size_t cpu_attention_scratch_size(int S);
-void cpu_cross_entropy_forward(real *losses, const real *logits, const int *targets, int T,
+size_t cpu_attention_scratch_size(moe_backend *be, int S);
+void cpu_cross_entropy_forward(moe_backend *be, real *losses, const real *logits, const int *targets, int T,
                                int V);
-void cpu_cross_entropy_backward(real *dlogits, const real *logits, const int *targets, int T,
+void cpu_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logits, const int *targets, int T,
                                 int V, real dloss);
 
 // elementwise.c, optim_update.c
-void cpu_add(real *out, const real *a, const real *b, size_t n);
-void cpu_sum_squares(double *host_out, const real *x, size_t n);
-void cpu_adamw_update(real *params, real *m, real *v, const real *grads, size_t n, real lr,
+void cpu_add(moe_backend *be, real *out, const real *a, const real *b, size_t n);
+void cpu_sum_squares(moe_backend *be, double *host_out, const real *x, size_t n);
+void cpu_sum(moe_backend *be, double *host_out, const real *x, size_t n);
+void cpu_adamw_update(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n, real lr,
                       real beta1, real beta2, real eps, real weight_decay, real bc1, real bc2,
                       real grad_scale);
-void cpu_sgd_update(real *params, const real *grads, size_t n, real lr, real grad_scale);
+void cpu_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr, real grad_scale);
 
 #endif

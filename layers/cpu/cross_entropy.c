@@ -16,8 +16,9 @@ static double row_logsumexp(const real *z, int V) {
     return mx + log(sum);
 }
 
-void cpu_cross_entropy_forward(real *losses, const real *logits, const int *targets, int T,
+void cpu_cross_entropy_forward(moe_backend *be, real *losses, const real *logits, const int *targets, int T,
                                int V) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * V))
     for (int t = 0; t < T; t++) {
         const real *z = logits + (size_t)t * V;
@@ -25,8 +26,9 @@ void cpu_cross_entropy_forward(real *losses, const real *logits, const int *targ
     }
 }
 
-void cpu_cross_entropy_backward(real *dlogits, const real *logits, const int *targets, int T,
+void cpu_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logits, const int *targets, int T,
                                 int V, real dloss) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * V))
     for (int t = 0; t < T; t++) {
         const real *z = logits + (size_t)t * V;

@@ -6,7 +6,8 @@
 
 #include "layers/cpu/cpu_kernels.h"
 
-void cpu_moe_dispatch_counts(int *counts, const int *topk_idx, int T, int k, int E) {
+void cpu_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k, int E) {
+    CPU_KERNEL(be);
     memset(counts, 0, (size_t)E * sizeof(int));
     for (size_t s = 0; s < (size_t)T * k; s++) counts[topk_idx[s]]++;
 }
@@ -32,9 +33,10 @@ static void sort_slots_by_weight(int *slots, int *tmp, int n, const real *weight
     if (src != slots) memcpy(slots, src, (size_t)n * sizeof(int));
 }
 
-void cpu_moe_capacity_keep(int *keep, int *scratch, const int *topk_idx, const real *weights,
+void cpu_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *topk_idx, const real *weights,
                            const int *counts, int T, int k, int E, int capacity,
                            moe_drop_policy policy) {
+    CPU_KERNEL(be);
     const int n_slots = T * k;
     for (int s = 0; s < n_slots; s++) keep[s] = 1;
     if (capacity <= 0) return;
@@ -52,8 +54,9 @@ void cpu_moe_capacity_keep(int *keep, int *scratch, const int *topk_idx, const r
     }
 }
 
-void cpu_moe_permute_index(int *offsets, int *assign_row, int *row_token, const int *topk_idx,
+void cpu_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int *row_token, const int *topk_idx,
                            const int *keep, int T, int k, int E) {
+    CPU_KERNEL(be);
     const int n_slots = T * k;
     memset(offsets, 0, (size_t)(E + 1) * sizeof(int));
     for (int s = 0; s < n_slots; s++)
@@ -74,14 +77,16 @@ void cpu_moe_permute_index(int *offsets, int *assign_row, int *row_token, const 
     }
 }
 
-void cpu_moe_permute(real *xp, const real *x, const int *row_token, int N, int d) {
+void cpu_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_token, int N, int d) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)N * d))
     for (int r = 0; r < N; r++)
         memcpy(xp + (size_t)r * d, x + (size_t)row_token[r] * d, (size_t)d * sizeof(real));
 }
 
-void cpu_moe_combine_forward(real *out, const real *y, const real *weights,
+void cpu_moe_combine_forward(moe_backend *be, real *out, const real *y, const real *weights,
                              const int *assign_row, int T, int k, int d) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {
         real *o = out + (size_t)t * d;
@@ -96,9 +101,10 @@ void cpu_moe_combine_forward(real *out, const real *y, const real *weights,
     }
 }
 
-void cpu_moe_combine_backward(real *dy, real *dweights, const real *dout, const real *y,
+void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout, const real *y,
                               const real *weights, const int *assign_row, int T, int k,
                               int d) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {
         const real *g = dout + (size_t)t * d;
@@ -124,8 +130,9 @@ void cpu_moe_combine_backward(real *dy, real *dweights, const real *dout, const 
     }
 }
 
-void cpu_moe_unpermute_add(real *dx, const real *dxp, const int *assign_row, int T, int k,
+void cpu_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row, int T, int k,
                            int d) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {
         real *o = dx + (size_t)t * d;

@@ -24,15 +24,17 @@ static void gemm(int trans_a, int trans_b, int m, int n, int kd, real alpha, con
                ldc);
 }
 
-void cpu_matmul(real *c, const real *a, const real *b, int m, int n, int kd, int trans_a,
+void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd, int trans_a,
                 int trans_b, real beta) {
+    CPU_KERNEL(be);
     int lda = trans_a ? m : kd;
     int ldb = trans_b ? kd : n;
     gemm(trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, n);
 }
 
-void cpu_expert_matmul_forward(real *out, const real *inp, const real *weight,
+void cpu_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
                                const int *offsets, int n_experts, int n_out, int n_in) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
     for (int e = 0; e < n_experts; e++) {
         int rows = offsets[e + 1] - offsets[e];
@@ -43,9 +45,10 @@ void cpu_expert_matmul_forward(real *out, const real *inp, const real *weight,
     }
 }
 
-void cpu_expert_matmul_backward_input(real *dinp, const real *dout, const real *weight,
+void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout, const real *weight,
                                       const int *offsets, int n_experts, int n_out, int n_in,
                                       int accumulate) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
     for (int e = 0; e < n_experts; e++) {
         int rows = offsets[e + 1] - offsets[e];
@@ -56,9 +59,10 @@ void cpu_expert_matmul_backward_input(real *dinp, const real *dout, const real *
     }
 }
 
-void cpu_expert_matmul_backward_weight(real *dweight, const real *dout, const real *inp,
+void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout, const real *inp,
                                        const int *offsets, int n_experts, int n_out,
                                        int n_in) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
     for (int e = 0; e < n_experts; e++) {
         int rows = offsets[e + 1] - offsets[e];

@@ -3,9 +3,10 @@
 
 #include "layers/cpu/cpu_kernels.h"
 
-void cpu_router_losses(real *out, const real *probs, const real *logits, const real *lse,
+void cpu_router_losses(moe_backend *be, real *out, const real *probs, const real *logits, const real *lse,
                        const int *counts, const int *seq_counts, int T, int E, int k,
                        int seq_len, real aux_coef, real seq_aux_coef, real z_coef) {
+    CPU_KERNEL(be);
     // sum_e f_e P_e = sum_t sum_e c_e s'_e(t) / (k T^2); per sequence likewise with its own
     // counts and tokens. Accumulated in double.
     const int B = T / seq_len;
@@ -39,7 +40,8 @@ void cpu_router_losses(real *out, const real *probs, const real *logits, const r
     out[7] = (real)(lse_sum / T);
 }
 
-void cpu_mul(real *out, const real *a, const real *b, size_t n, int accumulate) {
+void cpu_mul(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) out[i] = (accumulate ? out[i] : 0) + a[i] * b[i];
 }

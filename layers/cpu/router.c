@@ -11,9 +11,10 @@
 #include "layers/cpu/cpu_kernels.h"
 #include "layers/cpu/vec_math.h"
 
-void cpu_router_topk(real *scores, real *probs, real *lse, int *topk_idx, real *weights,
+void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx, real *weights,
                      const real *logits, const real *bias, int T, int E, int k,
                      moe_scoring scoring, int norm_topk_prob, real route_scale) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int t = 0; t < T; t++) {
         const real *z = logits + (size_t)t * E;
@@ -54,7 +55,8 @@ void cpu_router_topk(real *scores, real *probs, real *lse, int *topk_idx, real *
     }
 }
 
-void cpu_moe_seq_counts(int *seq_counts, const int *topk_idx, int T, int k, int E, int seq_len) {
+void cpu_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E, int seq_len) {
+    CPU_KERNEL(be);
     const int B = T / seq_len;
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int b = 0; b < B; b++) {
@@ -66,12 +68,13 @@ void cpu_moe_seq_counts(int *seq_counts, const int *topk_idx, int T, int k, int 
 
 // dL/ds'_e(t) = aux_coef E f_e / T + seq_aux_coef E f_{b,e} / (B seq_len), with
 // f_e = c_e / (k T) and f_{b,e} = c_{b,e} / (k seq_len): gradients through P only.
-void cpu_router_backward(real *dlogits, const real *dweights, const real *scores,
+void cpu_router_backward(moe_backend *be, real *dlogits, const real *dweights, const real *scores,
                          const real *probs, const real *logits, const real *lse,
                          const int *topk_idx, const real *weights, const int *counts,
                          const int *seq_counts, int T, int E, int k, int seq_len,
                          moe_scoring scoring, int norm_topk_prob, real route_scale,
                          real aux_coef, real seq_aux_coef, real z_coef, real dloss) {
+    CPU_KERNEL(be);
     const int B = T / seq_len;
     const real aux_scale = dloss * aux_coef * (real)E / ((real)k * (real)T * (real)T);
     const real seq_scale =
@@ -114,7 +117,8 @@ void cpu_router_backward(real *dlogits, const real *dweights, const real *scores
     }
 }
 
-void cpu_uniform_noise(real *u, size_t n, uint64_t key, real lo, real hi) {
+void cpu_uniform_noise(moe_backend *be, real *u, size_t n, uint64_t key, real lo, real hi) {
+    CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) {
         // counter-based: the value of element i depends only on (key, i)

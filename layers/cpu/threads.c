@@ -7,7 +7,7 @@
 
 #include <omp.h>
 
-#include "layers/backend.h"
+#include "layers/cpu/cpu_backend.h"
 
 // The first integer of a file; 0 when it cannot be read.
 static int read_first_integer(const char *path, long long *value) {

@@ -16,6 +16,7 @@
 #include "train/checkpoint.h"
 #include "train/infer.h"
 #include "train/trainer.h"
+#include "../test_backend.h"
 
 static char work[64];
 
@@ -42,8 +43,8 @@ static void round_trip(void) {
     tiny(&c, "roundtrip");
     model_config mc = trainer_model_config(&c);
     model a, b;
-    model_create(&a, moe_backend_cpu(), &mc, 1, 8);
-    model_create(&b, moe_backend_cpu(), &mc, 1, 8);
+    model_create(&a, test_backend(), &mc, 1, 8);
+    model_create(&b, test_backend(), &mc, 1, 8);
     optim_region all = {0, a.n_params, 1};
     optim_config oc = {OPTIM_ADAMW, 0.9, 0.95, 1e-8, 0.1};
     optimizer oa, ob;
@@ -117,7 +118,7 @@ static void round_trip(void) {
 
 // Writes an HF folder (export) of a model with random weights; returns its params.
 static void make_hf_folder(const char *dir, const model_config *mc, model *m) {
-    model_create_inference(m, moe_backend_cpu(), mc, mc->max_seq_len, mc->max_seq_len);
+    model_create_inference(m, test_backend(), mc, mc->max_seq_len, mc->max_seq_len);
     model_init_weights(m, 9, 0.3);
     if (hf_export(dir, m, ST_F32, CHECKPOINT_SHARD_BYTES)) printf("export: %s\n", moe_last_error());
 }
@@ -132,7 +133,7 @@ static void hf_folder_errors(void) {
     snprintf(dir, sizeof dir, "%s/hf_ok", work);
     make_hf_folder(dir, &mc, &src);
     check_true("load of an exported folder is bitwise",
-               infer_load(&dst, dir, 0, 8) == MOE_OK &&
+               infer_load(&dst, test_backend(), dir, 0, 8) == MOE_OK &&
                    !memcmp(src.params, dst.params, src.n_params * sizeof(real)));
     model_destroy(&dst);
 
@@ -150,7 +151,7 @@ static void hf_folder_errors(void) {
              "%s/hf_missing/model.safetensors.index.json", dir, work, work);
     if (system(cmd)) printf("cmd failed\n");
     snprintf(dir, sizeof dir, "%s/hf_missing", work);
-    st = infer_load(&dst, dir, 0, 8);
+    st = infer_load(&dst, test_backend(), dir, 0, 8);
     check_true("tensor missing from the index refused",
                st == MOE_EIO && strstr(moe_last_error(), "model.norm.weight") &&
                    strstr(moe_last_error(), "missing"));
@@ -161,7 +162,7 @@ static void hf_folder_errors(void) {
              work, work, work);
     if (system(cmd)) printf("cmd failed\n");
     snprintf(dir, sizeof dir, "%s/hf_noshard", work);
-    st = infer_load(&dst, dir, 0, 8);
+    st = infer_load(&dst, test_backend(), dir, 0, 8);
     check_true("missing shard refused, naming it",
                st == MOE_EIO && strstr(moe_last_error(), "model-00001-of-00001.safetensors"));
     printf("    -> %s\n", moe_last_error());
@@ -171,7 +172,7 @@ static void hf_folder_errors(void) {
              "%s/hf_shape/config.json", work, work, work);
     if (system(cmd)) printf("cmd failed\n");
     snprintf(dir, sizeof dir, "%s/hf_shape", work);
-    st = infer_load(&dst, dir, 0, 8);
+    st = infer_load(&dst, test_backend(), dir, 0, 8);
     check_true("shape mismatch refused with both shapes",
                st == MOE_EIO && strstr(moe_last_error(), "has shape [256, 32], expected [300, 32]"));
     printf("    -> %s\n", moe_last_error());
@@ -181,7 +182,7 @@ static void hf_folder_errors(void) {
              work, work, work);
     if (system(cmd)) printf("cmd failed\n");
     snprintf(dir, sizeof dir, "%s/hf_json", work);
-    st = infer_load(&dst, dir, 0, 8);
+    st = infer_load(&dst, test_backend(), dir, 0, 8);
     check_true("config.json that does not parse refused", st == MOE_EIO && strstr(moe_last_error(), "config.json"));
     printf("    -> %s\n", moe_last_error());
 
@@ -243,7 +244,7 @@ static void exact_resume(void) {
     char *latest = test_read_file(ckpt);
     model probe;
     model_config pmc = trainer_model_config(&c);
-    model_create(&probe, moe_backend_cpu(), &pmc, 1, 8);
+    model_create(&probe, test_backend(), &pmc, 1, 8);
     check_true("re-saving an existing step: latest names it and it loads",
                st == MOE_OK && latest && !strcmp(latest, "step_00000008\n") &&
                    checkpoint_load(ckpt, &probe, NULL, NULL) == MOE_OK);
@@ -270,7 +271,7 @@ static void exact_resume(void) {
     printf("eval (inference path) == training forward ce with capacity_factor 0\n");
     model inf, tr;
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/latest", c.run_dir);
-    st = infer_load(&inf, ckpt, 32, 32);
+    st = infer_load(&inf, test_backend(), ckpt, 32, 32);
     char valpath[400];
     snprintf(valpath, sizeof valpath, "%s/data/val.bin", work);
     token_file val;
@@ -280,7 +281,7 @@ static void exact_resume(void) {
     st = st ? st : infer_eval(&inf, &val, 32, 1, NULL, &loss, &ntok);
     model_config mc = trainer_model_config(&c);
     mc.moe.capacity_factor = 0;
-    model_create(&tr, moe_backend_cpu(), &mc, 1, 32);
+    model_create(&tr, test_backend(), &mc, 1, 32);
     memcpy(tr.params, inf.params, inf.n_params * sizeof(real));
     int in[32], tg[32];
     for (int t = 0; t < 32; t++) in[t] = (int)val.tokens[t], tg[t] = (int)val.tokens[t + 1];

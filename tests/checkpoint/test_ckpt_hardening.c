@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/infer.h"
 #include "train/trainer.h"
+#include "../test_backend.h"
 
 static char work[64];
 
@@ -36,7 +37,7 @@ static void make_checkpoint(const char *name, optim_kind kind, char *folder, siz
     tc.optimizer = kind == OPTIM_SGD;
     model_config mc = small_config();
     model m;
-    model_create(&m, moe_backend_cpu(), &mc, 1, 8);
+    model_create(&m, test_backend(), &mc, 1, 8);
     model_init_weights(&m, 3, 0.1);
     optim_region all = {0, m.n_params, 1};
     optim_config oc = {kind, 0.9, 0.95, 1e-8, 0.1};
@@ -103,7 +104,7 @@ static void remove_field(const char *folder, const char *file, const char *key) 
 static void expect_load_error(const char *what, const char *folder, moe_status code,
                               const char *a, const char *b) {
     model m;
-    moe_status st = infer_load(&m, folder, 8, 8);
+    moe_status st = infer_load(&m, test_backend(), folder, 8, 8);
     int ok = st == code && strstr(moe_last_error(), a) && (!b || strstr(moe_last_error(), b));
     check_true(what, ok);
     printf("    -> %s\n", st ? moe_last_error() : "(loaded)");
@@ -148,7 +149,7 @@ static void case_integrity(void) {
     char ck[300], dir[300], path[400];
     make_checkpoint("int_src", OPTIM_ADAMW, ck, sizeof ck);
     model m;
-    moe_status st = infer_load(&m, ck, 8, 8);
+    moe_status st = infer_load(&m, test_backend(), ck, 8, 8);
     check_true("an intact checkpoint loads for inference", st == MOE_OK);
     if (!st) model_destroy(&m);
 
@@ -160,7 +161,7 @@ static void case_integrity(void) {
     // init_from loads through hf_load_weights
     model t;
     model_config mc = small_config();
-    model_create(&t, moe_backend_cpu(), &mc, 1, 8);
+    model_create(&t, test_backend(), &mc, 1, 8);
     st = hf_load_weights(&t, dir);
     check_true("init_from: a damaged shard is refused (CRC32)",
                st == MOE_EIO && strstr(moe_last_error(), "CRC32 mismatch"));
@@ -241,7 +242,7 @@ static void case_state(void) {
     make_checkpoint("state_sgd", OPTIM_SGD, sgd, sizeof sgd);
     model m;
     model_config mc = small_config();
-    model_create(&m, moe_backend_cpu(), &mc, 1, 8);
+    model_create(&m, test_backend(), &mc, 1, 8);
     optim_region all = {0, m.n_params, 1};
     optim_config oc = {OPTIM_ADAMW, 0.9, 0.95, 1e-8, 0.1};
     optimizer o;
@@ -305,7 +306,7 @@ static void case_nonfinite(void) {
     // an HF folder whose weights hold a NaN: refused at load, naming the tensor
     model_config mc = small_config();
     model m, back;
-    model_create_inference(&m, moe_backend_cpu(), &mc, 32, 32);
+    model_create_inference(&m, test_backend(), &mc, 32, 32);
     model_init_weights(&m, 4, 0.1);
     m.p.wo[5] = NAN;
     char dir[300];
@@ -319,7 +320,7 @@ static void case_nonfinite(void) {
     for (int i = 0; i < mc.vocab_size * mc.d_model; i++) m.p.lm_head[i] = 3e38f;
     snprintf(dir, sizeof dir, "%s/nf_overflow", work);
     hf_export(dir, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
-    moe_status st = infer_load(&back, dir, 32, 32);
+    moe_status st = infer_load(&back, test_backend(), dir, 32, 32);
     check_true("overflowing weights still load (they are finite)", st == MOE_OK);
     uint32_t toks[33];
     for (int i = 0; i < 33; i++) toks[i] = (uint32_t)(i * 7 % 256);

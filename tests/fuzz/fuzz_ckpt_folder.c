@@ -5,6 +5,8 @@
 // and unpacks it. infer_load runs whatever checkpoint_verify said: verification only
 // covers folders with a trainer_state.json (an HF folder is loaded unchecked), and the CRCs
 // would otherwise shield the loader from nearly every mutation.
+#include <stdlib.h>
+
 #include "archive.h"
 #include "fuzz.h"
 #include "train/checkpoint.h"
@@ -34,6 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     model_config cfg;
     if (hf_config_read(&cfg, dir) == MOE_OK && model_reals(&cfg) > (double)(1 << 24)) return 0;
     model m;
-    if (infer_load(&m, dir, MAX_POS, MAX_CHUNK) == MOE_OK) model_destroy(&m);
+    static moe_backend *be;
+    if (!be && moe_backend_create(&be, "cpu", NULL)) abort();
+    if (infer_load(&m, be, dir, MAX_POS, MAX_CHUNK) == MOE_OK) model_destroy(&m);
     return 0;
 }

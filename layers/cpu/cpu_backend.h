@@ -1,0 +1,56 @@
+// What only the CPU backend has: its state, its constructors, and the knobs its tests and
+// benchmarks turn. Nothing above layers/ includes this file except benchmarks and tests
+// (they print the BLAS kernels and pin thread counts); the trainer and inference find the
+// backend by name (layers/backend.h) and print its describe() line.
+#ifndef MOE_CPU_BACKEND_H
+#define MOE_CPU_BACKEND_H
+
+#include "layers/backend.h"
+
+// One mapping of strict-mode memory: a whole number of pages, PROT_NONE outside kernels.
+typedef struct {
+    void *base;
+    size_t len;
+} cpu_region;
+
+typedef struct cpu_state {
+    int threads;         // OpenMP threads the kernels use (set at create)
+    int strict;          // "cpu-strict": backend memory is PROT_NONE outside kernel calls
+    int depth;           // strict: nesting of open kernel scopes (unprotected while > 0)
+    cpu_region *regions; // strict: the live allocations
+    int n_regions, cap_regions;
+    char line[160]; // describe()
+} cpu_state;
+
+// "cpu" (strict = 0) and the test-only "cpu-strict" (strict = 1): every allocation is its own
+// mapping, unreadable and unwritable by the host except inside a kernel or a typed copy, so
+// any host dereference of backend memory faults (and the SIGSEGV handler names the address).
+moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt, int strict);
+
+// Sets the process's OpenMP thread count and returns it. requested > 0: that many; 0:
+// automatic, i.e. OMP_NUM_THREADS when set, else the cores this process may run on capped by
+// its cgroup CPU quota. (OpenMP's count is process-wide: the CPU backend applies its
+// `threads` option through this at create.)
+int moe_cpu_threads(int requested);
+// Changes a CPU backend's thread count (tests: a kernel gives the same bits on 1 and 2 threads);
+// returns what moe_cpu_threads(requested) applied.
+int cpu_backend_set_threads(moe_backend *be, int requested);
+// The OpenBLAS kernel family in use ("Haswell", "SkylakeX", "Cooperlake", ...): OpenBLAS picks
+// it for the CPU when it loads, unless OPENBLAS_CORETYPE names one. It sets the sgemm rate (on
+// the AVX-512 machine here: 250 GFLOP/s with Haswell's AVX2 kernels, 450-470 with AVX-512), so
+// benchmarks print it.
+const char *moe_blas_kernel(void);
+// The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max
+// PERIOD"), else v1's cfs_quota_us / cfs_period_us; 0 when there is no quota or no file.
+int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,
+                        const char *cfs_period_path);
+
+// Strict mode's kernel scope (layers/cpu/strict.c): backend memory is accessible from
+// cpu_strict_open until the matching cpu_strict_close. No-ops on the plain "cpu" backend.
+void cpu_strict_open(moe_backend *be);
+void cpu_strict_close(moe_backend **be);
+void *cpu_strict_alloc(moe_backend *be, size_t bytes);
+void cpu_strict_free(moe_backend *be, void *ptr);
+void cpu_strict_release(moe_backend *be); // unmaps what is left (destroy)
+
+#endif

@@ -1,0 +1,24 @@
+// The backend the C tests run on: $MOE_TEST_DEVICE (ctest's *_strict variants set
+// "cpu-strict", where any host access to backend memory faults), else "cpu". Created once,
+// on first use, and kept for the life of the test program.
+#ifndef MOE_TEST_BACKEND_H
+#define MOE_TEST_BACKEND_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "layers/backend.h"
+
+static inline moe_backend *test_backend(void) {
+    static moe_backend *be;
+    if (!be) {
+        const char *name = getenv("MOE_TEST_DEVICE");
+        if (moe_backend_create(&be, name && *name ? name : "cpu", NULL)) {
+            fprintf(stderr, "test backend: %s\n", moe_last_error());
+            exit(1);
+        }
+    }
+    return be;
+}
+
+#endif
