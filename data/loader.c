@@ -4,32 +4,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-// splitmix64's output function: a bijective 64-bit mix with good avalanche.
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-// splitmix64 generator step.
-static uint64_t next_u64(uint64_t *s) {
-    *s += 0x9E3779B97F4A7C15ull;
-    return mix64(*s);
-}
+#include "layers/rng.h"
 
 // Uniform in [0, bound), bound >= 1, without modulo bias: reject the lowest
 // 2^64 mod bound values so the rest are a whole number of copies of [0, bound).
 static uint64_t uniform_below(uint64_t *s, uint64_t bound) {
     uint64_t threshold = (0 - bound) % bound; // = 2^64 mod bound
     for (;;) {
-        uint64_t x = next_u64(s);
+        uint64_t x = moe_splitmix64(s);
         if (x >= threshold) return x % bound;
     }
 }
 
 // perm = the permutation of epoch `epoch`: a function of (seed, epoch) only.
 static void build_permutation(uint64_t *perm, uint64_t n, uint64_t seed, uint64_t epoch) {
-    uint64_t s = mix64(seed ^ mix64(epoch + 0xD1B54A32D192ED03ull));
+    uint64_t s = moe_mix64(seed ^ moe_mix64(epoch + 0xD1B54A32D192ED03ull));
     for (uint64_t i = 0; i < n; i++) perm[i] = i;
     for (uint64_t i = n; i-- > 1;) { // Fisher-Yates
         uint64_t j = uniform_below(&s, i + 1);

@@ -1,6 +1,7 @@
 // The Mixtral-style decoder: parameter layout, initialisation, forward, backward.
 // Orchestration only: every loop over floats is a backend kernel (see model.h).
 #include "layers/model.h"
+#include "layers/rng.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -141,12 +142,6 @@ model_tensor *model_tensor_table(const model_config *cfg) {
     model_tensor *tab = calloc((size_t)model_tensor_count(cfg), sizeof *tab);
     if (tab) build_tensor_table(tab, cfg);
     return tab;
-}
-
-const model_tensor *model_find_tensor(const model *m, const char *name) {
-    for (int i = 0; i < m->n_tensors; i++)
-        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
-    return NULL;
 }
 
 // ---- allocation ---------------------------------------------------------------------
@@ -321,15 +316,8 @@ void model_zero_grads(model *m) {
 
 // ---- initialisation -------------------------------------------------------------------
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static double normal(uint64_t *s) { // Box-Muller
-    double u1 = ((splitmix64(s) >> 11) + 1.0) * 0x1.0p-53, u2 = (splitmix64(s) >> 11) * 0x1.0p-53;
+    double u1 = moe_uniform01(moe_splitmix64(s)) + 0x1.0p-53, u2 = moe_uniform01(moe_splitmix64(s));
     return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
 }
 

@@ -153,7 +153,4 @@ void model_zero_grads(model *m);
 // scratch, KV cache, RoPE tables), in bytes.
 void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations);
 
-// The tensor named `name`, or NULL.
-const model_tensor *model_find_tensor(const model *m, const char *name);
-
 #endif

@@ -121,7 +121,8 @@ typedef struct {
     int jittered;     // the last forward used router_in
     uint64_t noise_key;          // set by the caller before a training forward: the jitter
                                  // noise is a function of it (resumable, backend-independent)
-    const real *jitter_override; // test-only: use this noise [T, d] instead of drawing it
+    const real *jitter_override; // test-only: this noise [T, d] (backend memory) instead of
+                                 // drawing it
 } moe_layer;
 
 // Allocates the activation buffers for up to max_tokens tokens per call.

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "train/checkpoint.h"
+#include "layers/rng.h"
 
 moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk) {
     char folder[2048];
@@ -106,13 +107,6 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
     return st;
 }
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 typedef struct {
     double p;
     int id;
@@ -148,7 +142,7 @@ static int sample(const real *logits, int V, const sampling *s, uint64_t *rng, c
     }
     double total = 0;
     for (int i = 0; i < n; i++) total += c[i].p;
-    double u = (splitmix64(rng) >> 11) * 0x1.0p-53 * total;
+    double u = moe_uniform01(moe_splitmix64(rng)) * total;
     for (int i = 0; i < n; i++) {
         u -= c[i].p;
         if (u < 0) return c[i].id;

@@ -20,6 +20,7 @@
 #include "optim/optimizer.h"
 #include "train/checkpoint.h"
 #include "train/log.h"
+#include "layers/rng.h"
 
 model_config trainer_model_config(const moe_train_config *cfg) {
     model_config m = {
@@ -45,12 +46,6 @@ model_config trainer_model_config(const moe_train_config *cfg) {
     m.moe.jitter_eps = cfg->router_jitter;
     m.router_bias = cfg->bias_rate > 0;
     return m;
-}
-
-static uint64_t mix64(uint64_t z) { // splitmix64's finaliser
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 // The selection bias of every layer moves toward balance, by the step's routed counts.
@@ -906,7 +901,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         for (int micro = 0; micro < cfg->grad_accum; micro++) {
             data_loader_next(&loader, inputs, targets);
             // the router jitter noise is a function of (seed, step, micro-batch): resumable
-            m.noise_key = mix64((uint64_t)cfg->seed ^ mix64((uint64_t)step * 1024 + (uint64_t)micro));
+            m.noise_key = moe_mix64((uint64_t)cfg->seed ^ moe_mix64((uint64_t)step * 1024 + (uint64_t)micro));
             st = model_forward(&m, inputs, targets, cfg->batch_size, cfg->seq_len, 1);
             if (st == MOE_ENUMERIC || (!st && !isfinite(m.ce + m.aux + m.z))) {
                 finite = 0;

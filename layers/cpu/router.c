@@ -10,6 +10,7 @@
 
 #include "layers/cpu/cpu_kernels.h"
 #include "layers/cpu/vec_math.h"
+#include "layers/rng.h"
 
 void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx, real *weights,
                      const real *logits, const real *bias, int T, int E, int k,
@@ -122,10 +123,7 @@ void cpu_uniform_noise(moe_backend *be, real *u, size_t n, uint64_t key, real lo
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) {
         // counter-based: the value of element i depends only on (key, i)
-        uint64_t x = key ^ (0x9E3779B97F4A7C15ull * (i + 1));
-        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-        x ^= x >> 31;
+        const uint64_t x = moe_mix64(key ^ (MOE_GOLDEN_GAMMA * (i + 1)));
         u[i] = lo + (hi - lo) * (real)((double)(x >> 40) * 0x1.0p-24);
     }
 }
