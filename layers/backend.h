@@ -47,6 +47,19 @@ typedef enum {
 
 typedef struct moe_backend moe_backend;
 
+// The slots of router_losses' output (in this order), read back once per MoE forward.
+typedef enum {
+    MOE_LOSS_AUX = 0,       // L_aux = aux_coef * E * sum_e f_e P_e
+    MOE_LOSS_Z,             // L_z = z_coef * mean_t lse(t)^2
+    MOE_LOSS_ENTROPY,       // mean router entropy, mean_t -sum_e s'_e log s'_e
+    MOE_LOSS_SEQ_AUX,       // L_seq = seq_aux_coef * mean_b E sum_e f_{b,e} P_{b,e}
+    MOE_LOSS_LOGIT_MEAN,    // mean of the logits
+    MOE_LOSS_LOGIT_STD,     // their (population) std
+    MOE_LOSS_LOGIT_MAX_ABS, // max |logit|
+    MOE_LOSS_LSE_MEAN,      // mean lse
+    MOE_LOSS_SLOTS
+} moe_loss_slot;
+
 // Options of moe_backend_create; zero-initialised means "the defaults".
 typedef struct {
     int threads; // CPU: worker threads, 0 = automatic (OMP_NUM_THREADS, else cores capped by the
@@ -145,12 +158,8 @@ struct moe_backend {
 
     // ---- router losses ---------------------------------------------------
     // With s' = probs, f_e = counts[e]/(k T), P_e = mean_t s'_e, B = T / seq_len sequences:
-    // out[0] = L_aux = aux_coef * E * sum_e f_e P_e
-    // out[1] = L_z   = z_coef * mean_t lse(t)^2
-    // out[2] = mean router entropy = mean_t -sum_e s'_e log s'_e
-    // out[3] = L_seq = seq_aux_coef * mean_b E sum_e f_{b,e} P_{b,e} (per-sequence f and P;
-    //          seq_counts is read only when seq_aux_coef != 0)
-    // out[4..7] = mean, std and max |.| of the logits, mean lse
+    // out [MOE_LOSS_SLOTS], one value per moe_loss_slot: out[MOE_LOSS_AUX] = L_aux, ...
+    // (per-sequence f and P for L_seq; seq_counts is read only when seq_aux_coef != 0)
     void (*router_losses)(moe_backend *be, real *out, const real *probs, const real *logits, const real *lse,
                           const int *counts, const int *seq_counts, int T, int E, int k,
                           int seq_len, real aux_coef, real seq_aux_coef, real z_coef);

@@ -194,8 +194,13 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
     m->moe_stats = calloc(L, sizeof(moe_stats));
     if (!m->tensors || !m->moe || !m->moe_stats)
         return moe_error(MOE_ENOMEM, "model: cannot allocate host tables");
-    for (int l = 0; l < n_moe; l++)
-        if ((st = moe_layer_init(&m->moe[l], be, &cfg->moe, max_tokens))) return st;
+    // Layer 0 allocates the backward scratch and the others share it: backwards run one
+    // layer at a time (its bytes count as layer 0's).
+    for (int l = 0; l < n_moe; l++) {
+        const moe_layer_shape shape = {.max_tokens = max_tokens,
+                                       .scratch = l ? m->moe[0].bwd : NULL};
+        if ((st = moe_layer_create(&m->moe[l], be, &cfg->moe, &shape))) return st;
+    }
 
     // RoPE tables: angle = pos * theta^(-2i/hd), computed in double
     real *cs = malloc(2 * P * hd / 2 * R);
@@ -301,7 +306,7 @@ void model_destroy(model *m) {
             if (bufs[i]) m->be->free(m->be, bufs[i]);
     }
     if (m->moe)
-        for (int l = 0; l < m->n_moe; l++) moe_layer_free(&m->moe[l]);
+        for (int l = m->n_moe - 1; l >= 0; l--) moe_layer_free(&m->moe[l]); // owner last
     // (sizes only: see model_memory)
     free(m->moe);
     free(m->moe_stats);

@@ -84,21 +84,105 @@ typedef struct {
     size_t bytes;
 } buffer_spec;
 
-moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg,
-                          int max_tokens) {
+void moe_row_bytes(const moe_config *cfg, size_t *forward, size_t *backward) {
+    // forward: xp [d], h13 [2ff], act [ff], ye [d]; backward: dye, dact, dh13, dxp likewise
+    const size_t per_row = (2 * (size_t)cfg->d_model + 3 * (size_t)cfg->d_ff) * sizeof(real);
+    *forward = per_row;
+    *backward = per_row;
+}
+
+// Allocates every spec from the backend, adding to *bytes; on failure frees what it got.
+static moe_status alloc_specs(moe_backend *be, const buffer_spec *specs, size_t n,
+                              size_t *bytes) {
+    for (size_t i = 0; i < n; i++) {
+        *specs[i].ptr = be->alloc(be, specs[i].bytes);
+        if (!*specs[i].ptr) {
+            for (size_t j = 0; j < i; j++) be->free(be, *specs[j].ptr), *specs[j].ptr = NULL;
+            return moe_error(MOE_ENOMEM, "moe: cannot allocate %zu bytes of activations on %s",
+                             specs[i].bytes, be->name);
+        }
+        *bytes += specs[i].bytes;
+    }
+    return MOE_OK;
+}
+
+// The shape with its defaults filled in and checked against the config.
+static moe_status resolve_shape(moe_layer_shape *out, const moe_config *cfg,
+                                const moe_layer_shape *shape) {
+    *out = *shape;
+    if (out->max_tokens < 1)
+        return moe_error(MOE_EINVAL, "moe: max_tokens=%d must be >= 1", out->max_tokens);
+    const size_t N = (size_t)out->max_tokens * cfg->top_k;
+    const size_t wide = cfg->d_model > cfg->d_ff ? cfg->d_model : cfg->d_ff;
+    if (N * wide > INT32_MAX)
+        return moe_error(MOE_EINVAL, "moe: max_tokens*top_k*max(d_model,d_ff) = %zu exceeds 2^31-1",
+                         N * wide);
+    if (out->n_local_experts == 0) out->n_local_experts = cfg->n_experts;
+    if (out->max_expert_rows == 0) out->max_expert_rows = (int)N;
+    if (out->n_local_experts != cfg->n_experts || out->first_expert != 0)
+        return moe_error(MOE_EINVAL, "moe: a layer holding experts %d..%d of %d needs an expert "
+                         "exchange (expert parallelism), which this layer does not have yet",
+                         out->first_expert, out->first_expert + out->n_local_experts - 1,
+                         cfg->n_experts);
+    if (out->max_expert_rows != (int)N)
+        return moe_error(MOE_EINVAL, "moe: max_expert_rows=%d: with one rank the experts compute "
+                         "the T*k = %zu rows of the rank", out->max_expert_rows, N);
+    return MOE_OK;
+}
+
+moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
+                                     const moe_config *cfg, const moe_layer_shape *shape) {
+    memset(s, 0, sizeof *s);
+    moe_layer_shape sh;
+    moe_status st = resolve_shape(&sh, cfg, shape);
+    if (st) return st;
+    const size_t T = sh.max_tokens, E = cfg->n_experts, k = cfg->top_k, d = cfg->d_model,
+                 ff = cfg->d_ff, N = T * k, Ne = sh.max_expert_rows, R = sizeof(real);
+    buffer_spec specs[] = {
+        {(void **)&s->dlogits, T * E * R}, {(void **)&s->dweights, T * k * R},
+        {(void **)&s->dye, N * d * R},     {(void **)&s->dact, Ne * ff * R},
+        {(void **)&s->dh13, 2 * Ne * ff * R}, {(void **)&s->dxe, Ne * d * R},
+    };
+    if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &s->bytes))) return st;
+    s->be = be;
+    s->dxp = s->dxe; // one rank: the experts' rows are the rank's own rows
+    return MOE_OK;
+}
+
+void moe_backward_scratch_free(moe_backward_scratch *s) {
+    if (s->be) {
+        void *bufs[] = {s->dlogits, s->dweights, s->dye, s->dact, s->dh13, s->dxe};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) s->be->free(s->be, bufs[i]);
+    }
+    memset(s, 0, sizeof *s);
+}
+
+// The readback buffer: counts [E] and offsets [E+1] ints, then the loss slots at an offset
+// aligned for reals.
+static size_t readback_loss_offset(int E) {
+    const size_t ints = (2 * (size_t)E + 1) * sizeof(int), a = sizeof(real);
+    return (ints + a - 1) / a * a;
+}
+static size_t readback_bytes(int E) {
+    return readback_loss_offset(E) + MOE_LOSS_SLOTS * sizeof(real);
+}
+
+moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
+                            const moe_layer_shape *shape) {
     memset(L, 0, sizeof *L);
     if (!be) return moe_error(MOE_EINVAL, "moe: backend is NULL");
     moe_status st = moe_config_check(cfg);
     if (st) return st;
-    if (max_tokens < 1) return moe_error(MOE_EINVAL, "moe: max_tokens=%d must be >= 1", max_tokens);
-    const size_t T = max_tokens, E = cfg->n_experts, k = cfg->top_k, d = cfg->d_model,
-                 ff = cfg->d_ff, N = T * k;
-    if (N * (d > ff ? d : ff) > INT32_MAX)
-        return moe_error(MOE_EINVAL, "moe: max_tokens*top_k*max(d_model,d_ff) = %zu exceeds 2^31-1",
-                         N * (d > ff ? d : ff));
+    moe_layer_shape sh;
+    if ((st = resolve_shape(&sh, cfg, shape))) return st;
+    const size_t T = sh.max_tokens, E = cfg->n_experts, k = cfg->top_k, d = cfg->d_model,
+                 ff = cfg->d_ff, N = T * k, Ne = sh.max_expert_rows;
     L->cfg = *cfg;
     L->be = be;
-    L->max_tokens = max_tokens;
+    L->max_tokens = sh.max_tokens;
+    L->E_local = sh.n_local_experts, L->expert0 = sh.first_expert;
+    L->max_expert_rows = sh.max_expert_rows;
 
     const size_t R = sizeof(real), I = sizeof(int);
     buffer_spec specs[] = {
@@ -108,43 +192,64 @@ moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg,
         {(void **)&L->lse, T * R},          {(void **)&L->topk_idx, T * k * I},
         {(void **)&L->weights, T * k * R},  {(void **)&L->keep, T * k * I},
         {(void **)&L->assign_row, N * I},   {(void **)&L->row_token, N * I},
-        {(void **)&L->scratch, 2 * N * I},  {(void **)&L->counts, (2 * E + 1) * I},
-        {(void **)&L->xp, N * d * R},       {(void **)&L->h13, 2 * N * ff * R},
-        {(void **)&L->act, N * ff * R},
-        {(void **)&L->ye, N * d * R},       {(void **)&L->losses, 8 * R},
-        {(void **)&L->dlogits, T * E * R},  {(void **)&L->dweights, T * k * R},
-        {(void **)&L->dye, N * d * R},      {(void **)&L->dact, N * ff * R},
-        {(void **)&L->dh13, 2 * N * ff * R},
-        {(void **)&L->dxp, N * d * R},
+        {(void **)&L->scratch, 2 * N * I},  {&L->readback, readback_bytes((int)E)},
+        {(void **)&L->xp, N * d * R},       {(void **)&L->h13, 2 * Ne * ff * R},
+        {(void **)&L->act, Ne * ff * R},    {(void **)&L->ye, N * d * R},
     };
-    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
-        *specs[i].ptr = be->alloc(be, specs[i].bytes);
-        L->bytes += specs[i].bytes;
-        if (!*specs[i].ptr) {
-            moe_layer_free(L);
-            return moe_error(MOE_ENOMEM, "moe: cannot allocate %zu bytes of activations on %s",
-                             specs[i].bytes, be->name);
-        }
+    if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &L->bytes))) {
+        memset(L, 0, sizeof *L);
+        return st;
     }
-    L->host_counts = calloc(2 * E + 1, I);
+    L->counts = L->readback;
+    L->losses = (real *)((char *)L->readback + readback_loss_offset((int)E));
+    L->xe = L->xp, L->ye_local = L->ye; // one rank: the exchange is the identity
+    L->bwd = shape->scratch;
+    if (!L->bwd) { // a layer on its own: its own scratch
+        L->bwd = malloc(sizeof *L->bwd);
+        if (!L->bwd) {
+            moe_layer_free(L);
+            return moe_error(MOE_ENOMEM, "moe: out of host memory");
+        }
+        L->owns_bwd = 1;
+        if ((st = moe_backward_scratch_init(L->bwd, be, cfg, &sh))) {
+            moe_layer_free(L);
+            return st;
+        }
+        L->bytes += L->bwd->bytes;
+    }
+    L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
+    L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
+    L->host_readback = calloc(1, readback_bytes((int)E));
     L->host_kept = calloc(E, I);
-    if (!L->host_counts || !L->host_kept) {
+    if (!L->host_readback || !L->host_kept) {
         moe_layer_free(L);
         return moe_error(MOE_ENOMEM, "moe: cannot allocate host counts");
     }
+    L->host_counts = L->host_readback;
+    L->host_losses = (real *)((char *)L->host_readback + readback_loss_offset((int)E));
     return MOE_OK;
+}
+
+moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg,
+                          int max_tokens) {
+    const moe_layer_shape shape = {.max_tokens = max_tokens};
+    return moe_layer_create(L, be, cfg, &shape);
 }
 
 void moe_layer_free(moe_layer *L) {
     if (L->be) {
-        void *bufs[] = {L->logits, L->probs,  L->scores, L->seq_counts, L->jitter, L->router_in, L->lse,      L->topk_idx, L->weights, L->keep,
-                        L->assign_row, L->row_token, L->scratch, L->counts, L->xp, L->h13,
-                        L->act,    L->ye,     L->losses,   L->dlogits,  L->dweights, L->dye,
-                        L->dact,   L->dh13,   L->dxp};
+        void *bufs[] = {L->logits,     L->probs,     L->scores,  L->seq_counts, L->jitter,
+                        L->router_in,  L->lse,       L->topk_idx, L->weights,   L->keep,
+                        L->assign_row, L->row_token, L->scratch, L->readback,   L->xp,
+                        L->h13,        L->act,       L->ye};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
     }
-    free(L->host_counts);
+    if (L->owns_bwd) {
+        moe_backward_scratch_free(L->bwd);
+        free(L->bwd);
+    }
+    free(L->host_readback);
     free(L->host_kept);
     memset(L, 0, sizeof *L);
 }
@@ -162,6 +267,78 @@ static moe_status check_call(const moe_layer *L, const void *a, const void *b,
     return MOE_OK;
 }
 
+// Route: the router's input (x, or x * u with u ~ U(1-eps, 1+eps) in training), logits
+// [T,E] = router_in [T,d] @ gate [E,d]^T, scores and top-k, counts, the capacity decision,
+// the grouped order of the kept rows, the router losses; then the layer's one device-to-host
+// copy (counts, offsets, losses).
+static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, int seq_len,
+                  int capacity) {
+    moe_backend *be = L->be;
+    const moe_config *c = &L->cfg;
+    const int E = c->n_experts, k = c->top_k, d = c->d_model;
+    const real *router_in = inp;
+    if (L->jittered) {
+        const real *u = L->jitter_override ? L->jitter_override : L->jitter;
+        if (!L->jitter_override)
+            be->uniform_noise(be, L->jitter, (size_t)T * d, L->noise_key,
+                              (real)(1 - c->jitter_eps), (real)(1 + c->jitter_eps));
+        be->mul(be, L->router_in, inp, u, (size_t)T * d, 0);
+        router_in = L->router_in;
+    }
+    be->matmul(be, L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
+    be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias,
+                    T, E, k, c->scoring, c->norm_topk_prob, (real)c->route_scale);
+    be->moe_dispatch_counts(be, L->counts, L->topk_idx, T, k, E);
+    if (c->seq_aux_coef > 0) be->moe_seq_counts(be, L->seq_counts, L->topk_idx, T, k, E, seq_len);
+    be->moe_capacity_keep(be, L->keep, L->scratch, L->topk_idx, L->weights, L->counts, T, k, E,
+                          capacity, c->drop_policy);
+    be->moe_permute_index(be, L->counts + E, L->assign_row, L->row_token, L->topk_idx, L->keep,
+                          T, k, E);
+    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E,
+                      k, seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
+    be->copy_to_host(be, L->host_readback, L->readback, readback_bytes(E));
+}
+
+// Dispatch: xp = the kept rows in expert order (rows for expert e contiguous). Here an
+// exchange will send each rank its experts' rows; with one rank the experts read xp itself.
+static void dispatch(moe_layer *L, const real *inp, int N) {
+    L->be->moe_permute(L->be, L->xp, inp, L->row_token, N, L->cfg.d_model);
+}
+
+// Experts: [h1 h3] = xe w13^T, act = silu(h1) h3, ye = act w2^T, grouped by local expert.
+static void experts(moe_layer *L, const moe_weights *w, const int *offsets, int N) {
+    moe_backend *be = L->be;
+    const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff;
+    be->expert_matmul_forward(be, L->h13, L->xe, w->w13, offsets, E, 2 * ff, d);
+    be->swiglu_forward(be, L->act, L->h13, N, ff);
+    be->expert_matmul_forward(be, L->ye_local, L->act, w->w2, offsets, E, d, ff);
+}
+
+// Combine: out[t] = sum_j weights[t,j] ye[row(t,j)], on the token's own rank (the exchange
+// back sits before it; the combine weights never travel).
+static void combine(moe_layer *L, real *out, int T) {
+    const moe_config *c = &L->cfg;
+    L->be->moe_combine_forward(L->be, out, L->ye, L->weights, L->assign_row, T, c->top_k,
+                               c->d_model);
+}
+
+// Host-side statistics of the forward from the readback.
+static void read_stats(moe_layer *L, int T, int capacity) {
+    const int E = L->cfg.n_experts;
+    const int *offsets = L->host_counts + E;
+    const real *loss = L->host_losses;
+    for (int e = 0; e < E; e++) L->host_kept[e] = offsets[e + 1] - offsets[e];
+    moe_stats_from_counts(&L->stats, L->host_counts, L->host_kept, E, T, capacity);
+    L->stats.aux = loss[MOE_LOSS_AUX];
+    L->stats.z = loss[MOE_LOSS_Z];
+    L->stats.entropy = loss[MOE_LOSS_ENTROPY];
+    L->stats.seq_aux = loss[MOE_LOSS_SEQ_AUX];
+    L->stats.logit_mean = loss[MOE_LOSS_LOGIT_MEAN];
+    L->stats.logit_std = loss[MOE_LOSS_LOGIT_STD];
+    L->stats.logit_max_abs = loss[MOE_LOSS_LOGIT_MAX_ABS];
+    L->stats.lse_mean = loss[MOE_LOSS_LSE_MEAN];
+}
+
 moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w,
                              int T, int seq_len, int training, moe_stats *stats) {
     moe_status st = check_call(L, out, inp, w, T);
@@ -169,59 +346,16 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     if (seq_len <= 0) seq_len = T;
     if (T % seq_len)
         return moe_error(MOE_EINVAL, "moe: T=%d tokens are not whole sequences of %d", T, seq_len);
-    moe_backend *be = L->be;
-    const moe_config *c = &L->cfg;
-    const int E = c->n_experts, k = c->top_k, d = c->d_model, ff = c->d_ff;
-    const int capacity = training ? moe_capacity(c, T) : 0; // inference never drops
-    int *offsets = L->counts + E;
+    const int capacity = training ? moe_capacity(&L->cfg, T) : 0; // inference never drops
+    L->jittered = training && L->cfg.jitter_eps > 0;
+    route(L, inp, w, T, seq_len, capacity);
+    const int *offsets = L->host_counts + L->cfg.n_experts; // grouped GEMM shapes (host)
+    const int N = offsets[L->cfg.n_experts];
+    dispatch(L, inp, N);
+    experts(L, w, offsets + L->expert0, N);
+    combine(L, out, T);
 
-    // router input: x, or x * u with u ~ U(1-eps, 1+eps) (training only)
-    const real *router_in = inp;
-    L->jittered = training && c->jitter_eps > 0;
-    if (L->jittered) {
-        const real *u = L->jitter_override ? L->jitter_override : L->jitter;
-        if (!L->jitter_override)
-            be->uniform_noise(be, L->jitter, (size_t)T * d, L->noise_key, (real)(1 - c->jitter_eps),
-                              (real)(1 + c->jitter_eps));
-        be->mul(be, L->router_in, inp, u, (size_t)T * d, 0);
-        router_in = L->router_in;
-    }
-    // router: logits [T,E] = router_in [T,d] @ gate [E,d]^T, scores, top-k
-    be->matmul(be, L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
-    be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias, T,
-                    E, k, c->scoring, c->norm_topk_prob, (real)c->route_scale);
-    be->moe_dispatch_counts(be, L->counts, L->topk_idx, T, k, E);
-    if (c->seq_aux_coef > 0) be->moe_seq_counts(be, L->seq_counts, L->topk_idx, T, k, E, seq_len);
-    be->moe_capacity_keep(be, L->keep, L->scratch, L->topk_idx, L->weights, L->counts, T, k, E,
-                          capacity, c->drop_policy);
-    be->moe_permute_index(be, offsets, L->assign_row, L->row_token, L->topk_idx, L->keep, T, k, E);
-    // the one device-to-host copy: routed counts and row offsets (grouped GEMM shapes)
-    be->copy_to_host(be, L->host_counts, L->counts, (size_t)(2 * E + 1) * sizeof(int));
-    const int *host_offsets = L->host_counts + E;
-    const int N = host_offsets[E];
-
-    // experts: [h1 h3] = xp w13^T, act = silu(h1) h3, ye = act w2^T
-    be->moe_permute(be, L->xp, inp, L->row_token, N, d);
-    be->expert_matmul_forward(be, L->h13, L->xp, w->w13, host_offsets, E, 2 * ff, d);
-    be->swiglu_forward(be, L->act, L->h13, N, ff);
-    be->expert_matmul_forward(be, L->ye, L->act, w->w2, host_offsets, E, d, ff);
-    be->moe_combine_forward(be, out, L->ye, L->weights, L->assign_row, T, k, d);
-
-    real losses[8];
-    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E, k,
-                      seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
-    be->copy_to_host(be, losses, L->losses, sizeof losses);
-
-    for (int e = 0; e < E; e++) L->host_kept[e] = host_offsets[e + 1] - host_offsets[e];
-    moe_stats_from_counts(&L->stats, L->host_counts, L->host_kept, E, T, capacity);
-    L->stats.aux = losses[0];
-    L->stats.z = losses[1];
-    L->stats.entropy = losses[2];
-    L->stats.seq_aux = losses[3];
-    L->stats.logit_mean = losses[4];
-    L->stats.logit_std = losses[5];
-    L->stats.logit_max_abs = losses[6];
-    L->stats.lse_mean = losses[7];
+    read_stats(L, T, capacity);
     L->last_tokens = T;
     L->last_seq_len = seq_len;
     if (stats) *stats = L->stats;
@@ -229,6 +363,56 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
         return moe_error(MOE_ENUMERIC, "moe: router loss is not finite (aux=%g, z=%g)",
                          L->stats.aux, L->stats.z);
     return MOE_OK;
+}
+
+// Combine backward: dye = w * dout (per kept row), dweights = dout . ye.
+static void combine_backward(moe_layer *L, const real *dout, int T) {
+    const moe_config *c = &L->cfg;
+    L->be->moe_combine_backward(L->be, L->dye, L->dweights, dout, L->ye, L->weights,
+                                L->assign_row, T, c->top_k, c->d_model);
+}
+
+// Experts backward: ye = act w2^T, act = swiglu(h13), h13 = xe w13^T. With one rank dye is
+// the experts' output gradient and dxe the rank's dxp.
+static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_weights *w,
+                             const int *offsets, int N) {
+    moe_backend *be = L->be;
+    moe_backward_scratch *s = L->bwd;
+    const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff;
+    be->expert_matmul_backward_weight(be, grads->w2, s->dye, L->act, offsets, E, d, ff);
+    be->expert_matmul_backward_input(be, s->dact, s->dye, w->w2, offsets, E, d, ff, 0);
+    be->swiglu_backward(be, s->dh13, s->dact, L->h13, N, ff);
+    be->expert_matmul_backward_weight(be, grads->w13, s->dh13, L->xe, offsets, E, 2 * ff, d);
+    be->expert_matmul_backward_input(be, s->dxe, s->dh13, w->w13, offsets, E, 2 * ff, d, 0);
+}
+
+// Dispatch backward: dinp[t] += sum_j dxp[row(t,j)] (the exchange back sits before it).
+static void dispatch_backward(moe_layer *L, real *dinp, int T) {
+    const moe_config *c = &L->cfg;
+    L->be->moe_unpermute_add(L->be, dinp, L->bwd->dxp, L->assign_row, T, c->top_k, c->d_model);
+}
+
+// Route backward: dlogits from the combine weights and the router losses, then the router
+// GEMM: dgate += dlogits^T router_in, dinp += (dlogits gate) (* u when jittered).
+static void route_backward(moe_layer *L, real *dinp, const moe_weights *grads, const real *inp,
+                           const moe_weights *w, double dloss) {
+    moe_backend *be = L->be;
+    const moe_config *c = &L->cfg;
+    moe_backward_scratch *s = L->bwd;
+    const int T = L->last_tokens, E = c->n_experts, k = c->top_k, d = c->d_model;
+    be->router_backward(be, s->dlogits, s->dweights, L->scores, L->probs, L->logits, L->lse,
+                        L->topk_idx, L->weights, L->counts, L->seq_counts, T, E, k,
+                        L->last_seq_len, c->scoring, c->norm_topk_prob, (real)c->route_scale,
+                        (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef, (real)dloss);
+    const real *router_in = L->jittered ? L->router_in : inp;
+    be->matmul(be, grads->gate, s->dlogits, router_in, E, d, T, 1, 0, 1);
+    if (L->jittered) { // x_r = inp * u: dinp += (dlogits gate) * u
+        const real *u = L->jitter_override ? L->jitter_override : L->jitter;
+        be->matmul(be, s->dxp, s->dlogits, w->gate, T, d, E, 0, 0, 0); // dxp is free again
+        be->mul(be, dinp, s->dxp, u, (size_t)T * d, 1);
+    } else {
+        be->matmul(be, dinp, s->dlogits, w->gate, T, d, E, 0, 0, 1);
+    }
 }
 
 moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads,
@@ -239,37 +423,12 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
     if (!inp || !grads || !grads->gate || !grads->w13 || !grads->w2)
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument to backward");
     if (!isfinite(dloss)) return moe_error(MOE_EINVAL, "moe: dloss=%g must be finite", dloss);
-    moe_backend *be = L->be;
-    const moe_config *c = &L->cfg;
-    const int T = L->last_tokens, E = c->n_experts, k = c->top_k, d = c->d_model, ff = c->d_ff;
-    const int *host_offsets = L->host_counts + E;
-    const int N = host_offsets[E];
-
-    // combine: dye = w * dout (per kept row), dweights = dout . ye
-    be->moe_combine_backward(be, L->dye, L->dweights, dout, L->ye, L->weights, L->assign_row, T, k,
-                             d);
-    // w2: ye = act w2^T
-    be->expert_matmul_backward_weight(be, grads->w2, L->dye, L->act, host_offsets, E, d, ff);
-    be->expert_matmul_backward_input(be, L->dact, L->dye, w->w2, host_offsets, E, d, ff, 0);
-    be->swiglu_backward(be, L->dh13, L->dact, L->h13, N, ff);
-    // w13: h13 = xp w13^T
-    be->expert_matmul_backward_weight(be, grads->w13, L->dh13, L->xp, host_offsets, E, 2 * ff, d);
-    be->expert_matmul_backward_input(be, L->dxp, L->dh13, w->w13, host_offsets, E, 2 * ff, d, 0);
-    be->moe_unpermute_add(be, dinp, L->dxp, L->assign_row, T, k, d);
-
-    // router: dlogits from the combine weights and the losses; then the logits GEMM
-    be->router_backward(be, L->dlogits, L->dweights, L->scores, L->probs, L->logits, L->lse,
-                        L->topk_idx, L->weights, L->counts, L->seq_counts, T, E, k,
-                        L->last_seq_len, c->scoring, c->norm_topk_prob, (real)c->route_scale,
-                        (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef, (real)dloss);
-    const real *router_in = L->jittered ? L->router_in : inp;
-    be->matmul(be, grads->gate, L->dlogits, router_in, E, d, T, 1, 0, 1); // dgate += dlogits^T x_r
-    if (L->jittered) { // x_r = inp * u: dinp += (dlogits gate) * u
-        const real *u = L->jitter_override ? L->jitter_override : L->jitter;
-        be->matmul(be, L->dxp, L->dlogits, w->gate, T, d, E, 0, 0, 0); // dxp is free again
-        be->mul(be, dinp, L->dxp, u, (size_t)T * d, 1);
-    } else {
-        be->matmul(be, dinp, L->dlogits, w->gate, T, d, E, 0, 0, 1); // dinp += dlogits gate
-    }
+    const int T = L->last_tokens, E = L->cfg.n_experts;
+    const int *offsets = L->host_counts + E;
+    const int N = offsets[E];
+    combine_backward(L, dout, T);
+    experts_backward(L, grads, w, offsets + L->expert0, N);
+    dispatch_backward(L, dinp, T);
+    route_backward(L, dinp, grads, inp, w, dloss);
     return MOE_OK;
 }

@@ -80,12 +80,46 @@ void moe_router_bias_update(real *bias, const long *counts, int E, double rate);
 void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, int E, int T,
                            int capacity);
 
+// The backward's work space: what one layer's backward writes and the next layer's backward
+// (the layer below) overwrites, so a model needs one for all its layers (layers run their
+// backward one after the other). Sized for T tokens, N_send = T*k rows sent and N_exp rows
+// computed by the local experts (device memory).
+typedef struct {
+    moe_backend *be;
+    real *dlogits;  // [T, E]
+    real *dweights; // [T, k]
+    real *dye;      // [N_send, d]  gradient of the rows that came back to the combine
+    real *dact;     // [N_exp, ff]
+    real *dh13;     // [N_exp, 2ff]
+    real *dxe;      // [N_exp, d]   gradient of the experts' input rows
+    real *dxp;      // [N_send, d]  the same, back on the sending side (== dxe with one rank)
+    size_t bytes;
+} moe_backward_scratch;
+
+// How a layer is laid out: tokens per call, which experts it holds, how many rows they may
+// compute, and whether it shares a backward scratch. Zero fields mean the single-rank layout.
+typedef struct {
+    int max_tokens;      // T per call (required, >= 1)
+    int n_local_experts; // E_local: the experts whose weights this layer holds (0: all E)
+    int first_expert;    // global index of the first local expert (the HF name's J)
+    int max_expert_rows; // rows the local experts compute per call (0: T*k, all of one rank's)
+    moe_backward_scratch *scratch; // shared backward scratch (NULL: the layer allocates one)
+} moe_layer_shape;
+
+// Bytes per expert row of a layer's buffers: `forward` is kept per layer for the backward
+// (permuted input, w1/w3 outputs, SwiGLU output, expert output), `backward` is the shared
+// scratch's (their gradients). What `moe stats --capacity` plans memory with.
+void moe_row_bytes(const moe_config *cfg, size_t *forward, size_t *backward);
+
 typedef struct {
     moe_config cfg;
     moe_backend *be;
     int max_tokens;
-    int last_tokens; // T of the last forward
-    // forward activations (device memory of the backend), shapes for T tokens, N <= T*k rows
+    int E_local, expert0; // local experts: global indices expert0 .. expert0 + E_local - 1
+    int max_expert_rows;  // N_exp, rows the local experts' buffers hold
+    int last_tokens;      // T of the last forward
+    // forward activations (device memory of the backend), shapes for T tokens, N = T*k rows
+    // sent and N_exp rows computed by the local experts (one rank: the same rows)
     real *logits;     // [T, E]
     real *scores;     // [T, E]  softmax p or sigmoid s
     real *probs;      // [T, E]  the distribution s' of the balancing losses
@@ -99,25 +133,29 @@ typedef struct {
     int *assign_row;  // [T, k]  row of each assignment in the grouped order, -1 if dropped
     int *row_token;   // [T*k]   token of each grouped row
     int *scratch;     // [2*T*k] capacity-decision scratch
-    int *counts;      // [2E+1]  routed counts [E], then row offsets [E+1]
-    real *xp;         // [N, d]  permuted inputs
-    real *h13;        // [N, 2ff] w1 and w3 projections: h1 = h13[:, :ff], h3 = h13[:, ff:]
-    real *act;        // [N, ff] silu(h1) * h3
-    real *ye;         // [N, d]  expert outputs
-    real *losses;     // [8]     aux, z, entropy, seq_aux, logit mean/std/max|.|, mean lse
-    // backward scratch
-    real *dlogits;    // [T, E]
-    real *dweights;   // [T, k]
-    real *dye;        // [N, d]
-    real *dact;       // [N, ff]
-    real *dh13;       // [N, 2ff]
-    real *dxp;        // [N, d]
+    // The one device-to-host copy per forward: routed counts [E], row offsets [E+1] and the
+    // router losses [MOE_LOSS_SLOTS] (layers/backend.h moe_loss_slot), in one buffer.
+    void *readback;   // counts, offsets, losses
+    int *counts;      // [2E+1]  the readback's counts, then offsets
+    real *losses;     // [MOE_LOSS_SLOTS] the readback's losses
+    real *xp;         // [N, d]  dispatch: the permuted inputs, the rows this rank sends
+    real *xe;         // [N_exp, d] the local experts' input rows (one rank: == xp)
+    real *h13;        // [N_exp, 2ff] w1 and w3 projections: h1 = h13[:, :ff], h3 = h13[:, ff:]
+    real *act;        // [N_exp, ff] silu(h1) * h3
+    real *ye_local;   // [N_exp, d] the local experts' outputs (one rank: == ye)
+    real *ye;         // [N, d]  the expert outputs of this rank's rows, back for the combine
+    // backward scratch: views of the (possibly shared) moe_backward_scratch
+    moe_backward_scratch *bwd;
+    int owns_bwd;
+    real *dlogits, *dweights, *dye, *dact, *dh13, *dxp;
     // host copies
-    int *host_counts; // [2E+1]  routed counts, then row offsets
-    int *host_kept;   // [E]
+    void *host_readback; // the readback, copied once per forward
+    int *host_counts;    // [2E+1]  routed counts, then row offsets (views of host_readback)
+    real *host_losses;   // [MOE_LOSS_SLOTS]
+    int *host_kept;      // [E]
     moe_stats stats;
     int last_seq_len; // seq_len of the last forward
-    size_t bytes;     // device memory of the buffers above
+    size_t bytes;     // device memory of the buffers above (a shared scratch: its owner's)
     int jittered;     // the last forward used router_in
     uint64_t noise_key;          // set by the caller before a training forward: the jitter
                                  // noise is a function of it (resumable, backend-independent)
@@ -125,7 +163,18 @@ typedef struct {
                                  // drawing it
 } moe_layer;
 
-// Allocates the activation buffers for up to max_tokens tokens per call.
+// Allocates a backward scratch for layers of this config and shape (shape->scratch ignored).
+moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
+                                     const moe_config *cfg, const moe_layer_shape *shape);
+void moe_backward_scratch_free(moe_backward_scratch *s);
+
+// Allocates a layer of this shape. E_local < E needs an exchange (expert parallelism), which
+// this build's layer does not have yet: MOE_EINVAL.
+moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
+                            const moe_layer_shape *shape);
+
+// moe_layer_create with the single-rank shape: all E experts, up to max_tokens tokens per
+// call, its own backward scratch.
 moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg,
                           int max_tokens);
 void moe_layer_free(moe_layer *L);

@@ -30,14 +30,14 @@ void cpu_router_losses(moe_backend *be, real *out, const real *probs, const real
         lse_sum += lse[t];
     }
     double n = (double)T * E, mean = zsum / n;
-    out[0] = (real)((double)aux_coef * E * aux_sum / ((double)k * T * T));
-    out[1] = (real)((double)z_coef * z_sum / T);
-    out[2] = (real)(ent_sum / T);
-    out[3] = (real)((double)seq_aux_coef * E * seq_sum / ((double)B * k * seq_len * seq_len));
-    out[4] = (real)mean;
-    out[5] = (real)sqrt(fmax(zsq / n - mean * mean, 0));
-    out[6] = (real)zmax;
-    out[7] = (real)(lse_sum / T);
+    out[MOE_LOSS_AUX] = (real)((double)aux_coef * E * aux_sum / ((double)k * T * T));
+    out[MOE_LOSS_Z] = (real)((double)z_coef * z_sum / T);
+    out[MOE_LOSS_ENTROPY] = (real)(ent_sum / T);
+    out[MOE_LOSS_SEQ_AUX] = (real)((double)seq_aux_coef * E * seq_sum / ((double)B * k * seq_len * seq_len));
+    out[MOE_LOSS_LOGIT_MEAN] = (real)mean;
+    out[MOE_LOSS_LOGIT_STD] = (real)sqrt(fmax(zsq / n - mean * mean, 0));
+    out[MOE_LOSS_LOGIT_MAX_ABS] = (real)zmax;
+    out[MOE_LOSS_LSE_MEAN] = (real)(lse_sum / T);
 }
 
 void cpu_mul(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate) {
