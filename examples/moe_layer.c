@@ -1,4 +1,6 @@
-// One MoE layer (layers/moe.h) forward and backward on the CPU backend, random weights.
+// One MoE layer (layers/moe.h) forward and backward on a backend (layers/backend.h), random
+// weights. The tensors live in the backend's memory: the host fills them through
+// copy_to_device and reads results back with copy_to_host, as on a GPU.
 // Build: examples/CMakeLists.txt, or  cc moe_layer.c $(pkg-config --cflags --libs moe)
 #include <math.h>
 #include <stdio.h>
@@ -6,15 +8,20 @@
 
 #include "layers/moe.h"
 
-// uniform in [-scale, scale]; the CPU backend's device memory is host memory
-static real *rand_uniform(size_t n, double scale) {
-    real *x = malloc(n * sizeof(real));
-    for (size_t i = 0; i < n; i++) x[i] = (real)(scale * (2.0 * rand() / RAND_MAX - 1.0));
-    return x;
+// n reals of backend memory: uniform in [-scale, scale], or zero when scale == 0
+static real *device_uniform(moe_backend *be, size_t n, double scale) {
+    real *host = malloc(n * sizeof(real)), *dev = be->alloc(be, n * sizeof(real));
+    if (!host || !dev) moe_fatal("out of memory");
+    for (size_t i = 0; i < n; i++) host[i] = (real)(scale * (2.0 * rand() / RAND_MAX - 1.0));
+    be->copy_to_device(be, dev, host, n * sizeof(real));
+    free(host);
+    return dev;
 }
-static double norm(const real *x, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+
+// ||x|| of n reals of backend memory
+static double device_norm(moe_backend *be, const real *x, size_t n) {
+    double s;
+    be->sum_squares(be, &s, x, n);
     return sqrt(s);
 }
 
@@ -27,9 +34,9 @@ int main(void) {
     if (moe_layer_init(&L, be, &cfg, T)) moe_fatal("%s", moe_last_error());
     size_t nw = moe_weights_count(&cfg), nx = (size_t)T * d;
     srand(1);
-    real *params = rand_uniform(nw, 0.2), *x = rand_uniform(nx, 1.0), *dout = rand_uniform(nx, 1.0);
-    real *grads = calloc(nw, sizeof(real)), *y = malloc(nx * sizeof(real));
-    real *dx = calloc(nx, sizeof(real)); // backward accumulates (+=) into dx and grads
+    real *params = device_uniform(be, nw, 0.2), *x = device_uniform(be, nx, 1.0);
+    real *dout = device_uniform(be, nx, 1.0), *y = device_uniform(be, nx, 0);
+    real *grads = device_uniform(be, nw, 0), *dx = device_uniform(be, nx, 0); // backward: +=
     moe_weights w, g;
     moe_weights_view(&w, params, &cfg);
     moe_weights_view(&g, grads, &cfg);
@@ -37,8 +44,11 @@ int main(void) {
     if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st)) moe_fatal("%s", moe_last_error());
     if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
     printf("moe layer T=%d d=%d ff=%d E=%d k=%d: |y| %.6f |dx| %.6f |dgate| %.6f aux %.6f\n", T, d,
-           ff, E, k, norm(y, nx), norm(dx, nx), norm(g.gate, (size_t)E * d), st.aux);
+           ff, E, k, device_norm(be, y, nx), device_norm(be, dx, nx),
+           device_norm(be, g.gate, (size_t)E * d), st.aux);
     moe_layer_free(&L);
-    free(params), free(grads), free(x), free(dout), free(y), free(dx);
+    real *bufs[] = {params, grads, x, dout, y, dx};
+    for (int i = 0; i < 6; i++) be->free(be, bufs[i]);
+    moe_backend_destroy(be);
     return 0;
 }

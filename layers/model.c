@@ -165,7 +165,7 @@ static moe_status alloc_all(model *m, const buffer_spec *specs, size_t n) {
 // What both modes share: parameters, tensor table, RoPE tables for max_pos positions,
 // n_moe MoE layers of max_tokens tokens each.
 static moe_status create_common(model *m, moe_backend *be, const model_config *cfg,
-                                int max_pos, int n_moe, int max_tokens) {
+                                int max_pos, int n_moe, int max_tokens, int forward_only) {
     memset(m, 0, sizeof *m);
     moe_status st = model_config_check(cfg);
     if (st) return st;
@@ -198,7 +198,8 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
     // layer at a time (its bytes count as layer 0's).
     for (int l = 0; l < n_moe; l++) {
         const moe_layer_shape shape = {.max_tokens = max_tokens,
-                                       .scratch = l ? m->moe[0].bwd : NULL};
+                                       .scratch = l ? m->moe[0].bwd : NULL,
+                                       .forward_only = forward_only};
         if ((st = moe_layer_create(&m->moe[l], be, &cfg->moe, &shape))) return st;
     }
 
@@ -227,7 +228,7 @@ moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int 
     const size_t T = (size_t)max_batch * max_seq, d = cfg->d_model, L = cfg->n_layers,
                  H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
                  V = cfg->vocab_size, S = max_seq, B = max_batch, R = sizeof(real);
-    moe_status st = create_common(m, be, cfg, max_seq, cfg->n_layers, (int)T);
+    moe_status st = create_common(m, be, cfg, max_seq, cfg->n_layers, (int)T, 0);
     if (st) {
         model_destroy(m);
         return st;
@@ -268,7 +269,7 @@ moe_status model_create_inference(model *m, moe_backend *be, const model_config 
                  H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
                  V = cfg->vocab_size, R = sizeof(real);
     // one MoE layer's buffers serve every layer: nothing is kept for a backward
-    moe_status st = create_common(m, be, cfg, max_pos, 1, max_chunk);
+    moe_status st = create_common(m, be, cfg, max_pos, 1, max_chunk, 1);
     if (st) {
         model_destroy(m);
         return st;

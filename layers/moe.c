@@ -204,7 +204,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->losses = (real *)((char *)L->readback + readback_loss_offset((int)E));
     L->xe = L->xp, L->ye_local = L->ye; // one rank: the exchange is the identity
     L->bwd = shape->scratch;
-    if (!L->bwd) { // a layer on its own: its own scratch
+    if (!L->bwd && !shape->forward_only) { // a layer on its own: its own scratch
         L->bwd = malloc(sizeof *L->bwd);
         if (!L->bwd) {
             moe_layer_free(L);
@@ -217,8 +217,10 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         }
         L->bytes += L->bwd->bytes;
     }
-    L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
-    L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
+    if (L->bwd) {
+        L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
+        L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
+    }
     L->host_readback = calloc(1, readback_bytes((int)E));
     L->host_kept = calloc(E, I);
     if (!L->host_readback || !L->host_kept) {
@@ -423,6 +425,7 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
     if (!inp || !grads || !grads->gate || !grads->w13 || !grads->w2)
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument to backward");
     if (!isfinite(dloss)) return moe_error(MOE_EINVAL, "moe: dloss=%g must be finite", dloss);
+    if (!L->bwd) return moe_error(MOE_EINVAL, "moe: the layer was created forward-only");
     const int T = L->last_tokens, E = L->cfg.n_experts;
     const int *offsets = L->host_counts + E;
     const int N = offsets[E];

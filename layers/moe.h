@@ -104,6 +104,7 @@ typedef struct {
     int first_expert;    // global index of the first local expert (the HF name's J)
     int max_expert_rows; // rows the local experts compute per call (0: T*k, all of one rank's)
     moe_backward_scratch *scratch; // shared backward scratch (NULL: the layer allocates one)
+    int forward_only;    // inference: no backward scratch at all (moe_layer_backward refuses)
 } moe_layer_shape;
 
 // Bytes per expert row of a layer's buffers: `forward` is kept per layer for the backward

@@ -105,14 +105,15 @@ static const char *usage_generate =
     "  --device NAME      the backend to compute on (default cpu)\n";
 
 static const char *usage_export =
-    "usage: moe export --ckpt DIR --out DIR [--dtype f32|bf16|f16]\n"
+    "usage: moe export --ckpt DIR --out DIR [--dtype f32|bf16|f16] [--device NAME]\n"
     "\n"
     "  Writes a checkpoint's weights as an inference-only Hugging Face Mixtral folder\n"
     "  (config.json, safetensors shards and their index, generation_config.json) with the\n"
     "  checkpoint's tokenizer files (the byte tokenizer's for a vocabulary of 256).\n"
     "  --ckpt DIR     a checkpoint folder, RUN/ckpt/latest, or a Hugging Face Mixtral folder\n"
     "  --out DIR      the output folder\n"
-    "  --dtype D      f32 (default), bf16 or f16\n";
+    "  --dtype D      f32 (default), bf16 or f16\n"
+    "  --device NAME  the backend the weights are loaded on (default cpu)\n";
 
 // A usage error: the message and the command's usage on stderr; exit status 2.
 __attribute__((format(printf, 3, 4))) static int usage_error(const char *name,
@@ -256,13 +257,14 @@ static int cmd_generate(int argc, char **argv) {
 }
 
 static int cmd_export(int argc, char **argv) {
-    const char *ckpt = NULL, *out = NULL;
+    const char *ckpt = NULL, *out = NULL, *device = "cpu";
     st_dtype dtype = ST_F32;
     for (int i = 0; i < argc; i += 2) {
         if (i + 1 == argc) return usage_error("export", usage_export, "'%s' needs a value", argv[i]);
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--dtype")) {
             if (!strcmp(v, "f32") || !strcmp(v, "float32")) dtype = ST_F32;
             else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) dtype = ST_BF16;
@@ -271,7 +273,7 @@ static int cmd_export(int argc, char **argv) {
         } else return usage_error("export", usage_export, "unknown argument '%s'", a);
     }
     if (!ckpt || !out) return usage_error("export", usage_export, "--ckpt and --out are required");
-    moe_backend *be = open_device("cpu"); // a copy of the weights: the CPU is enough
+    moe_backend *be = open_device(device);
     model m;
     if (infer_load(&m, be, ckpt, 1, 1)) moe_fatal("%s", moe_last_error());
     // (with ckpt's tokenizer files)
