@@ -69,6 +69,8 @@ typedef struct {
 struct moe_backend {
     const char *name; // the name it was created by: "cpu", "cpu-strict", later "cuda"
     void *state;      // the backend's own (CPU: struct cpu_state of layers/cpu/cpu_backend.h)
+    int host_memory;  // 1: backend pointers are plain host memory the host may pass to a
+                      // library (MPI) directly (the CPU); 0: only through the typed copies
     void (*destroy)(moe_backend *be); // frees the state and the object (moe_backend_destroy)
     // One line for logs: the implementation, its kernels and its parallelism, e.g.
     // "BLAS: OpenBLAS 0.3.21 ... (kernels Zen); threads: 2". Host string owned by the backend.

@@ -106,6 +106,7 @@ moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt,
     *be = cpu_table;
     be->name = strict ? "cpu-strict" : "cpu";
     be->state = s;
+    be->host_memory = !strict;
     s->strict = strict;
     s->threads = moe_cpu_threads(opt ? opt->threads : 0);
     *out = be;

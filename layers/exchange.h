@@ -1,0 +1,66 @@
+// The exchange: collective operations between the ranks of a run, for expert parallelism
+// (DESIGN.md §4). One interface, several implementations: "single" (one rank: copies, no
+// MPI) and "mpi" (Open MPI; built with MOE_MPI). A later NCCL implementation fills the same
+// table with device pointers, so the interface says which memory each buffer is in:
+//   "rows" and the reduced gradients live in BACKEND memory (the backend passed along);
+//   counts, flags and small vectors are HOST memory.
+// The implementation stages backend memory through the host when the backend's memory is not
+// host memory (be->host_memory == 0: cpu-strict, later cuda without CUDA-aware MPI).
+//
+// A communicator is a group of ranks: the world, its expert-parallel (EP) groups and its
+// expert-data-parallel groups (the ranks holding the same experts). Every operation is
+// collective over the communicator: each of its ranks makes the same call in the same order.
+#ifndef MOE_EXCHANGE_H
+#define MOE_EXCHANGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layers/backend.h"
+
+typedef struct moe_comm moe_comm;
+
+struct moe_comm {
+    const char *name; // "single" or "mpi"
+    int rank, size;   // this process's rank in the group, and the group's size
+    void *state;      // the implementation's (MPI: the MPI_Comm)
+    double wait_s;    // seconds spent inside the collectives of this communicator so far
+
+    // recv[i*n .. i*n+n) = what rank i sent to this rank as its send[rank*n ..]. HOST ints,
+    // send and recv [size * n].
+    void (*alltoall_int)(moe_comm *c, int *recv, const int *send, int n);
+    // Rows to every peer: send holds send_rows[0] rows for rank 0, then send_rows[1] for rank
+    // 1, ...; recv receives recv_rows[i] rows from rank i, in rank order. Counts are HOST
+    // [size] (zero allowed); rows are BACKEND memory of row_bytes each.
+    void (*alltoallv_rows)(moe_comm *c, moe_backend *be, void *recv, const int *recv_rows,
+                           const void *send, const int *send_rows, size_t row_bytes);
+    // x = the sum of every rank's x, in place. BACKEND memory, n reals.
+    void (*allreduce_sum_real)(moe_comm *c, moe_backend *be, real *x, size_t n);
+    // The same for HOST doubles and longs.
+    void (*allreduce_sum_double)(moe_comm *c, double *x, size_t n);
+    void (*allreduce_sum_long)(moe_comm *c, long *x, size_t n);
+    // recv[i*bytes ..] = rank i's send (bytes each). HOST.
+    void (*allgather)(moe_comm *c, void *recv, const void *send, size_t bytes);
+    // buf (bytes, HOST) becomes root's buf on every rank.
+    void (*broadcast)(moe_comm *c, void *buf, size_t bytes, int root);
+    void (*barrier)(moe_comm *c);
+    // Ends every rank of the world with exit status `code` (never returns).
+    void (*abort)(moe_comm *c, int code);
+    // Splits c into groups of equal color, ordered by key (MPI_Comm_split): the new
+    // communicator in *out. Collective over c.
+    moe_status (*split)(moe_comm *c, int color, int key, moe_comm **out);
+    void (*destroy)(moe_comm *c); // a communicator from split or moe_comm_world
+};
+
+// The world: "mpi" when this process was started by mpirun (and the build has MPI), else
+// "single". MOE_EINVAL with the reason when mpirun started R > 1 ranks of a build without
+// MPI. The world is created once per process; destroying it finalises MPI.
+moe_status moe_comm_world(moe_comm **out);
+
+// The one-rank communicator (tests; what moe_comm_world gives outside mpirun).
+moe_status moe_comm_single(moe_comm **out);
+
+// The ranks an mpirun launch says this process has (OMPI_COMM_WORLD_SIZE, PMI_SIZE), or 1.
+int moe_launch_size(void);
+
+#endif

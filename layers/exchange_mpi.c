@@ -1,0 +1,192 @@
+// The MPI exchange (layers/exchange.h), for Open MPI launched by mpirun. Host buffers go to
+// MPI directly; backend memory too when it is host memory (be->host_memory), else it is
+// staged through host buffers with the typed copies. Each call adds its time to c->wait_s:
+// a rank that waits long in the exchanges is waiting for a slower (hotter) peer.
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "layers/exchange.h"
+
+typedef struct {
+    MPI_Comm comm;
+    int owns_mpi;          // the world: finalises MPI when destroyed
+    void *stage[2];        // host staging for backend memory that is not host memory
+    size_t stage_bytes[2];
+} mpi_state;
+
+static MPI_Comm comm_of(moe_comm *c) { return ((mpi_state *)c->state)->comm; }
+
+// A host buffer of at least `bytes` for staging slot i (kept for the next call).
+static void *stage(moe_comm *c, int i, size_t bytes) {
+    mpi_state *s = c->state;
+    if (s->stage_bytes[i] < bytes) {
+        free(s->stage[i]);
+        s->stage[i] = malloc(bytes ? bytes : 1);
+        s->stage_bytes[i] = s->stage[i] ? bytes : 0;
+        if (!s->stage[i]) {
+            fprintf(stderr, "moe: error: rank %d: cannot allocate %zu bytes to stage an exchange\n",
+                    c->rank, bytes);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    return s->stage[i];
+}
+
+static void mpi_alltoall_int(moe_comm *c, int *recv, const int *send, int n) {
+    const double t0 = MPI_Wtime();
+    MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, comm_of(c));
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+static void mpi_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, const int *recv_rows,
+                               const void *send, const int *send_rows, size_t row_bytes) {
+    const double t0 = MPI_Wtime();
+    const int R = c->size;
+    int *sdisp = malloc(2 * (size_t)R * sizeof(int)), *rdisp = sdisp + R;
+    size_t n_send = 0, n_recv = 0;
+    for (int i = 0; i < R; i++) {
+        sdisp[i] = (int)n_send, rdisp[i] = (int)n_recv;
+        n_send += (size_t)send_rows[i], n_recv += (size_t)recv_rows[i];
+    }
+    const void *sbuf = send;
+    void *rbuf = recv;
+    if (!be->host_memory) {
+        void *hs = stage(c, 0, n_send * row_bytes);
+        be->copy_to_host(be, hs, send, n_send * row_bytes);
+        sbuf = hs;
+        rbuf = stage(c, 1, n_recv * row_bytes);
+    }
+    MPI_Datatype row;
+    MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &row);
+    MPI_Type_commit(&row);
+    MPI_Alltoallv(sbuf, send_rows, sdisp, row, rbuf, recv_rows, rdisp, row, comm_of(c));
+    MPI_Type_free(&row);
+    if (!be->host_memory) be->copy_to_device(be, recv, rbuf, n_recv * row_bytes);
+    free(sdisp);
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+// MPI counts are ints: reduce in chunks of at most 2^30 elements.
+static void allreduce_chunks(moe_comm *c, void *x, size_t n, size_t elem, MPI_Datatype t) {
+    const double t0 = MPI_Wtime();
+    const size_t chunk = (size_t)1 << 30;
+    for (size_t at = 0; at < n; at += chunk) {
+        const size_t m = n - at < chunk ? n - at : chunk;
+        MPI_Allreduce(MPI_IN_PLACE, (char *)x + at * elem, (int)m, t, MPI_SUM, comm_of(c));
+    }
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+static void mpi_allreduce_real(moe_comm *c, moe_backend *be, real *x, size_t n) {
+    const MPI_Datatype t = sizeof(real) == sizeof(double) ? MPI_DOUBLE : MPI_FLOAT;
+    if (be->host_memory) {
+        allreduce_chunks(c, x, n, sizeof(real), t);
+        return;
+    }
+    real *h = stage(c, 0, n * sizeof(real));
+    be->copy_to_host(be, h, x, n * sizeof(real));
+    allreduce_chunks(c, h, n, sizeof(real), t);
+    be->copy_to_device(be, x, h, n * sizeof(real));
+}
+
+static void mpi_allreduce_double(moe_comm *c, double *x, size_t n) {
+    allreduce_chunks(c, x, n, sizeof(double), MPI_DOUBLE);
+}
+static void mpi_allreduce_long(moe_comm *c, long *x, size_t n) {
+    allreduce_chunks(c, x, n, sizeof(long), MPI_LONG);
+}
+
+static void mpi_allgather(moe_comm *c, void *recv, const void *send, size_t bytes) {
+    const double t0 = MPI_Wtime();
+    MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, comm_of(c));
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+static void mpi_broadcast(moe_comm *c, void *buf, size_t bytes, int root) {
+    const double t0 = MPI_Wtime();
+    MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm_of(c));
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+static void mpi_barrier(moe_comm *c) {
+    const double t0 = MPI_Wtime();
+    MPI_Barrier(comm_of(c));
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+static void mpi_abort(moe_comm *c, int code) {
+    (void)c;
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code); // not reached
+}
+
+static void mpi_destroy(moe_comm *c) {
+    mpi_state *s = c->state;
+    free(s->stage[0]), free(s->stage[1]);
+    if (s->owns_mpi) {
+        MPI_Comm_free(&s->comm);
+        MPI_Finalize();
+    } else {
+        MPI_Comm_free(&s->comm);
+    }
+    free(s);
+    free(c);
+}
+
+static moe_status mpi_split(moe_comm *c, int color, int key, moe_comm **out);
+
+static moe_status wrap(MPI_Comm comm, int owns_mpi, moe_comm **out) {
+    moe_comm *c = calloc(1, sizeof *c);
+    mpi_state *s = calloc(1, sizeof *s);
+    *out = c;
+    if (!c || !s) {
+        free(c), free(s);
+        *out = NULL;
+        return moe_error(MOE_ENOMEM, "exchange: out of memory");
+    }
+    s->comm = comm;
+    s->owns_mpi = owns_mpi;
+    *c = (moe_comm){
+        .name = "mpi",
+        .state = s,
+        .alltoall_int = mpi_alltoall_int,
+        .alltoallv_rows = mpi_alltoallv_rows,
+        .allreduce_sum_real = mpi_allreduce_real,
+        .allreduce_sum_double = mpi_allreduce_double,
+        .allreduce_sum_long = mpi_allreduce_long,
+        .allgather = mpi_allgather,
+        .broadcast = mpi_broadcast,
+        .barrier = mpi_barrier,
+        .abort = mpi_abort,
+        .split = mpi_split,
+        .destroy = mpi_destroy,
+    };
+    MPI_Comm_rank(comm, &c->rank);
+    MPI_Comm_size(comm, &c->size);
+    return MOE_OK;
+}
+
+static moe_status mpi_split(moe_comm *c, int color, int key, moe_comm **out) {
+    MPI_Comm sub;
+    if (MPI_Comm_split(comm_of(c), color, key, &sub) != MPI_SUCCESS)
+        return moe_error(MOE_EIO, "exchange: MPI_Comm_split failed on rank %d", c->rank);
+    return wrap(sub, 0, out);
+}
+
+moe_status moe_comm_world(moe_comm **out) {
+    *out = NULL;
+    if (moe_launch_size() <= 1) return moe_comm_single(out); // not under mpirun (or -np 1)
+    int provided;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return moe_error(MOE_EIO, "exchange: MPI_Init failed");
+    // errors abort the job (MPI's default): a failed rank must not leave the others waiting
+    MPI_Comm world;
+    MPI_Comm_dup(MPI_COMM_WORLD, &world);
+    return wrap(world, 1, out);
+}

@@ -1,0 +1,75 @@
+// The one-rank exchange: every collective is a copy or nothing (layers/exchange.h).
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/exchange.h"
+
+static void single_alltoall_int(moe_comm *c, int *recv, const int *send, int n) {
+    (void)c;
+    memmove(recv, send, (size_t)n * sizeof(int));
+}
+
+static void single_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, const int *recv_rows,
+                                  const void *send, const int *send_rows, size_t row_bytes) {
+    (void)c, (void)recv_rows;
+    if (send_rows[0] > 0 && recv != send)
+        be->copy_on_device(be, recv, send, (size_t)send_rows[0] * row_bytes);
+}
+
+static void single_allreduce_real(moe_comm *c, moe_backend *be, real *x, size_t n) {
+    (void)c, (void)be, (void)x, (void)n;
+}
+static void single_allreduce_double(moe_comm *c, double *x, size_t n) { (void)c, (void)x, (void)n; }
+static void single_allreduce_long(moe_comm *c, long *x, size_t n) { (void)c, (void)x, (void)n; }
+static void single_allgather(moe_comm *c, void *recv, const void *send, size_t bytes) {
+    (void)c;
+    memmove(recv, send, bytes);
+}
+static void single_broadcast(moe_comm *c, void *buf, size_t bytes, int root) {
+    (void)c, (void)buf, (void)bytes, (void)root;
+}
+static void single_barrier(moe_comm *c) { (void)c; }
+static void single_abort(moe_comm *c, int code) {
+    (void)c;
+    exit(code);
+}
+static moe_status single_split(moe_comm *c, int color, int key, moe_comm **out) {
+    (void)c, (void)color, (void)key;
+    return moe_comm_single(out);
+}
+static void single_destroy(moe_comm *c) { free(c); }
+
+moe_status moe_comm_single(moe_comm **out) {
+    moe_comm *c = calloc(1, sizeof *c);
+    *out = c;
+    if (!c) return moe_error(MOE_ENOMEM, "exchange: out of memory");
+    *c = (moe_comm){
+        .name = "single",
+        .rank = 0,
+        .size = 1,
+        .alltoall_int = single_alltoall_int,
+        .alltoallv_rows = single_alltoallv_rows,
+        .allreduce_sum_real = single_allreduce_real,
+        .allreduce_sum_double = single_allreduce_double,
+        .allreduce_sum_long = single_allreduce_long,
+        .allgather = single_allgather,
+        .broadcast = single_broadcast,
+        .barrier = single_barrier,
+        .abort = single_abort,
+        .split = single_split,
+        .destroy = single_destroy,
+    };
+    return MOE_OK;
+}
+
+int moe_launch_size(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) {
+            int n = atoi(v);
+            if (n >= 1) return n;
+        }
+    }
+    return 1;
+}

@@ -1,0 +1,125 @@
+// The exchange (layers/exchange.h) in the manner of nccl-tests: every rank builds its data
+// from (sender, receiver, index), exchanges counts that include zeros and a rank that sends
+// nothing at all, checks every element it receives, and reports the bandwidth of the same
+// runs. Run alone (one rank) or under mpirun -np R.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "layers/exchange.h"
+#include "layers/rng.h"
+#include "test_backend.h"
+#include "test_util.h"
+
+// The element j of a row i that rank `src` sends to rank `dst` (exact in float).
+static real value(int src, int dst, int i, int j) {
+    return (real)((src * 7 + dst * 3) % 64 + (double)((i * 5 + j) % 997) / 1024.0);
+}
+
+// Rows rank src sends to rank dst in round `round`: a function every rank can evaluate.
+// Zero for (src + round) % 5 == 0 pairs, and rank R-1 sends nothing in round 1.
+static int rows_of(int src, int dst, int R, int round, int max_rows) {
+    if (round == 1 && src == R - 1) return 0;
+    uint64_t h = moe_mix64((uint64_t)(src * 131 + dst * 17 + round * 7919 + 1));
+    if ((src + dst + round) % 5 == 0) return 0;
+    return (int)(h % (uint64_t)(max_rows + 1));
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+int main(void) {
+    moe_comm *world;
+    if (moe_comm_world(&world)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        return 1;
+    }
+    moe_backend *be = test_backend();
+    const int R = world->size, me = world->rank, d = 64, max_rows = 200;
+    if (me == 0) printf("exchange %s, %d rank(s), backend %s\n", world->name, R, be->name);
+
+    // the per-peer counts, exchanged as the MoE layer does (alltoall of ints)
+    int *send_n = malloc(2 * (size_t)R * sizeof(int)), *recv_n = send_n + R;
+    double bytes_moved = 0, seconds = 0;
+    int bad = 0;
+    for (int round = 0; round < 4; round++) {
+        for (int j = 0; j < R; j++) send_n[j] = rows_of(me, j, R, round, max_rows);
+        world->alltoall_int(world, recv_n, send_n, 1);
+        size_t ns = 0, nr = 0;
+        for (int j = 0; j < R; j++) {
+            bad += recv_n[j] != rows_of(j, me, R, round, max_rows); // counts arrive intact
+            ns += (size_t)send_n[j], nr += (size_t)recv_n[j];
+        }
+        real *hs = malloc((ns + 1) * d * sizeof(real)), *hr = malloc((nr + 1) * d * sizeof(real));
+        size_t at = 0;
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < send_n[j]; i++, at++)
+                for (int k = 0; k < d; k++) hs[at * d + k] = value(me, j, i, k);
+        real *ds = be->alloc(be, (ns + 1) * d * sizeof(real)), *dr = be->alloc(be, (nr + 1) * d * sizeof(real));
+        be->copy_to_device(be, ds, hs, ns * d * sizeof(real));
+        world->barrier(world);
+        const double t0 = now();
+        world->alltoallv_rows(world, be, dr, recv_n, ds, send_n, d * sizeof(real));
+        seconds += now() - t0;
+        bytes_moved += (double)(ns + nr) * d * sizeof(real) / 2;
+        be->copy_to_host(be, hr, dr, nr * d * sizeof(real));
+        at = 0;
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < recv_n[j]; i++, at++)
+                for (int k = 0; k < d; k++) bad += hr[at * d + k] != value(j, me, i, k);
+        be->free(be, ds), be->free(be, dr);
+        free(hs), free(hr);
+    }
+    check_true("alltoall counts and alltoallv rows: every element from (sender, receiver, index)",
+               bad == 0);
+
+    // all-reduce of backend reals, host doubles and longs; allgather; broadcast
+    const size_t n = 1000;
+    real *hx = malloc(n * sizeof(real)), *dx = be->alloc(be, n * sizeof(real));
+    for (size_t i = 0; i < n; i++) hx[i] = (real)(me + 1) * (real)(i % 13);
+    be->copy_to_device(be, dx, hx, n * sizeof(real));
+    world->allreduce_sum_real(world, be, dx, n);
+    be->copy_to_host(be, hx, dx, n * sizeof(real));
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= hx[i] == (real)(R * (R + 1) / 2) * (real)(i % 13);
+    check_true("allreduce_sum_real (backend memory) == R(R+1)/2 x", ok);
+    double dv[2] = {me + 0.5, 1};
+    long lv[2] = {me, 1};
+    world->allreduce_sum_double(world, dv, 2);
+    world->allreduce_sum_long(world, lv, 2);
+    check_true("allreduce_sum_double", dv[0] == R * (R - 1) / 2.0 + 0.5 * R && dv[1] == R);
+    check_true("allreduce_sum_long", lv[0] == (long)R * (R - 1) / 2 && lv[1] == R);
+    int *all = malloc((size_t)R * sizeof(int)), mine = 100 + me;
+    world->allgather(world, all, &mine, sizeof mine);
+    ok = 1;
+    for (int j = 0; j < R; j++) ok &= all[j] == 100 + j;
+    check_true("allgather", ok);
+    long token = me == R - 1 ? 4242 : -1;
+    world->broadcast(world, &token, sizeof token, R - 1);
+    check_true("broadcast from the last rank", token == 4242);
+
+    // split: even and odd ranks
+    moe_comm *half;
+    if (world->split(world, me % 2, me, &half)) return 1;
+    long one = 1;
+    half->allreduce_sum_long(half, &one, 1);
+    check_true("split: the group's size and this rank's place in it",
+               half->size == (R + 1 - me % 2) / 2 && half->rank == me / 2 && one == half->size);
+    half->destroy(half);
+
+    if (me == 0)
+        printf("alltoallv: %.2f MB per rank in %.3f ms: %.2f GB/s (algorithm bandwidth)\n",
+               bytes_moved / 1e6, seconds * 1e3, seconds > 0 ? bytes_moved / seconds / 1e9 : 0);
+    long failures = test_failures();
+    world->allreduce_sum_long(world, &failures, 1);
+    if (me == 0) printf("%ld failure(s) over %d rank(s)\n", failures, R);
+    be->free(be, dx);
+    free(hx), free(all), free(send_n);
+    world->destroy(world);
+    return failures != 0;
+}
