@@ -47,6 +47,11 @@ typedef enum {
 
 typedef struct moe_backend moe_backend;
 
+// One block of rows for moe_copy_chunks.
+typedef struct {
+    int src, dst, rows;
+} moe_row_chunk;
+
 // The slots of router_losses' output (in this order), read back once per MoE forward.
 typedef enum {
     MOE_LOSS_AUX = 0,       // L_aux = aux_coef * E * sum_e f_e P_e
@@ -139,6 +144,11 @@ struct moe_backend {
     // ---- data movement ---------------------------------------------------
     // xp[r,:] = x[row_token[r],:]                          xp [N,d]; x [T,d]
     void (*moe_permute)(moe_backend *be, real *xp, const real *x, const int *row_token, int N, int d);
+    // Row blocks: for each chunk c, dst rows [chunks[c].dst, +rows) = src rows [chunks[c].src,
+    // +rows), rows of d reals (the expert-parallel reorder between [source rank][local expert]
+    // and [local expert][source rank]). chunks is a HOST array of n_chunks; blocks never overlap.
+    void (*moe_copy_chunks)(moe_backend *be, real *dst, const real *src,
+                            const moe_row_chunk *chunks, int n_chunks, int d);
     // out[t,:] = sum_j weights[t,j] * y[assign_row[t,j],:] (kept only)   out [T,d]; y [N,d]
     void (*moe_combine_forward)(moe_backend *be, real *out, const real *y, const real *weights,
                                 const int *assign_row, int T, int k, int d);

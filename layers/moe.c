@@ -64,17 +64,25 @@ int moe_capacity(const moe_config *cfg, int T) {
     return c >= T ? T : (int)c;
 }
 
+size_t moe_weights_count_local(const moe_config *cfg, int E_local) {
+    size_t E = cfg->n_experts, El = E_local, d = cfg->d_model, ff = cfg->d_ff;
+    return E * d + 3 * El * ff * d; // gate + w13 + w2
+}
+
+void moe_weights_view_local(moe_weights *w, real *buf, const moe_config *cfg, int E_local) {
+    size_t E = cfg->n_experts, El = E_local, d = cfg->d_model, ff = cfg->d_ff;
+    w->gate = buf;
+    w->w13 = w->gate + E * d;
+    w->w2 = w->w13 + El * 2 * ff * d;
+    w->bias = NULL; // not a parameter: the caller points it at a bias if it uses one
+}
+
 size_t moe_weights_count(const moe_config *cfg) {
-    size_t E = cfg->n_experts, d = cfg->d_model, ff = cfg->d_ff;
-    return E * d + 3 * E * ff * d; // gate + w13 + w2
+    return moe_weights_count_local(cfg, cfg->n_experts);
 }
 
 void moe_weights_view(moe_weights *w, real *buf, const moe_config *cfg) {
-    size_t E = cfg->n_experts, d = cfg->d_model, ff = cfg->d_ff;
-    w->gate = buf;
-    w->w13 = w->gate + E * d;
-    w->w2 = w->w13 + E * 2 * ff * d;
-    w->bias = NULL; // not a parameter: the caller points it at a bias if it uses one
+    moe_weights_view_local(w, buf, cfg, cfg->n_experts);
 }
 
 // ---- allocation ----------------------------------------------------------------
@@ -112,21 +120,29 @@ static moe_status resolve_shape(moe_layer_shape *out, const moe_config *cfg,
     *out = *shape;
     if (out->max_tokens < 1)
         return moe_error(MOE_EINVAL, "moe: max_tokens=%d must be >= 1", out->max_tokens);
-    const size_t N = (size_t)out->max_tokens * cfg->top_k;
-    const size_t wide = cfg->d_model > cfg->d_ff ? cfg->d_model : cfg->d_ff;
-    if (N * wide > INT32_MAX)
-        return moe_error(MOE_EINVAL, "moe: max_tokens*top_k*max(d_model,d_ff) = %zu exceeds 2^31-1",
-                         N * wide);
-    if (out->n_local_experts == 0) out->n_local_experts = cfg->n_experts;
-    if (out->max_expert_rows == 0) out->max_expert_rows = (int)N;
-    if (out->n_local_experts != cfg->n_experts || out->first_expert != 0)
+    const int E = cfg->n_experts, R = out->ep ? out->ep->size : 1;
+    if (R > 1 && E % R)
+        return moe_error(MOE_EINVAL, "moe: n_experts=%d is not divisible by the %d ranks of the "
+                         "expert-parallel group", E, R);
+    const int El = E / R, first = R > 1 ? out->ep->rank * El : 0;
+    if ((out->n_local_experts && out->n_local_experts != El) ||
+        (out->first_expert && out->first_expert != first))
         return moe_error(MOE_EINVAL, "moe: a layer holding experts %d..%d of %d needs an expert "
-                         "exchange (expert parallelism), which this layer does not have yet",
-                         out->first_expert, out->first_expert + out->n_local_experts - 1,
-                         cfg->n_experts);
-    if (out->max_expert_rows != (int)N)
-        return moe_error(MOE_EINVAL, "moe: max_expert_rows=%d: with one rank the experts compute "
-                         "the T*k = %zu rows of the rank", out->max_expert_rows, N);
+                         "exchange that gives it those (this one: %d..%d over %d rank(s))",
+                         out->first_expert, out->first_expert + out->n_local_experts - 1, E,
+                         first, first + El - 1, R);
+    out->n_local_experts = El, out->first_expert = first;
+    const size_t T = out->max_tokens, k = cfg->top_k, N = T * k;
+    const size_t bound = R * T * (size_t)(cfg->top_k < El ? cfg->top_k : El);
+    const size_t wide = cfg->d_model > cfg->d_ff ? cfg->d_model : cfg->d_ff;
+    if ((N > bound ? N : bound) * wide > INT32_MAX)
+        return moe_error(MOE_EINVAL, "moe: max_tokens*top_k*max(d_model,d_ff) = %zu exceeds 2^31-1",
+                         (N > bound ? N : bound) * wide);
+    if (out->max_expert_rows == 0) out->max_expert_rows = (int)bound;
+    if ((size_t)out->max_expert_rows != bound)
+        return moe_error(MOE_EINVAL, "moe: max_expert_rows=%d: the experts of this layer compute "
+                         "up to %zu rows (%d rank(s) x T x min(k, E_local)); a smaller bound "
+                         "is not supported yet", out->max_expert_rows, bound, R);
     return MOE_OK;
 }
 
@@ -138,22 +154,28 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
     if (st) return st;
     const size_t T = sh.max_tokens, E = cfg->n_experts, k = cfg->top_k, d = cfg->d_model,
                  ff = cfg->d_ff, N = T * k, Ne = sh.max_expert_rows, R = sizeof(real);
+    const int ep = sh.ep && sh.ep->size > 1;
     buffer_spec specs[] = {
         {(void **)&s->dlogits, T * E * R}, {(void **)&s->dweights, T * k * R},
         {(void **)&s->dye, N * d * R},     {(void **)&s->dact, Ne * ff * R},
         {(void **)&s->dh13, 2 * Ne * ff * R}, {(void **)&s->dxe, Ne * d * R},
+        // expert parallelism: the rows at the experts and the exchange staging are their own
+        {(void **)&s->dye_e, Ne * d * R},  {(void **)&s->dstage, Ne * d * R},
+        {(void **)&s->dxp, N * d * R},
     };
-    if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &s->bytes))) return st;
+    const size_t n_specs = sizeof specs / sizeof specs[0] - (ep ? 0 : 3);
+    if ((st = alloc_specs(be, specs, n_specs, &s->bytes))) return st;
     s->be = be;
-    s->dxp = s->dxe; // one rank: the experts' rows are the rank's own rows
+    if (!ep) s->dye_e = s->dye, s->dxp = s->dxe; // one rank: the experts' rows are its own
     return MOE_OK;
 }
 
 void moe_backward_scratch_free(moe_backward_scratch *s) {
     if (s->be) {
-        void *bufs[] = {s->dlogits, s->dweights, s->dye, s->dact, s->dh13, s->dxe};
+        void *bufs[] = {s->dlogits, s->dweights, s->dye, s->dact, s->dh13, s->dxe, s->dstage};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) s->be->free(s->be, bufs[i]);
+        if (s->dstage) s->be->free(s->be, s->dye_e), s->be->free(s->be, s->dxp); // EP's own
     }
     memset(s, 0, sizeof *s);
 }
@@ -166,6 +188,31 @@ static size_t readback_loss_offset(int E) {
 }
 static size_t readback_bytes(int E) {
     return readback_loss_offset(E) + MOE_LOSS_SLOTS * sizeof(real);
+}
+
+// Expert parallelism: the received rows and the local experts' own input and output rows
+// (device), and the exchange plan (host).
+static moe_status create_exchange_buffers(moe_layer *L) {
+    const size_t Ne = L->max_expert_rows, d = L->cfg.d_model, R = L->ep_size, El = L->E_local;
+    buffer_spec specs[] = {
+        {(void **)&L->xr, Ne * d * sizeof(real)},
+        {(void **)&L->xe, Ne * d * sizeof(real)},
+        {(void **)&L->ye_local, Ne * d * sizeof(real)},
+    };
+    moe_status st = alloc_specs(L->be, specs, 3, &L->bytes);
+    if (st) {
+        L->xe = L->ye_local = NULL;
+        return st;
+    }
+    L->send_rows = calloc(2 * R * El + 2 * R + El + 1, sizeof(int));
+    L->to_expert = calloc(2 * R * El, sizeof(moe_row_chunk));
+    if (!L->send_rows || !L->to_expert) return moe_error(MOE_ENOMEM, "moe: out of host memory");
+    L->recv_rows = L->send_rows + R;
+    L->send_counts = L->recv_rows + R;
+    L->recv_counts = L->send_counts + R * El;
+    L->local_offsets = L->recv_counts + R * El;
+    L->to_source = L->to_expert + R * El;
+    return MOE_OK;
 }
 
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
@@ -183,6 +230,8 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->max_tokens = sh.max_tokens;
     L->E_local = sh.n_local_experts, L->expert0 = sh.first_expert;
     L->max_expert_rows = sh.max_expert_rows;
+    L->ep = sh.ep && sh.ep->size > 1 ? sh.ep : NULL;
+    L->ep_size = L->ep ? L->ep->size : 1;
 
     const size_t R = sizeof(real), I = sizeof(int);
     buffer_spec specs[] = {
@@ -203,6 +252,10 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->counts = L->readback;
     L->losses = (real *)((char *)L->readback + readback_loss_offset((int)E));
     L->xe = L->xp, L->ye_local = L->ye; // one rank: the exchange is the identity
+    if (L->ep && (st = create_exchange_buffers(L))) {
+        moe_layer_free(L);
+        return st;
+    }
     L->bwd = shape->scratch;
     if (!L->bwd && !shape->forward_only) { // a layer on its own: its own scratch
         L->bwd = malloc(sizeof *L->bwd);
@@ -243,10 +296,16 @@ void moe_layer_free(moe_layer *L) {
         void *bufs[] = {L->logits,     L->probs,     L->scores,  L->seq_counts, L->jitter,
                         L->router_in,  L->lse,       L->topk_idx, L->weights,   L->keep,
                         L->assign_row, L->row_token, L->scratch, L->readback,   L->xp,
-                        L->h13,        L->act,       L->ye};
+                        L->h13,        L->act,       L->ye,      L->xr};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
+        if (L->xr) { // expert parallelism: the experts' rows are their own buffers
+            if (L->xe) L->be->free(L->be, L->xe);
+            if (L->ye_local) L->be->free(L->be, L->ye_local);
+        }
     }
+    free(L->send_rows);
+    free(L->to_expert);
     if (L->owns_bwd) {
         moe_backward_scratch_free(L->bwd);
         free(L->bwd);
@@ -301,27 +360,79 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
     be->copy_to_host(be, L->host_readback, L->readback, readback_bytes(E));
 }
 
-// Dispatch: xp = the kept rows in expert order (rows for expert e contiguous). Here an
-// exchange will send each rank its experts' rows; with one rank the experts read xp itself.
-static void dispatch(moe_layer *L, const real *inp, int N) {
-    L->be->moe_permute(L->be, L->xp, inp, L->row_token, N, L->cfg.d_model);
+// The exchange plan of a forward (expert parallelism), from the kept rows per global expert
+// (offsets, host): rank j of the group gets this rank's rows of experts [j El, (j+1) El),
+// contiguous in xp; the per-local-expert counts go both ways in one all-to-all of ints; what
+// arrives is [source rank][local expert] and the experts want [local expert][source rank].
+static void plan_exchange(moe_layer *L, const int *offsets) {
+    const int R = L->ep_size, El = L->E_local;
+    for (int j = 0; j < R; j++) {
+        for (int e = 0; e < El; e++)
+            L->send_counts[j * El + e] = offsets[j * El + e + 1] - offsets[j * El + e];
+        L->send_rows[j] = offsets[(j + 1) * El] - offsets[j * El];
+    }
+    L->ep->alltoall_int(L->ep, L->recv_counts, L->send_counts, El);
+    int at = 0; // rows of (i, e) in the order they arrive
+    for (int i = 0; i < R; i++) {
+        L->recv_rows[i] = 0;
+        for (int e = 0; e < El; e++) {
+            const int n = L->recv_counts[i * El + e];
+            L->to_expert[e * R + i] = (moe_row_chunk){.src = at, .rows = n};
+            at += n, L->recv_rows[i] += n;
+        }
+    }
+    L->local_offsets[0] = 0;
+    for (int e = 0, row = 0; e < El; e++) { // where (e, i) goes in the experts' order
+        for (int i = 0; i < R; i++) {
+            moe_row_chunk *c = &L->to_expert[e * R + i];
+            c->dst = row, row += c->rows;
+            L->to_source[e * R + i] = (moe_row_chunk){.src = c->dst, .dst = c->src, .rows = c->rows};
+        }
+        L->local_offsets[e + 1] = row;
+    }
+    L->expert_offsets = L->local_offsets;
+    L->expert_rows = at;
+    L->exchange_rows = (long)offsets[L->cfg.n_experts] + at;
+}
+
+// Dispatch: xp = the kept rows in expert order (rows for expert e contiguous), the rows this
+// rank sends. One rank: the experts read xp itself. Expert parallelism: each rank's rows go
+// to the rank holding their experts, and are regrouped by local expert there (xe).
+static void dispatch(moe_layer *L, const real *inp, const int *offsets) {
+    moe_backend *be = L->be;
+    const int E = L->cfg.n_experts, d = L->cfg.d_model;
+    be->moe_permute(be, L->xp, inp, L->row_token, offsets[E], d);
+    if (!L->ep) {
+        L->expert_offsets = offsets, L->expert_rows = offsets[E];
+        return;
+    }
+    plan_exchange(L, offsets);
+    L->ep->alltoallv_rows(L->ep, be, L->xr, L->recv_rows, L->xp, L->send_rows, d * sizeof(real));
+    be->moe_copy_chunks(be, L->xe, L->xr, L->to_expert, L->ep_size * L->E_local, d);
 }
 
 // Experts: [h1 h3] = xe w13^T, act = silu(h1) h3, ye = act w2^T, grouped by local expert.
-static void experts(moe_layer *L, const moe_weights *w, const int *offsets, int N) {
+static void experts(moe_layer *L, const moe_weights *w) {
     moe_backend *be = L->be;
-    const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff;
-    be->expert_matmul_forward(be, L->h13, L->xe, w->w13, offsets, E, 2 * ff, d);
+    const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
+    be->expert_matmul_forward(be, L->h13, L->xe, w->w13, L->expert_offsets, E, 2 * ff, d);
     be->swiglu_forward(be, L->act, L->h13, N, ff);
-    be->expert_matmul_forward(be, L->ye_local, L->act, w->w2, offsets, E, d, ff);
+    be->expert_matmul_forward(be, L->ye_local, L->act, w->w2, L->expert_offsets, E, d, ff);
 }
 
-// Combine: out[t] = sum_j weights[t,j] ye[row(t,j)], on the token's own rank (the exchange
-// back sits before it; the combine weights never travel).
+// Combine: out[t] = sum_j weights[t,j] ye[row(t,j)], on the token's own rank: under expert
+// parallelism the results travel back first (the reorder undone, the sizes swapped); the
+// combine weights never travel.
 static void combine(moe_layer *L, real *out, int T) {
+    moe_backend *be = L->be;
     const moe_config *c = &L->cfg;
-    L->be->moe_combine_forward(L->be, out, L->ye, L->weights, L->assign_row, T, c->top_k,
-                               c->d_model);
+    if (L->ep) {
+        be->moe_copy_chunks(be, L->xr, L->ye_local, L->to_source, L->ep_size * L->E_local,
+                            c->d_model);
+        L->ep->alltoallv_rows(L->ep, be, L->ye, L->send_rows, L->xr, L->recv_rows,
+                              c->d_model * sizeof(real));
+    }
+    be->moe_combine_forward(be, out, L->ye, L->weights, L->assign_row, T, c->top_k, c->d_model);
 }
 
 // Host-side statistics of the forward from the readback.
@@ -351,10 +462,8 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     const int capacity = training ? moe_capacity(&L->cfg, T) : 0; // inference never drops
     L->jittered = training && L->cfg.jitter_eps > 0;
     route(L, inp, w, T, seq_len, capacity);
-    const int *offsets = L->host_counts + L->cfg.n_experts; // grouped GEMM shapes (host)
-    const int N = offsets[L->cfg.n_experts];
-    dispatch(L, inp, N);
-    experts(L, w, offsets + L->expert0, N);
+    dispatch(L, inp, L->host_counts + L->cfg.n_experts); // the row offsets (host)
+    experts(L, w);
     combine(L, out, T);
 
     read_stats(L, T, capacity);
@@ -374,24 +483,44 @@ static void combine_backward(moe_layer *L, const real *dout, int T) {
                                 L->assign_row, T, c->top_k, c->d_model);
 }
 
-// Experts backward: ye = act w2^T, act = swiglu(h13), h13 = xe w13^T. With one rank dye is
-// the experts' output gradient and dxe the rank's dxp.
-static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_weights *w,
-                             const int *offsets, int N) {
+// Combine backward, exchange: under expert parallelism dye travels to the experts like the
+// rows did (the forward's sizes; no new count exchange) and is regrouped by local expert.
+static void combine_backward_exchange(moe_layer *L) {
     moe_backend *be = L->be;
     moe_backward_scratch *s = L->bwd;
-    const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff;
-    be->expert_matmul_backward_weight(be, grads->w2, s->dye, L->act, offsets, E, d, ff);
-    be->expert_matmul_backward_input(be, s->dact, s->dye, w->w2, offsets, E, d, ff, 0);
+    const int d = L->cfg.d_model;
+    L->ep->alltoallv_rows(L->ep, be, s->dstage, L->recv_rows, s->dye, L->send_rows,
+                          d * sizeof(real));
+    be->moe_copy_chunks(be, s->dye_e, s->dstage, L->to_expert, L->ep_size * L->E_local, d);
+}
+
+// Experts backward: ye = act w2^T, act = swiglu(h13), h13 = xe w13^T. With one rank dye_e is
+// dye and dxe the rank's dxp.
+static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_weights *w) {
+    moe_backend *be = L->be;
+    moe_backward_scratch *s = L->bwd;
+    const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
+    const int *offsets = L->expert_offsets;
+    be->expert_matmul_backward_weight(be, grads->w2, s->dye_e, L->act, offsets, E, d, ff);
+    be->expert_matmul_backward_input(be, s->dact, s->dye_e, w->w2, offsets, E, d, ff, 0);
     be->swiglu_backward(be, s->dh13, s->dact, L->h13, N, ff);
     be->expert_matmul_backward_weight(be, grads->w13, s->dh13, L->xe, offsets, E, 2 * ff, d);
     be->expert_matmul_backward_input(be, s->dxe, s->dh13, w->w13, offsets, E, 2 * ff, d, 0);
 }
 
-// Dispatch backward: dinp[t] += sum_j dxp[row(t,j)] (the exchange back sits before it).
+// Dispatch backward: dinp[t] += sum_j dxp[row(t,j)]; under expert parallelism dxe goes back
+// to the tokens' ranks first (reorder undone, sizes swapped).
 static void dispatch_backward(moe_layer *L, real *dinp, int T) {
+    moe_backend *be = L->be;
+    moe_backward_scratch *s = L->bwd;
     const moe_config *c = &L->cfg;
-    L->be->moe_unpermute_add(L->be, dinp, L->bwd->dxp, L->assign_row, T, c->top_k, c->d_model);
+    if (L->ep) {
+        be->moe_copy_chunks(be, s->dstage, s->dxe, L->to_source, L->ep_size * L->E_local,
+                            c->d_model);
+        L->ep->alltoallv_rows(L->ep, be, s->dxp, L->send_rows, s->dstage, L->recv_rows,
+                              c->d_model * sizeof(real));
+    }
+    be->moe_unpermute_add(be, dinp, s->dxp, L->assign_row, T, c->top_k, c->d_model);
 }
 
 // Route backward: dlogits from the combine weights and the router losses, then the router
@@ -426,11 +555,10 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument to backward");
     if (!isfinite(dloss)) return moe_error(MOE_EINVAL, "moe: dloss=%g must be finite", dloss);
     if (!L->bwd) return moe_error(MOE_EINVAL, "moe: the layer was created forward-only");
-    const int T = L->last_tokens, E = L->cfg.n_experts;
-    const int *offsets = L->host_counts + E;
-    const int N = offsets[E];
+    const int T = L->last_tokens;
     combine_backward(L, dout, T);
-    experts_backward(L, grads, w, offsets + L->expert0, N);
+    if (L->ep) combine_backward_exchange(L);
+    experts_backward(L, grads, w);
     dispatch_backward(L, dinp, T);
     route_backward(L, dinp, grads, inp, w, dloss);
     return MOE_OK;

@@ -11,6 +11,7 @@
 #define MOE_LAYER_H
 
 #include "layers/backend.h"
+#include "layers/exchange.h"
 #include "layers/status.h"
 
 typedef struct {
@@ -55,6 +56,10 @@ typedef struct {
 size_t moe_weights_count(const moe_config *cfg);
 // Points w at consecutive slices of buf (moe_weights_count(cfg) reals); w->bias = NULL.
 void moe_weights_view(moe_weights *w, real *buf, const moe_config *cfg);
+// The same for a layer holding E_local of the experts: gate [E, d], w13 [E_local, 2ff, d],
+// w2 [E_local, d, ff].
+size_t moe_weights_count_local(const moe_config *cfg, int E_local);
+void moe_weights_view_local(moe_weights *w, real *buf, const moe_config *cfg, int E_local);
 
 // Load statistics of the last forward (host memory, owned by the layer).
 typedef struct {
@@ -89,6 +94,8 @@ typedef struct {
     real *dlogits;  // [T, E]
     real *dweights; // [T, k]
     real *dye;      // [N_send, d]  gradient of the rows that came back to the combine
+    real *dye_e;    // [N_exp, d]   the same rows at their experts (one rank: == dye)
+    real *dstage;   // [N_exp, d]   exchange staging (expert parallelism only, else NULL)
     real *dact;     // [N_exp, ff]
     real *dh13;     // [N_exp, 2ff]
     real *dxe;      // [N_exp, d]   gradient of the experts' input rows
@@ -98,11 +105,16 @@ typedef struct {
 
 // How a layer is laid out: tokens per call, which experts it holds, how many rows they may
 // compute, and whether it shares a backward scratch. Zero fields mean the single-rank layout.
+// Under expert parallelism (ep with size R > 1) rank r of the EP group holds experts
+// [r E/R, (r+1) E/R): n_local_experts and first_expert follow from ep (0 or those values).
 typedef struct {
     int max_tokens;      // T per call (required, >= 1)
+    moe_comm *ep;        // the expert-parallel group (NULL: one rank)
     int n_local_experts; // E_local: the experts whose weights this layer holds (0: all E)
     int first_expert;    // global index of the first local expert (the HF name's J)
-    int max_expert_rows; // rows the local experts compute per call (0: T*k, all of one rank's)
+    int max_expert_rows; // rows the local experts compute per call; 0: the exact bound,
+                         // R * T * min(k, E_local) (every rank's every token picks only
+                         // experts of this rank; T*k with one rank)
     moe_backward_scratch *scratch; // shared backward scratch (NULL: the layer allocates one)
     int forward_only;    // inference: no backward scratch at all (moe_layer_backward refuses)
 } moe_layer_shape;
@@ -118,6 +130,16 @@ typedef struct {
     int max_tokens;
     int E_local, expert0; // local experts: global indices expert0 .. expert0 + E_local - 1
     int max_expert_rows;  // N_exp, rows the local experts' buffers hold
+    moe_comm *ep;         // the expert-parallel group, NULL with one rank
+    int ep_size;          // R (1 without expert parallelism)
+    // the last forward's exchange plan (host; R > 1 only), reused by the backward
+    int *send_rows, *recv_rows;          // [R] rows to / from each rank of the group
+    int *send_counts, *recv_counts;      // [R, E_local] per (rank, local expert)
+    moe_row_chunk *to_expert, *to_source; // [R * E_local] the reorder and its inverse
+    int *local_offsets;                  // [E_local + 1] grouped rows of the local experts
+    const int *expert_offsets;           // the experts' row offsets of the last forward (host)
+    int expert_rows;                     // rows the local experts computed
+    long exchange_rows;                  // rows sent + received by the last forward's exchanges
     int last_tokens;      // T of the last forward
     // forward activations (device memory of the backend), shapes for T tokens, N = T*k rows
     // sent and N_exp rows computed by the local experts (one rank: the same rows)
@@ -140,6 +162,7 @@ typedef struct {
     int *counts;      // [2E+1]  the readback's counts, then offsets
     real *losses;     // [MOE_LOSS_SLOTS] the readback's losses
     real *xp;         // [N, d]  dispatch: the permuted inputs, the rows this rank sends
+    real *xr;         // [N_exp, d] rows received, [source rank][local expert] order (EP only)
     real *xe;         // [N_exp, d] the local experts' input rows (one rank: == xp)
     real *h13;        // [N_exp, 2ff] w1 and w3 projections: h1 = h13[:, :ff], h3 = h13[:, ff:]
     real *act;        // [N_exp, ff] silu(h1) * h3

@@ -66,6 +66,7 @@ static const moe_backend cpu_table = {
     .moe_capacity_keep = cpu_moe_capacity_keep,
     .moe_permute_index = cpu_moe_permute_index,
     .moe_permute = cpu_moe_permute,
+    .moe_copy_chunks = cpu_moe_copy_chunks,
     .moe_combine_forward = cpu_moe_combine_forward,
     .moe_combine_backward = cpu_moe_combine_backward,
     .moe_unpermute_add = cpu_moe_unpermute_add,

@@ -84,6 +84,16 @@ void cpu_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_to
         memcpy(xp + (size_t)r * d, x + (size_t)row_token[r] * d, (size_t)d * sizeof(real));
 }
 
+void cpu_moe_copy_chunks(moe_backend *be, real *dst, const real *src, const moe_row_chunk *chunks,
+                         int n_chunks, int d) {
+    CPU_KERNEL(be);
+#pragma omp parallel for schedule(dynamic, 1) if (n_chunks > 1 && cpu_parallel_worth((size_t)n_chunks * d * 64))
+    for (int c = 0; c < n_chunks; c++)
+        if (chunks[c].rows > 0)
+            memcpy(dst + (size_t)chunks[c].dst * d, src + (size_t)chunks[c].src * d,
+                   (size_t)chunks[c].rows * d * sizeof(real));
+}
+
 void cpu_moe_combine_forward(moe_backend *be, real *out, const real *y, const real *weights,
                              const int *assign_row, int T, int k, int d) {
     CPU_KERNEL(be);

@@ -1,0 +1,168 @@
+// The MoE layer under expert parallelism (layers/moe.c dispatch/combine with layers/exchange.h)
+// against the single-rank layer, under mpirun -np R. Each rank routes its own tokens; the
+// EP layer holds E/ep of the experts. Per rank, outputs, input gradients and router
+// gradients equal the single-rank layer's on the same tokens with all E experts; a local
+// expert's weight gradient equals the single-rank gradients summed over the EP group's ranks.
+// Dropless and with capacity (both drop policies, drops happening), EP over all ranks and
+// over halves of them. The largest relative difference seen is printed.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/exchange.h"
+#include "layers/moe.h"
+#include "test_backend.h"
+#include "test_util.h"
+
+#define TOL 1e-6
+
+static real *dev(moe_backend *be, const real *host, size_t n) {
+    real *p = be->alloc(be, n * sizeof(real) + 1);
+    if (host) be->copy_to_device(be, p, host, n * sizeof(real));
+    return p;
+}
+static double *host_d(moe_backend *be, const real *p, size_t n) {
+    real *h = malloc(n * sizeof(real) + 1);
+    double *o = malloc(n * sizeof(double) + 1);
+    be->copy_to_host(be, h, p, n * sizeof(real));
+    for (size_t i = 0; i < n; i++) o[i] = h[i];
+    free(h);
+    return o;
+}
+static real *randn(uint64_t seed, size_t n, double scale) {
+    test_rng r;
+    rng_seed(&r, seed);
+    real *x = malloc(n * sizeof(real));
+    for (size_t i = 0; i < n; i++) x[i] = (real)(scale * rng_normal(&r));
+    return x;
+}
+
+typedef struct {
+    double worst; // largest relative difference
+    long dropped; // assignments dropped on this rank
+} outcome;
+
+// One layer forward + backward on this rank's tokens; g receives the weight gradients.
+static void run(moe_layer *L, moe_backend *be, const moe_config *cfg, int E_local,
+                const real *hw, const real *hx, const real *hdout, int T, double **y,
+                double **dx, double **g, long *dropped) {
+    const size_t nx = (size_t)T * cfg->d_model, nw = moe_weights_count_local(cfg, E_local);
+    real *w = dev(be, hw, nw), *gr = dev(be, NULL, nw), *x = dev(be, hx, nx);
+    real *dout = dev(be, hdout, nx), *out = dev(be, NULL, nx), *dxd = dev(be, NULL, nx);
+    moe_weights wv, gv;
+    moe_weights_view_local(&wv, w, cfg, E_local);
+    moe_weights_view_local(&gv, gr, cfg, E_local);
+    moe_stats st;
+    if (moe_layer_forward(L, out, x, &wv, T, 0, 1, &st) ||
+        moe_layer_backward(L, dxd, &gv, dout, x, &wv, 1.0)) {
+        fprintf(stderr, "layer: %s\n", moe_last_error());
+        exit(1);
+    }
+    *dropped = st.dropped;
+    *y = host_d(be, out, nx), *dx = host_d(be, dxd, nx), *g = host_d(be, gr, nw);
+    real *bufs[] = {w, gr, x, dout, out, dxd};
+    for (int i = 0; i < 6; i++) be->free(be, bufs[i]);
+}
+
+static outcome check_case(moe_comm *world, moe_comm *ep, moe_backend *be, moe_config cfg, int T) {
+    const int E = cfg.n_experts, d = cfg.d_model, ff = cfg.d_ff, El = E / ep->size;
+    const size_t nx = (size_t)T * d, nw = moe_weights_count(&cfg);
+    real *hw = randn(11, nw, 0.3); // the same global weights on every rank
+    real *hx = randn(100 + (uint64_t)world->rank, nx, 1);
+    real *hdout = randn(200 + (uint64_t)world->rank, nx, 1);
+    outcome o = {0, 0};
+
+    // the single-rank layer, all E experts, this rank's tokens
+    moe_layer ref;
+    if (moe_layer_init(&ref, be, &cfg, T)) exit(1);
+    double *y0, *dx0, *g0;
+    long drop0;
+    run(&ref, be, &cfg, E, hw, hx, hdout, T, &y0, &dx0, &g0, &drop0);
+    moe_layer_free(&ref);
+
+    // the EP layer: gate whole, experts [first, first + El)
+    moe_layer L;
+    moe_layer_shape shape = {.max_tokens = T, .ep = ep};
+    if (moe_layer_create(&L, be, &cfg, &shape)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        exit(1);
+    }
+    const size_t ng = (size_t)E * d, per = 3 * (size_t)ff * d, w13 = 2 * (size_t)ff * d;
+    const size_t nwl = moe_weights_count_local(&cfg, El);
+    real *hwl = malloc(nwl * sizeof(real));
+    moe_weights full, local;
+    moe_weights_view(&full, hw, &cfg);
+    moe_weights_view_local(&local, hwl, &cfg, El);
+    memcpy(local.gate, full.gate, ng * sizeof(real));
+    memcpy(local.w13, full.w13 + (size_t)L.expert0 * w13, El * w13 * sizeof(real));
+    memcpy(local.w2, full.w2 + (size_t)L.expert0 * (per - w13), El * (per - w13) * sizeof(real));
+    double *y1, *dx1, *g1;
+    run(&L, be, &cfg, El, hwl, hx, hdout, T, &y1, &dx1, &g1, &o.dropped);
+    check_true("the EP layer's drops equal the single-rank layer's (capacity per rank)",
+               o.dropped == drop0);
+    moe_layer_free(&L);
+
+    // expert gradients of the reference, summed over the EP group, sliced to the local experts
+    ep->allreduce_sum_double(ep, g0 + ng, nw - ng);
+    double *want = malloc(nwl * sizeof(double));
+    memcpy(want, g0, ng * sizeof(double));
+    const int first = ep->rank * El;
+    memcpy(want + ng, g0 + ng + (size_t)first * w13, El * w13 * sizeof(double));
+    memcpy(want + ng + El * w13, g0 + ng + (size_t)E * w13 + (size_t)first * (per - w13),
+           El * (per - w13) * sizeof(double));
+    const double errs[4] = {rel_err(y1, y0, nx), rel_err(dx1, dx0, nx), rel_err(g1, want, ng),
+                            rel_err(g1 + ng, want + ng, nwl - ng)};
+    for (int i = 0; i < 4; i++) o.worst = fmax(o.worst, errs[i]);
+    check_true("EP == single rank: outputs, dx, dgate, expert grads (within 1e-6)",
+               o.worst <= TOL);
+    free(y0), free(dx0), free(g0), free(y1), free(dx1), free(g1), free(want);
+    free(hw), free(hx), free(hdout), free(hwl);
+    return o;
+}
+
+int main(void) {
+    moe_comm *world;
+    if (moe_comm_world(&world)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        return 1;
+    }
+    moe_backend *be = test_backend();
+    const int R = world->size, T = 48;
+    struct {
+        const char *name;
+        double cf;
+        moe_drop_policy policy;
+    } modes[] = {{"dropless", 0, MOE_DROP_PROBS},
+                 {"capacity 1.0, probs", 1.0, MOE_DROP_PROBS},
+                 {"capacity 1.0, position", 1.0, MOE_DROP_POSITION}};
+    int ep_sizes[2] = {R, R / 2}, n_ep = R >= 4 ? 2 : 1;
+    for (int s = 0; s < n_ep; s++) {
+        moe_comm *ep; // groups of ep_size consecutive ranks
+        if (world->split(world, world->rank / ep_sizes[s], world->rank, &ep)) return 1;
+        for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+            moe_config cfg = moe_config_default(16, 24, 8, 2);
+            cfg.capacity_factor = modes[m].cf;
+            cfg.drop_policy = modes[m].policy;
+            outcome o = check_case(world, ep, be, cfg, T);
+            double worst = o.worst;
+            long dropped = o.dropped;
+            double *all = malloc((size_t)R * sizeof(double));
+            world->allgather(world, all, &worst, sizeof worst);
+            world->allreduce_sum_long(world, &dropped, 1);
+            for (int j = 0; j < R; j++) worst = fmax(worst, all[j]);
+            free(all);
+            if (cfg.capacity_factor > 0)
+                check_true("drops happen in capacity mode", dropped > 0);
+            if (world->rank == 0)
+                printf("R=%d ep=%d %-24s largest relative difference %.2e, %ld dropped\n", R,
+                       ep->size, modes[m].name, worst, dropped);
+        }
+        ep->destroy(ep);
+    }
+    long failures = test_failures();
+    world->allreduce_sum_long(world, &failures, 1);
+    if (world->rank == 0) printf("%ld failure(s) over %d rank(s)\n", failures, R);
+    world->destroy(world);
+    return failures != 0;
+}
