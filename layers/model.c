@@ -38,9 +38,10 @@ typedef struct {
     size_t embed, attn_norm, wqkv, wo, moe_norm, router, final_norm, lm_head, w13, w2;
 } params_offsets;
 
-// Consecutive regions, dense first and expert weights last; returns the reals used, and
-// *n_dense the size of the dense part.
-static size_t params_layout(params_offsets *o, const model_config *c, size_t *n_dense) {
+// Consecutive regions, dense first and the weights of the El local experts of each layer
+// last (El = E with one rank); returns the reals used, and *n_dense the size of the dense
+// part.
+static size_t params_layout(params_offsets *o, const model_config *c, int El, size_t *n_dense) {
     const size_t V = c->vocab_size, d = c->d_model, L = c->n_layers, H = c->n_heads,
                  KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts,
                  ff = c->moe.d_ff;
@@ -56,16 +57,16 @@ static size_t params_layout(params_offsets *o, const model_config *c, size_t *n_
     if (c->tie_embeddings) o->lm_head = o->embed;
     else TAKE(lm_head, V * d);
     if (n_dense) *n_dense = off;
-    TAKE(w13, L * E * 2 * ff * d);
-    TAKE(w2, L * E * d * ff);
+    TAKE(w13, L * (size_t)El * 2 * ff * d);
+    TAKE(w2, L * (size_t)El * d * ff);
 #undef TAKE
     return off;
 }
 
 // Points the views at their regions of buf.
-static void params_views(model_params *p, real *buf, const model_config *c) {
+static void params_views(model_params *p, real *buf, const model_config *c, int El) {
     params_offsets o;
-    params_layout(&o, c, NULL);
+    params_layout(&o, c, El, NULL);
     *p = (model_params){.embed = buf + o.embed, .attn_norm = buf + o.attn_norm,
                         .wqkv = buf + o.wqkv, .wo = buf + o.wo, .moe_norm = buf + o.moe_norm,
                         .router = buf + o.router, .final_norm = buf + o.final_norm,
@@ -74,17 +75,18 @@ static void params_views(model_params *p, real *buf, const model_config *c) {
 
 size_t model_param_count(const model_config *cfg) {
     params_offsets o;
-    return params_layout(&o, cfg, NULL);
+    return params_layout(&o, cfg, cfg->moe.n_experts, NULL);
 }
 
-// Layer l's MoE weights; bias (the model's router_bias, or NULL for gradient views) [L, E].
-static moe_weights layer_moe_weights(const model_params *p, const model_config *c, int l,
+// Layer l's MoE weights (its El local experts); bias (the model's router_bias, or NULL for
+// gradient views) [L, E].
+static moe_weights layer_moe_weights(const model_params *p, const model_config *c, int El, int l,
                                      real *bias) {
     const size_t E = c->moe.n_experts, d = c->d_model, ff = c->moe.d_ff;
     moe_weights w = {
         .gate = p->router + l * E * d,
-        .w13 = p->w13 + l * E * 2 * ff * d,
-        .w2 = p->w2 + l * E * d * ff,
+        .w13 = p->w13 + l * (size_t)El * 2 * ff * d,
+        .w2 = p->w2 + l * (size_t)El * d * ff,
         .bias = bias ? bias + l * E : NULL,
     };
     return w;
@@ -99,14 +101,18 @@ static void add_tensor(model_tensor *tab, int *n, const char *name, size_t offse
     t->is_norm = is_norm, t->is_expert = is_expert;
 }
 
-int64_t model_tensor_count(const model_config *c) {
-    return 3 - (c->tie_embeddings != 0) + (int64_t)c->n_layers * (7 + 3 * (int64_t)c->moe.n_experts);
+// Tensors of a model holding El experts per layer.
+static int64_t tensor_count(const model_config *c, int El) {
+    return 3 - (c->tie_embeddings != 0) + (int64_t)c->n_layers * (7 + 3 * (int64_t)El);
 }
 
-// The tensor table in Hugging Face Mixtral names, in HF order (model_tensor_count entries).
-static void build_tensor_table(model_tensor *tab, const model_config *c) {
+int64_t model_tensor_count(const model_config *c) { return tensor_count(c, c->moe.n_experts); }
+
+// The tensor table in Hugging Face Mixtral names, in HF order: experts e0 .. e0+El-1 of
+// each layer (tensor_count entries), named by their global index.
+static void build_tensor_table(model_tensor *tab, const model_config *c, int El, int e0) {
     params_offsets o;
-    params_layout(&o, c, NULL);
+    params_layout(&o, c, El, NULL);
     const int V = c->vocab_size, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads,
               hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts, ff = c->moe.d_ff;
     char name[96];
@@ -123,9 +129,10 @@ static void build_tensor_table(model_tensor *tab, const model_config *c) {
         add_tensor(tab, &n, LNAME("post_attention_layernorm.weight"), o.moe_norm + (size_t)l * d, d, 0, l, 1, 0);
         add_tensor(tab, &n, LNAME("block_sparse_moe.gate.weight"), gate, E, d, l, 0, 0);
 #undef LNAME
-        for (int j = 0; j < E; j++) {
-            const size_t w13 = o.w13 + ((size_t)l * E + j) * 2 * ff * d,
-                         w2 = o.w2 + ((size_t)l * E + j) * d * ff;
+        for (int jl = 0; jl < El; jl++) {
+            const int j = e0 + jl; // the global expert index of the HF name
+            const size_t w13 = o.w13 + ((size_t)l * El + jl) * 2 * ff * d,
+                         w2 = o.w2 + ((size_t)l * El + jl) * d * ff;
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, j);
             add_tensor(tab, &n, name, w13, ff, d, l, 0, 1);
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, j);
@@ -140,7 +147,7 @@ static void build_tensor_table(model_tensor *tab, const model_config *c) {
 
 model_tensor *model_tensor_table(const model_config *cfg) {
     model_tensor *tab = calloc((size_t)model_tensor_count(cfg), sizeof *tab);
-    if (tab) build_tensor_table(tab, cfg);
+    if (tab) build_tensor_table(tab, cfg, cfg->moe.n_experts, 0);
     return tab;
 }
 
@@ -164,16 +171,22 @@ static moe_status alloc_all(model *m, const buffer_spec *specs, size_t n) {
 
 // What both modes share: parameters, tensor table, RoPE tables for max_pos positions,
 // n_moe MoE layers of max_tokens tokens each.
-static moe_status create_common(model *m, moe_backend *be, const model_config *cfg,
+static moe_status create_common(model *m, moe_backend *be, const model_config *cfg, moe_comm *ep,
                                 int max_pos, int n_moe, int max_tokens, int forward_only) {
     memset(m, 0, sizeof *m);
     moe_status st = model_config_check(cfg);
     if (st) return st;
+    const int E = cfg->moe.n_experts, R_ep = ep ? ep->size : 1;
+    if (E % R_ep)
+        return moe_error(MOE_EINVAL, "model: n_experts=%d is not divisible by the %d ranks of "
+                         "the expert-parallel group", E, R_ep);
     m->cfg = *cfg;
     m->be = be;
+    m->ep = R_ep > 1 ? ep : NULL;
+    m->E_local = E / R_ep, m->expert0 = R_ep > 1 ? ep->rank * m->E_local : 0;
     const size_t L = cfg->n_layers, hd = cfg->d_model / cfg->n_heads, P = max_pos, R = sizeof(real);
     params_offsets offsets;
-    m->n_params = params_layout(&offsets, cfg, &m->n_dense);
+    m->n_params = params_layout(&offsets, cfg, m->E_local, &m->n_dense);
     buffer_spec specs[] = {
         {(void **)&m->params, m->n_params * R},
         {(void **)&m->rope_cos, P * hd / 2 * R},
@@ -184,11 +197,12 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
         buffer_spec bias = {(void **)&m->router_bias, L * cfg->moe.n_experts * R};
         if ((st = alloc_all(m, &bias, 1))) return st;
     }
-    params_views(&m->p, m->params, cfg);
+    params_views(&m->p, m->params, cfg, m->E_local);
 
-    // tensor table: 1 + per layer 7 + 3E, + final norm + lm_head
-    m->tensors = model_tensor_table(cfg);
-    m->n_tensors = (int)model_tensor_count(cfg);
+    // tensor table: 1 + per layer 7 + 3 E_local, + final norm + lm_head
+    m->n_tensors = (int)tensor_count(cfg, m->E_local);
+    m->tensors = calloc((size_t)m->n_tensors, sizeof *m->tensors);
+    if (m->tensors) build_tensor_table(m->tensors, cfg, m->E_local, m->expert0);
     m->n_moe = n_moe;
     m->moe = calloc(n_moe, sizeof(moe_layer));
     m->moe_stats = calloc(L, sizeof(moe_stats));
@@ -198,6 +212,7 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
     // layer at a time (its bytes count as layer 0's).
     for (int l = 0; l < n_moe; l++) {
         const moe_layer_shape shape = {.max_tokens = max_tokens,
+                                       .ep = m->ep,
                                        .scratch = l ? m->moe[0].bwd : NULL,
                                        .forward_only = forward_only};
         if ((st = moe_layer_create(&m->moe[l], be, &cfg->moe, &shape))) return st;
@@ -220,6 +235,11 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
 
 moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int max_batch,
                         int max_seq) {
+    return model_create_parallel(m, be, cfg, max_batch, max_seq, NULL);
+}
+
+moe_status model_create_parallel(model *m, moe_backend *be, const model_config *cfg,
+                                 int max_batch, int max_seq, moe_comm *ep) {
     if (max_batch < 1 || max_seq < 1 || max_seq > cfg->max_seq_len) {
         memset(m, 0, sizeof *m);
         return moe_error(MOE_EINVAL, "model: batch %d x seq %d out of range (max_seq_len %d)",
@@ -228,7 +248,7 @@ moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int 
     const size_t T = (size_t)max_batch * max_seq, d = cfg->d_model, L = cfg->n_layers,
                  H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
                  V = cfg->vocab_size, S = max_seq, B = max_batch, R = sizeof(real);
-    moe_status st = create_common(m, be, cfg, max_seq, cfg->n_layers, (int)T, 0);
+    moe_status st = create_common(m, be, cfg, ep, max_seq, cfg->n_layers, (int)T, 0);
     if (st) {
         model_destroy(m);
         return st;
@@ -254,7 +274,7 @@ moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int 
         model_destroy(m);
         return st;
     }
-    params_views(&m->g, m->grads, cfg);
+    params_views(&m->g, m->grads, cfg, m->E_local);
     return MOE_OK;
 }
 
@@ -269,7 +289,7 @@ moe_status model_create_inference(model *m, moe_backend *be, const model_config 
                  H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
                  V = cfg->vocab_size, R = sizeof(real);
     // one MoE layer's buffers serve every layer: nothing is kept for a backward
-    moe_status st = create_common(m, be, cfg, max_pos, 1, max_chunk, 1);
+    moe_status st = create_common(m, be, cfg, NULL, max_pos, 1, max_chunk, 1);
     if (st) {
         model_destroy(m);
         return st;
@@ -327,18 +347,40 @@ static double normal(uint64_t *s) { // Box-Muller
     return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-void model_init_weights(model *m, uint64_t seed, double std) {
-    real *host = malloc(m->n_params * sizeof(real));
-    if (!host) moe_fatal("model: cannot allocate %zu bytes to initialise weights", m->n_params * sizeof(real));
+// The weights of the whole model (all E experts) from seed, in the layout of table tab.
+static void init_host(real *host, const model_tensor *tab, int n_tensors, int n_layers,
+                      uint64_t seed, double std) {
     uint64_t s = seed;
-    const double residual_std = std / sqrt(2.0 * m->cfg.n_layers);
-    for (int i = 0; i < m->n_tensors; i++) {
-        const model_tensor *t = &m->tensors[i];
+    const double residual_std = std / sqrt(2.0 * n_layers);
+    for (int i = 0; i < n_tensors; i++) {
+        const model_tensor *t = &tab[i];
         size_t n = (size_t)t->rows * (t->cols ? t->cols : 1);
         real *w = host + t->offset;
         int residual = strstr(t->name, "o_proj") || strstr(t->name, ".w2.");
         for (size_t j = 0; j < n; j++)
             w[j] = t->is_norm ? 1 : (real)((residual ? residual_std : std) * normal(&s));
+    }
+}
+
+// Under expert parallelism a rank holds some experts of the whole model: it draws the whole
+// model (the same numbers as one rank) and keeps its tensors, found by name in table order.
+void model_init_weights(model *m, uint64_t seed, double std) {
+    const size_t n_all = model_param_count(&m->cfg);
+    real *host = malloc(n_all * sizeof(real));
+    model_tensor *all = m->ep ? model_tensor_table(&m->cfg) : m->tensors;
+    if (!host || !all) moe_fatal("model: cannot allocate %zu bytes to initialise weights", n_all * sizeof(real));
+    init_host(host, all, (int)model_tensor_count(&m->cfg), m->cfg.n_layers, seed, std);
+    if (m->ep) { // keep this rank's tensors: the table is a subsequence of the whole one
+        real *mine = malloc(m->n_params * sizeof(real));
+        if (!mine) moe_fatal("model: out of memory");
+        for (int i = 0, j = 0; i < m->n_tensors; i++) {
+            while (strcmp(all[j].name, m->tensors[i].name)) j++;
+            const model_tensor *t = &m->tensors[i];
+            memcpy(mine + t->offset, host + all[j].offset,
+                   (size_t)t->rows * (t->cols ? t->cols : 1) * sizeof(real));
+        }
+        free(host), free(all);
+        host = mine;
     }
     m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
     free(host);
@@ -388,7 +430,7 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
         be->add(be, h, h, xl, Td);
         be->rmsnorm_forward(be, n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T, d,
                             (real)c->rms_norm_eps);
-        moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias);
+        moe_weights w = layer_moe_weights(&m->p, c, m->E_local, l, m->router_bias);
         m->moe[l].noise_key = m->noise_key ^ (0xD1B54A32D192ED03ull * (uint64_t)(l + 1));
         st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, S, training, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
@@ -431,8 +473,8 @@ moe_status model_backward(model *m, double loss_scale) {
         real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
         const real *lse = m->lse + (size_t)l * B * H * S;
         // x_{l+1} = h + MoE(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
-        moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias),
-                    gw = layer_moe_weights(&m->g, c, l, NULL);
+        moe_weights w = layer_moe_weights(&m->p, c, m->E_local, l, m->router_bias),
+                    gw = layer_moe_weights(&m->g, c, m->E_local, l, NULL);
         be->zero(be, m->dn, Td * sizeof(real));
         moe_status st = moe_layer_backward(&m->moe[l], m->dn, &gw, m->dx, n2, &w, loss_scale);
         if (st) return moe_error_context(st, "layer %d", l);
@@ -483,7 +525,7 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
         be->add(be, m->x, m->x, m->moe_out, nd);
         // x += MoE(RMSNorm(x)), dropless
         be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);
-        moe_weights w = layer_moe_weights(&m->p, c, l, m->router_bias);
+        moe_weights w = layer_moe_weights(&m->p, c, m->E_local, l, m->router_bias);
         st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, n, 0, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         for (int e = 0; e < c->moe.n_experts; e++)

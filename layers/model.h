@@ -45,8 +45,8 @@ typedef struct {
     real *router;     // [L, E, d]        block_sparse_moe.gate
     real *final_norm; // [d]             model.norm
     real *lm_head;    // [V, d]           (== embed when tied)
-    real *w13;        // [L, E, 2ff, d]   experts.J.w1 (rows 0..ff-1) and w3 (ff..2ff-1)
-    real *w2;         // [L, E, d, ff]    experts.J.w2
+    real *w13;        // [L, E_local, 2ff, d]   experts.J.w1 (rows 0..ff-1) and w3 (ff..2ff-1)
+    real *w2;         // [L, E_local, d, ff]    experts.J.w2 (E_local = E with one rank)
 } model_params;
 
 // One named contiguous tensor of the parameter buffer, as Hugging Face names it
@@ -73,6 +73,8 @@ typedef struct {
                             // (inference: max_batch 1, max_seq = the longest chunk)
     int max_pos;            // inference: positions the KV cache holds
     int B, S;               // shape of the last forward
+    moe_comm *ep;           // expert parallelism: the EP group (NULL: one rank)
+    int E_local, expert0;   // the experts this model holds: expert0 .. expert0 + E_local - 1
 
     size_t n_params;        // reals in the parameter buffer
     size_t n_dense;         // the first n_dense reals are dense, the rest expert weights
@@ -120,6 +122,12 @@ typedef struct {
 // model_init_weights or a load.
 moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int max_batch,
                         int max_seq);
+
+// The same under expert parallelism: the model holds the E/R experts of rank r of the EP group
+// ep (R ranks; NULL: one rank, all E), its tensor table lists them under their global HF
+// names, and its MoE layers exchange rows over ep. Dense weights are whole on every rank.
+moe_status model_create_parallel(model *m, moe_backend *be, const model_config *cfg,
+                                 int max_batch, int max_seq, moe_comm *ep);
 
 // Allocates parameters, a KV cache of max_pos positions and the buffers of one chunk of at
 // most max_chunk tokens (one layer's worth, reused by every layer): no gradients and no

@@ -1,0 +1,142 @@
+// The whole model under expert parallelism (model_create_parallel) against the single-rank
+// model, under mpirun -np R: the same seed gives every rank the same dense weights and its
+// experts' slice of the single-rank model's (looked up by HF name); on its own batch each
+// rank's losses and dense gradients equal the single-rank model's on that batch, and each
+// local expert's gradient equals the single-rank gradients summed over the EP group.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/exchange.h"
+#include "layers/model.h"
+#include "test_backend.h"
+#include "test_util.h"
+
+#define TOL 1e-6
+
+static double *host_d(moe_backend *be, const real *p, size_t n) {
+    real *h = malloc(n * sizeof(real) + 1);
+    double *o = malloc(n * sizeof(double) + 1);
+    be->copy_to_host(be, h, p, n * sizeof(real));
+    for (size_t i = 0; i < n; i++) o[i] = h[i];
+    free(h);
+    return o;
+}
+
+static const model_tensor *by_name(const model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
+    return NULL;
+}
+
+static size_t numel(const model_tensor *t) { return (size_t)t->rows * (t->cols ? t->cols : 1); }
+
+// Relative difference ||got - want|| / ||want|| over the tensors of `got` (a model of some
+// experts) of one kind (dense or expert) against the same-named tensors of `want` (the whole
+// model), values in host doubles; *worst_tensor: the largest per-tensor relative difference.
+static double compare(const model *got, const double *g, const model *want, const double *w,
+                      int experts_only, int *missing, double *worst_tensor) {
+    double diff = 0, norm = 0;
+    for (int i = 0; i < got->n_tensors; i++) {
+        const model_tensor *t = &got->tensors[i], *u = by_name(want, t->name);
+        if (!u || numel(u) != numel(t)) {
+            (*missing)++;
+            continue;
+        }
+        if (t->is_expert != experts_only) continue;
+        const double *a = g + t->offset, *b = w + u->offset;
+        for (size_t j = 0; j < numel(t); j++) diff += (a[j] - b[j]) * (a[j] - b[j]), norm += b[j] * b[j];
+        if (worst_tensor) *worst_tensor = fmax(*worst_tensor, rel_err(a, b, numel(t)));
+    }
+    return norm > 0 ? sqrt(diff / norm) : sqrt(diff);
+}
+
+static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg, int B, int S,
+                const char *title) {
+    const int T = B * S;
+    int *tok = malloc(2 * (size_t)T * sizeof(int)), *tgt = tok + T;
+    test_rng r;
+    rng_seed(&r, 500 + (uint64_t)world->rank);
+    for (int i = 0; i < 2 * T; i++) tok[i] = (int)(rng_uniform(&r) * cfg.vocab_size);
+    model one, par;
+    if (model_create(&one, be, &cfg, B, S) ||
+        model_create_parallel(&par, be, &cfg, B, S, ep)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        exit(1);
+    }
+    model_init_weights(&one, 3, 0.3);
+    model_init_weights(&par, 3, 0.3);
+    double *p1 = host_d(be, one.params, one.n_params), *p2 = host_d(be, par.params, par.n_params);
+    int missing = 0;
+    double wp = fmax(compare(&par, p2, &one, p1, 0, &missing, NULL),
+                     compare(&par, p2, &one, p1, 1, &missing, NULL));
+    check_true("EP weights == the whole model's, tensor by tensor (by name)", wp == 0 && !missing);
+
+    double loss[2][3];
+    model *ms[2] = {&one, &par};
+    for (int i = 0; i < 2; i++) {
+        model_zero_grads(ms[i]);
+        if (model_forward(ms[i], tok, tgt, B, S, 1) || model_backward(ms[i], 1.0)) {
+            fprintf(stderr, "%s\n", moe_last_error());
+            exit(1);
+        }
+        loss[i][0] = ms[i]->ce, loss[i][1] = ms[i]->aux, loss[i][2] = ms[i]->z;
+    }
+    double g1n = 0;
+    double *g1 = host_d(be, one.grads, one.n_params), *g2 = host_d(be, par.grads, par.n_params);
+    for (size_t i = 0; i < one.n_params; i++) g1n += fabs(g1[i]);
+    double per_tensor = 0; // reported: the largest relative difference of one tensor
+    const double dense = compare(&par, g2, &one, g1, 0, &missing, &per_tensor);
+    // the single-rank expert gradients summed over the EP group
+    ep->allreduce_sum_double(ep, g1 + one.n_dense, one.n_params - one.n_dense);
+    const double expert = compare(&par, g2, &one, g1, 1, &missing, &per_tensor);
+    double dl = 0;
+    for (int j = 0; j < 3; j++) dl = fmax(dl, fabs(loss[1][j] - loss[0][j]) / fmax(fabs(loss[0][j]), 1e-30));
+    double mine[2] = {fmax(fmax(dense, expert), dl), per_tensor}, worst[2] = {0, 0};
+    double *all = malloc(2 * (size_t)world->size * sizeof(double));
+    world->allgather(world, all, mine, sizeof mine);
+    for (int j = 0; j < 2 * world->size; j++) worst[j % 2] = fmax(worst[j % 2], all[j]);
+    check_true("EP model: losses (ce, aux, z), dense and expert gradients within 1e-6",
+               worst[0] <= TOL && g1n > 0 && !missing);
+    if (world->rank == 0)
+        printf("R=%d ep=%d %-26s relative difference %.2e (losses, dense, experts), %.2e "
+               "(worst tensor), ce %.4f\n", world->size, ep->size, title, worst[0], worst[1],
+               loss[0][0]);
+    free(all), free(p1), free(p2), free(g1), free(g2), free(tok);
+    model_destroy(&par);
+    model_destroy(&one);
+}
+
+int main(void) {
+    moe_comm *world;
+    if (moe_comm_world(&world)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        return 1;
+    }
+    moe_backend *be = test_backend();
+    model_config cfg = {
+        .vocab_size = 40, .d_model = 16, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1,
+        .max_seq_len = 16, .tie_embeddings = 0, .rope_theta = 100.0, .rms_norm_eps = 1e-5,
+    };
+    cfg.moe = moe_config_default(16, 24, 8, 2);
+    const int R = world->size;
+    int ep_sizes[2] = {R, R / 2}, n_ep = R >= 4 ? 2 : 1;
+    for (int s = 0; s < n_ep; s++) {
+        moe_comm *ep;
+        if (world->split(world, world->rank / ep_sizes[s], world->rank, &ep)) return 1;
+        cfg.moe.capacity_factor = 0;
+        run(world, ep, be, cfg, 2, 12, "dropless");
+        cfg.moe.capacity_factor = 1.0;
+        run(world, ep, be, cfg, 2, 12, "capacity 1.0, probs");
+        cfg.router_bias = 1, cfg.tie_embeddings = 1;
+        run(world, ep, be, cfg, 2, 12, "capacity 1.0, bias, tied");
+        cfg.router_bias = 0, cfg.tie_embeddings = 0;
+        ep->destroy(ep);
+    }
+    long failures = test_failures();
+    world->allreduce_sum_long(world, &failures, 1);
+    if (world->rank == 0) printf("%ld failure(s) over %d rank(s)\n", failures, R);
+    world->destroy(world);
+    return failures != 0;
+}
