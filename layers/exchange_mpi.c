@@ -126,10 +126,17 @@ static void mpi_abort(moe_comm *c, int code) {
     exit(code); // not reached
 }
 
+static void abort_world(int code) {
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 static void mpi_destroy(moe_comm *c) {
     mpi_state *s = c->state;
     free(s->stage[0]), free(s->stage[1]);
     if (s->owns_mpi) {
+        moe_set_fatal_exit(NULL, -1);
         MPI_Comm_free(&s->comm);
         MPI_Finalize();
     } else {
@@ -188,5 +195,7 @@ moe_status moe_comm_world(moe_comm **out) {
     // errors abort the job (MPI's default): a failed rank must not leave the others waiting
     MPI_Comm world;
     MPI_Comm_dup(MPI_COMM_WORLD, &world);
-    return wrap(world, 1, out);
+    moe_status st = wrap(world, 1, out);
+    if (!st) moe_set_fatal_exit(abort_world, (*out)->rank); // one rank's fatal error ends all
+    return st;
 }

@@ -39,12 +39,23 @@ const char *moe_status_name(moe_status code) {
     return "unknown status";
 }
 
+static void (*fatal_exit)(int code) = exit;
+static int fatal_rank = -1;
+
+void moe_set_fatal_exit(void (*exit_fn)(int code), int rank) {
+    fatal_exit = exit_fn ? exit_fn : exit;
+    fatal_rank = exit_fn ? rank : -1;
+}
+
 void moe_fatal(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("moe: error: ", stderr);
+    if (fatal_rank >= 0) fprintf(stderr, "moe: error: rank %d: ", fatal_rank);
+    else fputs("moe: error: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
-    exit(1);
+    fflush(stdout);
+    fatal_exit(1);
+    exit(1); // an exit hook returns only if it failed
 }

@@ -29,5 +29,9 @@ const char *moe_status_name(moe_status code);
 
 // Prints "moe: error: <message>" to stderr and exits with status 1.
 _Noreturn void moe_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// How moe_fatal ends the process: exit (the default), or under expert parallelism the
+// exchange's abort (MPI_Abort: every rank ends, not just this one), with messages prefixed
+// "rank R: ". NULL restores exit.
+void moe_set_fatal_exit(void (*exit_fn)(int code), int rank);
 
 #endif
