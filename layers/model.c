@@ -336,6 +336,21 @@ void model_destroy(model *m) {
     memset(m, 0, sizeof *m);
 }
 
+void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp) {
+    if (world && world->size > 1)
+        world->allreduce_sum_real(world, m->be, m->grads, m->n_dense);
+    if (edp && edp->size > 1)
+        edp->allreduce_sum_real(edp, m->be, m->grads + m->n_dense, m->n_params - m->n_dense);
+}
+
+double model_grad_sum_squares(model *m) {
+    double dense, experts;
+    m->be->sum_squares(m->be, &dense, m->grads, m->n_dense);
+    m->be->sum_squares(m->be, &experts, m->grads + m->n_dense, m->n_params - m->n_dense);
+    if (m->ep) m->ep->allreduce_sum_double(m->ep, &experts, 1); // each expert once
+    return dense + experts;
+}
+
 void model_zero_grads(model *m) {
     if (m->grads) m->be->zero(m->be, m->grads, m->n_params * sizeof(real));
 }

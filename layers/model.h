@@ -157,6 +157,15 @@ moe_status model_backward(model *m, double loss_scale);
 
 void model_zero_grads(model *m);
 
+// Expert parallelism, after the backward of a step's micro-batches: the dense gradients summed
+// over all ranks (world), the expert gradients over the ranks that hold the same experts
+// (edp; NULL or one rank: nothing). SUM only: the loss scale already divides by the ranks.
+void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp);
+// sum of squares of the model's whole gradient, every dense and expert parameter once: the
+// dense part is whole on every rank (after model_reduce_grads), the experts' summed over the
+// EP group. Collective over m->ep.
+double model_grad_sum_squares(model *m);
+
 // Device memory: parameters, gradients, and everything else (activations, MoE buffers,
 // scratch, KV cache, RoPE tables), in bytes.
 void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations);
