@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/config.h"
+#include "train/config/config.h"
 #include "train/log.h"
 #include "train/trainer.h"
 

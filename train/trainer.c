@@ -18,7 +18,7 @@
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "optim/optimizer.h"
-#include "train/checkpoint.h"
+#include "train/ckpt/checkpoint.h"
 #include "train/log.h"
 #include "layers/rng.h"
 

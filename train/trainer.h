@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "layers/model.h"
-#include "train/config.h"
+#include "train/config/config.h"
 
 // Test-only hooks (never set from a config file): plant a NaN in one gradient element of
 // the last layer's w2 at step indexes [nan_from, nan_to] (0-based, inclusive; -1 = never).

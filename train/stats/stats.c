@@ -6,7 +6,7 @@
 // all that the hottest/dead experts need. Memory is O(records + window * E).
 #define _POSIX_C_SOURCE 200809L
 
-#include "train/stats.h"
+#include "train/stats/stats.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "layers/status.h"
-#include "train/config.h"
+#include "train/config/config.h"
 
 #define STATS_MAX_EXPERTS 65536
 #define STATS_MAX_LAYERS 65536

@@ -16,7 +16,7 @@
 //   libconfig parses it (scan_text): each @include is resolved as libconfig will, read
 //   within the limits of config.h and scanned in turn; a "\x00" in a string is refused.
 #define _POSIX_C_SOURCE 200809L // O_CLOEXEC, fstat
-#include "train/config.h"
+#include "train/config/config.h"
 
 #include <ctype.h>
 #include <errno.h>
