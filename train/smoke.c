@@ -144,7 +144,7 @@ int smoke_main(int argc, char **argv) {
     memcpy(cfg->run_dir + n, "/smoke", 7);
 
     // the training alert rule as "stop": a sustained alert ends the smoke, and fails it
-    cfg->load_alert_action = 1;
+    cfg->load_alert_action = MOE_ALERT_STOP;
 
     trainer_hooks hooks = {.nan_from = -1, .nan_to = -1, .no_checkpoint = 1,
                            .schedule_steps = full_steps};
@@ -155,7 +155,7 @@ int smoke_main(int argc, char **argv) {
     else if (st) moe_fatal("%s", moe_last_error());
     const int load_stop = stopped[0] && strstr(stopped, "train.load_alert_action") != NULL;
 
-    const int L = r.n_layers, E = r.n_experts, k = cfg->top_k;
+    const int L = r.n_layers, E = r.n_experts, k = cfg->model.moe.top_k;
     int failed = 0; // bit per check: finite, logits, collapse, dead, load
     char fails[4096] = "";
     size_t fl = 0;
@@ -212,7 +212,7 @@ int smoke_main(int argc, char **argv) {
                 SMOKE_FAIL(3, "smoke: FAIL dead experts: layer %d: %d dead expert%s (no token in any "
                            "of the %lld steps):%s while capacity_factor %g dropped %.2f%% of its "
                            "assignments\n", l, dead, dead == 1 ? "" : "s", (long long)r.steps_done,
-                           list, cfg->capacity_factor, 100.0 * dropped / total);
+                           list, cfg->model.moe.capacity_factor, 100.0 * dropped / total);
             else
                 printf("    note: %d dead expert%s (no token in any step):%s; nothing dropped, so "
                        "not a failure here\n", dead, dead == 1 ? "" : "s", list);
@@ -235,13 +235,14 @@ int smoke_main(int argc, char **argv) {
     }
     if (r.steps_done == 0) printf("  (no step completed)\n");
     printf("\ntokens dropped: %ld of %ld assignments (%.2f%%), capacity_factor %g\n", dropped_all,
-           routed_all, routed_all ? 100.0 * dropped_all / routed_all : 0.0, cfg->capacity_factor);
-    const double row_bytes = (double)cfg->d_model * sizeof(float);
+           routed_all, routed_all ? 100.0 * dropped_all / routed_all : 0.0,
+           cfg->model.moe.capacity_factor);
+    const double row_bytes = (double)cfg->model.d_model * sizeof(float);
     const double per_step = (double)cfg->batch_size * cfg->seq_len * k * cfg->grad_accum;
     printf("exchange volume per step and rank: 0 B (1 rank; with expert parallelism over R ranks "
            "each rank would send up to %.0f rows of %d floats x 2 (dispatch, combine) x %d layers"
            " x 2 (forward, backward) = %.1f MiB per step)\n",
-           per_step, cfg->d_model, L, per_step * row_bytes * 4 * L / (1 << 20));
+           per_step, cfg->model.d_model, L, per_step * row_bytes * 4 * L / (1 << 20));
     char pb[32], gb[32], ob[32], ab[32], tb[32];
     human_bytes(pb, sizeof pb, (double)r.param_bytes);
     human_bytes(gb, sizeof gb, (double)r.grad_bytes);

@@ -23,28 +23,9 @@
 #include "layers/rng.h"
 
 model_config trainer_model_config(const moe_train_config *cfg) {
-    model_config m = {
-        .vocab_size = cfg->vocab_size,
-        .d_model = cfg->d_model,
-        .n_layers = cfg->n_layers,
-        .n_heads = cfg->n_heads,
-        .n_kv_heads = cfg->n_kv_heads,
-        .max_seq_len = cfg->max_seq_len,
-        .tie_embeddings = cfg->tie_embeddings,
-        .rope_theta = cfg->rope_theta,
-        .rms_norm_eps = cfg->rms_norm_eps,
-    };
-    m.moe = moe_config_default(cfg->d_model, cfg->d_ff, cfg->n_experts, cfg->top_k);
-    m.moe.norm_topk_prob = cfg->norm_topk_prob;
-    m.moe.capacity_factor = cfg->capacity_factor;
-    m.moe.drop_policy = cfg->drop_policy == 1 ? MOE_DROP_POSITION : MOE_DROP_PROBS;
-    m.moe.aux_coef = cfg->aux_coef;
-    m.moe.z_coef = cfg->z_coef;
-    m.moe.scoring = cfg->scoring == 1 ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
-    m.moe.route_scale = cfg->route_scale;
-    m.moe.seq_aux_coef = cfg->seq_aux_coef;
-    m.moe.jitter_eps = cfg->router_jitter;
-    m.router_bias = cfg->bias_rate > 0;
+    model_config m = cfg->model;
+    m.moe.d_model = m.d_model; // not keys of their own: they follow from
+    m.router_bias = cfg->bias_rate > 0; // model.d_model and model.bias_rate
     return m;
 }
 
@@ -299,10 +280,10 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
             }
             return st;
         }
-        if ((int64_t)tf->vocab_size > cfg->vocab_size)
+        if ((int64_t)tf->vocab_size > cfg->model.vocab_size)
             return moe_error(MOE_EINVAL,
                              "%s = '%s': token vocabulary %u exceeds model.vocab_size = %d",
-                             d.key[i], tf->path, tf->vocab_size, cfg->vocab_size);
+                             d.key[i], tf->path, tf->vocab_size, cfg->model.vocab_size);
     }
     // token files of another tokenizer than the run's would train silently on wrong ids
     if ((st = tokenizer_check_data(d.path[0], tok, train->vocab_size)))
@@ -550,7 +531,8 @@ static void warn_schedule_change(const moe_train_config *cfg, const char *resume
         cJSON_Delete(state);
         return;
     }
-    const int was_constant = !strcmp(kind->valuestring, "constant"), constant = cfg->schedule == 1;
+    const int was_constant = !strcmp(kind->valuestring, "constant");
+    const int constant = cfg->schedule == SCHEDULE_CONSTANT;
     const double was[4] = {num[0]->valuedouble, num[1]->valuedouble, num[2]->valuedouble,
                            num[3]->valuedouble};
     const double now[4] = {cfg->lr, cfg->min_lr, (double)cfg->warmup_steps, (double)cfg->steps};
@@ -628,7 +610,7 @@ static run_memory memory_of(const model *m, const moe_train_config *cfg) {
     model_memory(m, &r.params, &r.grads, &acts);
     for (int l = 0; l < m->n_moe; l++) r.experts += m->moe[l].bytes;
     r.activations = acts - r.experts;
-    r.optimizer = cfg->optimizer == 1 ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
+    r.optimizer = cfg->optimizer == OPTIM_SGD ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
     return r;
 }
 
@@ -672,7 +654,7 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
                                               mem->activations + mem->experts));
         printf("memory (fp32, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
                "  %s %s, activations %s, expert buffers %s\n", cfg->batch_size, cfg->seq_len,
-               all, p, g, cfg->optimizer == 1 ? "SGD state" : "AdamW moments", o, act, ex);
+               all, p, g, cfg->optimizer == OPTIM_SGD ? "SGD state" : "AdamW moments", o, act, ex);
     } else {
         printf("memory: not measured: %s\n", mem_note);
     }
@@ -795,7 +777,7 @@ static moe_status trainer_open_model(trainer *t) {
         t->regions[i].decay = !mt->is_norm || cfg->decay_norms;
     }
     optim_config oc = {
-        .kind = cfg->optimizer == 1 ? OPTIM_SGD : OPTIM_ADAMW,
+        .kind = cfg->optimizer,
         .beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
         .weight_decay = cfg->weight_decay,
     };
@@ -934,8 +916,7 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
 static moe_status trainer_step(trainer *t, step_result *s) {
     const moe_train_config *cfg = t->cfg;
     const trainer_hooks *h = t->hooks;
-    s->lr = lr_at_step(cfg->schedule == 1 ? SCHEDULE_CONSTANT : SCHEDULE_COSINE, cfg->lr,
-                       cfg->min_lr, cfg->warmup_steps,
+    s->lr = lr_at_step(cfg->schedule, cfg->lr, cfg->min_lr, cfg->warmup_steps,
                        h && h->schedule_steps ? h->schedule_steps : cfg->steps, s->step);
     model_zero_grads(&t->m);
     step_load_reset(&t->sl, t->L, t->E);
@@ -1146,7 +1127,7 @@ static moe_status trainer_alerts(trainer *t, int64_t step) {
     for (int l = 0; aw->n == aw->W && l < t->L; l++) {
         const alert_verdict v = alert_window_eval(aw, l, t->E, cfg->load_alert);
         if (!v.overload && !v.n_dead) continue;
-        if (cfg->load_alert_action == 1) return alert_stop(cfg, step, l, &v);
+        if (cfg->load_alert_action == MOE_ALERT_STOP) return alert_stop(cfg, step, l, &v);
         load_alert *a = &t->alerts[l];
         if (v.overload) {
             if (!a->n_load || v.median > a->load.median) a->load = v, a->step = step + 1;

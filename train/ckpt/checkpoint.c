@@ -472,7 +472,7 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     cJSON_AddStringToObject(o, "kind", opt && opt->cfg.kind == OPTIM_SGD ? "sgd" : "adamw");
     cJSON_AddNumberToObject(o, "t", opt ? (double)opt->t : 0);
     cJSON *sch = cJSON_AddObjectToObject(state, "schedule");
-    cJSON_AddStringToObject(sch, "kind", cfg->schedule == 1 ? "constant" : "cosine");
+    cJSON_AddStringToObject(sch, "kind", cfg->schedule == SCHEDULE_CONSTANT ? "constant" : "cosine");
     cJSON_AddNumberToObject(sch, "lr", cfg->lr);
     cJSON_AddNumberToObject(sch, "min_lr", cfg->min_lr);
     cJSON_AddNumberToObject(sch, "warmup_steps", (double)cfg->warmup_steps);
