@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layers/moe.h"
 #include "train/config/config.h"
 #include "train/log.h"
 #include "train/trainer.h"
@@ -173,20 +174,16 @@ int smoke_main(int argc, char **argv) {
     long dropped_all = 0, routed_all = 0;
     for (int l = 0; l < L; l++) {
         const long *c = r.routed + (size_t)l * E, *kept = r.kept + (size_t)l * E;
-        long total = 0, dropped = 0, mx = 0;
-        int dead = 0, hot = 0;
-        for (int e = 0; e < E; e++) {
-            total += c[e], dropped += c[e] - kept[e];
-            if (c[e] > mx) mx = c[e], hot = e;
-            dead += c[e] == 0;
-        }
-        double mean = (double)total / E, var = 0;
-        for (int e = 0; e < E; e++) var += (c[e] - mean) * (c[e] - mean) / E;
-        double mom = mean > 0 ? mx / mean : 0;
+        long total = 0, dropped = 0;
+        int dead = 0, hot;
+        for (int e = 0; e < E; e++) total += c[e], dropped += c[e] - kept[e], dead += c[e] == 0;
+        double mom, cv;
+        moe_load_summary(c, E, &mom, &cv, &hot);
+        const long mx = c[hot];
         printf("  layer %2d:", l);
         for (int e = 0; e < E; e++) printf(" %5.1f", total ? 100.0 * c[e] / total : 0.0);
-        printf(" | max/mean %.2f (expert %d) cv %.2f dropped %.2f%%\n", mom, hot,
-               mean > 0 ? sqrt(var) / mean : 0, total ? 100.0 * dropped / total : 0.0);
+        printf(" | max/mean %.2f (expert %d) cv %.2f dropped %.2f%%\n", mom, hot, cv,
+               total ? 100.0 * dropped / total : 0.0);
         // the hottest expert's share of the tokens: c_e of the T*steps tokens (total / k)
         const double share = total ? mx / ((double)total / k) : 0;
         if (share > worst_share) worst_share = share;

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data/files.h"
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
@@ -422,21 +423,6 @@ static double test_load_override(int64_t step, double mom) {
     return mom;
 }
 
-// max/mean and CV of one layer's counts; *hot receives the hottest expert.
-static void load_summary(const long *c, int E, double *max_over_mean, double *cv, int *hot) {
-    double sum = 0, var = 0;
-    int h = 0;
-    for (int e = 0; e < E; e++) {
-        sum += c[e];
-        if (c[e] > c[h]) h = e;
-    }
-    double mean = sum / E;
-    for (int e = 0; e < E; e++) var += (c[e] - mean) * (c[e] - mean);
-    *max_over_mean = mean > 0 ? c[h] / mean : 0;
-    *cv = mean > 0 ? sqrt(var / E) / mean : 0;
-    *hot = h;
-}
-
 // Dropless validation loss (inference mode, as `moe eval`), the same windows every time.
 static moe_status validate(model *m, const token_file *val, const moe_train_config *cfg,
                            int *inputs, int *targets, double *loss) {
@@ -499,25 +485,8 @@ static void warn_schedule_change(const moe_train_config *cfg, const char *resume
     char folder[MOE_PATH_MAX + 64], path[MOE_PATH_MAX + 96];
     if (checkpoint_resolve(folder, sizeof folder, resume)) return;
     snprintf(path, sizeof path, "%s/trainer_state.json", folder);
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    char *text = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 > cap) {
-            char *t = realloc(text, cap = 2 * cap + 8192);
-            if (!t) break;
-            text = t;
-        }
-        size_t got = fread(text + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    fclose(f);
-    if (!text) return;
-    text[n < cap ? n : cap - 1] = 0;
-    cJSON *state = cJSON_Parse(text);
-    free(text);
+    cJSON *state;
+    if (file_read_json_object(path, (size_t)64 << 20, &state)) return; // checkpoint_load read it
     const cJSON *sch = cJSON_GetObjectItemCaseSensitive(state, "schedule");
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(sch, "kind");
     const cJSON *num[4] = {cJSON_GetObjectItemCaseSensitive(sch, "lr"),
@@ -1043,7 +1012,7 @@ static moe_status trainer_log_load(trainer *t, step_result *s) {
         const long *routed = t->sl.routed + (size_t)l * E, *kept = t->sl.kept + (size_t)l * E;
         double mom, cv;
         int hot;
-        load_summary(routed, E, &mom, &cv, &hot);
+        moe_load_summary(routed, E, &mom, &cv, &hot);
         long dropped = 0, total = 0;
         for (int e = 0; e < E; e++) dropped += routed[e] - kept[e], total += routed[e];
         drop_sum += dropped, routed_sum += total;
@@ -1276,7 +1245,7 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
             return MOE_OK;
         }
     }
-    if ((st = make_dirs(cfg->run_dir)) || (st = write_run_config(cfg))) return st;
+    if ((st = file_make_dirs(cfg->run_dir)) || (st = write_run_config(cfg))) return st;
     trainer *t = calloc(1, sizeof *t);
     if (!t) return out_of_memory();
     st = trainer_open(t, cfg, resume, hooks);

@@ -64,6 +64,14 @@ static void remove_folder(const char *path) {
     rmdir(path);
 }
 
+// An empty folder at path, where a save or an export writes before its rename: the leftover
+// of an interrupted one is removed; anything else there (a folder in it) is an error.
+static moe_status fresh_folder(const char *path) {
+    remove_folder(path);
+    if (mkdir(path, 0755) != 0) return moe_error(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    return MOE_OK;
+}
+
 // Test-only: MOE_TEST_CRASH_AT=<point> kills the process with SIGKILL at that point of the
 // MOE_TEST_CRASH_SAVE-th save (default 1) of this process.
 static int save_count;
@@ -410,17 +418,15 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     save_count++;
     if (check_path_arg(ckpt_root)) return MOE_EINVAL;
     char tmp[PATH_BUF], final[PATH_BUF], path[PATH_BUF];
-    if (mkdir(ckpt_root, 0755) != 0 && errno != EEXIST)
-        return moe_error(MOE_EIO, "%s: cannot create: %s", ckpt_root, strerror(errno));
+    moe_status st = file_make_dirs(ckpt_root);
+    if (st) return st;
     path_fmt(final, sizeof final, "%s/step_%08lld", ckpt_root, (long long)ts->step);
     path_fmt(tmp, sizeof tmp, "%s.tmp", final);
-    remove_folder(tmp);
-    if (mkdir(tmp, 0755) != 0) return moe_error(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    if ((st = fresh_folder(tmp))) return st;
 
     real *host = malloc(m->n_params * sizeof(real));
     cJSON *files = cJSON_CreateArray(), *state = NULL;
     char *cfg_text = NULL;
-    moe_status st = MOE_OK;
     if (!host) {
         st = moe_error(MOE_ENOMEM, "checkpoint: cannot allocate %zu parameters", m->n_params);
         goto done;
@@ -847,8 +853,7 @@ moe_status hf_export_from(const char *out_folder, const char *src_folder, const 
     if (stat(out_folder, &sb) == 0)
         return moe_error(MOE_EINVAL, "%s: already exists (export never overwrites)", out_folder);
     path_fmt(tmp, sizeof tmp, "%s.tmp", out_folder);
-    remove_folder(tmp);
-    if (mkdir(tmp, 0755) != 0) return moe_error(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    if ((st = fresh_folder(tmp))) return st;
     real *host = malloc(m->n_params * sizeof(real));
     if (!host) st = moe_error(MOE_ENOMEM, "export: out of memory");
     // what a user needs to run the export: the tokenizer of the weights (the source's files,

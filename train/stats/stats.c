@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layers/moe.h"
 #include "layers/status.h"
 #include "train/config/config.h"
 
@@ -93,9 +94,9 @@ long stats_needed_capacity(const long *counts, int rows, int E, int groups_per_r
 }
 
 long stats_capacity_of(double cf, long T, int k, int E) {
-    if (!(cf > 0)) return 0;
-    const double c = ceil(((double)T * k / E) * cf); // moe_capacity (layers/moe.c)
-    return c >= (double)T ? T : (long)c;
+    if (!(cf > 0)) return 0; // (a NaN too)
+    const moe_config c = {.n_experts = E, .top_k = k, .capacity_factor = cf};
+    return moe_capacity(&c, (int)T); // T <= MOE_CONFIG_MAX_TOKENS (stats.h)
 }
 
 double stats_capacity_factor(long C, long T, int k, int E) {
@@ -376,17 +377,11 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
     if ((st = get_num(w, o, "exchange_s", &r.exch_s))) return st;
 
     // max/mean and CV from the counts (the logged fields may be null)
-    double sum = 0, var = 0;
-    long max = 0;
-    for (int e = 0; e < E; e++) {
-        sum += (double)counts[e];
-        if (counts[e] > max) max = counts[e];
-    }
-    const double mean = sum / E;
-    for (int e = 0; e < E; e++) var += ((double)counts[e] - mean) * ((double)counts[e] - mean);
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += (double)counts[e];
+    int hot;
     r.routed = sum;
-    r.mom = mean > 0 ? (double)max / mean : 0;
-    r.cv = mean > 0 ? sqrt(var / E) / mean : 0;
+    moe_load_summary(counts, E, &r.mom, &r.cv, &hot);
     if (!isfinite(r.dropped) && have_kept) {
         double d = 0;
         for (int e = 0; e < E; e++) d += (double)(counts[e] - kept[e]);
