@@ -30,6 +30,10 @@ model_config trainer_model_config(const moe_train_config *cfg) {
     return m;
 }
 
+uint64_t trainer_noise_key(uint64_t seed, int64_t step, int micro) {
+    return moe_mix64(seed ^ moe_mix64((uint64_t)step << 20 | (uint64_t)micro));
+}
+
 // The selection bias of every layer moves toward balance, by the step's routed counts.
 static void update_router_bias(model *m, const long *routed, double rate) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
@@ -864,8 +868,7 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     s->finite = 1;
     for (int micro = 0; micro < cfg->grad_accum; micro++) {
         data_loader_next(&t->loader, t->inputs, t->targets);
-        // the router jitter noise is a function of (seed, step, micro-batch): resumable
-        t->m.noise_key = moe_mix64((uint64_t)cfg->seed ^ moe_mix64((uint64_t)s->step * 1024 + (uint64_t)micro));
+        t->m.noise_key = trainer_noise_key((uint64_t)cfg->seed, s->step, micro);
         st = model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len, 1);
         if (st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z))) {
             s->finite = 0;
