@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 moe_status file_read_all(const char *path, size_t max, char **out, size_t *len) {
@@ -60,5 +61,28 @@ moe_status file_read_json_object(const char *path, size_t max, cJSON **out) {
         return moe_error(MOE_EIO, "%s: not a JSON object (parse error)", path);
     }
     *out = j;
+    return MOE_OK;
+}
+
+moe_status file_make_dirs(const char *path) {
+    size_t len = strlen(path);
+    char *p = malloc(len + 1);
+    if (!p) return moe_error(MOE_ENOMEM, "%s: out of memory", path);
+    memcpy(p, path, len + 1);
+    for (size_t i = 1; i <= len; i++) { // each prefix that ends a component, then the whole
+        if (p[i] != '/' && p[i] != '\0') continue;
+        const char saved = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            moe_status st = moe_error(MOE_EIO, "%s: cannot create folder: %s", p, strerror(errno));
+            free(p);
+            return st;
+        }
+        p[i] = saved;
+    }
+    free(p);
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return moe_error(MOE_EIO, "%s: exists and is not a folder", path);
     return MOE_OK;
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "data/files.h"
 #include "data/token_file.h"
 
 // ---- byte tokenizer ----------------------------------------------------------------
@@ -155,31 +156,6 @@ static moe_status corpus_add_dir(corpus *c, const char *dir) {
     return s;
 }
 
-// mkdir -p: creates every missing folder on the way.
-static moe_status make_dirs(const char *dir) {
-    size_t len = strlen(dir);
-    char *p = malloc(len + 1);
-    if (!p) return moe_error(MOE_ENOMEM, "prepare: out of memory");
-    memcpy(p, dir, len + 1);
-    for (size_t i = 1; i <= len; i++) {
-        if (p[i] != '/' && p[i] != '\0') continue;
-        char saved = p[i];
-        p[i] = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-            moe_status s = moe_error(MOE_EIO, "prepare: cannot create folder '%s': %s", p,
-                                     strerror(errno));
-            free(p);
-            return s;
-        }
-        p[i] = saved;
-    }
-    free(p);
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return moe_error(MOE_EIO, "prepare: output '%s' exists and is not a folder", dir);
-    return MOE_OK;
-}
-
 // Writes bytes [0, n) as a vocab-256 token file.
 static moe_status write_bytes(const char *dir, const char *name, const unsigned char *bytes,
                               size_t n) {
@@ -239,7 +215,7 @@ moe_status data_prepare_text(const char *const *sources, int n_sources, const ch
                       "%zu validation tokens at val_fraction %g; each split needs at least 2",
                       c.n, sources[0], n_sources > 1 ? " and the other sources" : "", nt, nv,
                       val_fraction);
-    if (s == MOE_OK) s = make_dirs(out_dir);
+    if (s == MOE_OK && (s = file_make_dirs(out_dir))) moe_error_context(s, "prepare");
     if (s == MOE_OK) s = write_bytes(out_dir, "train.bin", c.bytes, nt);
     if (s == MOE_OK) s = write_bytes(out_dir, "val.bin", c.bytes + nt, nv);
     free(c.bytes);

@@ -81,6 +81,10 @@ typedef struct {
 // bias[e] += rate * sign(mean(c) - c[e]) with c the step's routed counts (host arrays).
 void moe_router_bias_update(real *bias, const long *counts, int E, double rate);
 
+// max/mean and CV (std / mean) of E per-expert counts (summed over steps or micro-batches,
+// hence long), 0 when every count is 0; *hot receives the first expert with the most.
+void moe_load_summary(const long *counts, int E, double *max_over_mean, double *cv, int *hot);
+
 // Host-side summary of per-expert counts; shared by every backend.
 void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, int E, int T,
                            int capacity);

@@ -29,3 +29,17 @@ void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, in
     st->max_over_mean = mean > 0 ? max_routed / mean : 0;
     st->cv = mean > 0 ? sqrt(var) / mean : 0;
 }
+
+void moe_load_summary(const long *c, int E, double *max_over_mean, double *cv, int *hot) {
+    double sum = 0, var = 0;
+    int h = 0;
+    for (int e = 0; e < E; e++) {
+        sum += c[e];
+        if (c[e] > c[h]) h = e;
+    }
+    double mean = sum / E;
+    for (int e = 0; e < E; e++) var += (c[e] - mean) * (c[e] - mean);
+    *max_over_mean = mean > 0 ? c[h] / mean : 0;
+    *cv = mean > 0 ? sqrt(var / E) / mean : 0;
+    *hot = h;
+}

@@ -138,12 +138,6 @@ double *w13_part_as_double(int slot, const real *w13, int part, int E, int ff, i
     return out;
 }
 
-double *int_as_double(int slot, const int *x, size_t n) {
-    double *out = slot_buffer(slot, n);
-    for (size_t i = 0; i < n; i++) out[i] = x[i];
-    return out;
-}
-
 void moe_routing_capture(moe_routing *r, const moe_layer *L, const real *bias) {
     const int T = L->last_tokens, E = L->cfg.n_experts, k = L->cfg.top_k;
     if (r->T != T || r->E != E) {

@@ -30,7 +30,6 @@ void moe_case_run(moe_case *c, moe_stats *stats);
 double *as_double(int slot, const real *x, size_t n);
 // Part 0 (w1) or 1 (w3) of a stacked w13 [E, 2ff, d] as [E, ff, d] doubles.
 double *w13_part_as_double(int slot, const real *w13, int part, int E, int ff, int d);
-double *int_as_double(int slot, const int *x, size_t n);
 
 // The routing of a layer's last training forward per (token, expert), read from its host
 // buffers (CPU backend): what a finite-difference gradient check must not flip. Selection

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/checkpoint.h"
+#include "train/ckpt/checkpoint.h"
 #include "layers/rng.h"
 
 moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk) {

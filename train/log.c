@@ -5,24 +5,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-
-moe_status make_dirs(const char *path) {
-    char buf[1024];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return moe_error(MOE_EINVAL, "%s: path too long", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return moe_error(MOE_EIO, "%s: cannot create directory: %s", buf, strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    return MOE_OK;
-}
 
 moe_status jsonl_open(jsonl_file *j, const char *dir, const char *name, int append) {
     snprintf(j->path, sizeof j->path, "%s/%s", dir, name);

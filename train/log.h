@@ -31,7 +31,4 @@ moe_status file_close_checked(FILE *f, const char *path);
 // An array of ints as a cJSON array.
 cJSON *json_int_array(const long *values, int n);
 
-// mkdir -p
-moe_status make_dirs(const char *path);
-
 #endif

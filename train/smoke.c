@@ -25,7 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/config.h"
+#include "layers/moe.h"
+#include "train/config/config.h"
 #include "train/log.h"
 #include "train/trainer.h"
 
@@ -144,7 +145,7 @@ int smoke_main(int argc, char **argv) {
     memcpy(cfg->run_dir + n, "/smoke", 7);
 
     // the training alert rule as "stop": a sustained alert ends the smoke, and fails it
-    cfg->load_alert_action = 1;
+    cfg->load_alert_action = MOE_ALERT_STOP;
 
     trainer_hooks hooks = {.nan_from = -1, .nan_to = -1, .no_checkpoint = 1,
                            .schedule_steps = full_steps};
@@ -155,7 +156,7 @@ int smoke_main(int argc, char **argv) {
     else if (st) moe_fatal("%s", moe_last_error());
     const int load_stop = stopped[0] && strstr(stopped, "train.load_alert_action") != NULL;
 
-    const int L = r.n_layers, E = r.n_experts, k = cfg->top_k;
+    const int L = r.n_layers, E = r.n_experts, k = cfg->model.moe.top_k;
     int failed = 0; // bit per check: finite, logits, collapse, dead, load
     char fails[4096] = "";
     size_t fl = 0;
@@ -173,20 +174,16 @@ int smoke_main(int argc, char **argv) {
     long dropped_all = 0, routed_all = 0;
     for (int l = 0; l < L; l++) {
         const long *c = r.routed + (size_t)l * E, *kept = r.kept + (size_t)l * E;
-        long total = 0, dropped = 0, mx = 0;
-        int dead = 0, hot = 0;
-        for (int e = 0; e < E; e++) {
-            total += c[e], dropped += c[e] - kept[e];
-            if (c[e] > mx) mx = c[e], hot = e;
-            dead += c[e] == 0;
-        }
-        double mean = (double)total / E, var = 0;
-        for (int e = 0; e < E; e++) var += (c[e] - mean) * (c[e] - mean) / E;
-        double mom = mean > 0 ? mx / mean : 0;
+        long total = 0, dropped = 0;
+        int dead = 0, hot;
+        for (int e = 0; e < E; e++) total += c[e], dropped += c[e] - kept[e], dead += c[e] == 0;
+        double mom, cv;
+        moe_load_summary(c, E, &mom, &cv, &hot);
+        const long mx = c[hot];
         printf("  layer %2d:", l);
         for (int e = 0; e < E; e++) printf(" %5.1f", total ? 100.0 * c[e] / total : 0.0);
-        printf(" | max/mean %.2f (expert %d) cv %.2f dropped %.2f%%\n", mom, hot,
-               mean > 0 ? sqrt(var) / mean : 0, total ? 100.0 * dropped / total : 0.0);
+        printf(" | max/mean %.2f (expert %d) cv %.2f dropped %.2f%%\n", mom, hot, cv,
+               total ? 100.0 * dropped / total : 0.0);
         // the hottest expert's share of the tokens: c_e of the T*steps tokens (total / k)
         const double share = total ? mx / ((double)total / k) : 0;
         if (share > worst_share) worst_share = share;
@@ -212,7 +209,7 @@ int smoke_main(int argc, char **argv) {
                 SMOKE_FAIL(3, "smoke: FAIL dead experts: layer %d: %d dead expert%s (no token in any "
                            "of the %lld steps):%s while capacity_factor %g dropped %.2f%% of its "
                            "assignments\n", l, dead, dead == 1 ? "" : "s", (long long)r.steps_done,
-                           list, cfg->capacity_factor, 100.0 * dropped / total);
+                           list, cfg->model.moe.capacity_factor, 100.0 * dropped / total);
             else
                 printf("    note: %d dead expert%s (no token in any step):%s; nothing dropped, so "
                        "not a failure here\n", dead, dead == 1 ? "" : "s", list);
@@ -235,13 +232,14 @@ int smoke_main(int argc, char **argv) {
     }
     if (r.steps_done == 0) printf("  (no step completed)\n");
     printf("\ntokens dropped: %ld of %ld assignments (%.2f%%), capacity_factor %g\n", dropped_all,
-           routed_all, routed_all ? 100.0 * dropped_all / routed_all : 0.0, cfg->capacity_factor);
-    const double row_bytes = (double)cfg->d_model * sizeof(float);
+           routed_all, routed_all ? 100.0 * dropped_all / routed_all : 0.0,
+           cfg->model.moe.capacity_factor);
+    const double row_bytes = (double)cfg->model.d_model * sizeof(float);
     const double per_step = (double)cfg->batch_size * cfg->seq_len * k * cfg->grad_accum;
     printf("exchange volume per step and rank: 0 B (1 rank; with expert parallelism over R ranks "
            "each rank would send up to %.0f rows of %d floats x 2 (dispatch, combine) x %d layers"
            " x 2 (forward, backward) = %.1f MiB per step)\n",
-           per_step, cfg->d_model, L, per_step * row_bytes * 4 * L / (1 << 20));
+           per_step, cfg->model.d_model, L, per_step * row_bytes * 4 * L / (1 << 20));
     char pb[32], gb[32], ob[32], ab[32], tb[32];
     human_bytes(pb, sizeof pb, (double)r.param_bytes);
     human_bytes(gb, sizeof gb, (double)r.grad_bytes);

@@ -13,39 +13,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data/files.h"
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "optim/optimizer.h"
-#include "train/checkpoint.h"
+#include "train/ckpt/checkpoint.h"
 #include "train/log.h"
 #include "layers/rng.h"
 
 model_config trainer_model_config(const moe_train_config *cfg) {
-    model_config m = {
-        .vocab_size = cfg->vocab_size,
-        .d_model = cfg->d_model,
-        .n_layers = cfg->n_layers,
-        .n_heads = cfg->n_heads,
-        .n_kv_heads = cfg->n_kv_heads,
-        .max_seq_len = cfg->max_seq_len,
-        .tie_embeddings = cfg->tie_embeddings,
-        .rope_theta = cfg->rope_theta,
-        .rms_norm_eps = cfg->rms_norm_eps,
-    };
-    m.moe = moe_config_default(cfg->d_model, cfg->d_ff, cfg->n_experts, cfg->top_k);
-    m.moe.norm_topk_prob = cfg->norm_topk_prob;
-    m.moe.capacity_factor = cfg->capacity_factor;
-    m.moe.drop_policy = cfg->drop_policy == 1 ? MOE_DROP_POSITION : MOE_DROP_PROBS;
-    m.moe.aux_coef = cfg->aux_coef;
-    m.moe.z_coef = cfg->z_coef;
-    m.moe.scoring = cfg->scoring == 1 ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
-    m.moe.route_scale = cfg->route_scale;
-    m.moe.seq_aux_coef = cfg->seq_aux_coef;
-    m.moe.jitter_eps = cfg->router_jitter;
-    m.router_bias = cfg->bias_rate > 0;
+    model_config m = cfg->model;
+    m.moe.d_model = m.d_model; // not keys of their own: they follow from
+    m.router_bias = cfg->bias_rate > 0; // model.d_model and model.bias_rate
     return m;
+}
+
+uint64_t trainer_noise_key(uint64_t seed, int64_t step, int micro) {
+    return moe_mix64(seed ^ moe_mix64((uint64_t)step << 20 | (uint64_t)micro));
 }
 
 // The selection bias of every layer moves toward balance, by the step's routed counts.
@@ -299,10 +285,10 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
             }
             return st;
         }
-        if ((int64_t)tf->vocab_size > cfg->vocab_size)
+        if ((int64_t)tf->vocab_size > cfg->model.vocab_size)
             return moe_error(MOE_EINVAL,
                              "%s = '%s': token vocabulary %u exceeds model.vocab_size = %d",
-                             d.key[i], tf->path, tf->vocab_size, cfg->vocab_size);
+                             d.key[i], tf->path, tf->vocab_size, cfg->model.vocab_size);
     }
     // token files of another tokenizer than the run's would train silently on wrong ids
     if ((st = tokenizer_check_data(d.path[0], tok, train->vocab_size)))
@@ -441,21 +427,6 @@ static double test_load_override(int64_t step, double mom) {
     return mom;
 }
 
-// max/mean and CV of one layer's counts; *hot receives the hottest expert.
-static void load_summary(const long *c, int E, double *max_over_mean, double *cv, int *hot) {
-    double sum = 0, var = 0;
-    int h = 0;
-    for (int e = 0; e < E; e++) {
-        sum += c[e];
-        if (c[e] > c[h]) h = e;
-    }
-    double mean = sum / E;
-    for (int e = 0; e < E; e++) var += (c[e] - mean) * (c[e] - mean);
-    *max_over_mean = mean > 0 ? c[h] / mean : 0;
-    *cv = mean > 0 ? sqrt(var / E) / mean : 0;
-    *hot = h;
-}
-
 // Dropless validation loss (inference mode, as `moe eval`), the same windows every time.
 static moe_status validate(model *m, const token_file *val, const moe_train_config *cfg,
                            int *inputs, int *targets, double *loss) {
@@ -518,25 +489,8 @@ static void warn_schedule_change(const moe_train_config *cfg, const char *resume
     char folder[MOE_PATH_MAX + 64], path[MOE_PATH_MAX + 96];
     if (checkpoint_resolve(folder, sizeof folder, resume)) return;
     snprintf(path, sizeof path, "%s/trainer_state.json", folder);
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    char *text = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 > cap) {
-            char *t = realloc(text, cap = 2 * cap + 8192);
-            if (!t) break;
-            text = t;
-        }
-        size_t got = fread(text + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    fclose(f);
-    if (!text) return;
-    text[n < cap ? n : cap - 1] = 0;
-    cJSON *state = cJSON_Parse(text);
-    free(text);
+    cJSON *state;
+    if (file_read_json_object(path, (size_t)64 << 20, &state)) return; // checkpoint_load read it
     const cJSON *sch = cJSON_GetObjectItemCaseSensitive(state, "schedule");
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(sch, "kind");
     const cJSON *num[4] = {cJSON_GetObjectItemCaseSensitive(sch, "lr"),
@@ -550,7 +504,8 @@ static void warn_schedule_change(const moe_train_config *cfg, const char *resume
         cJSON_Delete(state);
         return;
     }
-    const int was_constant = !strcmp(kind->valuestring, "constant"), constant = cfg->schedule == 1;
+    const int was_constant = !strcmp(kind->valuestring, "constant");
+    const int constant = cfg->schedule == SCHEDULE_CONSTANT;
     const double was[4] = {num[0]->valuedouble, num[1]->valuedouble, num[2]->valuedouble,
                            num[3]->valuedouble};
     const double now[4] = {cfg->lr, cfg->min_lr, (double)cfg->warmup_steps, (double)cfg->steps};
@@ -628,7 +583,7 @@ static run_memory memory_of(const model *m, const moe_train_config *cfg) {
     model_memory(m, &r.params, &r.grads, &acts);
     for (int l = 0; l < m->n_moe; l++) r.experts += m->moe[l].bytes;
     r.activations = acts - r.experts;
-    r.optimizer = cfg->optimizer == 1 ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
+    r.optimizer = cfg->optimizer == OPTIM_SGD ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
     return r;
 }
 
@@ -672,7 +627,7 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
                                               mem->activations + mem->experts));
         printf("memory (fp32, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
                "  %s %s, activations %s, expert buffers %s\n", cfg->batch_size, cfg->seq_len,
-               all, p, g, cfg->optimizer == 1 ? "SGD state" : "AdamW moments", o, act, ex);
+               all, p, g, cfg->optimizer == OPTIM_SGD ? "SGD state" : "AdamW moments", o, act, ex);
     } else {
         printf("memory: not measured: %s\n", mem_note);
     }
@@ -733,427 +688,576 @@ moe_status trainer_dry_run(const moe_train_config *cfg) {
     return MOE_OK;
 }
 
-moe_status trainer_run(const moe_train_config *cfg, const char *resume,
-                       const trainer_hooks *hooks, trainer_result *result) {
-    trainer_result res = {0};
-    res.last_val_loss = NAN;
-    if (result) *result = res; // the early returns below leave an empty, freeable result
-    if (resume) { // a finished run: nothing to do (and nothing written)
-        int64_t finished;
-        moe_status st = resume_finished(resume, cfg->steps, &finished);
-        if (st) return st;
-        if (finished) {
-            printf("run already finished at step %lld (train.steps = %lld): nothing to do; raise "
-                   "train.steps to continue\n", (long long)finished, (long long)cfg->steps);
-            res.steps_done = finished;
-            if (result) *result = res;
-            return MOE_OK;
-        }
-    }
-    moe_status st = make_dirs(cfg->run_dir);
-    if (st) return st;
-    {
-        char path[MOE_PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/config.cfg", cfg->run_dir);
-        FILE *f = fopen(path, "w");
-        if (!f)
-            return moe_error(MOE_EIO, "%s: cannot write the resolved config: %s", path,
-                             strerror(errno));
-        if ((st = moe_train_config_write(cfg, f))) {
-            fclose(f);
-            return st;
-        }
-        if ((st = file_close_checked(f, path))) return st; // a full disk shows here at the latest
-    }
+// ---- the run: a trainer and its steps ------------------------------------------------------
 
-    token_file train = {0}, val = {0};
-    model m = {0};
-    optimizer opt = {0};
-    data_loader loader = {0};
-    jsonl_file metrics = {0}, load_log = {0};
-    int *inputs = NULL, *targets = NULL;
-    optim_region *regions = NULL;
-    step_load sl = {0};
-    load_alert *alerts = NULL; // [L]
-    int in_init_from = 0;      // errors of the init_from block name the key (at done:)
-    alert_window aw = {0};
+// The state of one run, from trainer_open to trainer_close (which frees everything, whatever
+// trainer_open got to).
+typedef struct {
+    const moe_train_config *cfg;
+    const trainer_hooks *hooks;
+    const char *resume;
+    moe_backend *be;
+    token_file train, val;
+    model m;
+    optimizer opt;
+    data_loader loader;
+    jsonl_file metrics, load_log;
+    int *inputs, *targets; // [T]
+    optim_region *regions;
+    step_load sl;
+    load_alert *alerts;    // [L]
+    alert_window aw;
+    int L, E;
+    size_t T;              // tokens per micro-batch
+    char ckpt_root[MOE_PATH_MAX + 8];
+    int64_t start_step, consecutive_skips;
+    double t_start;
     // tokens/s of the last TPS_WINDOW steps after the first, a ring: memory does not grow
     // with train.steps (which may be 1e12)
     double step_tps[TPS_WINDOW];
-    int64_t n_tps = 0;
+    int64_t n_tps;
+    trainer_result res;
+} trainer;
 
-    moe_backend *be = NULL;
+// What one step computed, for its logs.
+typedef struct {
+    int64_t step; // 0-based
+    double lr, ce, aux, z, loss, grad_norm;
+    int finite;   // the forward of every micro-batch was finite
+    double dt, tok_per_s, worst_mom, drop_frac, val_loss;
+    int worst_layer, evaluated;
+} step_result;
+
+static moe_status out_of_memory(void) { return moe_error(MOE_ENOMEM, "trainer: out of memory"); }
+
+// The backend, the data, the model at its initialisation, the optimizer and the loader.
+static moe_status trainer_open_model(trainer *t) {
+    const moe_train_config *cfg = t->cfg;
     const moe_backend_options bo = {.threads = cfg->threads};
-    st = moe_backend_create(&be, cfg->device, &bo);
-    if (st) {
-        name_key(st, "model.device", cfg->device);
-        goto done;
-    }
-    st = open_data(cfg, &train, &val);
-    if (st) goto done;
-    model_config mc = trainer_model_config(cfg);
-    st = model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
-    if (st) goto done;
-    model_init_weights(&m, (uint64_t)cfg->seed, cfg->init_std);
-
+    moe_status st = moe_backend_create(&t->be, cfg->device, &bo);
+    if (st) return name_key(st, "model.device", cfg->device);
+    if ((st = open_data(cfg, &t->train, &t->val))) return st;
+    const model_config mc = trainer_model_config(cfg);
+    if ((st = model_create(&t->m, t->be, &mc, cfg->batch_size, cfg->seq_len))) return st;
+    model_init_weights(&t->m, (uint64_t)cfg->seed, cfg->init_std);
     // weight decay on matrices; RMSNorm weights only with train.decay_norms
-    regions = malloc((size_t)m.n_tensors * sizeof *regions);
-    if (!regions) {
-        st = moe_error(MOE_ENOMEM, "trainer: out of memory");
-        goto done;
-    }
-    for (int i = 0; i < m.n_tensors; i++) {
-        const model_tensor *t = &m.tensors[i];
-        regions[i].offset = t->offset;
-        regions[i].count = (size_t)t->rows * (t->cols ? t->cols : 1);
-        regions[i].decay = !t->is_norm || cfg->decay_norms;
+    t->regions = malloc((size_t)t->m.n_tensors * sizeof *t->regions);
+    if (!t->regions) return out_of_memory();
+    for (int i = 0; i < t->m.n_tensors; i++) {
+        const model_tensor *mt = &t->m.tensors[i];
+        t->regions[i].offset = mt->offset;
+        t->regions[i].count = (size_t)mt->rows * (mt->cols ? mt->cols : 1);
+        t->regions[i].decay = !mt->is_norm || cfg->decay_norms;
     }
     optim_config oc = {
-        .kind = cfg->optimizer == 1 ? OPTIM_SGD : OPTIM_ADAMW,
+        .kind = cfg->optimizer,
         .beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
         .weight_decay = cfg->weight_decay,
     };
-    st = optimizer_create(&opt, be, &oc, m.n_params, regions, m.n_tensors);
-    if (st) goto done;
-    st = data_loader_init(&loader, &train, cfg->batch_size, cfg->seq_len, (uint64_t)cfg->seed, 0, 1);
-    if (st) goto done;
+    if ((st = optimizer_create(&t->opt, t->be, &oc, t->m.n_params, t->regions, t->m.n_tensors)))
+        return st;
+    return data_loader_init(&t->loader, &t->train, cfg->batch_size, cfg->seq_len,
+                            (uint64_t)cfg->seed, 0, 1);
+}
 
-    // where the run starts: a checkpoint of this run, an HF folder, or the initialisation
-    int64_t start_step = 0, consecutive_skips = 0;
-    char ckpt_root[MOE_PATH_MAX + 8];
-    snprintf(ckpt_root, sizeof ckpt_root, "%s/ckpt", cfg->run_dir);
-    in_init_from = !resume && cfg->init_from[0];
-    if (resume) {
-        train_state ts;
-        if ((st = checkpoint_load(resume, &m, &opt, &ts))) goto done;
-        if ((st = data_loader_set_state(&loader, &ts.loader))) goto done;
-        start_step = ts.step, res.skipped = ts.skipped, consecutive_skips = ts.consecutive_skips;
-        res.steps_done = start_step;
-        printf("resumed from %s at step %lld\n", resume, (long long)start_step);
-        warn_schedule_change(cfg, resume, start_step);
-        // the logs continue from the checkpoint: records of later steps are dropped
-        if ((st = jsonl_keep_until(cfg->run_dir, "metrics.jsonl", start_step))) goto done;
-        if ((st = jsonl_keep_until(cfg->run_dir, "expert_load.jsonl", start_step))) goto done;
-    } else if (cfg->init_from[0]) {
-        char from[MOE_PATH_MAX + 64]; // a folder, or a `latest` file naming one
-        if ((st = checkpoint_resolve(from, sizeof from, cfg->init_from))) goto done;
-        if ((st = hf_config_check(from, &mc))) goto done;
-        if ((st = hf_load_weights(&m, from))) goto done;
-        printf("initialised from %s\n", from);
-    }
-    in_init_from = 0;
-    if ((st = jsonl_open(&metrics, cfg->run_dir, "metrics.jsonl", resume != NULL))) goto done;
-    if ((st = jsonl_open(&load_log, cfg->run_dir, "expert_load.jsonl", resume != NULL))) goto done;
+// Continues from a checkpoint of this run: parameters, optimizer, step, data order, skip
+// counts; the logs keep the records up to its step.
+static moe_status trainer_resume(trainer *t) {
+    const moe_train_config *cfg = t->cfg;
+    train_state ts;
+    moe_status st;
+    if ((st = checkpoint_load(t->resume, &t->m, &t->opt, &ts))) return st;
+    if ((st = data_loader_set_state(&t->loader, &ts.loader))) return st;
+    t->start_step = ts.step, t->res.skipped = ts.skipped, t->consecutive_skips = ts.consecutive_skips;
+    t->res.steps_done = t->start_step;
+    printf("resumed from %s at step %lld\n", t->resume, (long long)t->start_step);
+    warn_schedule_change(cfg, t->resume, t->start_step);
+    // the logs continue from the checkpoint: records of later steps are dropped
+    if ((st = jsonl_keep_until(cfg->run_dir, "metrics.jsonl", t->start_step))) return st;
+    return jsonl_keep_until(cfg->run_dir, "expert_load.jsonl", t->start_step);
+}
 
-    const int L = mc.n_layers, E = mc.moe.n_experts;
-    const size_t T = (size_t)cfg->batch_size * (size_t)cfg->seq_len; // tokens per micro-batch
-    inputs = malloc(T * sizeof(int));
-    targets = malloc(T * sizeof(int));
-    sl.routed = malloc((size_t)L * E * sizeof(long));
-    sl.kept = malloc((size_t)L * E * sizeof(long));
-    sl.micro_routed = malloc((size_t)cfg->grad_accum * L * E * sizeof(long));
-    sl.entropy = malloc((size_t)L * sizeof(double));
-    sl.aux = malloc((size_t)L * sizeof(double));
-    sl.seq_aux = malloc((size_t)L * sizeof(double));
-    sl.z = malloc((size_t)L * sizeof(double));
-    alerts = calloc((size_t)L, sizeof *alerts);
-    if (!inputs || !targets || !sl.routed || !sl.kept || !sl.micro_routed || !sl.entropy ||
-        !sl.aux || !sl.seq_aux || !sl.z || !alerts ||
-        alert_window_init(&aw, cfg->alert_window, L, E)) {
-        st = moe_error(MOE_ENOMEM, "trainer: out of memory");
-        goto done;
-    }
-    {
-        char data_line[2 * MOE_PATH_MAX + 256];
-        snprintf(data_line, sizeof data_line,
-                 "data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step",
-                 train.path, (unsigned long long)train.count, val.path, (unsigned long long)val.count,
-                 cfg->batch_size, cfg->seq_len, cfg->grad_accum);
-        const run_memory mem = memory_of(&m, cfg);
-        print_header(cfg, &mc, m.n_params, m.n_dense, &mem, NULL, data_line, be);
-    }
+// train.init_from: the weights of an HF folder (or a checkpoint); errors name the key.
+static moe_status trainer_init_from(trainer *t) {
+    char from[MOE_PATH_MAX + 64]; // a folder, or a `latest` file naming one
+    moe_status st;
+    if ((st = checkpoint_resolve(from, sizeof from, t->cfg->init_from)) ||
+        (st = hf_config_check(from, &t->m.cfg)) || (st = hf_load_weights(&t->m, from)))
+        return name_key(st, "train.init_from", t->cfg->init_from);
+    printf("initialised from %s\n", from);
+    return MOE_OK;
+}
+
+// The buffers of the steps: a micro-batch's tokens, the step's load, the load alert's, and
+// the result's sums over the run.
+static moe_status trainer_alloc(trainer *t) {
+    const int L = t->L, E = t->E;
+    step_load *sl = &t->sl;
+    t->inputs = malloc(t->T * sizeof(int));
+    t->targets = malloc(t->T * sizeof(int));
+    sl->routed = malloc((size_t)L * E * sizeof(long));
+    sl->kept = malloc((size_t)L * E * sizeof(long));
+    sl->micro_routed = malloc((size_t)t->cfg->grad_accum * L * E * sizeof(long));
+    sl->entropy = malloc((size_t)L * sizeof(double));
+    sl->aux = malloc((size_t)L * sizeof(double));
+    sl->seq_aux = malloc((size_t)L * sizeof(double));
+    sl->z = malloc((size_t)L * sizeof(double));
+    t->alerts = calloc((size_t)L, sizeof *t->alerts);
+    if (!t->inputs || !t->targets || !sl->routed || !sl->kept || !sl->micro_routed ||
+        !sl->entropy || !sl->aux || !sl->seq_aux || !sl->z || !t->alerts ||
+        alert_window_init(&t->aw, t->cfg->alert_window, L, E))
+        return out_of_memory();
+    return MOE_OK;
+}
+
+// The result's per-expert sums and memory figures (after the header, as they always were).
+static moe_status trainer_alloc_result(trainer *t) {
+    trainer_result *r = &t->res;
+    r->n_layers = t->L, r->n_experts = t->E;
+    r->routed = calloc((size_t)t->L * t->E, sizeof(long));
+    r->kept = calloc((size_t)t->L * t->E, sizeof(long));
+    r->last_stats = calloc((size_t)t->L, sizeof(moe_stats));
+    if (!r->routed || !r->kept || !r->last_stats) return out_of_memory();
+    model_memory(&t->m, &r->param_bytes, &r->grad_bytes, &r->activation_bytes);
+    r->optimizer_bytes = t->opt.m ? 2 * t->m.n_params * sizeof(real) : 0;
+    return MOE_OK;
+}
+
+static void trainer_print_header(const trainer *t) {
+    const moe_train_config *cfg = t->cfg;
+    char data_line[2 * MOE_PATH_MAX + 256];
+    snprintf(data_line, sizeof data_line,
+             "data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step",
+             t->train.path, (unsigned long long)t->train.count, t->val.path,
+             (unsigned long long)t->val.count, cfg->batch_size, cfg->seq_len, cfg->grad_accum);
+    const run_memory mem = memory_of(&t->m, cfg);
+    print_header(cfg, &t->m.cfg, t->m.n_params, t->m.n_dense, &mem, NULL, data_line, t->be);
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
+}
 
-    res.n_layers = L, res.n_experts = E;
-    res.routed = calloc((size_t)L * E, sizeof(long));
-    res.kept = calloc((size_t)L * E, sizeof(long));
-    res.last_stats = calloc((size_t)L, sizeof(moe_stats));
-    if (!res.routed || !res.kept || !res.last_stats) {
-        st = moe_error(MOE_ENOMEM, "trainer: out of memory");
-        goto done;
+// Everything up to the first step: model, optimizer, data, where the run starts (a
+// checkpoint of this run, an HF folder, or the initialisation), the logs, the header.
+static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const char *resume,
+                               const trainer_hooks *hooks) {
+    t->cfg = cfg, t->resume = resume, t->hooks = hooks;
+    t->res.last_val_loss = NAN;
+    moe_status st;
+    if ((st = trainer_open_model(t))) return st;
+    snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/ckpt", cfg->run_dir);
+    if (resume) st = trainer_resume(t);
+    else if (cfg->init_from[0]) st = trainer_init_from(t);
+    if (st) return st;
+    if ((st = jsonl_open(&t->metrics, cfg->run_dir, "metrics.jsonl", resume != NULL)) ||
+        (st = jsonl_open(&t->load_log, cfg->run_dir, "expert_load.jsonl", resume != NULL)))
+        return st;
+    t->L = t->m.cfg.n_layers, t->E = t->m.cfg.moe.n_experts;
+    t->T = (size_t)cfg->batch_size * (size_t)cfg->seq_len;
+    if ((st = trainer_alloc(t))) return st;
+    trainer_print_header(t);
+    if ((st = trainer_alloc_result(t))) return st;
+    t->t_start = now_s();
+    return MOE_OK;
+}
+
+// The forward and backward of every micro-batch; a non-finite forward stops the step with
+// s->finite = 0 (not an error: the step is skipped).
+static moe_status trainer_micro_batches(trainer *t, step_result *s) {
+    const moe_train_config *cfg = t->cfg;
+    moe_status st;
+    s->finite = 1;
+    for (int micro = 0; micro < cfg->grad_accum; micro++) {
+        data_loader_next(&t->loader, t->inputs, t->targets);
+        t->m.noise_key = trainer_noise_key((uint64_t)cfg->seed, s->step, micro);
+        st = model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len, 1);
+        if (st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z))) {
+            s->finite = 0;
+            return MOE_OK;
+        }
+        if (st) return st;
+        step_load_add(&t->sl, &t->m);
+        s->ce += t->m.ce / cfg->grad_accum;
+        s->aux += t->m.aux / cfg->grad_accum;
+        s->z += t->m.z / cfg->grad_accum;
+        if ((st = model_backward(&t->m, 1.0 / cfg->grad_accum))) return st;
     }
-    model_memory(&m, &res.param_bytes, &res.grad_bytes, &res.activation_bytes);
-    res.optimizer_bytes = opt.m ? 2 * m.n_params * sizeof(real) : 0;
+    return MOE_OK;
+}
 
-    const double t_start = now_s();
-    for (int64_t step = start_step; step < cfg->steps; step++) {
-        if (hooks && hooks->stop_after > 0 && step - start_step >= hooks->stop_after) break;
-        const double t0 = now_s();
-        const double lr = lr_at_step(cfg->schedule == 1 ? SCHEDULE_CONSTANT : SCHEDULE_COSINE,
-                                     cfg->lr, cfg->min_lr, cfg->warmup_steps,
-                                     hooks && hooks->schedule_steps ? hooks->schedule_steps : cfg->steps,
-                                     step);
-        model_zero_grads(&m);
-        step_load_reset(&sl, L, E);
-        double ce = 0, aux = 0, z = 0;
-        int finite = 1;
-        for (int micro = 0; micro < cfg->grad_accum; micro++) {
-            data_loader_next(&loader, inputs, targets);
-            // the router jitter noise is a function of (seed, step, micro-batch): resumable
-            m.noise_key = moe_mix64((uint64_t)cfg->seed ^ moe_mix64((uint64_t)step * 1024 + (uint64_t)micro));
-            st = model_forward(&m, inputs, targets, cfg->batch_size, cfg->seq_len, 1);
-            if (st == MOE_ENUMERIC || (!st && !isfinite(m.ce + m.aux + m.z))) {
-                finite = 0;
-                st = MOE_OK;
-                break;
-            }
-            if (st) goto done;
-            step_load_add(&sl, &m);
-            ce += m.ce / cfg->grad_accum;
-            aux += m.aux / cfg->grad_accum;
-            z += m.z / cfg->grad_accum;
-            if ((st = model_backward(&m, 1.0 / cfg->grad_accum))) goto done;
+// The gradients of one step and their norm (the update is trainer_update's).
+static moe_status trainer_step(trainer *t, step_result *s) {
+    const moe_train_config *cfg = t->cfg;
+    const trainer_hooks *h = t->hooks;
+    s->lr = lr_at_step(cfg->schedule, cfg->lr, cfg->min_lr, cfg->warmup_steps,
+                       h && h->schedule_steps ? h->schedule_steps : cfg->steps, s->step);
+    model_zero_grads(&t->m);
+    step_load_reset(&t->sl, t->L, t->E);
+    moe_status st = trainer_micro_batches(t, s);
+    if (st) return st;
+    if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
+        real nan_value = NAN; // test-only: poison the last layer's w2
+        const model_config *mc = &t->m.cfg;
+        t->be->copy_to_device(t->be, t->m.g.w2 + (size_t)(t->L - 1) * t->E * mc->d_model * mc->moe.d_ff,
+                              &nan_value, sizeof nan_value);
+    }
+    double ss = 0;
+    t->be->sum_squares(t->be, &ss, t->m.grads, t->m.n_params);
+    s->grad_norm = sqrt(ss), s->loss = s->ce + s->aux + s->z;
+    return MOE_OK;
+}
+
+static int step_is_finite(const step_result *s) {
+    return s->finite && isfinite(s->loss) && isfinite(s->grad_norm);
+}
+
+// A step with a non-finite loss or gradient norm: no update, a warning and a metrics record;
+// MOE_ENUMERIC after train.max_skipped of them in a row.
+static moe_status trainer_skip(trainer *t, const step_result *s) {
+    const moe_train_config *cfg = t->cfg;
+    trainer_result *r = &t->res;
+    r->skipped++;
+    t->consecutive_skips++;
+    fprintf(stderr,
+            "warning: step %lld: non-finite %s; first non-finite gradient: %s; update "
+            "skipped (%lld consecutive, %lld in all)\n",
+            (long long)s->step + 1, !s->finite || !isfinite(s->loss) ? "loss" : "gradient norm",
+            s->finite ? first_nonfinite_grad(&t->m) : "not computed (forward failed)",
+            (long long)t->consecutive_skips, (long long)r->skipped);
+    cJSON *rec = cJSON_CreateObject();
+    cJSON_AddNumberToObject(rec, "step", (double)s->step + 1);
+    cJSON_AddNumberToObject(rec, "loss", s->finite ? s->loss : NAN);
+    cJSON_AddNumberToObject(rec, "grad_norm", s->grad_norm);
+    cJSON_AddBoolToObject(rec, "skipped", 1);
+    cJSON_AddNumberToObject(rec, "skipped_total", (double)r->skipped);
+    moe_status st = jsonl_write(&t->metrics, rec);
+    if (st) return st;
+    if (t->consecutive_skips >= cfg->max_skipped)
+        return moe_error(MOE_ENUMERIC,
+                         "stopping at step %lld: %lld consecutive steps had a non-finite "
+                         "loss or gradient norm (train.max_skipped = %d)",
+                         (long long)s->step + 1, (long long)t->consecutive_skips, cfg->max_skipped);
+    // no checkpoint of a skipped step: with `keep`, saving the states of a diverging
+    // run would rotate out the last good one, and a resume would diverge again
+    if (checkpoint_due(cfg, t->hooks, s->step))
+        fprintf(stderr, "warning: step %lld: no checkpoint (its update was skipped)\n",
+                (long long)s->step + 1);
+    return MOE_OK;
+}
+
+// The update of a finite step: clip, optimizer, router bias; the step's time.
+static void trainer_update(trainer *t, step_result *s, double t0) {
+    t->consecutive_skips = 0;
+    optimizer_step(&t->opt, t->m.params, t->m.grads, s->lr, clip_scale(s->grad_norm, t->cfg->grad_clip));
+    if (t->m.router_bias) update_router_bias(&t->m, t->sl.routed, t->cfg->bias_rate);
+    s->dt = now_s() - t0;
+    if (t->res.steps_done == 0) t->res.first_loss = s->loss;
+    t->res.last_loss = s->loss;
+    t->res.steps_done = s->step + 1;
+}
+
+// Layer l's expert_load.jsonl record of the step.
+static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, double mom,
+                                    double cv, long dropped) {
+    const int L = t->L, E = t->E;
+    const step_load *sl = &t->sl;
+    const long *routed = sl->routed + (size_t)l * E, *kept = sl->kept + (size_t)l * E;
+    cJSON *rec = cJSON_CreateObject();
+    cJSON_AddNumberToObject(rec, "step", (double)s->step + 1);
+    cJSON_AddNumberToObject(rec, "layer", l);
+    cJSON_AddNumberToObject(rec, "tokens", (double)t->T * sl->micro);
+    cJSON_AddNumberToObject(rec, "capacity", t->m.moe_stats[l].capacity);
+    cJSON_AddItemToObject(rec, "counts", json_int_array(routed, E));
+    cJSON_AddItemToObject(rec, "kept", json_int_array(kept, E));
+    if (sl->micro > 1) {
+        cJSON *micro = cJSON_AddArrayToObject(rec, "micro_counts");
+        for (int i = 0; i < sl->micro; i++)
+            cJSON_AddItemToArray(micro, json_int_array(sl->micro_routed + ((size_t)i * L + l) * E, E));
+    }
+    cJSON_AddNumberToObject(rec, "dropped", (double)dropped);
+    cJSON_AddNumberToObject(rec, "max_over_mean", mom);
+    cJSON_AddNumberToObject(rec, "cv", cv);
+    cJSON_AddNumberToObject(rec, "entropy", sl->entropy[l] / sl->micro);
+    cJSON_AddNumberToObject(rec, "aux", sl->aux[l] / sl->micro);
+    cJSON_AddNumberToObject(rec, "z", sl->z[l] / sl->micro);
+    cJSON_AddNumberToObject(rec, "seq_aux", sl->seq_aux[l] / sl->micro);
+    if (t->m.router_bias) {
+        real *b = malloc((size_t)E * sizeof(real));
+        if (!b) {
+            cJSON_Delete(rec);
+            return out_of_memory();
         }
-        if (hooks && step >= hooks->nan_from && step <= hooks->nan_to && hooks->nan_from >= 0) {
-            real nan_value = NAN; // test-only: poison the last layer's w2
-            be->copy_to_device(be, m.g.w2 + (size_t)(L - 1) * E * mc.d_model * mc.moe.d_ff, &nan_value,
-                               sizeof nan_value);
+        t->be->copy_to_host(t->be, b, t->m.router_bias + (size_t)l * E, (size_t)E * sizeof(real));
+        cJSON *arr = cJSON_AddArrayToObject(rec, "bias");
+        for (int e = 0; e < E; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(b[e]));
+        free(b);
+    } else {
+        cJSON_AddNullToObject(rec, "bias");
+    }
+    const moe_stats *ms = &t->m.moe_stats[l]; // router logits: the step's last micro-batch
+    cJSON_AddNumberToObject(rec, "logit_mean", ms->logit_mean);
+    cJSON_AddNumberToObject(rec, "logit_std", ms->logit_std);
+    cJSON_AddNumberToObject(rec, "logit_max_abs", ms->logit_max_abs);
+    cJSON_AddNumberToObject(rec, "lse_mean", ms->lse_mean);
+    cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
+    cJSON_AddNumberToObject(rec, "exchange_s", 0);
+    return jsonl_write(&t->load_log, rec);
+}
+
+// Expert load, one record per MoE layer; the load alert's window gets the step's values;
+// the result sums the run's counts.
+static moe_status trainer_log_load(trainer *t, step_result *s) {
+    const int L = t->L, E = t->E;
+    alert_window *aw = &t->aw;
+    double drop_sum = 0, routed_sum = 0;
+    moe_status st;
+    s->worst_mom = 0, s->worst_layer = 0;
+    for (int l = 0; l < L; l++) {
+        const long *routed = t->sl.routed + (size_t)l * E, *kept = t->sl.kept + (size_t)l * E;
+        double mom, cv;
+        int hot;
+        moe_load_summary(routed, E, &mom, &cv, &hot);
+        long dropped = 0, total = 0;
+        for (int e = 0; e < E; e++) dropped += routed[e] - kept[e], total += routed[e];
+        drop_sum += dropped, routed_sum += total;
+        if (mom > s->worst_mom) s->worst_mom = mom, s->worst_layer = l;
+        for (int e = 0; e < E; e++) // the load alert's window (pushed after the layers)
+            if (routed[e] > 0) aw->last_seen[(size_t)l * E + e] = s->step + 1;
+        aw->mom[(size_t)l * aw->W + aw->head] = l == 0 ? test_load_override(s->step + 1, mom) : mom;
+        aw->hot[(size_t)l * aw->W + aw->head] = hot;
+        if ((st = trainer_log_layer(t, s, l, mom, cv, dropped))) return st;
+    }
+    s->drop_frac = routed_sum > 0 ? drop_sum / routed_sum : 0;
+    s->tok_per_s = (double)t->T * t->cfg->grad_accum / s->dt;
+    for (size_t i = 0; i < (size_t)L * E; i++)
+        t->res.routed[i] += t->sl.routed[i], t->res.kept[i] += t->sl.kept[i];
+    for (int l = 0; l < L; l++) t->res.last_stats[l] = t->m.moe_stats[l];
+    if (s->step > t->start_step) t->step_tps[t->n_tps++ % TPS_WINDOW] = s->tok_per_s;
+    return MOE_OK;
+}
+
+// Validation every train.eval_interval steps and at the last one.
+static moe_status trainer_validate(trainer *t, step_result *s) {
+    const moe_train_config *cfg = t->cfg;
+    s->evaluated = 0, s->val_loss = NAN;
+    if (!((cfg->eval_interval > 0 && (s->step + 1) % cfg->eval_interval == 0) ||
+          s->step + 1 == cfg->steps))
+        return MOE_OK;
+    moe_status st = validate(&t->m, &t->val, cfg, t->inputs, t->targets, &s->val_loss);
+    if (st) return st;
+    t->res.last_val_loss = s->val_loss;
+    s->evaluated = 1;
+    return MOE_OK;
+}
+
+// The step's metrics.jsonl record.
+static moe_status trainer_log_metrics(trainer *t, const step_result *s) {
+    cJSON *rec = cJSON_CreateObject();
+    cJSON_AddNumberToObject(rec, "step", (double)s->step + 1);
+    cJSON_AddNumberToObject(rec, "loss", s->loss);
+    cJSON_AddNumberToObject(rec, "ce", s->ce);
+    cJSON_AddNumberToObject(rec, "aux", s->aux);
+    cJSON_AddNumberToObject(rec, "z", s->z);
+    cJSON_AddNumberToObject(rec, "lr", s->lr);
+    cJSON_AddNumberToObject(rec, "grad_norm", s->grad_norm);
+    cJSON_AddNumberToObject(rec, "tokens_per_s", s->tok_per_s);
+    cJSON_AddNumberToObject(rec, "step_s", s->dt);
+    cJSON_AddNumberToObject(rec, "max_over_mean", s->worst_mom);
+    cJSON_AddNumberToObject(rec, "drop_frac", s->drop_frac);
+    cJSON_AddNumberToObject(rec, "skipped_total", (double)t->res.skipped);
+    if (s->evaluated) cJSON_AddNumberToObject(rec, "val_loss", s->val_loss);
+    return jsonl_write(&t->metrics, rec);
+}
+
+// train.load_alert_action = "stop": the error of the first step in alert.
+static moe_status alert_stop(const moe_train_config *cfg, int64_t step, int l, const alert_verdict *v) {
+    char why[400];
+    if (v->overload)
+        snprintf(why, sizeof why,
+                 "median max/mean load %.2f over steps %lld-%lld, hottest expert %d "
+                 "(log.load_alert = %.2f",
+                 v->median, v->from, v->to, v->expert, cfg->load_alert);
+    else
+        snprintf(why, sizeof why, "%d dead expert%s (no token in steps %lld-%lld):%s (",
+                 v->n_dead, v->n_dead == 1 ? "" : "s", v->from, v->to, v->dead_list);
+    return moe_error(MOE_ENUMERIC,
+                     "stopping at step %lld: layer %d: %s%slog.alert_window = %lld, "
+                     "log.alert_after = %lld, train.load_alert_action = \"stop\")",
+                     (long long)step + 1, l, why, v->overload ? ", " : "",
+                     (long long)cfg->alert_window, (long long)cfg->alert_after);
+}
+
+// The load alert: past the grace, the step enters the window; on a full window each layer's
+// verdict stops the run ("stop") or is kept for the next console line ("warn").
+static moe_status trainer_alerts(trainer *t, int64_t step) {
+    const moe_train_config *cfg = t->cfg;
+    alert_window *aw = &t->aw;
+    if (step + 1 > cfg->alert_after) {
+        aw->step[aw->head] = step + 1;
+        aw->head = (aw->head + 1) % aw->W;
+        if (aw->n < aw->W) aw->n++;
+    }
+    for (int l = 0; aw->n == aw->W && l < t->L; l++) {
+        const alert_verdict v = alert_window_eval(aw, l, t->E, cfg->load_alert);
+        if (!v.overload && !v.n_dead) continue;
+        if (cfg->load_alert_action == MOE_ALERT_STOP) return alert_stop(cfg, step, l, &v);
+        load_alert *a = &t->alerts[l];
+        if (v.overload) {
+            if (!a->n_load || v.median > a->load.median) a->load = v, a->step = step + 1;
+            a->n_load++;
         }
-        double ss = 0;
-        be->sum_squares(be, &ss, m.grads, m.n_params);
-        const double grad_norm = sqrt(ss), loss = ce + aux + z;
-        if (!finite || !isfinite(loss) || !isfinite(grad_norm)) {
-            res.skipped++;
-            consecutive_skips++;
+        if (v.n_dead) a->dead = v, a->dead_step = step + 1, a->n_dead++;
+    }
+    return MOE_OK;
+}
+
+// The warnings of the layers in alert since the last console line, then a fresh count.
+static void trainer_print_alerts(trainer *t) {
+    const moe_train_config *cfg = t->cfg;
+    for (int l = 0; l < t->L; l++) {
+        const load_alert *a = &t->alerts[l];
+        if (a->n_load)
             fprintf(stderr,
-                    "warning: step %lld: non-finite %s; first non-finite gradient: %s; update "
-                    "skipped (%lld consecutive, %lld in all)\n",
-                    (long long)step + 1, !finite || !isfinite(loss) ? "loss" : "gradient norm",
-                    finite ? first_nonfinite_grad(&m) : "not computed (forward failed)",
-                    (long long)consecutive_skips, (long long)res.skipped);
-            cJSON *rec = cJSON_CreateObject();
-            cJSON_AddNumberToObject(rec, "step", (double)step + 1);
-            cJSON_AddNumberToObject(rec, "loss", finite ? loss : NAN);
-            cJSON_AddNumberToObject(rec, "grad_norm", grad_norm);
-            cJSON_AddBoolToObject(rec, "skipped", 1);
-            cJSON_AddNumberToObject(rec, "skipped_total", (double)res.skipped);
-            if ((st = jsonl_write(&metrics, rec))) goto done;
-            if (consecutive_skips >= cfg->max_skipped) {
-                st = moe_error(MOE_ENUMERIC,
-                               "stopping at step %lld: %lld consecutive steps had a non-finite "
-                               "loss or gradient norm (train.max_skipped = %d)",
-                               (long long)step + 1, (long long)consecutive_skips, cfg->max_skipped);
-                goto done;
-            }
-            // no checkpoint of a skipped step: with `keep`, saving the states of a diverging
-            // run would rotate out the last good one, and a resume would diverge again
-            if (checkpoint_due(cfg, hooks, step))
-                fprintf(stderr, "warning: step %lld: no checkpoint (its update was skipped)\n",
-                        (long long)step + 1);
-            continue;
-        }
-        consecutive_skips = 0;
-        optimizer_step(&opt, m.params, m.grads, lr, clip_scale(grad_norm, cfg->grad_clip));
-        if (m.router_bias) update_router_bias(&m, sl.routed, cfg->bias_rate);
-        const double dt = now_s() - t0;
-        if (res.steps_done == 0) res.first_loss = loss;
-        res.last_loss = loss;
-        res.steps_done = step + 1;
-
-        // expert load: one record per MoE layer
-        double worst_mom = 0, drop_sum = 0, routed_sum = 0;
-        int worst_layer = 0;
-        for (int l = 0; l < L; l++) {
-            const long *routed = sl.routed + (size_t)l * E, *kept = sl.kept + (size_t)l * E;
-            double mom, cv;
-            int hot;
-            load_summary(routed, E, &mom, &cv, &hot);
-            long dropped = 0, total = 0;
-            for (int e = 0; e < E; e++) dropped += routed[e] - kept[e], total += routed[e];
-            drop_sum += dropped, routed_sum += total;
-            if (mom > worst_mom) worst_mom = mom, worst_layer = l;
-            for (int e = 0; e < E; e++) // the load alert's window (pushed after the layers)
-                if (routed[e] > 0) aw.last_seen[(size_t)l * E + e] = step + 1;
-            aw.mom[(size_t)l * aw.W + aw.head] = l == 0 ? test_load_override(step + 1, mom) : mom;
-            aw.hot[(size_t)l * aw.W + aw.head] = hot;
-            cJSON *rec = cJSON_CreateObject();
-            cJSON_AddNumberToObject(rec, "step", (double)step + 1);
-            cJSON_AddNumberToObject(rec, "layer", l);
-            cJSON_AddNumberToObject(rec, "tokens", (double)T * sl.micro);
-            cJSON_AddNumberToObject(rec, "capacity", m.moe_stats[l].capacity);
-            cJSON_AddItemToObject(rec, "counts", json_int_array(routed, E));
-            cJSON_AddItemToObject(rec, "kept", json_int_array(kept, E));
-            if (sl.micro > 1) {
-                cJSON *micro = cJSON_AddArrayToObject(rec, "micro_counts");
-                for (int i = 0; i < sl.micro; i++)
-                    cJSON_AddItemToArray(micro, json_int_array(sl.micro_routed + ((size_t)i * L + l) * E, E));
-            }
-            cJSON_AddNumberToObject(rec, "dropped", (double)dropped);
-            cJSON_AddNumberToObject(rec, "max_over_mean", mom);
-            cJSON_AddNumberToObject(rec, "cv", cv);
-            cJSON_AddNumberToObject(rec, "entropy", sl.entropy[l] / sl.micro);
-            cJSON_AddNumberToObject(rec, "aux", sl.aux[l] / sl.micro);
-            cJSON_AddNumberToObject(rec, "z", sl.z[l] / sl.micro);
-            cJSON_AddNumberToObject(rec, "seq_aux", sl.seq_aux[l] / sl.micro);
-            if (m.router_bias) {
-                real *b = malloc((size_t)E * sizeof(real));
-                if (!b) {
-                    cJSON_Delete(rec);
-                    st = moe_error(MOE_ENOMEM, "trainer: out of memory");
-                    goto done;
-                }
-                m.be->copy_to_host(m.be, b, m.router_bias + (size_t)l * E, (size_t)E * sizeof(real));
-                cJSON *arr = cJSON_AddArrayToObject(rec, "bias");
-                for (int e = 0; e < E; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(b[e]));
-                free(b);
-            } else {
-                cJSON_AddNullToObject(rec, "bias");
-            }
-            const moe_stats *ms = &m.moe_stats[l]; // router logits: the step's last micro-batch
-            cJSON_AddNumberToObject(rec, "logit_mean", ms->logit_mean);
-            cJSON_AddNumberToObject(rec, "logit_std", ms->logit_std);
-            cJSON_AddNumberToObject(rec, "logit_max_abs", ms->logit_max_abs);
-            cJSON_AddNumberToObject(rec, "lse_mean", ms->lse_mean);
-            cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
-            cJSON_AddNumberToObject(rec, "exchange_s", 0);
-            if ((st = jsonl_write(&load_log, rec))) goto done;
-        }
-        const double drop_frac = routed_sum > 0 ? drop_sum / routed_sum : 0;
-        const double tok_per_s = (double)T * cfg->grad_accum / dt;
-        for (size_t i = 0; i < (size_t)L * E; i++) res.routed[i] += sl.routed[i], res.kept[i] += sl.kept[i];
-        for (int l = 0; l < L; l++) res.last_stats[l] = m.moe_stats[l];
-        if (step > start_step) step_tps[n_tps++ % TPS_WINDOW] = tok_per_s;
-
-        int evaluated = 0;
-        double val_loss = NAN;
-        if ((cfg->eval_interval > 0 && (step + 1) % cfg->eval_interval == 0) ||
-            step + 1 == cfg->steps) {
-            if ((st = validate(&m, &val, cfg, inputs, targets, &val_loss))) goto done;
-            res.last_val_loss = val_loss;
-            evaluated = 1;
-        }
-
-        cJSON *rec = cJSON_CreateObject();
-        cJSON_AddNumberToObject(rec, "step", (double)step + 1);
-        cJSON_AddNumberToObject(rec, "loss", loss);
-        cJSON_AddNumberToObject(rec, "ce", ce);
-        cJSON_AddNumberToObject(rec, "aux", aux);
-        cJSON_AddNumberToObject(rec, "z", z);
-        cJSON_AddNumberToObject(rec, "lr", lr);
-        cJSON_AddNumberToObject(rec, "grad_norm", grad_norm);
-        cJSON_AddNumberToObject(rec, "tokens_per_s", tok_per_s);
-        cJSON_AddNumberToObject(rec, "step_s", dt);
-        cJSON_AddNumberToObject(rec, "max_over_mean", worst_mom);
-        cJSON_AddNumberToObject(rec, "drop_frac", drop_frac);
-        cJSON_AddNumberToObject(rec, "skipped_total", (double)res.skipped);
-        if (evaluated) cJSON_AddNumberToObject(rec, "val_loss", val_loss);
-        if ((st = jsonl_write(&metrics, rec))) goto done;
-
-        if (step + 1 > cfg->alert_after) { // the load alert: past the grace, on a full window
-            aw.step[aw.head] = step + 1;
-            aw.head = (aw.head + 1) % aw.W;
-            if (aw.n < aw.W) aw.n++;
-        }
-        for (int l = 0; aw.n == aw.W && l < L; l++) {
-            const alert_verdict v = alert_window_eval(&aw, l, E, cfg->load_alert);
-            if (!v.overload && !v.n_dead) continue;
-            if (cfg->load_alert_action == 1) { // "stop": the first step in alert
-                char why[400];
-                if (v.overload)
-                    snprintf(why, sizeof why,
-                             "median max/mean load %.2f over steps %lld-%lld, hottest expert %d "
-                             "(log.load_alert = %.2f",
-                             v.median, v.from, v.to, v.expert, cfg->load_alert);
-                else
-                    snprintf(why, sizeof why, "%d dead expert%s (no token in steps %lld-%lld):%s (",
-                             v.n_dead, v.n_dead == 1 ? "" : "s", v.from, v.to, v.dead_list);
-                st = moe_error(MOE_ENUMERIC,
-                               "stopping at step %lld: layer %d: %s%slog.alert_window = %lld, "
-                               "log.alert_after = %lld, train.load_alert_action = \"stop\")",
-                               (long long)step + 1, l, why, v.overload ? ", " : "",
-                               (long long)cfg->alert_window, (long long)cfg->alert_after);
-                goto done;
-            }
-            load_alert *a = &alerts[l]; // "warn": the console line reports it
-            if (v.overload) {
-                if (!a->n_load || v.median > a->load.median) a->load = v, a->step = step + 1;
-                a->n_load++;
-            }
-            if (v.n_dead) a->dead = v, a->dead_step = step + 1, a->n_dead++;
-        }
-
-        const int last = step + 1 == cfg->steps;
-        if ((step + 1) % cfg->interval == 0 || step == 0 || last || evaluated) {
-            char eta[32];
-            const double elapsed = now_s() - t_start;
-            format_duration(eta, sizeof eta,
-                            elapsed / (step + 1 - start_step) * (cfg->steps - step - 1));
-            printf("step %5lld/%lld | loss %.4f (ce %.4f aux %.4f z %.4f) | lr %.2e | gnorm %.3f | "
-                   "%.0f tok/s | ETA %s | load max/mean %.2f (L%d) | drop %.2f%%",
-                   (long long)step + 1, (long long)cfg->steps, loss, ce, aux, z, lr, grad_norm,
-                   tok_per_s, eta, worst_mom, worst_layer, 100 * drop_frac);
-            if (evaluated) printf(" | val %.4f", val_loss);
-            printf("\n");
-            fflush(stdout);
-            for (int l = 0; l < L; l++) { // warn (stop acted above, on every step)
-                const load_alert *a = &alerts[l];
-                if (a->n_load)
-                    fprintf(stderr,
-                            "warning: step %lld layer %d: median max/mean load %.2f over steps "
-                            "%lld-%lld, hottest expert %d (log.load_alert = %.2f; %lld step%s in "
-                            "alert since the last report)\n",
-                            a->step, l, a->load.median, a->load.from, a->load.to, a->load.expert,
-                            cfg->load_alert, a->n_load, a->n_load == 1 ? "" : "s");
-                if (a->n_dead)
-                    fprintf(stderr,
-                            "warning: step %lld layer %d: %d dead expert%s (no token in steps "
-                            "%lld-%lld):%s (%lld step%s in alert since the last report)\n",
-                            a->dead_step, l, a->dead.n_dead, a->dead.n_dead == 1 ? "" : "s",
-                            a->dead.from, a->dead.to, a->dead.dead_list, a->n_dead,
-                            a->n_dead == 1 ? "" : "s");
-            }
-            memset(alerts, 0, (size_t)L * sizeof *alerts);
-        }
-        if (checkpoint_due(cfg, hooks, step)) {
-            train_state ts = {.step = step + 1, .skipped = res.skipped,
-                              .consecutive_skips = consecutive_skips};
-            data_loader_get_state(&ts.loader, &loader);
-            const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
-            uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
-            if ((st = checkpoint_save(ckpt_root, &m, &opt, &ts, cfg, cfg->ckpt_keep, shard)))
-                goto done;
-            printf("checkpoint: %s/step_%08lld\n", ckpt_root, (long long)step + 1);
-        }
+                    "warning: step %lld layer %d: median max/mean load %.2f over steps "
+                    "%lld-%lld, hottest expert %d (log.load_alert = %.2f; %lld step%s in "
+                    "alert since the last report)\n",
+                    a->step, l, a->load.median, a->load.from, a->load.to, a->load.expert,
+                    cfg->load_alert, a->n_load, a->n_load == 1 ? "" : "s");
+        if (a->n_dead)
+            fprintf(stderr,
+                    "warning: step %lld layer %d: %d dead expert%s (no token in steps "
+                    "%lld-%lld):%s (%lld step%s in alert since the last report)\n",
+                    a->dead_step, l, a->dead.n_dead, a->dead.n_dead == 1 ? "" : "s",
+                    a->dead.from, a->dead.to, a->dead.dead_list, a->n_dead,
+                    a->n_dead == 1 ? "" : "s");
     }
-    res.seconds = now_s() - t_start;
-    res.median_tokens_per_s =
-        n_tps ? median_of(step_tps, n_tps < TPS_WINDOW ? (int)n_tps : TPS_WINDOW) : NAN;
+    memset(t->alerts, 0, (size_t)t->L * sizeof *t->alerts);
+}
+
+// The console line, every log.interval steps, at the first, the last and on validation.
+static void trainer_print_step(trainer *t, const step_result *s) {
+    const moe_train_config *cfg = t->cfg;
+    const int64_t step = s->step;
+    if (!((step + 1) % cfg->interval == 0 || step == 0 || step + 1 == cfg->steps || s->evaluated))
+        return;
+    char eta[32];
+    const double elapsed = now_s() - t->t_start;
+    format_duration(eta, sizeof eta, elapsed / (step + 1 - t->start_step) * (cfg->steps - step - 1));
+    printf("step %5lld/%lld | loss %.4f (ce %.4f aux %.4f z %.4f) | lr %.2e | gnorm %.3f | "
+           "%.0f tok/s | ETA %s | load max/mean %.2f (L%d) | drop %.2f%%",
+           (long long)step + 1, (long long)cfg->steps, s->loss, s->ce, s->aux, s->z, s->lr,
+           s->grad_norm, s->tok_per_s, eta, s->worst_mom, s->worst_layer, 100 * s->drop_frac);
+    if (s->evaluated) printf(" | val %.4f", s->val_loss);
+    printf("\n");
+    fflush(stdout);
+    trainer_print_alerts(t); // warn ("stop" acted in trainer_alerts, on every step)
+}
+
+// A checkpoint every checkpoint.interval steps and at the end.
+static moe_status trainer_checkpoint(trainer *t, int64_t step) {
+    if (!checkpoint_due(t->cfg, t->hooks, step)) return MOE_OK;
+    train_state ts = {.step = step + 1, .skipped = t->res.skipped,
+                      .consecutive_skips = t->consecutive_skips};
+    data_loader_get_state(&ts.loader, &t->loader);
+    const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
+    uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
+    moe_status st = checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg, t->cfg->ckpt_keep, shard);
+    if (st) return st;
+    printf("checkpoint: %s/step_%08lld\n", t->ckpt_root, (long long)step + 1);
+    return MOE_OK;
+}
+
+// One step, from the gradients to its logs, alerts and checkpoint.
+static moe_status trainer_run_step(trainer *t, int64_t step) {
+    const double t0 = now_s();
+    step_result s = {.step = step};
+    moe_status st = trainer_step(t, &s);
+    if (st) return st;
+    if (!step_is_finite(&s)) return trainer_skip(t, &s);
+    trainer_update(t, &s, t0);
+    if ((st = trainer_log_load(t, &s)) || (st = trainer_validate(t, &s)) ||
+        (st = trainer_log_metrics(t, &s)) || (st = trainer_alerts(t, step)))
+        return st;
+    trainer_print_step(t, &s);
+    return trainer_checkpoint(t, step);
+}
+
+// The result's timing and the closing line.
+static void trainer_finish(trainer *t) {
+    trainer_result *r = &t->res;
+    r->seconds = now_s() - t->t_start;
+    r->median_tokens_per_s =
+        t->n_tps ? median_of(t->step_tps, t->n_tps < TPS_WINDOW ? (int)t->n_tps : TPS_WINDOW) : NAN;
     char val_part[64] = "no validation at the end"; // a skipped last step, or stopped early
-    if (isfinite(res.last_val_loss)) snprintf(val_part, sizeof val_part, "val loss %.4f", res.last_val_loss);
+    if (isfinite(r->last_val_loss)) snprintf(val_part, sizeof val_part, "val loss %.4f", r->last_val_loss);
     printf("done: %lld steps in %.1f s, final loss %.4f, %s, %lld skipped\n",
-           (long long)res.steps_done, res.seconds, res.last_loss, val_part, (long long)res.skipped);
+           (long long)r->steps_done, r->seconds, r->last_loss, val_part, (long long)r->skipped);
+}
 
-
-done:
-    if (st && in_init_from) name_key(st, "train.init_from", cfg->init_from);
-    if (result) *result = res;
-    else trainer_result_free(&res);
-    // a failed close loses the last records: an error unless the run failed already
+// Frees what trainer_open got to and hands the result over; st is the run's status, or the
+// logs' when they fail to close (a failed close loses the last records).
+static moe_status trainer_close(trainer *t, moe_status st, trainer_result *result) {
+    if (result) *result = t->res;
+    else trainer_result_free(&t->res);
     for (int i = 0; i < 2; i++) {
-        jsonl_file *j = i ? &load_log : &metrics;
+        jsonl_file *j = i ? &t->load_log : &t->metrics;
         if (st && j->f) fclose(j->f);
         else if (!st) st = jsonl_close(j);
     }
-    free(inputs), free(targets), free(regions);
-    free(sl.routed), free(sl.kept), free(sl.micro_routed), free(sl.entropy), free(sl.aux), free(sl.seq_aux), free(sl.z);
-    free(alerts);
-    alert_window_free(&aw);
-    data_loader_free(&loader);
-    optimizer_destroy(&opt);
-    model_destroy(&m);
-    moe_backend_destroy(be);
-    token_file_free(&train);
-    token_file_free(&val);
+    step_load *sl = &t->sl;
+    free(t->inputs), free(t->targets), free(t->regions);
+    free(sl->routed), free(sl->kept), free(sl->micro_routed), free(sl->entropy), free(sl->aux),
+        free(sl->seq_aux), free(sl->z);
+    free(t->alerts);
+    alert_window_free(&t->aw);
+    data_loader_free(&t->loader);
+    optimizer_destroy(&t->opt);
+    model_destroy(&t->m);
+    moe_backend_destroy(t->be);
+    token_file_free(&t->train);
+    token_file_free(&t->val);
+    return st;
+}
+
+// RUN_DIR/config.cfg: the resolved config of the run.
+static moe_status write_run_config(const moe_train_config *cfg) {
+    char path[MOE_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.cfg", cfg->run_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return moe_error(MOE_EIO, "%s: cannot write the resolved config: %s", path, strerror(errno));
+    moe_status st = moe_train_config_write(cfg, f);
+    if (st) {
+        fclose(f);
+        return st;
+    }
+    return file_close_checked(f, path); // a full disk shows here at the latest
+}
+
+moe_status trainer_run(const moe_train_config *cfg, const char *resume,
+                       const trainer_hooks *hooks, trainer_result *result) {
+    trainer_result empty = {0};
+    empty.last_val_loss = NAN;
+    if (result) *result = empty; // the early returns below leave an empty, freeable result
+    moe_status st;
+    if (resume) { // a finished run: nothing to do (and nothing written)
+        int64_t finished;
+        if ((st = resume_finished(resume, cfg->steps, &finished))) return st;
+        if (finished) {
+            printf("run already finished at step %lld (train.steps = %lld): nothing to do; raise "
+                   "train.steps to continue\n", (long long)finished, (long long)cfg->steps);
+            if (result) result->steps_done = finished;
+            return MOE_OK;
+        }
+    }
+    if ((st = file_make_dirs(cfg->run_dir)) || (st = write_run_config(cfg))) return st;
+    trainer *t = calloc(1, sizeof *t);
+    if (!t) return out_of_memory();
+    st = trainer_open(t, cfg, resume, hooks);
+    for (int64_t step = t->start_step; !st && step < cfg->steps; step++) {
+        if (hooks && hooks->stop_after > 0 && step - t->start_step >= hooks->stop_after) break;
+        st = trainer_run_step(t, step);
+    }
+    if (!st) trainer_finish(t);
+    st = trainer_close(t, st, result);
+    free(t);
     return st;
 }

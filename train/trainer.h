@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "layers/model.h"
-#include "train/config.h"
+#include "train/config/config.h"
 
 // Test-only hooks (never set from a config file): plant a NaN in one gradient element of
 // the last layer's w2 at step indexes [nan_from, nan_to] (0-based, inclusive; -1 = never).
@@ -79,6 +79,13 @@ moe_status trainer_clear_run_dir(const char *run_dir);
 // folder, its `latest`; else ARG (a step folder or a `latest` file). MOE_EIO saying so when
 // ARG is a run directory without a checkpoint.
 moe_status trainer_resolve_resume(char *out, size_t n, const char *arg);
+
+// The router-jitter noise key of micro-batch `micro` of step `step` (both 0-based), a
+// function of (seed, step, micro) alone, so a resumed run draws the same noise. Distinct for
+// every (step, micro) of a run: step << 20 | micro is one-to-one for micro < 2^20
+// (train.grad_accum <= 2^20) and step < 2^44 (train.steps <= 1e12), and moe_mix64 and the
+// xor with the seed are bijections.
+uint64_t trainer_noise_key(uint64_t seed, int64_t step, int micro);
 
 // The model config a train config describes.
 model_config trainer_model_config(const moe_train_config *cfg);

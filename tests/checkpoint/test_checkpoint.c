@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
-#include "train/checkpoint.h"
+#include "train/ckpt/checkpoint.h"
 #include "train/infer.h"
 #include "train/trainer.h"
 #include "../test_backend.h"
@@ -22,8 +22,10 @@ static char work[64];
 
 static void tiny(moe_train_config *c, const char *run) {
     moe_train_config_default(c);
-    c->d_model = 32, c->n_layers = 2, c->n_heads = 4, c->n_kv_heads = 2, c->d_ff = 24;
-    c->n_experts = 4, c->top_k = 2, c->max_seq_len = 32, c->capacity_factor = 1.0;
+    c->model.d_model = 32, c->model.n_layers = 2, c->model.n_heads = 4;
+    c->model.n_kv_heads = 2, c->model.max_seq_len = 32;
+    c->model.moe.d_ff = 24, c->model.moe.n_experts = 4, c->model.moe.top_k = 2;
+    c->model.moe.capacity_factor = 1.0;
     c->steps = 8, c->batch_size = 2, c->seq_len = 32, c->lr = 1e-2, c->min_lr = 1e-3;
     c->warmup_steps = 2, c->eval_interval = 0, c->eval_batches = 1, c->interval = 100;
     c->ckpt_interval = 4, c->ckpt_keep = 2, c->threads = 2;
@@ -317,7 +319,7 @@ static void exact_resume(void) {
     st = trainer_run(&c4, NULL, NULL, &r);
     trainer_result_free(&r);
     check_true("init_from a checkpoint folder trains", st == MOE_OK);
-    c4.d_ff = 32;
+    c4.model.moe.d_ff = 32;
     st = trainer_run(&c4, NULL, NULL, &r);
     trainer_result_free(&r);
     check_true("init_from with a disagreeing config stops, naming the field",

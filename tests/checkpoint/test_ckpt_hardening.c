@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
-#include "train/checkpoint.h"
+#include "train/ckpt/checkpoint.h"
 #include "train/infer.h"
 #include "train/trainer.h"
 #include "../test_backend.h"

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 
 #include "test_util.h"
-#include "train/safetensors.h"
+#include "train/ckpt/safetensors.h"
 
 static const char *scratch;
 

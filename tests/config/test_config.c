@@ -1,4 +1,4 @@
-// Tests of train/config.c: every rejection class (the status, and a message that names the
+// Tests of train/config/config.c: every rejection class (the status, and a message that names the
 // key and the right file:line or --set), and the acceptance paths (defaults, every key,
 // integers for floats, 64-bit integers that libconfig 1.5 would wrap, --set, @include,
 // write -> load round trip).
@@ -7,7 +7,7 @@
 //        current directory, named after the case)
 //        test_config --check-list CASE...   (the CMake list names exactly the cases here)
 #define _POSIX_C_SOURCE 200809L
-#include "train/config.h"
+#include "train/config/config.h"
 
 #include <libconfig.h>
 #include <math.h>
@@ -113,26 +113,26 @@ static int same_config(const moe_train_config *a, const moe_train_config *b) {
 // ---- acceptance -----------------------------------------------------------------------
 
 static void check_defaults(const moe_train_config *c) {
-    CHECK(c->vocab_size == 256);
-    CHECK(c->d_model == 128);
-    CHECK(c->n_layers == 4);
-    CHECK(c->n_heads == 4);
-    CHECK(c->n_kv_heads == 4);
-    CHECK(c->d_ff == 256);
-    CHECK(c->n_experts == 8);
-    CHECK(c->top_k == 2);
-    CHECK(c->max_seq_len == 256);
-    CHECK(c->rope_theta == 1e6);
-    CHECK(c->rms_norm_eps == 1e-5);
-    CHECK(c->tie_embeddings == 0);
-    CHECK(c->norm_topk_prob == 1);
-    CHECK(c->capacity_factor == 0.0);
-    CHECK(c->drop_policy == 0);
-    CHECK(c->aux_coef == 0.01);
-    CHECK(c->z_coef == 0.001);
+    CHECK(c->model.vocab_size == 256);
+    CHECK(c->model.d_model == 128);
+    CHECK(c->model.n_layers == 4);
+    CHECK(c->model.n_heads == 4);
+    CHECK(c->model.n_kv_heads == 4);
+    CHECK(c->model.moe.d_ff == 256);
+    CHECK(c->model.moe.n_experts == 8);
+    CHECK(c->model.moe.top_k == 2);
+    CHECK(c->model.max_seq_len == 256);
+    CHECK(c->model.rope_theta == 1e6);
+    CHECK(c->model.rms_norm_eps == 1e-5);
+    CHECK(c->model.tie_embeddings == 0);
+    CHECK(c->model.moe.norm_topk_prob == 1);
+    CHECK(c->model.moe.capacity_factor == 0.0);
+    CHECK(c->model.moe.drop_policy == 0);
+    CHECK(c->model.moe.aux_coef == 0.01);
+    CHECK(c->model.moe.z_coef == 0.001);
     CHECK(c->init_std == 0.02);
-    CHECK(c->scoring == 0 && c->route_scale == 1.0 && c->bias_rate == 0.0);
-    CHECK(c->seq_aux_coef == 0.0 && c->router_jitter == 0.0);
+    CHECK(c->model.moe.scoring == 0 && c->model.moe.route_scale == 1.0 && c->bias_rate == 0.0);
+    CHECK(c->model.moe.seq_aux_coef == 0.0 && c->model.moe.jitter_eps == 0.0);
     CHECK(c->seed == 1);
     CHECK(c->steps == 1000);
     CHECK(c->batch_size == 8);
@@ -260,26 +260,26 @@ static const char *full_text =
 static void case_full(void) {
     static moe_train_config c;
     if (!ACCEPT("full.cfg", full_text, &c)) return;
-    CHECK(c.vocab_size == 512);
-    CHECK(c.d_model == 96);
-    CHECK(c.n_layers == 3);
-    CHECK(c.n_heads == 6);
-    CHECK(c.n_kv_heads == 2);
-    CHECK(c.d_ff == 200);
-    CHECK(c.n_experts == 16);
-    CHECK(c.top_k == 4);
-    CHECK(c.max_seq_len == 1024);
-    CHECK(c.rope_theta == 10000.5);
-    CHECK(c.rms_norm_eps == 1e-6);
-    CHECK(c.tie_embeddings == 1);
-    CHECK(c.norm_topk_prob == 0);
-    CHECK(c.capacity_factor == 1.25);
-    CHECK(c.drop_policy == 1);
-    CHECK(c.aux_coef == 0.02);
-    CHECK(c.z_coef == 0.0);
+    CHECK(c.model.vocab_size == 512);
+    CHECK(c.model.d_model == 96);
+    CHECK(c.model.n_layers == 3);
+    CHECK(c.model.n_heads == 6);
+    CHECK(c.model.n_kv_heads == 2);
+    CHECK(c.model.moe.d_ff == 200);
+    CHECK(c.model.moe.n_experts == 16);
+    CHECK(c.model.moe.top_k == 4);
+    CHECK(c.model.max_seq_len == 1024);
+    CHECK(c.model.rope_theta == 10000.5);
+    CHECK(c.model.rms_norm_eps == 1e-6);
+    CHECK(c.model.tie_embeddings == 1);
+    CHECK(c.model.moe.norm_topk_prob == 0);
+    CHECK(c.model.moe.capacity_factor == 1.25);
+    CHECK(c.model.moe.drop_policy == 1);
+    CHECK(c.model.moe.aux_coef == 0.02);
+    CHECK(c.model.moe.z_coef == 0.0);
     CHECK(c.init_std == 0.01);
-    CHECK(c.scoring == 1 && c.route_scale == 2.5 && c.bias_rate == 0.001);
-    CHECK(c.seq_aux_coef == 0.0001 && c.router_jitter == 0.01);
+    CHECK(c.model.moe.scoring == 1 && c.model.moe.route_scale == 2.5 && c.bias_rate == 0.001);
+    CHECK(c.model.moe.seq_aux_coef == 0.0001 && c.model.moe.jitter_eps == 0.01);
     CHECK(c.seed == INT64_C(12345678901));
     CHECK(c.steps == INT64_C(3000000000));
     CHECK(c.batch_size == 4);
@@ -327,8 +327,8 @@ static void case_full(void) {
     if (ACCEPT("full_kv_default.cfg",
                "model = {\n  n_heads = 8;\n  capacity_factor = 1.0;\n  drop_policy = \"probs\";\n};\n",
                &c)) {
-        CHECK(c.n_heads == 8 && c.n_kv_heads == 8);
-        CHECK(c.capacity_factor == 1.0 && c.drop_policy == 0);
+        CHECK(c.model.n_heads == 8 && c.model.n_kv_heads == 8);
+        CHECK(c.model.moe.capacity_factor == 1.0 && c.model.moe.drop_policy == 0);
     }
 }
 
@@ -340,9 +340,9 @@ static void case_int_for_float(void) {
                 "log = { load_alert = 3; };\n",
                 &c))
         return;
-    CHECK(c.rope_theta == 10000.0);
-    CHECK(c.capacity_factor == 2.0);
-    CHECK(c.z_coef == 0.0);
+    CHECK(c.model.rope_theta == 10000.0);
+    CHECK(c.model.moe.capacity_factor == 2.0);
+    CHECK(c.model.moe.z_coef == 0.0);
     CHECK(c.lr == 1.0);
     CHECK(c.min_lr == 0.0);
     CHECK(c.grad_clip == 5.0);
@@ -371,7 +371,7 @@ static void case_int64(void) {
         CHECK(c.seed == INT64_MAX && c.lr == 3e9);
     if (ACCEPT("int64_5.cfg", "train = { seed = 0x7FFFFFFFFFFFFFFFL; };\n"
                               "model = { rope_theta = 4294967296; };\n", &c))
-        CHECK(c.seed == INT64_MAX && c.rope_theta == 4294967296.0);
+        CHECK(c.seed == INT64_MAX && c.model.rope_theta == 4294967296.0);
     // two settings named "interval" on one line, in either order
     if (ACCEPT("int64_6.cfg", "log = { interval = 7; }; checkpoint = { interval = 5000000000; };\n", &c))
         CHECK(c.interval == 7 && c.ckpt_interval == INT64_C(5000000000));
@@ -406,17 +406,17 @@ static void case_set(void) {
         CHECK(c.lr == 0.2);
         CHECK(c.ckpt_keep == 5);
         CHECK(c.n_text == 2 && strcmp(c.text[0], "a.txt") == 0 && strcmp(c.text[1], "b.txt") == 0);
-        CHECK(c.capacity_factor == 1.5);
-        CHECK(c.drop_policy == 1);
+        CHECK(c.model.moe.capacity_factor == 1.5);
+        CHECK(c.model.moe.drop_policy == 1);
         CHECK(c.steps == 800);
         CHECK(strcmp(c.run_dir, "runs/x") == 0);
-        CHECK(c.tie_embeddings == 1);
-        CHECK(c.top_k == 2 && c.n_experts == 4); // the file's values stay
+        CHECK(c.model.tie_embeddings == 1);
+        CHECK(c.model.moe.top_k == 2 && c.model.moe.n_experts == 4); // the file's values stay
         CHECK(c.min_lr == 3e-5);                 // and the defaults
     }
     const char *only[] = {"model.n_experts=16", "model.top_k=4"};
     if (accept_at(__LINE__, NULL, NULL, 2, only, &c)) // no file: defaults + overrides
-        CHECK(c.n_experts == 16 && c.top_k == 4 && c.vocab_size == 256);
+        CHECK(c.model.moe.n_experts == 16 && c.model.moe.top_k == 4 && c.model.vocab_size == 256);
 }
 
 static void case_roundtrip(void) {
@@ -432,10 +432,10 @@ static void case_roundtrip(void) {
     // strings with quotes, backslashes, control characters and UTF-8, 32 text sources
     a.lr = 1.0 / 3.0;
     a.min_lr = 1e-300;
-    a.rope_theta = 0.1 + 0.2;
+    a.model.rope_theta = 0.1 + 0.2;
     a.init_std = 5e-324;
-    a.aux_coef = -0.0;
-    a.capacity_factor = 1e300;
+    a.model.moe.aux_coef = -0.0;
+    a.model.moe.capacity_factor = 1e300;
     a.val_fraction = 0.5;
     a.seed = INT64_MAX;
     a.steps = INT64_C(999999999999);
@@ -455,7 +455,7 @@ static void case_roundtrip(void) {
     if (ACCEPT("roundtrip_2.cfg", NULL, &b)) {
         CHECK(same_config(&a, &b));
         CHECK(strcmp(b.init_from, a.init_from) == 0);
-        CHECK(b.lr == 1.0 / 3.0 && signbit(b.aux_coef));
+        CHECK(b.lr == 1.0 / 3.0 && signbit(b.model.moe.aux_coef));
     }
     // the written text: every group, L where needed, shortest exact doubles
     f = fopen("roundtrip_2.cfg", "r");
@@ -497,11 +497,11 @@ static void case_roundtrip(void) {
     CHECK(f && moe_train_config_write(&d, f) == MOE_EINVAL && strstr(moe_last_error(), "train.lr"));
     printf("  write refused: %s\n", moe_last_error());
     moe_train_config_default(&d);
-    d.drop_policy = 7;
+    d.model.moe.drop_policy = 7;
     CHECK(f && moe_train_config_write(&d, f) == MOE_EINVAL &&
           strstr(moe_last_error(), "model.drop_policy"));
     printf("  write refused: %s\n", moe_last_error());
-    d.drop_policy = 1; // "position" while dropless
+    d.model.moe.drop_policy = 1; // "position" while dropless
     CHECK(f && moe_train_config_write(&d, f) == MOE_EINVAL &&
           strstr(moe_last_error(), "model.drop_policy"));
     printf("  write refused: %s\n", moe_last_error());
@@ -515,7 +515,7 @@ static void case_include(void) {
     if (ACCEPT("inc/include_main.cfg",
                "model = {\n  top_k = 2;\n};\n@include \"include_part.cfg\"\nlog = { interval = 3; };\n",
                &c))
-        CHECK(c.steps == INT64_C(3000000000) && c.interval == 3 && c.top_k == 2);
+        CHECK(c.steps == INT64_C(3000000000) && c.interval == 3 && c.model.moe.top_k == 2);
     // errors name the included file and its line; lines after the @include stay right
     write_file("inc/include_badpart.cfg", "train = {\n  lr = 0.1;\n  stepz = 1;\n};\n");
     REJECT("inc/include_bad.cfg", "model = {};\n@include \"include_badpart.cfg\"\n",
@@ -999,7 +999,7 @@ int main(int argc, char **argv) {
         }
         for (int c = 0; c < N_CASES; c++)
             if (!seen[c]) {
-                fprintf(stderr, "FAIL: case %s is not registered in train/config.cmake\n",
+                fprintf(stderr, "FAIL: case %s is not registered in train/config/config.cmake\n",
                         cases[c].name);
                 failures++;
             }

@@ -1,4 +1,4 @@
-// A whole checkpoint folder: checkpoint_verify (train/checkpoint.h), then infer_load
+// A whole checkpoint folder: checkpoint_verify (train/ckpt/checkpoint.h), then infer_load
 // (train/infer.h) with a small KV cache, as `moe eval` / `moe generate` load one.
 //
 // The input is an archive of the folder's files (archive.h); tests/fuzz/archive.py packs
@@ -9,7 +9,7 @@
 
 #include "archive.h"
 #include "fuzz.h"
-#include "train/checkpoint.h"
+#include "train/ckpt/checkpoint.h"
 #include "train/infer.h"
 
 enum { MAX_POS = 16, MAX_CHUNK = 4 };

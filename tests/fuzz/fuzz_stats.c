@@ -1,9 +1,9 @@
-// `moe stats` (stats_cli, train/stats.h) on a run folder whose expert_load.jsonl is the
+// `moe stats` (stats_cli, train/stats/stats.h) on a run folder whose expert_load.jsonl is the
 // input (no metrics.jsonl, no config.cfg: both are optional for the report). Twice: the
 // text report, and the JSON one over a short window, whose code paths differ. The exit
 // status must be 0 (report) or 1 (malformed input): 2 is a usage error, and our usage is fixed.
 #include "fuzz.h"
-#include "train/stats.h"
+#include "train/stats/stats.h"
 
 static void run_stats(int argc, char **argv) {
     const int rc = stats_cli(argc, argv, fuzz_devnull(), fuzz_devnull());

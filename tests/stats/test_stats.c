@@ -42,7 +42,7 @@
 
 #include "layers/moe.h"
 #include "test_util.h"
-#include "train/stats.h"
+#include "train/stats/stats.h"
 
 #define N_REC 200
 

@@ -19,8 +19,10 @@ static char workdir[512];
 
 static void tiny_config(moe_train_config *c, const char *run) {
     moe_train_config_default(c);
-    c->d_model = 32, c->n_layers = 2, c->n_heads = 2, c->n_kv_heads = 1, c->d_ff = 32;
-    c->n_experts = 4, c->top_k = 2, c->max_seq_len = 32, c->capacity_factor = 1.25;
+    c->model.d_model = 32, c->model.n_layers = 2, c->model.n_heads = 2;
+    c->model.n_kv_heads = 1, c->model.max_seq_len = 32;
+    c->model.moe.d_ff = 32, c->model.moe.n_experts = 4, c->model.moe.top_k = 2;
+    c->model.moe.capacity_factor = 1.25;
     c->steps = 30, c->batch_size = 4, c->seq_len = 32, c->lr = 1e-2, c->min_lr = 1e-3;
     c->warmup_steps = 3, c->eval_interval = 0, c->eval_batches = 2, c->interval = 10;
     c->threads = 2;
@@ -58,7 +60,7 @@ static void loss_falls_and_logs(void) {
     snprintf(path, sizeof path, "%s/expert_load.jsonl", c.run_dir);
     char *load = test_read_file(path);
     check_true("expert_load.jsonl has one record per step and layer",
-               load && count_lines(load) == 30 * c.n_layers);
+               load && count_lines(load) == 30 * c.model.n_layers);
     // every record: counts sum to T*k, kept <= counts, dropped = sum(counts - kept)
     int ok = load != NULL;
     for (char *line = load; ok && line && *line;) {
@@ -69,13 +71,13 @@ static void loss_falls_and_logs(void) {
         if (!rec) break;
         cJSON *counts = cJSON_GetObjectItem(rec, "counts"), *kept = cJSON_GetObjectItem(rec, "kept");
         long sum = 0, dropped = 0;
-        for (int e = 0; e < c.n_experts; e++) {
+        for (int e = 0; e < c.model.moe.n_experts; e++) {
             long ce = (long)cJSON_GetArrayItem(counts, e)->valuedouble;
             long ke = (long)cJSON_GetArrayItem(kept, e)->valuedouble;
             sum += ce, dropped += ce - ke;
             ok &= ke <= ce;
         }
-        ok &= sum == (long)c.batch_size * c.seq_len * c.top_k;
+        ok &= sum == (long)c.batch_size * c.seq_len * c.model.moe.top_k;
         ok &= dropped == (long)cJSON_GetObjectItem(rec, "dropped")->valuedouble;
         cJSON_Delete(rec);
         line = nl + 1;
@@ -85,7 +87,7 @@ static void loss_falls_and_logs(void) {
     moe_train_config back;
     check_true("the resolved config is written and loads back",
                moe_train_config_load(&back, path, 0, NULL) == MOE_OK && back.steps == 30 &&
-                   back.d_model == 32);
+                   back.model.d_model == 32);
     free(metrics);
     free(load);
 }

@@ -16,7 +16,7 @@
 //   libconfig parses it (scan_text): each @include is resolved as libconfig will, read
 //   within the limits of config.h and scanned in turn; a "\x00" in a string is refused.
 #define _POSIX_C_SOURCE 200809L // O_CLOEXEC, fstat
-#include "train/config.h"
+#include "train/config/config.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -45,7 +45,7 @@ typedef enum {
     K_FLOAT,   // double field, float or integer setting
     K_BOOL,    // int field (0/1), true/false
     K_STRING,  // char[MOE_PATH_MAX] field
-    K_ENUM,    // int field, a string from `names` (the value is its index)
+    K_ENUM,    // enum field (int-sized), a string from `names` (the value is its index)
     K_STRLIST, // data.text: char[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX] + int count
 } key_kind;
 
@@ -67,46 +67,57 @@ static const char *const schedule_names[] = {"cosine", "constant", NULL};
 static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
 static const char *const alert_action_names[] = {"warn", "stop", NULL};
 
-#define OFF(f) offsetof(moe_train_config, f)
-#define KINT(g, k, f, a, b) {.group = g, .key = k, .kind = K_INT, .off = OFF(f), .lo = (a), .hi = (b)}
-#define KI64(g, k, f, a, b) {.group = g, .key = k, .kind = K_INT64, .off = OFF(f), .lo = (a), .hi = (b)}
+// The offset of field f, which must be of type T (a compile error otherwise): what a key
+// kind writes through the offset is the field's type.
+#define OFF(f, T) _Generic(((moe_train_config *)0)->f, T: offsetof(moe_train_config, f))
+#define KINT(g, k, f, a, b) {.group = g, .key = k, .kind = K_INT, .off = OFF(f, int), .lo = (a), .hi = (b)}
+#define KI64(g, k, f, a, b)                                                                 \
+    {.group = g, .key = k, .kind = K_INT64, .off = OFF(f, int64_t), .lo = (a), .hi = (b)}
 #define KFLT(g, k, f, a, ao, b, bo)                                                          \
-    {.group = g, .key = k, .kind = K_FLOAT, .off = OFF(f), .flo = (a), .lo_open = (ao),     \
+    {.group = g, .key = k, .kind = K_FLOAT, .off = OFF(f, double), .flo = (a), .lo_open = (ao), \
      .fhi = (b), .hi_open = (bo)}
-#define KBOOL(g, k, f) {.group = g, .key = k, .kind = K_BOOL, .off = OFF(f)}
-#define KSTR(g, k, f, ne) {.group = g, .key = k, .kind = K_STRING, .off = OFF(f), .nonempty = (ne)}
-#define KENUM(g, k, f, n) {.group = g, .key = k, .kind = K_ENUM, .off = OFF(f), .names = (n)}
+#define KBOOL(g, k, f) {.group = g, .key = k, .kind = K_BOOL, .off = OFF(f, int)}
+#define KSTR(g, k, f, ne)                                                                   \
+    {.group = g, .key = k, .kind = K_STRING, .off = OFF(f, char *), .nonempty = (ne)}
+// K_ENUM writes the value as an int: enum T must be int-sized (ENUM_FITS_INT below)
+#define KENUM(g, k, f, T, n) {.group = g, .key = k, .kind = K_ENUM, .off = OFF(f, T), .names = (n)}
+#define ENUM_FITS_INT(T) _Static_assert(sizeof(T) == sizeof(int), #T " is written as an int")
+ENUM_FITS_INT(moe_drop_policy);
+ENUM_FITS_INT(moe_scoring);
+ENUM_FITS_INT(optim_kind);
+ENUM_FITS_INT(schedule_kind);
+ENUM_FITS_INT(moe_alert_action);
 #define OPEN 1
 #define CLOSED 0
 
 static const char *const group_names[] = {"model", "train", "data", "log", "checkpoint"};
 #define N_GROUPS ((int)(sizeof group_names / sizeof group_names[0]))
 
-// In config.h's order, which is also the order `moe_train_config_write` writes.
+// In the order `moe_train_config_write` writes (config.h lists the fields in it).
 static const key_spec specs[] = {
-    KINT("model", "vocab_size", vocab_size, 2, 1 << 24),
-    KINT("model", "d_model", d_model, 1, 65536),
-    KINT("model", "n_layers", n_layers, 1, 1024),
-    KINT("model", "n_heads", n_heads, 1, 4096),
-    KINT("model", "n_kv_heads", n_kv_heads, 1, 4096), // and <= n_heads, divides it
-    KINT("model", "d_ff", d_ff, 1, 1 << 20),
-    KINT("model", "n_experts", n_experts, 1, 4096),
-    KINT("model", "top_k", top_k, 1, 4096), // and <= n_experts
-    KINT("model", "max_seq_len", max_seq_len, 1, 1 << 20),
-    KFLT("model", "rope_theta", rope_theta, 0, OPEN, 1e12, CLOSED), // config.json's bound
-    KFLT("model", "rms_norm_eps", rms_norm_eps, 0, OPEN, 1, OPEN),
-    KBOOL("model", "tie_embeddings", tie_embeddings),
-    KBOOL("model", "norm_topk_prob", norm_topk_prob),
-    KFLT("model", "capacity_factor", capacity_factor, 0, CLOSED, INFINITY, OPEN),
-    KENUM("model", "drop_policy", drop_policy, drop_names),
-    KFLT("model", "aux_coef", aux_coef, 0, CLOSED, INFINITY, OPEN),
-    KFLT("model", "z_coef", z_coef, 0, CLOSED, INFINITY, OPEN),
+    KINT("model", "vocab_size", model.vocab_size, 2, 1 << 24),
+    KINT("model", "d_model", model.d_model, 1, 65536),
+    KINT("model", "n_layers", model.n_layers, 1, 1024),
+    KINT("model", "n_heads", model.n_heads, 1, 4096),
+    KINT("model", "n_kv_heads", model.n_kv_heads, 1, 4096), // and <= n_heads, divides it
+    KINT("model", "d_ff", model.moe.d_ff, 1, 1 << 20),
+    KINT("model", "n_experts", model.moe.n_experts, 1, 4096),
+    KINT("model", "top_k", model.moe.top_k, 1, 4096), // and <= n_experts
+    KINT("model", "max_seq_len", model.max_seq_len, 1, 1 << 20),
+    KFLT("model", "rope_theta", model.rope_theta, 0, OPEN, 1e12, CLOSED), // config.json's bound
+    KFLT("model", "rms_norm_eps", model.rms_norm_eps, 0, OPEN, 1, OPEN),
+    KBOOL("model", "tie_embeddings", model.tie_embeddings),
+    KBOOL("model", "norm_topk_prob", model.moe.norm_topk_prob),
+    KFLT("model", "capacity_factor", model.moe.capacity_factor, 0, CLOSED, INFINITY, OPEN),
+    KENUM("model", "drop_policy", model.moe.drop_policy, moe_drop_policy, drop_names),
+    KFLT("model", "aux_coef", model.moe.aux_coef, 0, CLOSED, INFINITY, OPEN),
+    KFLT("model", "z_coef", model.moe.z_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "init_std", init_std, 0, OPEN, INFINITY, OPEN),
-    KENUM("model", "scoring", scoring, scoring_names),
-    KFLT("model", "route_scale", route_scale, 0, OPEN, 1e6, CLOSED), // config.json's bound
+    KENUM("model", "scoring", model.moe.scoring, moe_scoring, scoring_names),
+    KFLT("model", "route_scale", model.moe.route_scale, 0, OPEN, 1e6, CLOSED), // config.json's
     KFLT("model", "bias_rate", bias_rate, 0, CLOSED, INFINITY, OPEN),
-    KFLT("model", "seq_aux_coef", seq_aux_coef, 0, CLOSED, INFINITY, OPEN),
-    KFLT("model", "router_jitter", router_jitter, 0, CLOSED, 1, OPEN),
+    KFLT("model", "seq_aux_coef", model.moe.seq_aux_coef, 0, CLOSED, INFINITY, OPEN),
+    KFLT("model", "router_jitter", model.moe.jitter_eps, 0, CLOSED, 1, OPEN),
     KSTR("model", "device", device, 1),
 
     KI64("train", "seed", seed, 0, INT64_MAX),
@@ -114,11 +125,11 @@ static const key_spec specs[] = {
     KINT("train", "batch_size", batch_size, 1, 1 << 20),
     KINT("train", "seq_len", seq_len, 1, 1 << 20), // and <= model.max_seq_len
     KINT("train", "grad_accum", grad_accum, 1, 1 << 20),
-    KENUM("train", "optimizer", optimizer, optimizer_names),
+    KENUM("train", "optimizer", optimizer, optim_kind, optimizer_names),
     KFLT("train", "lr", lr, 0, CLOSED, INFINITY, OPEN),
     KFLT("train", "min_lr", min_lr, 0, CLOSED, INFINITY, OPEN), // and <= lr
     KI64("train", "warmup_steps", warmup_steps, 0, INT64_C(1000000000000)), // and <= steps
-    KENUM("train", "schedule", schedule, schedule_names),
+    KENUM("train", "schedule", schedule, schedule_kind, schedule_names),
     KFLT("train", "beta1", beta1, 0, CLOSED, 1, OPEN),
     KFLT("train", "beta2", beta2, 0, CLOSED, 1, OPEN),
     KFLT("train", "eps", eps, 0, OPEN, INFINITY, OPEN),
@@ -129,13 +140,14 @@ static const key_spec specs[] = {
     KINT("train", "threads", threads, 0, 1024),
     KI64("train", "eval_interval", eval_interval, 0, INT64_MAX),
     KINT("train", "eval_batches", eval_batches, 1, 1 << 20),
-    KENUM("train", "load_alert_action", load_alert_action, alert_action_names),
+    KENUM("train", "load_alert_action", load_alert_action, moe_alert_action, alert_action_names),
     KSTR("train", "init_from", init_from, 0),
 
     KSTR("data", "train", train_path, 0),
     KSTR("data", "val", val_path, 0),
     KSTR("data", "dir", dir, 1),
-    {.group = "data", .key = "text", .kind = K_STRLIST, .off = OFF(text), .count_off = OFF(n_text)},
+    {.group = "data", .key = "text", .kind = K_STRLIST, .off = offsetof(moe_train_config, text),
+     .count_off = OFF(n_text, int)},
     KFLT("data", "val_fraction", val_fraction, 0, OPEN, 0.5, CLOSED),
     KSTR("data", "tokenizer", tokenizer, 0),
 
@@ -153,28 +165,26 @@ static const key_spec specs[] = {
 void moe_train_config_default(moe_train_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg); // also the padding and the string tails: memcmp-able
-    cfg->vocab_size = 256;
-    cfg->d_model = 128;
-    cfg->n_layers = 4;
-    cfg->n_heads = 4;
-    cfg->n_kv_heads = 4; // = n_heads
-    cfg->d_ff = 256;
-    cfg->n_experts = 8;
-    cfg->top_k = 2;
-    cfg->max_seq_len = 256;
-    cfg->rope_theta = 1e6;
-    cfg->rms_norm_eps = 1e-5;
-    cfg->tie_embeddings = 0;
-    cfg->norm_topk_prob = 1;
-    cfg->capacity_factor = 0.0;
-    cfg->drop_policy = MOE_DROP_PROBS;
-    cfg->aux_coef = 0.01;
-    cfg->z_coef = 0.001;
-    cfg->scoring = 0; // softmax
-    cfg->route_scale = 1.0;
+    model_config *m = &cfg->model;
+    m->vocab_size = 256;
+    m->d_model = 128;
+    m->n_layers = 4;
+    m->n_heads = 4;
+    m->n_kv_heads = 4; // = n_heads
+    m->max_seq_len = 256;
+    m->rope_theta = 1e6;
+    m->rms_norm_eps = 1e-5;
+    m->tie_embeddings = 0;
+    // the MoE layer's own defaults (layers/moe.h: Mixtral routing, dropless, aux 0.01, z 0.001),
+    // field by field: a struct copy may bring indeterminate padding bytes into the memset one
+    const moe_config d = moe_config_default(m->d_model, 256, 8, 2);
+    moe_config *e = &m->moe;
+    e->d_model = d.d_model, e->d_ff = d.d_ff, e->n_experts = d.n_experts, e->top_k = d.top_k;
+    e->norm_topk_prob = d.norm_topk_prob, e->capacity_factor = d.capacity_factor;
+    e->drop_policy = d.drop_policy, e->aux_coef = d.aux_coef, e->z_coef = d.z_coef;
+    e->scoring = d.scoring, e->route_scale = d.route_scale, e->seq_aux_coef = d.seq_aux_coef;
+    e->jitter_eps = d.jitter_eps;
     cfg->bias_rate = 0.0;
-    cfg->seq_aux_coef = 0.0;
-    cfg->router_jitter = 0.0;
     cfg->init_std = 0.02;
     snprintf(cfg->device, sizeof cfg->device, "cpu");
 
@@ -183,11 +193,11 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->batch_size = 8;
     cfg->seq_len = 128;
     cfg->grad_accum = 1;
-    cfg->optimizer = 0; // adamw
+    cfg->optimizer = OPTIM_ADAMW;
     cfg->lr = 3e-4;
     cfg->min_lr = 3e-5;
     cfg->warmup_steps = 100;
-    cfg->schedule = 0; // cosine
+    cfg->schedule = SCHEDULE_COSINE;
     cfg->beta1 = 0.9;
     cfg->beta2 = 0.95;
     cfg->eps = 1e-8;
@@ -198,7 +208,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->threads = 0;
     cfg->eval_interval = 100;
     cfg->eval_batches = 8;
-    cfg->load_alert_action = 0; // warn
+    cfg->load_alert_action = MOE_ALERT_WARN;
 
     strcpy(cfg->dir, "data/cache/default");
     cfg->n_text = 0;
@@ -206,7 +216,7 @@ void moe_train_config_default(moe_train_config *cfg) {
 
     strcpy(cfg->run_dir, "runs/default");
     cfg->interval = 10;
-    cfg->load_alert = 2.0;  // the load alert's defaults: config.h
+    cfg->load_alert = 2.0; // the load alert's defaults, measured: config.h
     cfg->alert_after = 150;
     cfg->alert_window = 50;
 
@@ -1026,38 +1036,39 @@ static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
               L = KEY("model", "n_layers"), E = KEY("model", "n_experts"),
               G = KEY("train", "grad_accum"), ev = KEY("train", "eval_batches");
 #undef KEY
-    const int64_t T = mul(cfg->batch_size, cfg->seq_len), wide = cfg->d_ff > cfg->d_model;
+    const model_config *mc = &cfg->model;
+    const int64_t T = mul(cfg->batch_size, cfg->seq_len), wide = mc->moe.d_ff > mc->d_model;
     const size_bound bounds[] = {
         {"train.batch_size * train.seq_len", T, MOE_CONFIG_MAX_TOKENS,
          "2^24 tokens per micro-batch", "the model counts a micro-batch's tokens in an int",
          {B, S, -1, -1}},
         {wide ? "train.batch_size * train.seq_len * model.top_k * model.d_ff"
               : "train.batch_size * train.seq_len * model.top_k * model.d_model",
-         mul(mul(T, cfg->top_k), wide ? cfg->d_ff : cfg->d_model), MOE_CONFIG_MAX_DISPATCH,
+         mul(mul(T, mc->moe.top_k), wide ? mc->moe.d_ff : mc->d_model), MOE_CONFIG_MAX_DISPATCH,
          "2^31-1", "the MoE layer indexes its dispatch buffers with an int",
          {B, S, k, wide ? ff : d}},
-        {"train.batch_size * train.seq_len * model.vocab_size", mul(T, cfg->vocab_size),
+        {"train.batch_size * train.seq_len * model.vocab_size", mul(T, mc->vocab_size),
          MOE_CONFIG_MAX_LOGITS, "2^36 logits per micro-batch",
          "the model keeps the logits and their gradient", {B, S, V, -1}},
         {"model.n_layers * train.batch_size * train.seq_len * model.d_model",
-         mul(mul(cfg->n_layers, T), cfg->d_model), MOE_CONFIG_MAX_ACTIVATIONS,
+         mul(mul(mc->n_layers, T), mc->d_model), MOE_CONFIG_MAX_ACTIVATIONS,
          "2^36 activations", "the model keeps several per layer for the backward pass",
          {L, B, S, d}},
         {"train.grad_accum * model.n_layers * model.n_experts",
-         mul(mul(cfg->grad_accum, cfg->n_layers), cfg->n_experts), MOE_CONFIG_MAX_COUNTS,
+         mul(mul(cfg->grad_accum, mc->n_layers), mc->moe.n_experts), MOE_CONFIG_MAX_COUNTS,
          "2^26 routing counts", "the trainer keeps every micro-batch's counts of every layer "
          "and expert", {G, L, E, -1}},
         {"train.eval_batches * train.batch_size * train.seq_len", mul(cfg->eval_batches, T),
          MOE_CONFIG_MAX_EVAL_TOKENS, "2^36 tokens per validation pass",
          "at a million tokens a second one pass would take most of a day", {ev, B, S, -1}},
-        {"model.vocab_size * model.d_model", mul(cfg->vocab_size, cfg->d_model),
+        {"model.vocab_size * model.d_model", mul(mc->vocab_size, mc->d_model),
          MOE_CONFIG_MAX_EMBED, "2^32 embedding weights", "the embedding (and the lm_head) "
          "is one vocab_size x d_model matrix", {V, d, -1, -1}},
-        {"model.n_layers * model.d_model^2", mul(mul(cfg->n_layers, cfg->d_model), cfg->d_model),
+        {"model.n_layers * model.d_model^2", mul(mul(mc->n_layers, mc->d_model), mc->d_model),
          MOE_CONFIG_MAX_ATTN_WEIGHTS, "2^34 reals",
          "the attention weights are up to 4 x n_layers x d_model^2 reals", {L, d, -1, -1}},
         {"model.n_layers * model.n_experts * 3 * model.d_ff * model.d_model",
-         mul(mul(mul(mul(cfg->n_layers, cfg->n_experts), 3), cfg->d_ff), cfg->d_model),
+         mul(mul(mul(mul(mc->n_layers, mc->moe.n_experts), 3), mc->moe.d_ff), mc->d_model),
          MOE_CONFIG_MAX_EXPERT_WEIGHTS, "2^34 expert weights",
          "w1, w2 and w3 of every expert of every layer", {L, E, ff, d}},
     };
@@ -1075,28 +1086,29 @@ static moe_status check_combinations(load_ctx *c, moe_train_config *cfg) {
               min_lr = spec_index("train", "min_lr"), steps = spec_index("train", "steps"),
               warmup = spec_index("train", "warmup_steps"),
               drop = spec_index("model", "drop_policy");
+    model_config *m = &cfg->model;
 
-    if (!c->at[n_kv]) cfg->n_kv_heads = cfg->n_heads; // default: no GQA
+    if (!c->at[n_kv]) m->n_kv_heads = m->n_heads; // default: no GQA
 
-    if (cfg->top_k > cfg->n_experts)
+    if (m->moe.top_k > m->moe.n_experts)
         return inconsistent(c, cfg, top_k, n_experts, "exceeds",
                             "each token is routed to top_k different experts");
-    if (cfg->n_kv_heads > cfg->n_heads)
+    if (m->n_kv_heads > m->n_heads)
         return inconsistent(c, cfg, n_kv, n_heads, "exceeds",
                             "each KV head serves one or more query heads");
-    if (cfg->n_heads % cfg->n_kv_heads != 0)
+    if (m->n_heads % m->n_kv_heads != 0)
         return inconsistent(c, cfg, n_kv, n_heads, "does not divide",
                             "GQA shares each KV head among n_heads / n_kv_heads query heads");
-    if (cfg->d_model % cfg->n_heads != 0)
+    if (m->d_model % m->n_heads != 0)
         return inconsistent(c, cfg, n_heads, d_model, "does not divide",
                             "head_dim = d_model / n_heads must be an integer");
-    if ((cfg->d_model / cfg->n_heads) % 2 != 0) {
+    if ((m->d_model / m->n_heads) % 2 != 0) {
         char why[160];
         snprintf(why, sizeof why, "head_dim = d_model / n_heads = %d is odd; RoPE rotates pairs "
-                 "of dimensions, so head_dim must be even", cfg->d_model / cfg->n_heads);
+                 "of dimensions, so head_dim must be even", m->d_model / m->n_heads);
         return inconsistent(c, cfg, d_model, n_heads, "with", why);
     }
-    if (c->at[drop] && cfg->capacity_factor == 0.0) {
+    if (c->at[drop] && m->moe.capacity_factor == 0.0) {
         char loc[MOE_PATH_MAX + 96];
         where(c, c->at[drop], loc, sizeof loc);
         return moe_error(MOE_EINVAL,
@@ -1104,7 +1116,7 @@ static moe_status check_combinations(load_ctx *c, moe_train_config *cfg) {
                          "nothing is ever dropped (set capacity_factor > 0, or remove drop_policy)",
                          loc);
     }
-    if (cfg->seq_len > cfg->max_seq_len)
+    if (cfg->seq_len > m->max_seq_len)
         return inconsistent(c, cfg, seq_len, max_seq, "exceeds",
                             "RoPE and the KV cache are sized for max_seq_len positions");
     if (cfg->min_lr > cfg->lr)
@@ -1452,11 +1464,11 @@ static moe_status check_writable(const moe_train_config *cfg) {
         default: break;
         }
     }
-    if (cfg->capacity_factor == 0.0 && cfg->drop_policy != MOE_DROP_PROBS)
+    if (cfg->model.moe.capacity_factor == 0.0 && cfg->model.moe.drop_policy != MOE_DROP_PROBS)
         return moe_error(MOE_EINVAL,
                          "moe_train_config_write: model.drop_policy = \"%s\" with "
                          "model.capacity_factor = 0 (dropless) would not load back",
-                         drop_names[cfg->drop_policy]);
+                         drop_names[cfg->model.moe.drop_policy]);
     return MOE_OK;
 }
 
@@ -1474,10 +1486,10 @@ moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
             fprintf(f, "%s = {\n", k->group);
             open = k->group;
         }
-        if (k->kind == K_ENUM && k->names == drop_names && cfg->capacity_factor == 0.0) {
+        if (k->kind == K_ENUM && k->names == drop_names && cfg->model.moe.capacity_factor == 0.0) {
             // dropless: a drop_policy in the file would be rejected (it has no effect)
             fprintf(f, "  # %s = \"%s\"; (no effect: capacity_factor = 0 is dropless)\n",
-                    k->key, k->names[cfg->drop_policy]);
+                    k->key, k->names[cfg->model.moe.drop_policy]);
             continue;
         }
         fprintf(f, "  %s = ", k->key);

@@ -11,7 +11,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "layers/model.h"
 #include "layers/status.h"
+#include "optim/optimizer.h"
 
 #define MOE_PATH_MAX 1024
 #define MOE_MAX_TEXT_SOURCES 32
@@ -45,76 +47,85 @@
 #define MOE_CONFIG_MAX_EXPERT_WEIGHTS (INT64_C(1) << 34) // n_layers * n_experts * 3 * d_ff *
                                                          // d_model (w1, w2, w3 of every expert)
 
+// train.load_alert_action: what a load alert does (README "Load alerts").
+typedef enum { MOE_ALERT_WARN = 0, MOE_ALERT_STOP = 1 } moe_alert_action;
+
+// Every field's default is in moe_train_config_default (config.c); the comments say the ranges.
 typedef struct {
     // ---- model { } ------------------------------------------------------------
-    int vocab_size;          // default 256, [2, 1<<24]
-    int d_model;             // default 128, [1, 65536]
-    int n_layers;            // default 4, [1, 1024]
-    int n_heads;             // default 4, [1, 4096]; d_model % n_heads == 0
-    int n_kv_heads;          // default = n_heads, [1, n_heads]; n_heads % n_kv_heads == 0
-    int d_ff;                // default 256, expert hidden size, [1, 1<<20]
-    int n_experts;           // default 8, [1, 4096]
-    int top_k;               // default 2, [1, n_experts]
-    int max_seq_len;         // default 256, [1, 1<<20] (HF max_position_embeddings)
-    double rope_theta;       // default 1e6, (0, 1e12] (config.json's bound)
-    double rms_norm_eps;     // default 1e-5, (0, 1)
-    int tie_embeddings;      // bool, default false
-    int norm_topk_prob;      // bool, default true
-    double capacity_factor;  // default 0.0 (dropless), >= 0, finite
-    int drop_policy;         // string "probs" (0, default) | "position" (1); DESIGN.md §3.3
-    double aux_coef;         // default 0.01, >= 0
-    double z_coef;           // default 0.001, >= 0
-    double init_std;         // default 0.02, > 0
-    int scoring;             // string "softmax" (0, default) | "sigmoid" (1, DeepSeek-V3)
-    double route_scale;      // default 1.0, (0, 1e6]: multiplies the combine weights
-    double bias_rate;        // default 0 (off), >= 0: aux-loss-free bias balancing rate
-    double seq_aux_coef;     // default 0 (off), >= 0: sequence-level aux loss coefficient
-    double router_jitter;    // default 0 (off), [0, 1): router input noise U(1-j, 1+j)
+    // The model's keys are fields of `model` (layers/model.h; the MoE layer's in model.moe,
+    // layers/moe.h); model.moe.d_model and model.router_bias follow from d_model and
+    // bias_rate (trainer_model_config). Key: field, range:
+    //   vocab_size      model.vocab_size          [2, 1<<24]
+    //   d_model         model.d_model             [1, 65536]
+    //   n_layers        model.n_layers            [1, 1024]
+    //   n_heads         model.n_heads             [1, 4096]; d_model % n_heads == 0
+    //   n_kv_heads      model.n_kv_heads          [1, n_heads]; n_heads % n_kv_heads == 0;
+    //                                             unset: = n_heads
+    //   d_ff            model.moe.d_ff            [1, 1<<20], expert hidden size
+    //   n_experts       model.moe.n_experts       [1, 4096]
+    //   top_k           model.moe.top_k           [1, n_experts]
+    //   max_seq_len     model.max_seq_len         [1, 1<<20] (HF max_position_embeddings)
+    //   rope_theta      model.rope_theta          (0, 1e12] (config.json's bound)
+    //   rms_norm_eps    model.rms_norm_eps        (0, 1)
+    //   tie_embeddings  model.tie_embeddings      bool
+    //   norm_topk_prob  model.moe.norm_topk_prob  bool
+    //   capacity_factor model.moe.capacity_factor >= 0, finite (0: dropless)
+    //   drop_policy     model.moe.drop_policy     "probs" | "position"; DESIGN.md §3.3
+    //   aux_coef        model.moe.aux_coef        >= 0
+    //   z_coef          model.moe.z_coef          >= 0
+    //   scoring         model.moe.scoring         "softmax" | "sigmoid" (DeepSeek-V3)
+    //   route_scale     model.moe.route_scale     (0, 1e6]: multiplies the combine weights
+    //   seq_aux_coef    model.moe.seq_aux_coef    >= 0 (0: off), sequence-level aux loss
+    //   router_jitter   model.moe.jitter_eps      [0, 1) (0: off), router input noise U(1-j, 1+j)
+    model_config model;
+    double init_std;         // > 0
+    double bias_rate;        // >= 0 (0: off): aux-loss-free bias balancing rate
     // the backend the run computes on, by name (layers/backend.h moe_backend_names: "cpu";
-    // "cpu-strict" is the test-only strict-memory CPU); --device NAME sets it; default "cpu"
+    // "cpu-strict" is the test-only strict-memory CPU); --device NAME sets it
     char device[MOE_PATH_MAX];
 
     // ---- train { } ------------------------------------------------------------
-    int64_t seed;            // default 1, >= 0
-    int64_t steps;           // default 1000, [1, 1e12]
-    int batch_size;          // default 8 sequences per micro-batch, [1, 1<<20]
-    int seq_len;             // default 128, [1, model.max_seq_len]
-    int grad_accum;          // default 1 micro-batches per step, [1, 1<<20]
-    int optimizer;           // string "adamw" (0, default) | "sgd" (1)
-    double lr;               // default 3e-4, >= 0, finite
-    double min_lr;           // default 3e-5, [0, lr]: the cosine schedule ends here
-    int64_t warmup_steps;    // default 100, [0, steps]
-    int schedule;            // string "cosine" (0, default) | "constant" (1)
-    double beta1;            // default 0.9, [0, 1)
-    double beta2;            // default 0.95, [0, 1)
-    double eps;              // default 1e-8, > 0
-    double weight_decay;     // default 0.1, >= 0
-    int decay_norms;         // bool, default false: RMSNorm weights get no weight decay
-    double grad_clip;        // default 1.0, >= 0 (0 = off)
-    int max_skipped;         // default 10 consecutive non-finite steps before stopping, >= 1
-    int threads;             // default 0 = OpenMP default, [0, 1024]
-    int64_t eval_interval;   // default 100 steps (0 = never), >= 0
-    int eval_batches;        // default 8 micro-batches of validation, [1, 1<<20]
-    int load_alert_action;   // string "warn" (0, default) | "stop" (1): what a load alert does
-    char init_from[MOE_PATH_MAX]; // default "" (issue #4: HF checkpoint folder)
+    int64_t seed;            // >= 0
+    int64_t steps;           // [1, 1e12]
+    int batch_size;          // sequences per micro-batch, [1, 1<<20]
+    int seq_len;             // [1, model.max_seq_len]
+    int grad_accum;          // micro-batches per step, [1, 1<<20]
+    optim_kind optimizer;    // "adamw" | "sgd" (optim/optimizer.h)
+    double lr;               // >= 0, finite
+    double min_lr;           // [0, lr]: the cosine schedule ends here
+    int64_t warmup_steps;    // [0, steps]
+    schedule_kind schedule;  // "cosine" | "constant" (optim/optimizer.h)
+    double beta1;            // [0, 1)
+    double beta2;            // [0, 1)
+    double eps;              // > 0
+    double weight_decay;     // >= 0
+    int decay_norms;         // bool; false: RMSNorm weights get no weight decay
+    double grad_clip;        // >= 0 (0 = off)
+    int max_skipped;         // consecutive non-finite steps before stopping, >= 1
+    int threads;             // [0, 1024] (0 = OpenMP's default)
+    int64_t eval_interval;   // steps, >= 0 (0 = never)
+    int eval_batches;        // micro-batches of validation, [1, 1<<20]
+    moe_alert_action load_alert_action; // "warn" | "stop": what a load alert does
+    char init_from[MOE_PATH_MAX]; // "" or an HF checkpoint folder (issue #4)
 
     // ---- data { } -------------------------------------------------------------
-    char train_path[MOE_PATH_MAX]; // default "" -> "<dir>/train.bin"
-    char val_path[MOE_PATH_MAX];   // default "" -> "<dir>/val.bin"
-    char dir[MOE_PATH_MAX];        // default "data/cache/default": where prepared files go
+    char train_path[MOE_PATH_MAX]; // "" -> "<dir>/train.bin"
+    char val_path[MOE_PATH_MAX];   // "" -> "<dir>/val.bin"
+    char dir[MOE_PATH_MAX];        // where prepared files go, not ""
     // text sources (files or folders) prepared with the run's tokenizer (below) when the
-    // token files are missing; list of strings, default empty
+    // token files are missing; list of strings
     int n_text;
     char text[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX];
-    double val_fraction;     // default 0.1, (0, 0.5]
+    double val_fraction;     // (0, 0.5]
     // a Hugging Face tokenizer folder (its tokenizer.json) that prepares data.text and travels
-    // with the checkpoints; default "" = the byte tokenizer, or train.init_from's tokenizer
+    // with the checkpoints; "" = the byte tokenizer, or train.init_from's tokenizer
     // when that folder has one (data/tokenizer.h tokenizer_for_run)
     char tokenizer[MOE_PATH_MAX];
 
     // ---- log { } --------------------------------------------------------------
-    char run_dir[MOE_PATH_MAX]; // key "dir", default "runs/default"
-    int64_t interval;        // default 10 steps between console lines, >= 1
+    char run_dir[MOE_PATH_MAX]; // key "dir", not ""
+    int64_t interval;        // steps between console lines, >= 1
     // The load alert (README "Load alerts"): after a warm-up grace of alert_after steps, a
     // layer alerts when the median of its per-step max/mean load over the last alert_window
     // steps exceeds load_alert, or an expert got no token in all of them. Defaults measured
@@ -125,13 +136,13 @@ typedef struct {
     // 2.0 clears it by 17%. A 20-step window would not: a 10-step skew of 2.0-2.4x in
     // shakespeare's layer 0 (steps 936-945) takes its median to 1.98. A collapsed router sits
     // at E/top_k (4.0 at top-2 of 8, 8.0 at top-1).
-    double load_alert;       // default 2.0, >= 1: an expert with twice its share
-    int64_t alert_after;     // default 150 steps of warm-up grace, [0, 1e12]
-    int64_t alert_window;    // default 50 steps, [1, 10000]: fewer than W/2 never fire
+    double load_alert;       // >= 1 (2.0: an expert with twice its share)
+    int64_t alert_after;     // steps of warm-up grace, [0, 1e12]
+    int64_t alert_window;    // steps, [1, 10000]: fewer than W/2 never fire
 
     // ---- checkpoint { } (issue #4) --------------------------------------------
-    int64_t ckpt_interval;   // key "interval", default 0 = only at the end, >= 0
-    int ckpt_keep;           // key "keep", default 2, >= 1
+    int64_t ckpt_interval;   // key "interval", >= 0 (0 = only at the end)
+    int ckpt_keep;           // key "keep", >= 1
 
     // where the config came from (for messages)
     char source[MOE_PATH_MAX];

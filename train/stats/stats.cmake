@@ -1,5 +1,5 @@
 # train/stats: `moe stats` (expert-load report, capacity planning) and its tests.
-# Included from the root CMakeLists.txt after train/config.cmake (needs moe_train_config).
+# Included from the root CMakeLists.txt after train/config/config.cmake (needs moe_train_config).
 moe_component(moe_stats SOURCES ${CMAKE_CURRENT_LIST_DIR}/stats.c
   LINK moe_train_config moe_layers PkgConfig::CJSON m)
 if(MOE_BUILD_TESTS)

@@ -2,7 +2,7 @@
 // See safetensors.h for the format and the rules the reader enforces.
 #define _POSIX_C_SOURCE 200809L
 
-#include "train/safetensors.h"
+#include "train/ckpt/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -6,7 +6,7 @@
 // all that the hottest/dead experts need. Memory is O(records + window * E).
 #define _POSIX_C_SOURCE 200809L
 
-#include "train/stats.h"
+#include "train/stats/stats.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -18,8 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layers/moe.h"
 #include "layers/status.h"
-#include "train/config.h"
+#include "train/config/config.h"
 
 #define STATS_MAX_EXPERTS 65536
 #define STATS_MAX_LAYERS 65536
@@ -93,9 +94,9 @@ long stats_needed_capacity(const long *counts, int rows, int E, int groups_per_r
 }
 
 long stats_capacity_of(double cf, long T, int k, int E) {
-    if (!(cf > 0)) return 0;
-    const double c = ceil(((double)T * k / E) * cf); // moe_capacity (layers/moe.c)
-    return c >= (double)T ? T : (long)c;
+    if (!(cf > 0)) return 0; // (a NaN too)
+    const moe_config c = {.n_experts = E, .top_k = k, .capacity_factor = cf};
+    return moe_capacity(&c, (int)T); // T <= MOE_CONFIG_MAX_TOKENS (stats.h)
 }
 
 double stats_capacity_factor(long C, long T, int k, int E) {
@@ -343,9 +344,9 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
     if ((st = get_int(w, o, "step", 1, 1, LONG_MAX / 2, 0, &step))) return st;
     if ((st = get_int(w, o, "layer", 1, 0, STATS_MAX_LAYERS - 1, 0, &layer))) return st;
     if (step < rd->from) return MOE_OK; // --from
-    if (rd->cfg && layer >= rd->cfg->n_layers)
+    if (rd->cfg && layer >= rd->cfg->model.n_layers)
         return moe_error(MOE_EIO, "%s:%ld: \"layer\" = %ld, but the run has model.n_layers = %d (%s)",
-                         w.path, w.line, layer, rd->cfg->n_layers, rd->cfg_path);
+                         w.path, w.line, layer, rd->cfg->model.n_layers, rd->cfg_path);
     if (rd->E == 0) { // no config: the first record says how many experts there are
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "counts");
         if (!cJSON_IsArray(a)) return bad(w, "counts", a ? "is not an array" : "is missing");
@@ -376,17 +377,11 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
     if ((st = get_num(w, o, "exchange_s", &r.exch_s))) return st;
 
     // max/mean and CV from the counts (the logged fields may be null)
-    double sum = 0, var = 0;
-    long max = 0;
-    for (int e = 0; e < E; e++) {
-        sum += (double)counts[e];
-        if (counts[e] > max) max = counts[e];
-    }
-    const double mean = sum / E;
-    for (int e = 0; e < E; e++) var += ((double)counts[e] - mean) * ((double)counts[e] - mean);
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += (double)counts[e];
+    int hot;
     r.routed = sum;
-    r.mom = mean > 0 ? (double)max / mean : 0;
-    r.cv = mean > 0 ? sqrt(var / E) / mean : 0;
+    moe_load_summary(counts, E, &r.mom, &r.cv, &hot);
     if (!isfinite(r.dropped) && have_kept) {
         double d = 0;
         for (int e = 0; e < E; e++) d += (double)(counts[e] - kept[e]);
@@ -496,8 +491,8 @@ static moe_status load_run(run_t *rd, FILE *err) {
             rd->cfg = NULL;
             return st;
         }
-        rd->E = rd->cfg->n_experts;
-        rd->top_k = rd->cfg->top_k;
+        rd->E = rd->cfg->model.moe.n_experts;
+        rd->top_k = rd->cfg->model.moe.top_k;
         rd->groups = rd->cfg->grad_accum;
         rd->T_group = (long)rd->cfg->batch_size * rd->cfg->seq_len;
     }
@@ -801,8 +796,8 @@ static void print_header(const run_t *rd, FILE *out, size_t steps, long first, l
               steps, first, last, from);
     if (rd->cfg)
         fprintf(out, "  model: %d layers, %d experts, top-%d, capacity_factor %g%s\n",
-                rd->cfg->n_layers, rd->E, rd->top_k, rd->cfg->capacity_factor,
-                rd->cfg->capacity_factor > 0 ? "" : " (dropless)");
+                rd->cfg->model.n_layers, rd->E, rd->top_k, rd->cfg->model.moe.capacity_factor,
+                rd->cfg->model.moe.capacity_factor > 0 ? "" : " (dropless)");
     else
         fprintf(out, "  model: %d experts (no config.cfg)\n", rd->E);
 }
@@ -986,12 +981,12 @@ typedef struct {
 } need_t;
 
 static need_t need_at(const run_t *rd, double cf, long C) {
-    const double row_bytes = (4.0 * rd->cfg->d_model + 6.0 * rd->cfg->d_ff) * 4.0;
+    const double row_bytes = (4.0 * rd->cfg->model.d_model + 6.0 * rd->cfg->model.moe.d_ff) * 4.0;
     need_t n = {.cf = cf, .C = C};
     n.cf_short = C > 0 ? cf_short(C, rd->T_group, rd->top_k, rd->E, &n.decimals) : 0;
     n.rows = (double)rd->E * (double)C;
     n.bytes_layer = n.rows * row_bytes;
-    n.bytes_all = n.bytes_layer * rd->cfg->n_layers;
+    n.bytes_all = n.bytes_layer * rd->cfg->model.n_layers;
     return n;
 }
 
@@ -1058,7 +1053,7 @@ static int capacity_report(run_t *rd, FILE *out) {
     }
     const need_t rp99 = need_at(rd, run_p99, stats_capacity_of(run_p99, T, k, E));
     const need_t rworst = need_at(rd, run_worst, stats_capacity_of(run_worst, T, k, E));
-    const double cur_cf = rd->cfg->capacity_factor;
+    const double cur_cf = rd->cfg->model.moe.capacity_factor;
     const long cur_C = stats_capacity_of(cur_cf, T, k, E);
     const need_t cur = need_at(rd, cur_cf, cur_C);
     // Runs since micro_counts was logged are exact; older logs of grad_accum > 1 runs only
@@ -1086,10 +1081,11 @@ static int capacity_report(run_t *rd, FILE *out) {
         cJSON_AddBoolToObject(doc, "groups_approximated", approx);
         if (approx) cJSON_AddStringToObject(doc, "note", note);
         if (tok_note[0]) cJSON_AddStringToObject(doc, "tokens_note", tok_note);
-        cJSON_AddNumberToObject(doc, "d_model", rd->cfg->d_model);
-        cJSON_AddNumberToObject(doc, "d_ff", rd->cfg->d_ff);
-        cJSON_AddNumberToObject(doc, "n_layers", rd->cfg->n_layers);
-        cJSON_AddNumberToObject(doc, "row_bytes", (4.0 * rd->cfg->d_model + 6.0 * rd->cfg->d_ff) * 4.0);
+        cJSON_AddNumberToObject(doc, "d_model", rd->cfg->model.d_model);
+        cJSON_AddNumberToObject(doc, "d_ff", rd->cfg->model.moe.d_ff);
+        cJSON_AddNumberToObject(doc, "n_layers", rd->cfg->model.n_layers);
+        cJSON_AddNumberToObject(doc, "row_bytes",
+                                (4.0 * rd->cfg->model.d_model + 6.0 * rd->cfg->model.moe.d_ff) * 4.0);
         cJSON *jc = cJSON_AddObjectToObject(doc, "current");
         cJSON_AddNumberToObject(jc, "capacity_factor", cur_cf);
         cJSON_AddNumberToObject(jc, "capacity", (double)cur_C);
@@ -1126,14 +1122,14 @@ static int capacity_report(run_t *rd, FILE *out) {
         if (tok_note[0]) prose(rd, out, "  note: %s\n", tok_note);
         prose(rd, out, "  expert buffers: rows = E*C; bytes = rows * (4*d_model + 6*d_ff) * 4 = rows * %.0f "
                        "(fp32, forward + backward)\n",
-                (4.0 * rd->cfg->d_model + 6.0 * rd->cfg->d_ff) * 4.0);
+                (4.0 * rd->cfg->model.d_model + 6.0 * rd->cfg->model.moe.d_ff) * 4.0);
         prose(rd, out, "  cf below: the shortest decimal capacity_factor that gives that C (P99: C of the "
                        "99th percentile of the per-step factors; exact values in --json)\n");
         if (cur_cf > 0)
             prose(rd, out, "  current: capacity_factor %g -> C = %ld per expert per micro-batch, %.0f rows, "
                            "%.3f MiB per layer, %.3f MiB for %d layers\n\n",
                     cur_cf, cur_C, cur.rows, mib(cur.bytes_layer), mib(cur.bytes_all),
-                    rd->cfg->n_layers);
+                    rd->cfg->model.n_layers);
         else
             prose(rd, out, "  current: capacity_factor 0 (dropless)\n\n");
         if (!rd->wide) { // STATS_COLUMNS: rows and the memory of all layers with --wide
@@ -1153,7 +1149,7 @@ static int capacity_report(run_t *rd, FILE *out) {
             fprintf(out, "%-5s %6s | %-43s | %-51s | %s\n", "", "", "needed on the P99 step",
                     "needed on the worst step", "current");
             char all[32];
-            snprintf(all, sizeof all, "MiB x%d", rd->cfg->n_layers);
+            snprintf(all, sizeof all, "MiB x%d", rd->cfg->model.n_layers);
             fprintf(out, "%-5s %6s | %8s %6s %7s %9s %8s | %8s %6s %7s %9s %8s %7s | %s\n", "layer",
                     "steps", "cf", "C", "rows", "MiB/layer", all, "cf", "C", "rows", "MiB/layer", all,
                     "step", "drop fraction");
@@ -1172,11 +1168,11 @@ static int capacity_report(run_t *rd, FILE *out) {
         prose(rd, out, "  P99 step:   capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
                        "layer, %.3f MiB for %d layers\n",
                 rp99.decimals, rp99.cf_short, run_p99_layer, rp99.C, rp99.rows, mib(rp99.bytes_layer),
-                mib(rp99.bytes_all), rd->cfg->n_layers);
+                mib(rp99.bytes_all), rd->cfg->model.n_layers);
         prose(rd, out, "  worst step: capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
                        "layer, %.3f MiB for %d layers\n",
                 rworst.decimals, rworst.cf_short, run_worst_layer, rworst.C, rworst.rows, mib(rworst.bytes_layer),
-                mib(rworst.bytes_all), rd->cfg->n_layers);
+                mib(rworst.bytes_all), rd->cfg->model.n_layers);
     }
     free(scratch);
     free(lc);

@@ -39,8 +39,9 @@ double stats_percentile_sorted(const double *sorted, size_t n, double p);
 long stats_needed_capacity(const long *counts, int rows, int E, int groups_per_row,
                            double max_drop);
 
-// C = ceil((T*k/E) * cf) in double in that order, clamped to T (moe_capacity's formula);
-// 0 when cf <= 0 (dropless).
+// C = moe_capacity (layers/moe.h): ceil((T*k/E) * cf) in double in that order, clamped to T;
+// 0 when cf <= 0 (dropless). T is a micro-batch's tokens, batch_size * seq_len, at most
+// MOE_CONFIG_MAX_TOKENS (an int).
 long stats_capacity_of(double cf, long T, int k, int E);
 
 // The capacity factor C*E/(T*k), nudged by an ulp where needed so that

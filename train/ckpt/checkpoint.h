@@ -21,8 +21,9 @@
 #include "data/loader.h"
 #include "layers/model.h"
 #include "optim/optimizer.h"
-#include "train/config.h"
-#include "train/safetensors.h"
+#include "train/ckpt/hf_config.h"
+#include "train/ckpt/safetensors.h"
+#include "train/config/config.h"
 
 // Everything besides tensors that an exact resume needs.
 typedef struct {
@@ -65,13 +66,6 @@ moe_status checkpoint_resolve(char *folder, size_t n, const char *path);
 // checkpoint_verify, checkpoint_state_read, config.json against m's config, and opt's kind
 // against the one that wrote the moments (MOE_EINVAL: no switching optimizers on resume).
 moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts);
-
-// Reads an HF Mixtral folder's config.json into a model config (MoE capacity settings at
-// their defaults; inference never drops).
-moe_status hf_config_read(model_config *cfg, const char *folder);
-
-// MOE_EINVAL naming every field of folder/config.json that disagrees with cfg.
-moe_status hf_config_check(const char *folder, const model_config *cfg);
 
 // Before allocating a model of cfg for the folder: its safetensors headers (read without
 // the data) hold at least as many values as cfg's parameters, so a config.json that

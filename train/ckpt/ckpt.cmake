@@ -1,0 +1,6 @@
+# train/ckpt: library moe_ckpt (checkpoints as HF Mixtral folders: safetensors, config.json,
+# trainer_state.json, save/load/resume/export). Its tests are tests/checkpoint/.
+moe_component(moe_ckpt
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint.c ${CMAKE_CURRENT_LIST_DIR}/hf_config.c
+          ${CMAKE_CURRENT_LIST_DIR}/json_fields.c ${CMAKE_CURRENT_LIST_DIR}/safetensors.c
+  LINK moe_layers moe_optim moe_data moe_train_config PkgConfig::CJSON)
