@@ -86,7 +86,8 @@ lib=$(ldd "$work/cmake_shared/moe_layer" | awk '$1 ~ /^libmoe\.so/ {print $3}')
   fail "cmake_shared: libmoe.so resolves to $lib, not the prefix's"
 step "find_package(moe), moe::moe: ok, $soname from the prefix"
 cmake_example cmake_static -DMOE_EXAMPLES_STATIC=ON
-if ldd "$work/cmake_static/moe_layer" | grep -q libmoe; then fail "cmake_static needs libmoe.so"; fi
+libs=$(ldd "$work/cmake_static/moe_layer") # (not `ldd | grep -q`: SIGPIPE under pipefail)
+if grep -q libmoe <<< "$libs"; then fail "cmake_static needs libmoe.so"; fi
 step "find_package(moe), moe::moe_static: ok"
 
 # ---- the example through pkg-config ----
