@@ -10,6 +10,7 @@
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "layers/exchange.h"
 #include "train/ckpt/checkpoint.h"
 #include "train/config/config.h"
 #include "train/infer.h"
@@ -537,5 +538,13 @@ int main(int argc, char **argv) {
         if (rc) return rc;
         if (help) return show_help(c);
     }
+    // Expert parallelism reaches the layers and the model (layers/exchange.h, tests/
+    // test_model_ep.c) but not yet the commands: R processes would each train alone and
+    // write the same run directory.
+    const int ranks = moe_launch_size();
+    if (ranks > 1)
+        moe_fatal("%s: started as one of %d ranks (mpirun), but the moe commands run on one "
+                  "process for now (expert parallelism reaches the MoE layer and the model, "
+                  "not yet the trainer): run it without mpirun", name, ranks);
     return c->run(argc - 2, argv + 2);
 }
