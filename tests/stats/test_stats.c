@@ -395,13 +395,15 @@ static void case_report(void) {
     free(err);
 }
 
+// bytes: the layer's forward rows, 4*C rows x (2*32 + 3*64)*4 = 1024 bytes (layers/moe.h
+// moe_row_bytes); all layers: 2 layers' forward rows + one shared backward scratch = 3 x that.
 static void check_need(const cJSON *o, const char *what, double cf, long C, double bytes) {
     char name[96];
     snprintf(name, sizeof name, "%s capacity_factor", what);
     check_num(name, jd(o, "capacity_factor"), cf, 1e-12);
     snprintf(name, sizeof name, "%s C, rows, bytes", what);
     check_true(name, jd(o, "capacity") == C && jd(o, "rows") == 4.0 * C &&
-                         jd(o, "bytes_per_layer") == bytes && jd(o, "bytes_all_layers") == 2 * bytes);
+                         jd(o, "bytes_per_layer") == bytes && jd(o, "bytes_all_layers") == 3 * bytes);
 }
 
 // --capacity on a run with grad_accum n (the same per-micro-batch answers for any n).
@@ -415,30 +417,31 @@ static void capacity_run(const char *dir, int n, int micro) {
     if (!doc) return;
     check_true("current cf 1.25 -> C 160", jd(doc, "current.capacity_factor") == 1.25 &&
                                                jd(doc, "current.capacity") == 160);
-    check_true("row bytes (4*32 + 6*64)*4 = 2048", jd(doc, "row_bytes") == 2048);
+    check_true("row bytes (2*32 + 3*64)*4 = 1024 per layer, 1024 once for the backward",
+               jd(doc, "row_bytes") == 1024 && jd(doc, "row_bytes_backward") == 1024);
     check_true("groups_approximated", cJSON_IsTrue(jget(doc, "groups_approximated")) == (n > 1 && !micro));
     const cJSON *l0 = cJSON_GetArrayItem(jget(doc, "layers"), 0);
     const cJSON *l1 = cJSON_GetArrayItem(jget(doc, "layers"), 1);
     // need = smallest C with np.maximum(0, row - C).sum() <= 0.01*row.sum(); cf = need*4/512
-    // np.percentile(cf, 99) -> C = ceil(128*cf); bytes = 4*C*2048
-    check_need(jget(l0, "p99"), "layer 0 P99", 1.6647656249999994, 214, 1753088);
-    check_need(jget(l0, "worst"), "layer 0 worst", 1.8046875, 231, 1892352);
+    // np.percentile(cf, 99) -> C = ceil(128*cf); bytes = 4*C*1024
+    check_need(jget(l0, "p99"), "layer 0 P99", 1.6647656249999994, 214, 876544);
+    check_need(jget(l0, "worst"), "layer 0 worst", 1.8046875, 231, 946176);
     check_true("layer 0 worst step 122", jd(l0, "worst.step") == 122);
-    check_need(jget(l1, "p99"), "layer 1 P99", 1.9609375, 251, 2056192);
-    check_need(jget(l1, "worst"), "layer 1 worst", 1.9609375, 251, 2056192);
+    check_need(jget(l1, "p99"), "layer 1 P99", 1.9609375, 251, 1028096);
+    check_need(jget(l1, "worst"), "layer 1 worst", 1.9609375, 251, 1028096);
     check_true("layer 1 worst step 103", jd(l1, "worst.step") == 103);
     check_num("layer 0 current drop fraction", jd(l0, "current_drop_fraction"), 0.003515625, 1e-12);
     check_num("layer 1 current drop fraction", jd(l1, "current_drop_fraction"), 0.1015625, 1e-12);
     // one factor for the run: the largest over the layers (layer 1 here)
-    check_need(jget(doc, "run.p99"), "run P99 (max over layers)", 1.9609375, 251, 2056192);
-    check_need(jget(doc, "run.worst"), "run worst", 1.9609375, 251, 2056192);
+    check_need(jget(doc, "run.p99"), "run P99 (max over layers)", 1.9609375, 251, 1028096);
+    check_need(jget(doc, "run.worst"), "run worst", 1.9609375, 251, 1028096);
     // the shortest decimal factor giving C: ceil(128*1.67) = 214, ceil(128*1.80) = 231, 1.96 -> 251
     check_true("suggested factors", jd(l0, "p99.suggested_capacity_factor") == 1.67 &&
                                         jd(l0, "worst.suggested_capacity_factor") == 1.80 &&
                                         jd(l1, "p99.suggested_capacity_factor") == 1.96);
     check_true("run factors from layer 1", jd(doc, "run.p99.layer") == 1 && jd(doc, "run.worst.layer") == 1);
     check_true("current rows and bytes", jd(doc, "current.rows") == 640 &&
-                                             jd(doc, "current.bytes_per_layer") == 640 * 2048.0);
+                                             jd(doc, "current.bytes_per_layer") == 640 * 1024.0);
     cJSON_Delete(doc);
     free(out);
     free(err);
@@ -447,7 +450,7 @@ static void capacity_run(const char *dir, int n, int micro) {
     printf("%s%s", out, err);
     check_true("--capacity default table exits 0, fits 100 columns", rc == 0 && longest_line(out) <= 100);
     check_true("--capacity default table: layer 0 without rows and all-layer MiB",
-               contains(out, "    0    200 |     1.51    194     1.516 |    1.641    211     1.648     122 | 0.35%\n"));
+               contains(out, "    0    200 |     1.51    194     0.758 |    1.641    211     0.824     122 | 0.35%\n"));
     free(out);
     free(err);
 
@@ -455,15 +458,16 @@ static void capacity_run(const char *dir, int n, int micro) {
     printf("%s%s", out, err);
     check_true("--capacity --wide table exits 0, over 100 columns", rc == 0 && longest_line(out) > 100);
     // max_drop 0.05: layer 0 P99 cf 1.5085156249999994 (C 194), worst 1.6484375 (C 211);
-    // layer 1 1.8046875 (C 231); rows 4*C, MiB 4*C*2048/2^20 per layer and x2 layers; the
+    // layer 1 1.8046875 (C 231); rows 4*C, MiB 4*C*1024/2^20 per layer, 4*C*3072/2^20 for the 2
+    // layers with their shared backward scratch; the
     // table shows the shortest decimal factor giving C: 1.51 (ceil(128*1.51) = 194), 1.641, 1.80
     check_true("table: layer 0 at max_drop 0.05",
-               contains(out, "    0    200 |     1.51    194     776     1.516    3.031 |    1.641    211     844     1.648    3.297     122 | 0.35%"));
+               contains(out, "    0    200 |     1.51    194     776     0.758    2.273 |    1.641    211     844     0.824    2.473     122 | 0.35%"));
     check_true("table: layer 1 at max_drop 0.05",
-               contains(out, "    1    200 |     1.80    231     924     1.805    3.609 |     1.80    231     924     1.805    3.609     103 | 10.16%"));
-    check_true("table: current cf", contains(out, "current: capacity_factor 1.25 -> C = 160 per expert per micro-batch, 640 rows, 1.250 MiB per layer, 2.500 MiB for 2 layers"));
+               contains(out, "    1    200 |     1.80    231     924     0.902    2.707 |     1.80    231     924     0.902    2.707     103 | 10.16%"));
+    check_true("table: current cf", contains(out, "current: capacity_factor 1.25 -> C = 160 per expert per micro-batch, 640 rows, 0.625 MiB per layer, 1.875 MiB for 2 layers"));
     check_true("table: run-wide factor from layer 1",
-               contains(out, "P99 step:   capacity_factor 1.80 (layer 1) -> C = 231, 924 rows, 1.805 MiB per layer, 3.609 MiB for 2 layers"));
+               contains(out, "P99 step:   capacity_factor 1.80 (layer 1) -> C = 231, 924 rows, 0.902 MiB per layer, 2.707 MiB for 2 layers"));
     check_true("table: grad_accum note iff n > 1 without micro_counts",
                contains(out, "approximated as counts / 2") == (n == 2 && !micro));
     free(out);

@@ -980,13 +980,24 @@ typedef struct {
     double rows, bytes_layer, bytes_all;
 } need_t;
 
+// Bytes per expert row as the MoE layer lays it out (layers/moe.h moe_row_bytes): each layer
+// keeps its forward rows for the backward (fwd); the backward scratch is one for all layers
+// (bwd: they run their backwards one at a time). The config's moe.d_model is the model's.
+static void row_bytes_of(const run_t *rd, size_t *fwd, size_t *bwd) {
+    moe_config mc = rd->cfg->model.moe;
+    mc.d_model = rd->cfg->model.d_model;
+    moe_row_bytes(&mc, fwd, bwd);
+}
+
+// The memory of E*C expert rows.
 static need_t need_at(const run_t *rd, double cf, long C) {
-    const double row_bytes = (4.0 * rd->cfg->model.d_model + 6.0 * rd->cfg->model.moe.d_ff) * 4.0;
+    size_t fwd, bwd;
+    row_bytes_of(rd, &fwd, &bwd);
     need_t n = {.cf = cf, .C = C};
     n.cf_short = C > 0 ? cf_short(C, rd->T_group, rd->top_k, rd->E, &n.decimals) : 0;
     n.rows = (double)rd->E * (double)C;
-    n.bytes_layer = n.rows * row_bytes;
-    n.bytes_all = n.bytes_layer * rd->cfg->model.n_layers;
+    n.bytes_layer = n.rows * (double)fwd;
+    n.bytes_all = n.rows * ((double)fwd * rd->cfg->model.n_layers + (double)bwd);
     return n;
 }
 
@@ -1084,8 +1095,10 @@ static int capacity_report(run_t *rd, FILE *out) {
         cJSON_AddNumberToObject(doc, "d_model", rd->cfg->model.d_model);
         cJSON_AddNumberToObject(doc, "d_ff", rd->cfg->model.moe.d_ff);
         cJSON_AddNumberToObject(doc, "n_layers", rd->cfg->model.n_layers);
-        cJSON_AddNumberToObject(doc, "row_bytes",
-                                (4.0 * rd->cfg->model.d_model + 6.0 * rd->cfg->model.moe.d_ff) * 4.0);
+        size_t fwd, bwd;
+        row_bytes_of(rd, &fwd, &bwd);
+        cJSON_AddNumberToObject(doc, "row_bytes", (double)fwd);           // per layer
+        cJSON_AddNumberToObject(doc, "row_bytes_backward", (double)bwd);  // once, shared
         cJSON *jc = cJSON_AddObjectToObject(doc, "current");
         cJSON_AddNumberToObject(jc, "capacity_factor", cur_cf);
         cJSON_AddNumberToObject(jc, "capacity", (double)cur_C);
@@ -1120,9 +1133,11 @@ static int capacity_report(run_t *rd, FILE *out) {
                 T, rd->cfg->batch_size, rd->cfg->seq_len, rd->groups);
         if (approx) prose(rd, out, "  note: %s\n", note);
         if (tok_note[0]) prose(rd, out, "  note: %s\n", tok_note);
-        prose(rd, out, "  expert buffers: rows = E*C; bytes = rows * (4*d_model + 6*d_ff) * 4 = rows * %.0f "
-                       "(fp32, forward + backward)\n",
-                (4.0 * rd->cfg->model.d_model + 6.0 * rd->cfg->model.moe.d_ff) * 4.0);
+        size_t fwd, bwd;
+        row_bytes_of(rd, &fwd, &bwd);
+        prose(rd, out, "  expert buffers: rows = E*C; per layer rows * (2*d_model + 3*d_ff) * 4 = rows * "
+                       "%zu (fp32 forward, kept for the backward), + rows * %zu once (the backward "
+                       "scratch the layers share)\n", fwd, bwd);
         prose(rd, out, "  cf below: the shortest decimal capacity_factor that gives that C (P99: C of the "
                        "99th percentile of the per-step factors; exact values in --json)\n");
         if (cur_cf > 0)
@@ -1148,8 +1163,8 @@ static int capacity_report(run_t *rd, FILE *out) {
         } else {
             fprintf(out, "%-5s %6s | %-43s | %-51s | %s\n", "", "", "needed on the P99 step",
                     "needed on the worst step", "current");
-            char all[32];
-            snprintf(all, sizeof all, "MiB x%d", rd->cfg->model.n_layers);
+            char all[32]; // all layers' forward rows and the shared backward scratch
+            snprintf(all, sizeof all, "MiB %dL", rd->cfg->model.n_layers);
             fprintf(out, "%-5s %6s | %8s %6s %7s %9s %8s | %8s %6s %7s %9s %8s %7s | %s\n", "layer",
                     "steps", "cf", "C", "rows", "MiB/layer", all, "cf", "C", "rows", "MiB/layer", all,
                     "step", "drop fraction");
