@@ -11,19 +11,11 @@
 #include "layers/exchange.h"
 #include "layers/model.h"
 #include "optim/optimizer.h"
+#include "ep_test.h"
 #include "test_backend.h"
 #include "test_util.h"
 
 #define TOL 1e-6
-
-static double *host_d(moe_backend *be, const real *p, size_t n) {
-    real *h = malloc(n * sizeof(real) + 1);
-    double *o = malloc(n * sizeof(double) + 1);
-    be->copy_to_host(be, h, p, n * sizeof(real));
-    for (size_t i = 0; i < n; i++) o[i] = h[i];
-    free(h);
-    return o;
-}
 
 static const model_tensor *by_name(const model *m, const char *name) {
     for (int i = 0; i < m->n_tensors; i++)
@@ -68,7 +60,7 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
     }
     model_init_weights(&one, 3, 0.3);
     model_init_weights(&par, 3, 0.3);
-    double *p1 = host_d(be, one.params, one.n_params), *p2 = host_d(be, par.params, par.n_params);
+    double *p1 = ep_host_doubles(be, one.params, one.n_params), *p2 = ep_host_doubles(be, par.params, par.n_params);
     int missing = 0;
     double wp = fmax(compare(&par, p2, &one, p1, 0, &missing, NULL),
                      compare(&par, p2, &one, p1, 1, &missing, NULL));
@@ -85,7 +77,7 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
         loss[i][0] = ms[i]->ce, loss[i][1] = ms[i]->aux, loss[i][2] = ms[i]->z;
     }
     double g1n = 0;
-    double *g1 = host_d(be, one.grads, one.n_params), *g2 = host_d(be, par.grads, par.n_params);
+    double *g1 = ep_host_doubles(be, one.grads, one.n_params), *g2 = ep_host_doubles(be, par.grads, par.n_params);
     for (size_t i = 0; i < one.n_params; i++) g1n += fabs(g1[i]);
     double per_tensor = 0; // reported: the largest relative difference of one tensor
     const double dense = compare(&par, g2, &one, g1, 0, &missing, &per_tensor);
@@ -146,7 +138,7 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
     double ss1, ss2 = model_grad_sum_squares(&par);
     be->sum_squares(be, &ss1, one.grads, one.n_params);
     int missing = 0;
-    double *g1 = host_d(be, one.grads, one.n_params), *g2 = host_d(be, par.grads, par.n_params);
+    double *g1 = ep_host_doubles(be, one.grads, one.n_params), *g2 = ep_host_doubles(be, par.grads, par.n_params);
     double worst = fmax(compare(&par, g2, &one, g1, 0, &missing, NULL),
                         compare(&par, g2, &one, g1, 1, &missing, NULL));
     worst = fmax(worst, fabs(ss2 - ss1) / ss1);
@@ -157,7 +149,7 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
         optimizer_create(&o2, be, &oc, par.n_params, &r2, 1)) exit(1);
     optimizer_step(&o1, one.params, one.grads, 0.5, clip_scale(sqrt(ss1), 0.1));
     optimizer_step(&o2, par.params, par.grads, 0.5, clip_scale(sqrt(ss2), 0.1));
-    double *p1 = host_d(be, one.params, one.n_params), *p2 = host_d(be, par.params, par.n_params);
+    double *p1 = ep_host_doubles(be, one.params, one.n_params), *p2 = ep_host_doubles(be, par.params, par.n_params);
     worst = fmax(worst, fmax(compare(&par, p2, &one, p1, 0, &missing, NULL),
                              compare(&par, p2, &one, p1, 1, &missing, NULL)));
     double *all = malloc((size_t)R * sizeof(double));
@@ -175,11 +167,7 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
 }
 
 int main(void) {
-    moe_comm *world;
-    if (moe_comm_world(&world)) {
-        fprintf(stderr, "%s\n", moe_last_error());
-        return 1;
-    }
+    moe_comm *world = ep_world();
     moe_backend *be = test_backend();
     model_config cfg = {
         .vocab_size = 40, .d_model = 16, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1,
@@ -207,9 +195,5 @@ int main(void) {
         edp->destroy(edp);
         ep->destroy(ep);
     }
-    long failures = test_failures();
-    world->allreduce_sum_long(world, &failures, 1);
-    if (world->rank == 0) printf("%ld failure(s) over %d rank(s)\n", failures, R);
-    world->destroy(world);
-    return failures != 0;
+    return ep_verdict(world);
 }

@@ -12,24 +12,12 @@
 
 #include "layers/exchange.h"
 #include "layers/moe.h"
+#include "ep_test.h"
 #include "test_backend.h"
 #include "test_util.h"
 
 #define TOL 1e-6
 
-static real *dev(moe_backend *be, const real *host, size_t n) {
-    real *p = be->alloc(be, n * sizeof(real) + 1);
-    if (host) be->copy_to_device(be, p, host, n * sizeof(real));
-    return p;
-}
-static double *host_d(moe_backend *be, const real *p, size_t n) {
-    real *h = malloc(n * sizeof(real) + 1);
-    double *o = malloc(n * sizeof(double) + 1);
-    be->copy_to_host(be, h, p, n * sizeof(real));
-    for (size_t i = 0; i < n; i++) o[i] = h[i];
-    free(h);
-    return o;
-}
 static real *randn(uint64_t seed, size_t n, double scale) {
     test_rng r;
     rng_seed(&r, seed);
@@ -48,8 +36,8 @@ static void run(moe_layer *L, moe_backend *be, const moe_config *cfg, int E_loca
                 const real *hw, const real *hx, const real *hdout, int T, double **y,
                 double **dx, double **g, long *dropped) {
     const size_t nx = (size_t)T * cfg->d_model, nw = moe_weights_count_local(cfg, E_local);
-    real *w = dev(be, hw, nw), *gr = dev(be, NULL, nw), *x = dev(be, hx, nx);
-    real *dout = dev(be, hdout, nx), *out = dev(be, NULL, nx), *dxd = dev(be, NULL, nx);
+    real *w = ep_device(be, hw, nw), *gr = ep_device(be, NULL, nw), *x = ep_device(be, hx, nx);
+    real *dout = ep_device(be, hdout, nx), *out = ep_device(be, NULL, nx), *dxd = ep_device(be, NULL, nx);
     moe_weights wv, gv;
     moe_weights_view_local(&wv, w, cfg, E_local);
     moe_weights_view_local(&gv, gr, cfg, E_local);
@@ -60,7 +48,7 @@ static void run(moe_layer *L, moe_backend *be, const moe_config *cfg, int E_loca
         exit(1);
     }
     *dropped = st.dropped;
-    *y = host_d(be, out, nx), *dx = host_d(be, dxd, nx), *g = host_d(be, gr, nw);
+    *y = ep_host_doubles(be, out, nx), *dx = ep_host_doubles(be, dxd, nx), *g = ep_host_doubles(be, gr, nw);
     real *bufs[] = {w, gr, x, dout, out, dxd};
     for (int i = 0; i < 6; i++) be->free(be, bufs[i]);
 }
@@ -122,11 +110,7 @@ static outcome check_case(moe_comm *world, moe_comm *ep, moe_backend *be, moe_co
 }
 
 int main(void) {
-    moe_comm *world;
-    if (moe_comm_world(&world)) {
-        fprintf(stderr, "%s\n", moe_last_error());
-        return 1;
-    }
+    moe_comm *world = ep_world();
     moe_backend *be = test_backend();
     const int R = world->size, T = 48;
     struct {
@@ -160,9 +144,5 @@ int main(void) {
         }
         ep->destroy(ep);
     }
-    long failures = test_failures();
-    world->allreduce_sum_long(world, &failures, 1);
-    if (world->rank == 0) printf("%ld failure(s) over %d rank(s)\n", failures, R);
-    world->destroy(world);
-    return failures != 0;
+    return ep_verdict(world);
 }
