@@ -23,7 +23,7 @@ static int merge_regions(optim_region *r, int n) {
     return m;
 }
 
-moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_config *cfg,
+moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *cfg,
                             size_t n_params, const optim_region *regions, int n_regions) {
     memset(o, 0, sizeof *o);
     if (cfg->kind != OPTIM_ADAMW && cfg->kind != OPTIM_SGD)
@@ -46,8 +46,8 @@ moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_con
             return moe_error(MOE_EINVAL, "optimizer: regions overlap at offset %zu", at);
         }
     if (cfg->kind == OPTIM_ADAMW) {
-        o->m = be->alloc(n_params * sizeof(real));
-        o->v = be->alloc(n_params * sizeof(real));
+        o->m = be->alloc(be, n_params * sizeof(real));
+        o->v = be->alloc(be, n_params * sizeof(real));
         if (!o->m || !o->v) {
             optimizer_destroy(o);
             return moe_error(MOE_ENOMEM, "optimizer: cannot allocate %zu bytes of AdamW moments",
@@ -59,8 +59,8 @@ moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_con
 
 void optimizer_destroy(optimizer *o) {
     if (o->be) {
-        if (o->m) o->be->free(o->m);
-        if (o->v) o->be->free(o->v);
+        if (o->m) o->be->free(o->be, o->m);
+        if (o->v) o->be->free(o->be, o->v);
     }
     free(o->regions);
     memset(o, 0, sizeof *o);
@@ -73,10 +73,10 @@ void optimizer_step(optimizer *o, real *params, const real *grads, double lr, do
     for (int i = 0; i < o->n_regions; i++) {
         const optim_region *r = &o->regions[i];
         if (c->kind == OPTIM_SGD) {
-            o->be->sgd_update(params + r->offset, grads + r->offset, r->count, (real)lr,
+            o->be->sgd_update(o->be, params + r->offset, grads + r->offset, r->count, (real)lr,
                               (real)grad_scale);
         } else {
-            o->be->adamw_update(params + r->offset, o->m + r->offset, o->v + r->offset,
+            o->be->adamw_update(o->be, params + r->offset, o->m + r->offset, o->v + r->offset,
                                 grads + r->offset, r->count, (real)lr, (real)c->beta1,
                                 (real)c->beta2, (real)c->eps,
                                 (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2,

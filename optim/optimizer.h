@@ -25,7 +25,7 @@ typedef struct {
 
 typedef struct {
     optim_config cfg;
-    const moe_backend *be;
+    moe_backend *be;
     size_t n;           // parameters
     real *m, *v;        // AdamW moments [n] (device), NULL for SGD
     int64_t t;          // updates done (AdamW bias correction uses t+1)
@@ -35,7 +35,7 @@ typedef struct {
 
 // regions: any order; contiguous ones with the same decay flag are merged, overlapping ones
 // refused.
-moe_status optimizer_create(optimizer *o, const moe_backend *be, const optim_config *cfg,
+moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *cfg,
                             size_t n_params, const optim_region *regions, int n_regions);
 void optimizer_destroy(optimizer *o);
 
