@@ -48,11 +48,19 @@ static const cpu_region *region_of(uintptr_t a) {
     return NULL;
 }
 
-// Async-signal-safe: write(2) of a fixed buffer, then the default action.
+// What SIGSEGV did before the first strict backend: the default action, or a sanitizer's
+// handler (ASan installs one at start-up).
+static struct sigaction previous_segv;
+static int handler_installed;
+
+// Async-signal-safe: write(2) of a fixed buffer, then the previous handler: restored, and the
+// faulting access runs again when this returns, now into it (the default action: death by
+// SIGSEGV; ASan: its report with the stack of the access). A SIGSEGV sent by kill or raise
+// (no faulting access to run again) is raised again instead.
 static void on_segv(int sig, siginfo_t *info, void *ctx) {
     (void)ctx;
     const uintptr_t a = (uintptr_t)info->si_addr;
-    const cpu_region *r = region_of(a);
+    const cpu_region *r = info->si_code > 0 ? region_of(a) : NULL;
     if (r) {
         char msg[160];
         int n = snprintf(msg, sizeof msg,
@@ -61,8 +69,8 @@ static void on_segv(int sig, siginfo_t *info, void *ctx) {
                          info->si_addr, (size_t)(a - (uintptr_t)r->base), r->len);
         if (n > 0 && write(2, msg, (size_t)n) < 0) n = 0;
     }
-    signal(sig, SIG_DFL);
-    raise(sig);
+    sigaction(sig, &previous_segv, NULL);
+    if (info->si_code <= 0) raise(sig);
 }
 
 static void install_handler(cpu_state *s) {
@@ -71,12 +79,13 @@ static void install_handler(cpu_state *s) {
             strict_live[j] = s;
             break;
         }
+    if (handler_installed) return;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_segv;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, NULL);
+    if (sigaction(SIGSEGV, &sa, &previous_segv) == 0) handler_installed = 1;
 }
 
 void *cpu_strict_alloc(moe_backend *be, size_t bytes) {
