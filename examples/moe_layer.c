@@ -40,5 +40,6 @@ int main(void) {
            ff, E, k, norm(y, nx), norm(dx, nx), norm(g.gate, (size_t)E * d), st.aux);
     moe_layer_free(&L);
     free(params), free(grads), free(x), free(dout), free(y), free(dx);
+    moe_backend_destroy(be);
     return 0;
 }
