@@ -40,7 +40,7 @@ soname=$(readelf -d "$prefix/lib/libmoe.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\
 [ -e "$prefix/lib/$soname" ] || fail "lib/$soname is not installed"
 build_abs=$(cd "$build" && pwd -P)
 for f in bin/moe "lib/$soname"; do
-  if readelf -d "$prefix/$f" | grep -E 'R(UN)?PATH' | grep -qF "$build_abs"; then
+  if readelf -d "$prefix/$f" | grep -E 'R(UN)?PATH' | grep -F "$build_abs" > /dev/null; then
     fail "$f keeps an RPATH into the build tree"
   fi
 done
@@ -86,7 +86,7 @@ lib=$(ldd "$work/cmake_shared/moe_layer" | awk '$1 ~ /^libmoe\.so/ {print $3}')
   fail "cmake_shared: libmoe.so resolves to $lib, not the prefix's"
 step "find_package(moe), moe::moe: ok, $soname from the prefix"
 cmake_example cmake_static -DMOE_EXAMPLES_STATIC=ON
-if ldd "$work/cmake_static/moe_layer" | grep -q libmoe; then fail "cmake_static needs libmoe.so"; fi
+if ldd "$work/cmake_static/moe_layer" | grep libmoe > /dev/null; then fail "cmake_static needs libmoe.so"; fi
 step "find_package(moe), moe::moe_static: ok"
 
 # ---- the example through pkg-config ----

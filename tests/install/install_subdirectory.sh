@@ -49,7 +49,7 @@ step "build example_moe_layer parent_app"
 grep -q "|dgate|" "$work/example.out" || fail "unexpected output: $(cat "$work/example.out")"
 cmp -s "$work/example.out" "$work/parent_app.out" ||
   fail "outputs differ: $(cat "$work/example.out") / $(cat "$work/parent_app.out")"
-ldd "$work/build/moe_examples/moe_layer" | grep -q "libmoe\.so" ||
+ldd "$work/build/moe_examples/moe_layer" | grep "libmoe\.so" > /dev/null ||
   fail "the example (moe::moe) is not linked with libmoe.so"
 
 # Flags: the compile commands of the parent's targets and of one of moe's objects.
