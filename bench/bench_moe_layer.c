@@ -132,5 +132,6 @@ int main(int argc, char **argv) {
                moe_blas_kernel());
     moe_layer_free(&L);
     free(params), free(grads), free(x), free(dout), free(y), free(dx), free(t_layer), free(t_gemm);
+    moe_backend_destroy(be);
     return 0;
 }

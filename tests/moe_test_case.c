@@ -11,8 +11,18 @@ static void die_status(const char *what, moe_status st) {
     exit(1);
 }
 
+static void *dev_alloc(size_t bytes) {
+    void *p = test_backend()->alloc(test_backend(), bytes);
+    if (!p) {
+        fprintf(stderr, "backend alloc of %zu bytes failed\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
 static void alloc_case(moe_case *c) {
     size_t nw = moe_weights_count(&c->cfg), nx = (size_t)c->T * c->cfg.d_model;
+    size_t nte = (size_t)c->T * c->cfg.n_experts, ntk = (size_t)c->T * c->cfg.top_k;
     c->params = calloc(nw, sizeof(real));
     c->grads = calloc(nw, sizeof(real));
     moe_weights_view(&c->w, c->params, &c->cfg);
@@ -21,6 +31,19 @@ static void alloc_case(moe_case *c) {
     c->dout = calloc(nx, sizeof(real));
     c->y = calloc(nx, sizeof(real));
     c->dx = calloc(nx, sizeof(real));
+    c->dev_params = dev_alloc(nw * sizeof(real));
+    c->dev_grads = dev_alloc(nw * sizeof(real));
+    moe_weights_view(&c->dev_w, c->dev_params, &c->cfg);
+    moe_weights_view(&c->dev_g, c->dev_grads, &c->cfg);
+    c->dev_x = dev_alloc(nx * sizeof(real));
+    c->dev_dout = dev_alloc(nx * sizeof(real));
+    c->dev_y = dev_alloc(nx * sizeof(real));
+    c->dev_dx = dev_alloc(nx * sizeof(real));
+    c->topk_idx = calloc(ntk, sizeof(int));
+    c->assign_row = calloc(ntk, sizeof(int));
+    c->weights = calloc(ntk, sizeof(real));
+    c->probs = calloc(nte, sizeof(real));
+    c->scores = calloc(nte, sizeof(real));
     moe_status st = moe_layer_init(&c->layer, test_backend(), &c->cfg, c->T);
     if (st) die_status("moe_layer_init", st);
 }
@@ -57,7 +80,11 @@ void moe_case_from_fixture(moe_case *c, const fixture *fx) {
     if ((t = fixture_find(fx, "jitter_noise")) && c->cfg.jitter_eps > 0) {
         c->jitter = malloc(t->count * sizeof(real));
         for (size_t i = 0; i < t->count; i++) c->jitter[i] = (real)t->data[i];
-        c->layer.jitter_override = c->jitter; // the fixture's noise instead of our RNG's
+        // the fixture's noise instead of our RNG's (the layer reads it: backend memory)
+        c->dev_jitter = dev_alloc(t->count * sizeof(real));
+        test_backend()->copy_to_device(test_backend(), c->dev_jitter, c->jitter,
+                                       t->count * sizeof(real));
+        c->layer.jitter_override = c->dev_jitter;
     }
     size_t d = c->cfg.d_model, ff = c->cfg.d_ff, T = c->T;
     copy_tensor(c->x, fx, "x", T * d);
@@ -91,6 +118,7 @@ void moe_case_random(moe_case *c, const moe_config *cfg, int T, uint64_t seed) {
 }
 
 void moe_case_free(moe_case *c) {
+    moe_backend *be = test_backend();
     moe_layer_free(&c->layer);
     free(c->params);
     free(c->grads);
@@ -100,16 +128,65 @@ void moe_case_free(moe_case *c) {
     free(c->dx);
     free(c->bias);
     free(c->jitter);
+    real *dev[] = {c->dev_params, c->dev_grads, c->dev_x,    c->dev_dout,
+                   c->dev_y,      c->dev_dx,    c->dev_bias, c->dev_jitter};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) be->free(be, dev[i]);
+    free(c->topk_idx);
+    free(c->assign_row);
+    free(c->weights);
+    free(c->probs);
+    free(c->scores);
+}
+
+// Host -> device: x (T rows), the weights, and the bias when the test set one (w.bias, a host
+// array the test may point anywhere or change between calls).
+static void upload_inputs(moe_case *c, int T) {
+    moe_backend *be = test_backend();
+    const size_t E = c->cfg.n_experts;
+    be->copy_to_device(be, c->dev_x, c->x, (size_t)T * c->cfg.d_model * sizeof(real));
+    be->copy_to_device(be, c->dev_params, c->params, moe_weights_count(&c->cfg) * sizeof(real));
+    if (c->w.bias) {
+        if (!c->dev_bias) c->dev_bias = dev_alloc(E * sizeof(real));
+        be->copy_to_device(be, c->dev_bias, c->w.bias, E * sizeof(real));
+    }
+    c->dev_w.bias = c->w.bias ? c->dev_bias : NULL;
+}
+
+// Device -> host: y (T rows) and the layer's routing buffers of the last forward.
+static void download_forward(moe_case *c, int T) {
+    moe_backend *be = test_backend();
+    const moe_layer *L = &c->layer;
+    const size_t te = (size_t)T * c->cfg.n_experts, tk = (size_t)T * c->cfg.top_k;
+    be->copy_to_host(be, c->y, c->dev_y, (size_t)T * c->cfg.d_model * sizeof(real));
+    be->copy_to_host(be, c->topk_idx, L->topk_idx, tk * sizeof(int));
+    be->copy_to_host(be, c->assign_row, L->assign_row, tk * sizeof(int));
+    be->copy_to_host(be, c->weights, L->weights, tk * sizeof(real));
+    be->copy_to_host(be, c->probs, L->probs, te * sizeof(real));
+    be->copy_to_host(be, c->scores, L->scores, te * sizeof(real));
+}
+
+moe_status moe_case_forward(moe_case *c, int T, int training, moe_stats *stats) {
+    upload_inputs(c, T);
+    moe_status st = moe_layer_forward(&c->layer, c->dev_y, c->dev_x, &c->dev_w, T, c->seq_len,
+                                      training, stats);
+    if (!st) download_forward(c, T);
+    return st;
 }
 
 void moe_case_run(moe_case *c, moe_stats *stats) {
-    size_t nx = (size_t)c->T * c->cfg.d_model;
-    memset(c->dx, 0, nx * sizeof(real));
-    memset(c->grads, 0, moe_weights_count(&c->cfg) * sizeof(real));
-    moe_status st = moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, c->seq_len, 1, stats);
+    moe_backend *be = test_backend();
+    size_t nx = (size_t)c->T * c->cfg.d_model, nw = moe_weights_count(&c->cfg);
+    be->zero(be, c->dev_dx, nx * sizeof(real));
+    be->zero(be, c->dev_grads, nw * sizeof(real));
+    be->copy_to_device(be, c->dev_dout, c->dout, nx * sizeof(real));
+    moe_status st = moe_case_forward(c, c->T, 1, stats);
     if (st) die_status("moe_layer_forward", st);
-    st = moe_layer_backward(&c->layer, c->dx, &c->g, c->dout, c->x, &c->w, 1.0);
+    st = moe_layer_backward(&c->layer, c->dev_dx, &c->dev_g, c->dev_dout, c->dev_x, &c->dev_w,
+                            1.0);
     if (st) die_status("moe_layer_backward", st);
+    be->copy_to_host(be, c->dx, c->dev_dx, nx * sizeof(real));
+    be->copy_to_host(be, c->grads, c->dev_grads, nw * sizeof(real));
 }
 
 static double *slots[4];
@@ -149,16 +226,25 @@ void moe_routing_capture(moe_routing *r, const moe_layer *L, const real *bias) {
     r->T = T, r->E = E, r->k = k;
     r->capacity = L->stats.capacity;
     r->policy = L->cfg.drop_policy;
-    for (size_t i = 0; i < (size_t)T * E; i++) {
-        r->v[i] = (double)L->scores[i] + (bias ? (double)bias[i % E] : 0.0);
+    // the layer's buffers are backend memory: read host copies of them
+    const size_t te = (size_t)T * E, tk = (size_t)T * k;
+    real *scores = malloc(te * sizeof(real)), *weights = malloc(tk * sizeof(real));
+    int *topk_idx = malloc(tk * sizeof(int)), *assign_row = malloc(tk * sizeof(int));
+    L->be->copy_to_host(L->be, scores, L->scores, te * sizeof(real));
+    L->be->copy_to_host(L->be, weights, L->weights, tk * sizeof(real));
+    L->be->copy_to_host(L->be, topk_idx, L->topk_idx, tk * sizeof(int));
+    L->be->copy_to_host(L->be, assign_row, L->assign_row, tk * sizeof(int));
+    for (size_t i = 0; i < te; i++) {
+        r->v[i] = (double)scores[i] + (bias ? (double)bias[i % E] : 0.0);
         r->w[i] = 0;
         r->state[i] = 0;
     }
-    for (size_t s = 0; s < (size_t)T * k; s++) {
-        size_t te = (s / k) * E + L->topk_idx[s];
-        r->w[te] = L->weights[s];
-        r->state[te] = L->assign_row[s] >= 0 ? 1 : 2;
+    for (size_t s = 0; s < tk; s++) {
+        size_t idx = (s / k) * E + topk_idx[s];
+        r->w[idx] = weights[s];
+        r->state[idx] = assign_row[s] >= 0 ? 1 : 2;
     }
+    free(scores), free(weights), free(topk_idx), free(assign_row);
 }
 
 void moe_routing_free(moe_routing *r) {

@@ -1,6 +1,11 @@
-// A MoE layer set up from a fixture (config, inputs) on the CPU backend, in whichever
-// precision `real` is for the test being compiled. Shared by the fixture, property
-// and gradient-check tests.
+// A MoE layer set up from a fixture (config, inputs) on the test backend (test_backend(),
+// $MOE_TEST_DEVICE), in whichever precision `real` is for the test being compiled. Shared by
+// the fixture, property and gradient-check tests.
+//
+// The tests set inputs and weights in host arrays (x, dout, params through w, bias) and read
+// results from host arrays (y, dx, grads through g, the routing copies). The layer only ever
+// sees backend memory (dev_*): moe_case_forward / moe_case_run copy the inputs to the device
+// first and the results back after, so the case runs under "cpu-strict" too.
 #ifndef MOE_TEST_CASE_H
 #define MOE_TEST_CASE_H
 
@@ -17,6 +22,14 @@ typedef struct {
     real *x, *dout, *y, *dx; // [T, d]
     real *bias;              // [E] selection bias (fixture option), or NULL
     real *jitter;            // [T, d] router jitter noise (fixture option), or NULL
+    // backend memory: what the layer reads and writes (dev_w and dev_g view dev_params and
+    // dev_grads; dev_w.bias is dev_bias when w.bias is set)
+    real *dev_params, *dev_grads, *dev_x, *dev_dout, *dev_y, *dev_dx, *dev_bias, *dev_jitter;
+    moe_weights dev_w, dev_g;
+    // host copies of the layer's routing buffers after the last forward of the case
+    int *topk_idx, *assign_row; // [T, k]
+    real *probs, *scores;       // [T, E]
+    real *weights;              // [T, k]
 } moe_case;
 
 // Reads config and inputs (x, gate, w1, w2, w3, dout) from the fixture.
@@ -24,15 +37,19 @@ void moe_case_from_fixture(moe_case *c, const fixture *fx);
 // Allocates a case with random inputs: x, dout ~ N(0,1), weights ~ N(0, 1/fan_in).
 void moe_case_random(moe_case *c, const moe_config *cfg, int T, uint64_t seed);
 void moe_case_free(moe_case *c);
-// Forward (training) then backward with dloss = 1; zeroes dx and grads first.
+// Forward (training) then backward with dloss = 1; zeroes dx and grads first. Copies x, dout,
+// the weights and the bias to the device before, and y, dx, the grads and the routing back.
 void moe_case_run(moe_case *c, moe_stats *stats);
+// Forward only, of the first T tokens (T <= the case's T): copies x, the weights and the bias to
+// the device, runs moe_layer_forward, and on success copies y and the routing back.
+moe_status moe_case_forward(moe_case *c, int T, int training, moe_stats *stats);
 // Copies n reals to doubles (a static buffer per call slot 0..3).
 double *as_double(int slot, const real *x, size_t n);
 // Part 0 (w1) or 1 (w3) of a stacked w13 [E, 2ff, d] as [E, ff, d] doubles.
 double *w13_part_as_double(int slot, const real *w13, int part, int E, int ff, int d);
 
-// The routing of a layer's last training forward per (token, expert), read from its host
-// buffers (CPU backend): what a finite-difference gradient check must not flip. Selection
+// The routing of a layer's last training forward per (token, expert), copied from its device
+// buffers (be->copy_to_host): what a finite-difference gradient check must not flip. Selection
 // is the top-k of v = s + bias (ties: lower index); under the probs policy an over-full
 // expert keeps its `capacity` largest combine weights w (ties: earlier token). The loss is
 // smooth in the parameters as long as `state` stays the same (the order of the k choices
@@ -46,7 +63,8 @@ typedef struct {
     signed char *state;  // [T, E] 0 not selected, 1 selected and kept, 2 selected and dropped
 } moe_routing;
 
-// Fills r from L (r zeroed before the first call; reallocates when the shape changes).
+// Fills r from L (r zeroed before the first call; reallocates when the shape changes); bias is
+// a host array [E] or NULL.
 void moe_routing_capture(moe_routing *r, const moe_layer *L, const real *bias);
 void moe_routing_free(moe_routing *r);
 // Selection margin: min over tokens of v_(k) - v_(k+1), the k-th minus the (k+1)-th largest

@@ -36,9 +36,12 @@ static model_config config_from(const fixture *fx) {
 
 static size_t numel(const model_tensor *t) { return (size_t)t->rows * (t->cols ? t->cols : 1); }
 
-// Every tensor of the model, by HF name, compared with fixture tensor prefix+name.
-static void check_all_tensors(const model *m, const real *buf, const fixture *fx,
+// Every tensor of the model, by HF name, compared with fixture tensor prefix+name. dev_buf is
+// backend memory of m->n_params reals (m->params or m->grads), read through a host copy.
+static void check_all_tensors(const model *m, const real *dev_buf, const fixture *fx,
                               const char *prefix, double tol) {
+    real *buf = malloc(m->n_params * sizeof(real));
+    m->be->copy_to_host(m->be, buf, dev_buf, m->n_params * sizeof(real));
     int bad = 0;
     double worst = 0;
     const char *worst_name = "";
@@ -57,6 +60,7 @@ static void check_all_tensors(const model *m, const real *buf, const fixture *fx
         if (e > worst) worst = e, worst_name = t->name;
         free(got);
     }
+    free(buf);
     char label[200];
     snprintf(label, sizeof label, "%s* (%d tensors, worst %.2e %s)", prefix, m->n_tensors, worst,
              worst_name);
@@ -77,10 +81,13 @@ static void run_fixture(const char *path) {
         fprintf(stderr, "model_create: %s\n", moe_last_error());
         exit(1);
     }
+    real *host_params = calloc(m.n_params, sizeof(real)); // the weights, then to the device
     for (int i = 0; i < m.n_tensors; i++) {
         const fixture_tensor *w = fixture_get(&fx, m.tensors[i].name, numel(&m.tensors[i]));
-        for (size_t j = 0; j < w->count; j++) m.params[m.tensors[i].offset + j] = (real)w->data[j];
+        for (size_t j = 0; j < w->count; j++) host_params[m.tensors[i].offset + j] = (real)w->data[j];
     }
+    m.be->copy_to_device(m.be, m.params, host_params, m.n_params * sizeof(real));
+    free(host_params);
     const fixture_tensor *tok = fixture_get(&fx, "tokens", (size_t)steps * T);
     const fixture_tensor *tgt = fixture_get(&fx, "targets", (size_t)steps * T);
     int *tokens = malloc((size_t)steps * T * sizeof(int)), *targets = malloc((size_t)steps * T * sizeof(int));
@@ -98,7 +105,10 @@ static void run_fixture(const char *path) {
     check_true("dropped assignments per layer", drops_equal);
     size_t nlog = (size_t)T * cfg.vocab_size;
     double *logits = malloc(nlog * sizeof(double));
-    for (size_t i = 0; i < nlog; i++) logits[i] = m.logits[i];
+    real *host_logits = malloc(nlog * sizeof(real));
+    m.be->copy_to_host(m.be, host_logits, m.logits, nlog * sizeof(real));
+    for (size_t i = 0; i < nlog; i++) logits[i] = host_logits[i];
+    free(host_logits);
     check_rel("logits", logits, fixture_get(&fx, "logits", nlog)->data, nlog, 1e-5);
     free(logits);
     double loss = m.ce + m.aux + m.z;

@@ -12,9 +12,14 @@
 
 #define TOL 1e-5
 
+// The logits [rows, V] of the last forward or model_infer, copied from the device to doubles.
 static double *copy_logits(const model *m, int rows, int V) {
-    double *out = malloc((size_t)rows * V * sizeof(double));
-    for (size_t i = 0; i < (size_t)rows * V; i++) out[i] = m->logits[i];
+    const size_t n = (size_t)rows * V;
+    double *out = malloc(n * sizeof(double));
+    real *host = malloc(n * sizeof(real));
+    m->be->copy_to_host(m->be, host, m->logits, n * sizeof(real));
+    for (size_t i = 0; i < n; i++) out[i] = host[i];
+    free(host);
     return out;
 }
 
@@ -32,7 +37,7 @@ int main(void) {
         return 1;
     }
     model_init_weights(&train, 7, 0.3);
-    memcpy(inf.params, train.params, train.n_params * sizeof(real));
+    inf.be->copy_on_device(inf.be, inf.params, train.params, train.n_params * sizeof(real));
     check_true("inference model has no gradients and one shared MoE layer",
                inf.grads == NULL && inf.n_moe == 1 && train.n_moe == cfg.n_layers);
 
@@ -52,7 +57,9 @@ int main(void) {
     for (int p = 0; p < S; p += 5) {
         int n = p + 5 <= S ? 5 : S - p;
         if (model_infer(&inf, tokens + p, n, p)) return 1;
-        for (size_t i = 0; i < (size_t)n * V; i++) chunked[(size_t)p * V + i] = inf.logits[i];
+        double *part = copy_logits(&inf, n, V);
+        memcpy(chunked + (size_t)p * V, part, (size_t)n * V * sizeof(double));
+        free(part);
     }
     check_rel("chunked prefill (5) == unchunked", chunked, once, (size_t)S * V, TOL);
 
@@ -60,7 +67,9 @@ int main(void) {
     double *decode = malloc((size_t)S * V * sizeof(double));
     for (int p = 0; p < S; p++) {
         if (model_infer(&inf, tokens + p, 1, p)) return 1;
-        for (int i = 0; i < V; i++) decode[(size_t)p * V + i] = inf.logits[i];
+        double *row = copy_logits(&inf, 1, V);
+        memcpy(decode + (size_t)p * V, row, (size_t)V * sizeof(double));
+        free(row);
     }
     check_rel("token-by-token decode == full forward", decode, full, (size_t)S * V, TOL);
 

@@ -43,7 +43,7 @@ typedef struct {
 
 static double loss_of(moe_case *c, routing_watch *rw) {
     moe_stats st;
-    if (moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, c->seq_len, 1, &st)) {
+    if (moe_case_forward(c, c->T, 1, &st)) { // copies x and the weights to the device
         fprintf(stderr, "forward failed: %s\n", moe_last_error());
         exit(1);
     }
@@ -90,7 +90,7 @@ static int make_decisive(moe_case *c, const real *bias, uint64_t seed) {
     int redrawn = 0;
     for (;; redrawn++) {
         moe_stats st;
-        if (moe_layer_forward(&c->layer, c->y, c->x, &c->w, c->T, c->seq_len, 1, &st)) {
+        if (moe_case_forward(c, c->T, 1, &st)) {
             fprintf(stderr, "forward failed: %s\n", moe_last_error());
             exit(1);
         }

@@ -83,7 +83,7 @@ static void hand_built_drops(moe_drop_policy policy, int norm, const int *expect
     check_true("2 assignments dropped", st.dropped == 2);
     int ok = 1;
     for (int t = 0; t < 6; t++) {
-        int dropped = c.layer.assign_row[t] < 0;
+        int dropped = c.assign_row[t] < 0;
         ok &= dropped == expect_dropped[t];
         // a dropped token passes through on the residual: the layer adds exactly 0
         if (dropped) ok &= c.y[2 * t] == 0 && c.y[2 * t + 1] == 0;
@@ -102,12 +102,12 @@ static void inference_never_drops(void) {
     cfg.capacity_factor = 0.5;
     moe_case_random(&b, &cfg, 64, 14);
     moe_stats sa, sb, strain;
-    moe_layer_forward(&a.layer, a.y, a.x, &a.w, a.T, 0, 1, &sa);
-    moe_layer_forward(&b.layer, b.y, b.x, &b.w, b.T, 0, 0, &sb);
+    moe_case_forward(&a, a.T, 1, &sa);
+    moe_case_forward(&b, b.T, 0, &sb);
     check_true("dropless training == capacity-mode inference, bitwise",
                same_bits(a.y, b.y, (size_t)a.T * cfg.d_model));
     check_true("inference dropped == 0", sb.dropped == 0 && sb.capacity == 0);
-    moe_layer_forward(&b.layer, b.y, b.x, &b.w, b.T, 0, 1, &strain);
+    moe_case_forward(&b, b.T, 1, &strain);
     check_true("the same layer in training mode drops", strain.dropped > 0);
     moe_case_free(&a);
     moe_case_free(&b);
@@ -124,9 +124,9 @@ static void topk_ties_lower_index(void) {
     moe_case_run(&c, &st);
     int ok = 1;
     for (int t = 0; t < 4; t++)
-        for (int j = 0; j < 3; j++) ok &= c.layer.topk_idx[t * 3 + j] == j;
+        for (int j = 0; j < 3; j++) ok &= c.topk_idx[t * 3 + j] == j;
     check_true("topk_idx == 0,1,2 for every token", ok);
-    check_true("weights == 1/3", fabs(c.layer.weights[0] - 1.0 / 3) < 1e-7);
+    check_true("weights == 1/3", fabs(c.weights[0] - 1.0 / 3) < 1e-7);
     moe_case_free(&c);
 }
 
@@ -173,23 +173,25 @@ static void invalid_arguments(void) {
     cfg = moe_config_default(8, 8, 4, 2);
     moe_case_random(&c, &cfg, 4, 16);
     check_true("T > max_tokens refused",
-               moe_layer_forward(&c.layer, c.y, c.x, &c.w, 5, 0, 1, NULL) == MOE_EINVAL &&
+               moe_layer_forward(&c.layer, c.dev_y, c.dev_x, &c.dev_w, 5, 0, 1, NULL) == MOE_EINVAL &&
                    strstr(moe_last_error(), "max_tokens") != NULL);
     printf("    -> %s\n", moe_last_error());
     check_true("NULL input refused",
-               moe_layer_forward(&c.layer, c.y, NULL, &c.w, 4, 0, 1, NULL) == MOE_EINVAL);
-    moe_weights broken = c.w;
+               moe_layer_forward(&c.layer, c.dev_y, NULL, &c.dev_w, 4, 0, 1, NULL) == MOE_EINVAL);
+    moe_weights broken = c.dev_w;
     broken.w13 = NULL;
     check_true("missing weight refused",
-               moe_layer_forward(&c.layer, c.y, c.x, &broken, 4, 0, 1, NULL) == MOE_EINVAL);
+               moe_layer_forward(&c.layer, c.dev_y, c.dev_x, &broken, 4, 0, 1, NULL) == MOE_EINVAL);
     check_true("backward before forward refused",
-               moe_layer_backward(&c.layer, c.dx, &c.g, c.dout, c.x, &c.w, 1) == MOE_EINVAL);
-    moe_layer_forward(&c.layer, c.y, c.x, &c.w, 4, 0, 1, NULL);
+               moe_layer_backward(&c.layer, c.dev_dx, &c.dev_g, c.dev_dout, c.dev_x, &c.dev_w, 1) ==
+                   MOE_EINVAL);
+    moe_case_forward(&c, 4, 1, NULL);
     check_true("NaN dloss refused",
-               moe_layer_backward(&c.layer, c.dx, &c.g, c.dout, c.x, &c.w, NAN) == MOE_EINVAL);
+               moe_layer_backward(&c.layer, c.dev_dx, &c.dev_g, c.dev_dout, c.dev_x, &c.dev_w, NAN) ==
+                   MOE_EINVAL);
     c.x[0] = NAN;
     check_true("NaN input reported as non-finite router loss",
-               moe_layer_forward(&c.layer, c.y, c.x, &c.w, 4, 0, 1, NULL) == MOE_ENUMERIC);
+               moe_case_forward(&c, 4, 1, NULL) == MOE_ENUMERIC);
     printf("    -> %s\n", moe_last_error());
     moe_case_free(&c);
 }
@@ -210,7 +212,7 @@ static void bias_balances_skewed_router(void) {
     double first = 0, last = 0;
     for (int step = 0; step < 300; step++) {
         moe_stats st;
-        moe_layer_forward(&c.layer, c.y, c.x, &c.w, T, 0, 1, &st);
+        moe_case_forward(&c, T, 1, &st); // uploads the host bias each step
         if (step == 0) first = st.max_over_mean;
         last = st.max_over_mean;
         for (int e = 0; e < E; e++) counts[e] = st.routed[e];
@@ -246,7 +248,7 @@ static void threads_match_serial(void) {
     omp_set_num_threads(threads);
     size_t nx = (size_t)T * cfg.d_model, nw = moe_weights_count(&cfg);
     check_true("the same assignments dropped", sa.dropped == sb.dropped && sa.dropped > 0);
-    check_true("same routing", memcmp(a.layer.topk_idx, b.layer.topk_idx,
+    check_true("same routing", memcmp(a.topk_idx, b.topk_idx,
                                       (size_t)T * cfg.top_k * sizeof(int)) == 0);
     check_rel("y", as_double(0, b.y, nx), as_double(1, a.y, nx), nx, 1e-6);
     check_rel("dx", as_double(0, b.dx, nx), as_double(1, a.dx, nx), nx, 1e-6);

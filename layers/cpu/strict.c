@@ -18,8 +18,10 @@
 
 #include "layers/cpu/cpu_backend.h"
 
-// The one strict backend whose regions the signal handler searches (tests create one).
-static cpu_state *volatile strict_live;
+// The strict backends whose regions the signal handler searches: a test's own backend and,
+// side by side with it, the trainer's (test_checkpoint runs trainer_run under cpu-strict).
+#define STRICT_LIVE_MAX 8
+static cpu_state *volatile strict_live[STRICT_LIVE_MAX];
 
 static size_t page_round(size_t bytes) {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -34,35 +36,56 @@ static void protect_all(cpu_state *s, int prot) {
         }
 }
 
-// Async-signal-safe: write(2) of a fixed buffer, then the default action.
-static void on_segv(int sig, siginfo_t *info, void *ctx) {
-    (void)ctx;
-    cpu_state *s = strict_live;
-    const uintptr_t a = (uintptr_t)info->si_addr;
-    for (int i = 0; s && i < s->n_regions; i++) {
-        const uintptr_t b = (uintptr_t)s->regions[i].base;
-        if (a >= b && a < b + s->regions[i].len) {
-            char msg[160];
-            int n = snprintf(msg, sizeof msg,
-                             "cpu-strict: the host touched backend memory outside a kernel: "
-                             "address %p, byte %zu of an allocation of %zu\n",
-                             info->si_addr, (size_t)(a - b), s->regions[i].len);
-            if (n > 0 && write(2, msg, (size_t)n) < 0) break;
-            break;
+// The region of a live strict backend that holds address a, or NULL.
+static const cpu_region *region_of(uintptr_t a) {
+    for (int j = 0; j < STRICT_LIVE_MAX; j++) {
+        const cpu_state *s = strict_live[j];
+        for (int i = 0; s && i < s->n_regions; i++) {
+            const uintptr_t b = (uintptr_t)s->regions[i].base;
+            if (a >= b && a < b + s->regions[i].len) return &s->regions[i];
         }
     }
-    signal(sig, SIG_DFL);
-    raise(sig);
+    return NULL;
+}
+
+// What SIGSEGV did before the first strict backend: the default action, or a sanitizer's
+// handler (ASan installs one at start-up).
+static struct sigaction previous_segv;
+static int handler_installed;
+
+// Async-signal-safe: write(2) of a fixed buffer, then the previous handler: restored, and the
+// faulting access runs again when this returns, now into it (the default action: death by
+// SIGSEGV; ASan: its report with the stack of the access). A SIGSEGV sent by kill or raise
+// (no faulting access to run again) is raised again instead.
+static void on_segv(int sig, siginfo_t *info, void *ctx) {
+    (void)ctx;
+    const uintptr_t a = (uintptr_t)info->si_addr;
+    const cpu_region *r = info->si_code > 0 ? region_of(a) : NULL;
+    if (r) {
+        char msg[160];
+        int n = snprintf(msg, sizeof msg,
+                         "cpu-strict: the host touched backend memory outside a kernel: "
+                         "address %p, byte %zu of an allocation of %zu\n",
+                         info->si_addr, (size_t)(a - (uintptr_t)r->base), r->len);
+        if (n > 0 && write(2, msg, (size_t)n) < 0) n = 0;
+    }
+    sigaction(sig, &previous_segv, NULL);
+    if (info->si_code <= 0) raise(sig);
 }
 
 static void install_handler(cpu_state *s) {
-    strict_live = s;
+    for (int j = 0; j < STRICT_LIVE_MAX; j++)
+        if (!strict_live[j] || strict_live[j] == s) {
+            strict_live[j] = s;
+            break;
+        }
+    if (handler_installed) return;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_segv;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, NULL);
+    if (sigaction(SIGSEGV, &sa, &previous_segv) == 0) handler_installed = 1;
 }
 
 void *cpu_strict_alloc(moe_backend *be, size_t bytes) {
@@ -99,7 +122,8 @@ void cpu_strict_release(moe_backend *be) {
     for (int i = 0; i < s->n_regions; i++) munmap(s->regions[i].base, s->regions[i].len);
     free(s->regions);
     s->regions = NULL, s->n_regions = s->cap_regions = 0;
-    if (strict_live == s) strict_live = NULL;
+    for (int j = 0; j < STRICT_LIVE_MAX; j++)
+        if (strict_live[j] == s) strict_live[j] = NULL;
 }
 
 void cpu_strict_open(moe_backend *be) {

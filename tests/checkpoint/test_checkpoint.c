@@ -20,6 +20,10 @@
 
 static char work[64];
 
+static void fill(real *x, size_t n, test_rng *r, double scale) {
+    for (size_t i = 0; i < n; i++) x[i] = (real)(scale * rng_normal(r));
+}
+
 static void tiny(moe_train_config *c, const char *run) {
     moe_train_config_default(c);
     c->model.d_model = 32, c->model.n_layers = 2, c->model.n_heads = 4;
@@ -33,10 +37,28 @@ static void tiny(moe_train_config *c, const char *run) {
     c->n_text = 1;
     snprintf(c->text[0], sizeof c->text[0], "%s/corpus.txt", work);
     snprintf(c->run_dir, sizeof c->run_dir, "%s/%s", work, run);
+    // the trainer's backend: the test backend's ($MOE_TEST_DEVICE, e.g. the strict variant's
+    // "cpu-strict"), else the default
+    const char *device = getenv("MOE_TEST_DEVICE");
+    if (device && *device) snprintf(c->device, sizeof c->device, "%s", device);
 }
 
-static void fill(real *x, size_t n, test_rng *r, double scale) {
-    for (size_t i = 0; i < n; i++) x[i] = (real)(scale * rng_normal(r));
+// Fills n reals of backend memory (through a host buffer).
+static void fill_device(moe_backend *be, real *dev, size_t n, test_rng *r, double scale) {
+    real *host = malloc(n * sizeof(real));
+    fill(host, n, r, scale);
+    be->copy_to_device(be, dev, host, n * sizeof(real));
+    free(host);
+}
+
+// 1 when n reals of backend memory at a and b are bitwise equal (compared in host copies).
+static int device_equal(moe_backend *be, const real *a, const real *b, size_t n) {
+    real *ha = malloc(n * sizeof(real)), *hb = malloc(n * sizeof(real));
+    be->copy_to_host(be, ha, a, n * sizeof(real));
+    be->copy_to_host(be, hb, b, n * sizeof(real));
+    int equal = !memcmp(ha, hb, n * sizeof(real));
+    free(ha), free(hb);
+    return equal;
 }
 
 static void round_trip(void) {
@@ -54,7 +76,8 @@ static void round_trip(void) {
     optimizer_create(&ob, b.be, &oc, b.n_params, &all, 1);
     test_rng r;
     rng_seed(&r, 5);
-    fill(a.params, a.n_params, &r, 1), fill(oa.m, a.n_params, &r, 1e-3), fill(oa.v, a.n_params, &r, 1e-6);
+    fill_device(a.be, a.params, a.n_params, &r, 1), fill_device(a.be, oa.m, a.n_params, &r, 1e-3);
+    fill_device(a.be, oa.v, a.n_params, &r, 1e-6);
     oa.t = 17;
     train_state ts = {.step = 17, .skipped = 2, .consecutive_skips = 1,
                       .loader = {.seed = 0xFFFFFFFFFFFFFFF1ull, .epoch = 3, .position = 12,
@@ -86,9 +109,9 @@ static void round_trip(void) {
     st = checkpoint_load(path, &b, &ob, &back);
     if (st) printf("    -> %s\n", moe_last_error());
     check_true("load via latest succeeds", st == MOE_OK);
-    check_true("parameters bitwise", !memcmp(a.params, b.params, a.n_params * sizeof(real)));
-    check_true("AdamW moments bitwise", !memcmp(oa.m, ob.m, a.n_params * sizeof(real)) &&
-                                            !memcmp(oa.v, ob.v, a.n_params * sizeof(real)));
+    check_true("parameters bitwise", device_equal(a.be, a.params, b.params, a.n_params));
+    check_true("AdamW moments bitwise", device_equal(a.be, oa.m, ob.m, a.n_params) &&
+                                            device_equal(a.be, oa.v, ob.v, a.n_params));
     check_true("step, skips, optimizer t", back.step == 17 && back.skipped == 2 &&
                                                back.consecutive_skips == 1 && ob.t == 17);
     check_true("loader/RNG state (64-bit seed kept exactly)",
@@ -136,7 +159,7 @@ static void hf_folder_errors(void) {
     make_hf_folder(dir, &mc, &src);
     check_true("load of an exported folder is bitwise",
                infer_load(&dst, test_backend(), dir, 0, 8) == MOE_OK &&
-                   !memcmp(src.params, dst.params, src.n_params * sizeof(real)));
+                   device_equal(src.be, src.params, dst.params, src.n_params));
     model_destroy(&dst);
 
     // config.json disagreeing: every field named
@@ -284,7 +307,7 @@ static void exact_resume(void) {
     model_config mc = trainer_model_config(&c);
     mc.moe.capacity_factor = 0;
     model_create(&tr, test_backend(), &mc, 1, 32);
-    memcpy(tr.params, inf.params, inf.n_params * sizeof(real));
+    tr.be->copy_on_device(tr.be, tr.params, inf.params, inf.n_params * sizeof(real));
     int in[32], tg[32];
     for (int t = 0; t < 32; t++) in[t] = (int)val.tokens[t], tg[t] = (int)val.tokens[t + 1];
     model_forward(&tr, in, tg, 1, 32, 1);
