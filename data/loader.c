@@ -58,10 +58,13 @@ moe_status data_loader_init(data_loader *L, const token_file *tf, int batch_size
                          "token file '%s': vocab_size %u does not fit the int token ids",
                          tf->path, tf->vocab_size);
     uint64_t n_windows = (tf->count - 1) / (uint64_t)seq_len;
-    if ((uint64_t)world > n_windows)
+    uint64_t block_windows = (uint64_t)world * (uint64_t)batch_size; // one block per rank
+    if (world > 1 && n_windows < block_windows)
         return moe_error(MOE_EINVAL,
-                         "token file '%s': %llu windows of seq_len %d, fewer than the %d ranks",
-                         tf->path, (unsigned long long)n_windows, seq_len, world);
+                         "token file '%s': %llu windows of seq_len %d, fewer than the %d ranks "
+                         "x batch_size %d = %llu windows an epoch needs (one batch per rank)",
+                         tf->path, (unsigned long long)n_windows, seq_len, world, batch_size,
+                         (unsigned long long)block_windows);
     if (n_windows > SIZE_MAX / sizeof(uint64_t))
         return moe_error(MOE_ENOMEM, "token file '%s': %llu windows do not fit in memory",
                          tf->path, (unsigned long long)n_windows);
@@ -75,7 +78,9 @@ moe_status data_loader_init(data_loader *L, const token_file *tf, int batch_size
     L->rank = rank;
     L->world = world;
     L->n_windows = n_windows;
-    L->windows_per_rank = n_windows / (uint64_t)world;
+    // World 1 uses the whole epoch (batches straddle epochs); world > 1 whole blocks only.
+    L->windows_per_rank =
+        world == 1 ? n_windows : n_windows / block_windows * (uint64_t)batch_size;
     L->seed = seed;
     L->epoch = 0;
     L->taken = 0;
@@ -92,7 +97,11 @@ void data_loader_next(data_loader *L, int *inputs, int *targets) {
             L->taken = 0;
             build_permutation(L->perm, L->n_windows, L->seed, L->epoch);
         }
-        uint64_t window = L->perm[L->taken * (uint64_t)L->world + (uint64_t)L->rank];
+        // The rank's n-th block (n = taken / B) is global block n*world + rank; under world
+        // 1 the entry is just `taken` (B need not divide the epoch there).
+        uint64_t B = (uint64_t)L->batch_size;
+        uint64_t block = L->taken / B * (uint64_t)L->world + (uint64_t)L->rank;
+        uint64_t window = L->perm[block * B + L->taken % B];
         L->taken++;
         const uint32_t *src = L->tf->tokens + window * T;
         int *in = inputs + (size_t)b * T, *tg = targets + (size_t)b * T;
@@ -128,9 +137,14 @@ moe_status data_loader_set_state(data_loader *L, const data_loader_state *state)
                          "of an epoch",
                          path, (unsigned long long)state->position,
                          (unsigned long long)L->n_windows);
-    // Round up to this world's stride: skip rather than repeat when the world changed.
-    uint64_t w = (uint64_t)L->world;
-    uint64_t taken = state->position / w + (state->position % w != 0);
+    // World 1 continues at entry `position` exactly (its states are arbitrary entry counts).
+    // World w > 1 rounds up to a multiple of w*B, skipping rather than repeating when the
+    // world changed: the rank's next block is ceil(position / (w*B)) * w + rank.
+    uint64_t taken = state->position;
+    if (L->world > 1) {
+        uint64_t B = (uint64_t)L->batch_size, stride = (uint64_t)L->world * B;
+        taken = (state->position / stride + (state->position % stride != 0)) * B;
+    }
     if (taken > L->windows_per_rank) taken = L->windows_per_rank; // epoch used up
     if (state->seed != L->seed || state->epoch != L->epoch)
         build_permutation(L->perm, L->n_windows, state->seed, state->epoch);

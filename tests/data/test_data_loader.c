@@ -1,6 +1,8 @@
 // The loader: windows are shifted copies of the file, an epoch is a permutation of all
-// windows, ranks split it disjointly, the order is a function of the seed, and a saved
-// state resumes exactly (also across epochs and in a fresh loader).
+// windows, ranks split it disjointly into blocks of batch_size (one global step of w ranks
+// = w consecutive world-1 batches), the order is a function of the seed, and a saved state
+// resumes exactly (also across epochs and in a fresh loader) or, under another world, at
+// the documented block.
 // Usage: test_data_loader SCRATCH_DIR
 #include <stdint.h>
 #include <stdio.h>
@@ -144,41 +146,93 @@ static void seeds(void) {
     data_loader_free(&c);
 }
 
-static void ranks(void) {
-    printf("two ranks: disjoint shares of the same epoch order\n");
-    data_loader one, r0, r1;
-    data_loader_init(&one, &tf, 1, SEQ, 7, 0, 1);
-    data_loader_init(&r0, &tf, 2, SEQ, 7, 0, 2);
-    data_loader_init(&r1, &tf, 2, SEQ, 7, 1, 2);
-    check_true("windows per rank = 37 / 2 = 18", r0.windows_per_rank == 18);
-    int64_t all[NWIN], s0[18], s1[18];
-    draw(&one, NWIN, all);
-    check_true("rank 0 rows are shifted windows", draw(&r0, 9, s0));
-    check_true("rank 1 rows are shifted windows", draw(&r1, 9, s1));
-    int strided = 1, seen[NWIN] = {0}, disjoint = 1, covered = 0;
-    for (int p = 0; p < 18; p++) {
-        strided &= s0[p] == all[2 * p] && s1[p] == all[2 * p + 1];
-        disjoint &= !seen[s0[p]]++;
-        disjoint &= !seen[s1[p]]++;
-    }
-    for (int i = 0; i < NWIN; i++) covered += seen[i];
-    check_true("rank r takes entries j % 2 == r of the epoch order", strided);
-    check_true("ranks see disjoint windows", disjoint);
-    check_true("union = the epoch minus the 37 % 2 = 1 dropped window",
-               covered == 36 && !seen[all[36]]);
-    // Both ranks move to epoch 1 together, again disjoint.
-    data_loader_state a, b;
-    draw(&r0, 1, s0);
-    draw(&r1, 1, s1);
-    data_loader_get_state(&a, &r0);
-    data_loader_get_state(&b, &r1);
-    check_true("epoch 1 on both ranks, same state", a.epoch == 1 && b.epoch == 1 &&
-                                                        a.position == 4 && b.position == 4);
-    check_true("epoch 1: still disjoint", s0[0] != s1[0] && s0[1] != s1[1] && s0[0] != s1[1] &&
-                                              s0[1] != s1[0]);
+// The epoch orders of `seed`, from a world-1 loader with batch 1: perm[0 .. NWIN-1] is
+// epoch 0, perm[NWIN .. 2*NWIN-1] epoch 1.
+static void epoch_orders(uint64_t seed, int64_t perm[2 * NWIN]) {
+    data_loader one;
+    data_loader_init(&one, &tf, 1, SEQ, seed, 0, 1);
+    draw(&one, 2 * NWIN, perm);
     data_loader_free(&one);
-    data_loader_free(&r0);
-    data_loader_free(&r1);
+}
+
+// 1 if got[0 .. B-1] is block `block` (entries block*B .. block*B + B - 1) of the order.
+static int is_block(const int64_t *got, const int64_t *order, int block, int B) {
+    for (int i = 0; i < B; i++)
+        if (got[i] != order[block * B + i]) return 0;
+    return 1;
+}
+
+static int cmp_i64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+// World w, batch B: rank r's n-th batch of an epoch is block n*w + r of the epoch order;
+// the ranks are disjoint; one global step (batch n of each rank, in rank order) is the w
+// consecutive batches a world-1 loader with the same seed and B gives; the epoch keeps
+// floor(NWIN / (w*B)) whole blocks per rank and drops the rest; epoch 1 starts at block r.
+static void ranks(int w, int B) {
+    enum { MAXW = 4, MAXB = 5 };
+    const uint64_t seed = 7;
+    int nblk = NWIN / (w * B), used = nblk * w * B; // blocks per rank, entries kept
+    printf("%d ranks, batch %d: blocks r, r+%d, ... of one epoch order (%d per rank, %d of %d "
+           "windows kept)\n", w, B, w, nblk, used, NWIN);
+    int64_t order[2 * NWIN];
+    epoch_orders(seed, order);
+    data_loader one, r[MAXW];
+    data_loader_init(&one, &tf, B, SEQ, seed, 0, 1);
+    int ok = 1;
+    for (int k = 0; k < w; k++) ok &= data_loader_init(&r[k], &tf, B, SEQ, seed, k, w) == MOE_OK;
+    check_true("  init ok", ok);
+    check_true("  windows per rank = floor(37 / (w*B)) * B",
+               r[0].windows_per_rank == (uint64_t)(nblk * B));
+    // rank k's batches of epoch 0: ids[k][n*B .. n*B + B - 1]; world 1: single[.]
+    int64_t ids[MAXW][NWIN], single[NWIN * MAXW], step[MAXW * MAXB], ref[MAXW * MAXB];
+    int valid = 1, blocks = 1, same_step = 1, same_multiset = 1;
+    valid &= draw(&one, nblk * w, single);
+    for (int k = 0; k < w; k++) valid &= draw(&r[k], nblk, ids[k]);
+    check_true("  every row is a shifted window", valid);
+    for (int k = 0; k < w; k++)
+        for (int n = 0; n < nblk; n++) blocks &= is_block(ids[k] + n * B, order, n * w + k, B);
+    check_true("  rank r's n-th batch is block n*w + r of the epoch order", blocks);
+    for (int n = 0; n < nblk; n++) { // global step n: batch n of ranks 0 .. w-1
+        for (int k = 0; k < w; k++) memcpy(step + k * B, ids[k] + n * B, B * sizeof *step);
+        memcpy(ref, single + n * w * B, (size_t)(w * B) * sizeof *ref); // world-1 batches
+        same_step &= memcmp(step, ref, (size_t)(w * B) * sizeof *ref) == 0;
+        qsort(step, (size_t)(w * B), sizeof *step, cmp_i64);
+        qsort(ref, (size_t)(w * B), sizeof *ref, cmp_i64);
+        same_multiset &= memcmp(step, ref, (size_t)(w * B) * sizeof *ref) == 0;
+    }
+    check_true("  global step n (rank order) = world-1 batches n*w .. n*w+w-1, same seed",
+               same_step);
+    check_true("  ... and the same multiset of windows", same_multiset);
+    int seen[NWIN] = {0}, disjoint = 1, covered = 0, dropped_unseen = 1;
+    for (int k = 0; k < w; k++)
+        for (int i = 0; i < nblk * B; i++) disjoint &= !seen[ids[k][i]]++;
+    for (int i = 0; i < NWIN; i++) covered += seen[i];
+    for (int j = used; j < NWIN; j++) dropped_unseen &= !seen[order[j]];
+    check_true("  ranks see disjoint windows", disjoint);
+    check_true("  union = the first floor(37/(w*B))*w*B entries; the rest dropped",
+               covered == used && dropped_unseen);
+    // Every rank is at the end of epoch 0 with the same state; the next batch is block r of
+    // epoch 1.
+    data_loader_state st[MAXW];
+    int same_state = 1, next_epoch = 1;
+    for (int k = 0; k < w; k++) {
+        data_loader_get_state(&st[k], &r[k]);
+        same_state &= st[k].epoch == 0 && st[k].position == (uint64_t)used;
+    }
+    check_true("  end of epoch 0: every rank at position n*w*B", same_state);
+    for (int k = 0; k < w; k++) {
+        int64_t got[MAXB];
+        draw(&r[k], 1, got);
+        next_epoch &= is_block(got, order + NWIN, k, B);
+        data_loader_get_state(&st[k], &r[k]);
+        next_epoch &= st[k].epoch == 1 && st[k].position == (uint64_t)(w * B);
+    }
+    check_true("  then epoch 1 on every rank: block r, position w*B", next_epoch);
+    data_loader_free(&one);
+    for (int k = 0; k < w; k++) data_loader_free(&r[k]);
 }
 
 static void save_restore(int rank, int world, int batch) {
@@ -208,32 +262,119 @@ static void save_restore(int rank, int world, int batch) {
     data_loader_free(&fresh);
 }
 
+// A loader of world w, rank k, batch B (seed 0: the state's seed must win) restored from
+// st; draws n batches into got and returns 1 if set_state accepted the state.
+static int restored(data_loader *L, int k, int w, int B, const data_loader_state *st, int n,
+                    int64_t *got) {
+    data_loader_init(L, &tf, B, SEQ, 0, k, w);
+    int ok = data_loader_set_state(L, st) == MOE_OK;
+    draw(L, n, got);
+    return ok;
+}
+
+// None of got[0 .. n-1] is one of order[0 .. before-1] (what was consumed before the save).
+static int repeats_none(const int64_t *got, int n, const int64_t *order, int before) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < before; j++)
+            if (got[i] == order[j]) return 0;
+    return 1;
+}
+
 static void world_change(void) {
-    printf("restore under another world size continues the same epoch order\n");
-    data_loader one, r0, r1;
-    data_loader_init(&one, &tf, 1, SEQ, 5, 0, 1);
-    int64_t all[NWIN], w[2];
-    draw(&one, NWIN, all);
-    data_loader_init(&r0, &tf, 2, SEQ, 5, 0, 2);
-    draw(&r0, 3, NULL); // 6 windows per rank: position 12
+    printf("restore under another world size continues the same epoch order at a block\n");
+    int64_t order[2 * NWIN], got[2 * NWIN];
+    epoch_orders(5, order);
+    data_loader a, b;
     data_loader_state st;
-    data_loader_get_state(&st, &r0);
-    check_true("position = windows taken * world", st.position == 12);
-    data_loader_free(&one);
-    data_loader_init(&one, &tf, 1, SEQ, 0, 0, 1); // seed 0: the state's seed 5 must win
-    check_true("set_state ok", data_loader_set_state(&one, &st) == MOE_OK);
-    draw(&one, 2, w);
-    check_true("world 2 -> 1: continues at entry 12", w[0] == all[12] && w[1] == all[13]);
-    // world 1 at position 13 -> world 2: round up to 14 (skip one, repeat none).
-    data_loader_get_state(&st, &one);
-    st.position = 13;
-    data_loader_init(&r1, &tf, 1, SEQ, 0, 1, 2);
-    check_true("set_state ok", data_loader_set_state(&r1, &st) == MOE_OK);
-    draw(&r1, 1, w);
-    check_true("world 1 -> 2: rank 1 continues at entry 15", w[0] == all[15]);
-    data_loader_free(&one);
-    data_loader_free(&r0);
-    data_loader_free(&r1);
+
+    // world 2, batch 3: 2 batches per rank = blocks 0..3 -> position 12.
+    data_loader_init(&a, &tf, 3, SEQ, 5, 0, 2);
+    draw(&a, 2, NULL);
+    data_loader_get_state(&st, &a);
+    data_loader_free(&a);
+    check_true("world 2 batch 3: position = batches * world * B = 12", st.position == 12);
+    // 2 -> 1, batch 3: block ceil(12/3) = 4, then straight on through the epoch.
+    check_true("  2 -> 1: set_state ok", restored(&b, 0, 1, 3, &st, 8, got));
+    int straight = 1;
+    for (int i = 0; i < 24; i++) straight &= got[i] == order[12 + i];
+    check_true("  2 -> 1 (batch 3): continues at block 4 = entries 12, 13, ... 35", straight);
+    check_true("  2 -> 1: repeats none of entries 0..11", repeats_none(got, 24, order, 12));
+    data_loader_free(&b);
+    // 2 -> 1 with batch 5: position 12 is not a multiple of 5; world 1 takes entry 12 on.
+    check_true("  2 -> 1: set_state ok", restored(&b, 0, 1, 5, &st, 1, got));
+    check_true("  2 -> 1 (batch 5): world 1 continues at entry 12 exactly",
+               is_block(got, order + 12, 0, 5));
+    data_loader_free(&b);
+
+    // world 1, batch 1: 13 windows -> position 13 (world-1 states are any entry count).
+    data_loader_init(&a, &tf, 1, SEQ, 5, 0, 1);
+    draw(&a, 13, NULL);
+    data_loader_get_state(&st, &a);
+    data_loader_free(&a);
+    check_true("world 1: position 13", st.position == 13);
+    // 1 -> 2, batch 3: ceil(13/6) = 3 -> rank r at block 6 + r (entries 18.., 21..): skips
+    // entries 13..17 (5 = w*B - 1), repeats none.
+    int ok = 1, none = 1;
+    for (int k = 0; k < 2; k++) {
+        ok &= restored(&b, k, 2, 3, &st, 2, got);
+        ok &= is_block(got, order, 6 + k, 3) && is_block(got + 3, order, 8 + k, 3);
+        none &= repeats_none(got, 6, order, 13);
+        data_loader_state after;
+        data_loader_get_state(&after, &b);
+        ok &= after.epoch == 0 && after.position == 30;
+        data_loader_free(&b);
+    }
+    check_true("  1 -> 2 (batch 3) from 13: rank r at blocks 6+r, 8+r; position 30 after", ok);
+    check_true("  1 -> 2: repeats none of entries 0..12", none);
+    // 1 -> 2 from position 12 (a multiple of w*B = 6): blocks 4 + r, nothing skipped.
+    st.position = 12;
+    ok = 1;
+    for (int k = 0; k < 2; k++) {
+        ok &= restored(&b, k, 2, 3, &st, 1, got) && is_block(got, order, 4 + k, 3);
+        data_loader_free(&b);
+    }
+    check_true("  1 -> 2 (batch 3) from 12: rank r at block 4 + r", ok);
+    // 1 -> 2 from position 36: ceil(36/6) = 6 = the 6 blocks per rank of an epoch: used
+    // up, so the next batch is block r of epoch 1.
+    st.position = 36;
+    ok = 1;
+    for (int k = 0; k < 2; k++) {
+        ok &= restored(&b, k, 2, 3, &st, 1, got) && is_block(got, order + NWIN, k, 3);
+        data_loader_free(&b);
+    }
+    check_true("  1 -> 2 (batch 3) from 36: epoch used up, block r of epoch 1", ok);
+
+    // world 4, batch 3: one batch per rank = blocks 0..3 -> position 12.
+    data_loader_init(&a, &tf, 3, SEQ, 5, 2, 4);
+    draw(&a, 1, NULL);
+    data_loader_get_state(&st, &a);
+    data_loader_free(&a);
+    check_true("world 4 batch 3: position 12", st.position == 12);
+    // 4 -> 2, batch 3: ceil(12/6) = 2 -> rank r at block 4 + r, nothing skipped.
+    ok = 1, none = 1;
+    for (int k = 0; k < 2; k++) {
+        ok &= restored(&b, k, 2, 3, &st, 2, got);
+        ok &= is_block(got, order, 4 + k, 3) && is_block(got + 3, order, 6 + k, 3);
+        none &= repeats_none(got, 6, order, 12);
+        data_loader_free(&b);
+    }
+    check_true("  4 -> 2 (batch 3): rank r at blocks 4+r, 6+r (entries 12.. on, no skip)", ok);
+    check_true("  4 -> 2: repeats none of entries 0..11", none);
+
+    // world 2, batch 3, one batch per rank -> position 6; 2 -> 4: ceil(6/12) = 1 -> rank r
+    // at block 4 + r, skipping entries 6..11 (6 <= w*B - 1 = 11).
+    data_loader_init(&a, &tf, 3, SEQ, 5, 1, 2);
+    draw(&a, 1, NULL);
+    data_loader_get_state(&st, &a);
+    data_loader_free(&a);
+    ok = st.position == 6, none = 1;
+    for (int k = 0; k < 4; k++) {
+        ok &= restored(&b, k, 4, 3, &st, 1, got) && is_block(got, order, 4 + k, 3);
+        none &= repeats_none(got, 3, order, 6);
+        data_loader_free(&b);
+    }
+    check_true("  2 -> 4 (batch 3) from 6: rank r at block 4 + r", ok);
+    check_true("  2 -> 4: repeats none of entries 0..5", none);
 }
 
 static void refusals(void) {
@@ -249,6 +390,14 @@ static void refusals(void) {
                   "37 windows of seq_len 8, fewer than the 38 ranks");
     check_true("  world = n_windows is fine",
                data_loader_init(&L, &tf, 1, SEQ, 1, 36, 37) == MOE_OK);
+    data_loader_free(&L);
+    check_refused("world * batch_size > n_windows", data_loader_init(&L, &tf, 3, SEQ, 1, 0, 13),
+                  path, "37 windows of seq_len 8, fewer than the 13 ranks x batch_size 3 = 39");
+    check_true("  world * batch_size = 36 <= 37 is fine",
+               data_loader_init(&L, &tf, 3, SEQ, 1, 11, 12) == MOE_OK);
+    data_loader_free(&L);
+    check_true("  world 1 with batch_size > n_windows is fine (batches straddle epochs)",
+               data_loader_init(&L, &tf, 40, SEQ, 1, 0, 1) == MOE_OK);
     data_loader_free(&L);
     check_refused("window longer than the file",
                   data_loader_init(&L, &tf, 1, COUNT, 1, 0, 1), path,
@@ -309,10 +458,15 @@ int main(int argc, char **argv) {
     epochs();
     uniform_orderings();
     seeds();
-    ranks();
+    ranks(2, 1);
+    ranks(2, 3);
+    ranks(4, 1);
+    ranks(4, 3);
+    ranks(2, 5); // 3 blocks per rank, 7 windows dropped
     save_restore(0, 1, 4);
     save_restore(1, 2, 3);
     save_restore(0, 3, 1);
+    save_restore(3, 4, 3);
     world_change();
     refusals();
     token_file_free(&tf);
