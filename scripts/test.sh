@@ -16,7 +16,7 @@ phase() { echo "test.sh: $1 took $((SECONDS - start)) s"; start=$SECONDS; }
 
 # required to build and test
 packages=(build-essential cmake pkg-config libconfig-dev libopenblas-openmp-dev libcjson-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin clang-format)
 # optional: the plot test (matplotlib) and the Hugging Face check (torch for transformers);
 # without them those tests report themselves skipped
 optional=(python3-matplotlib python3-torch python3-numpy python3-venv)
@@ -48,6 +48,9 @@ fi
 # Debian's torch 1.13, and the latest 5.x on PyTorch 2.x from PyPI
 [ "${MOE_SKIP_HF:-0}" = 1 ] || { bash scripts/install_hf.sh || true; bash scripts/install_hf5.sh || true; }
 phase "packages and transformers"
+
+# Every C file formatted as .clang-format says (the message names each file and the fix).
+bash scripts/check_format.sh
 
 sanitize=${MOE_SANITIZE:-OFF}
 build=${BUILD_DIR:-build}
