@@ -30,22 +30,26 @@
 // Bounds on the products of values that size the model's and the trainer's buffers, checked
 // in 64 bits once every key is in range (each key alone is; together they could wrap an int
 // or a size_t). Counts of elements (reals, ints or longs), not bytes.
-#define MOE_CONFIG_MAX_TOKENS (INT64_C(1) << 24)      // batch_size * seq_len: tokens per
-                                                      // micro-batch (the model takes an int)
-#define MOE_CONFIG_MAX_DISPATCH INT64_C(2147483647)   // batch_size * seq_len * top_k *
-                                                      // max(d_model, d_ff): MoE rows, int-indexed
+// batch_size * seq_len: tokens per micro-batch (the model takes an int)
+#define MOE_CONFIG_MAX_TOKENS (INT64_C(1) << 24)
+// batch_size * seq_len * top_k * max(d_model, d_ff): MoE rows, int-indexed
+#define MOE_CONFIG_MAX_DISPATCH INT64_C(2147483647)
 // (no batch_size * n_heads * seq_len^2 bound: attention keeps one log-sum-exp per query row,
 // not the scores, and its scratch is O(threads * seq_len))
-#define MOE_CONFIG_MAX_LOGITS (INT64_C(1) << 36)      // batch_size * seq_len * vocab_size
-#define MOE_CONFIG_MAX_ACTIVATIONS (INT64_C(1) << 36) // n_layers * batch_size * seq_len * d_model
-#define MOE_CONFIG_MAX_COUNTS (INT64_C(1) << 26)      // grad_accum * n_layers * n_experts:
-                                                      // the trainer's per-micro-batch counts
-#define MOE_CONFIG_MAX_EVAL_TOKENS (INT64_C(1) << 36) // eval_batches * batch_size * seq_len
-#define MOE_CONFIG_MAX_EMBED (INT64_C(1) << 32)       // vocab_size * d_model (embedding, lm_head)
-#define MOE_CONFIG_MAX_ATTN_WEIGHTS (INT64_C(1) << 34) // n_layers * d_model^2 (the attention
-                                                      // weights are at most 4x this)
-#define MOE_CONFIG_MAX_EXPERT_WEIGHTS (INT64_C(1) << 34) // n_layers * n_experts * 3 * d_ff *
-                                                         // d_model (w1, w2, w3 of every expert)
+// batch_size * seq_len * vocab_size
+#define MOE_CONFIG_MAX_LOGITS (INT64_C(1) << 36)
+// n_layers * batch_size * seq_len * d_model
+#define MOE_CONFIG_MAX_ACTIVATIONS (INT64_C(1) << 36)
+// grad_accum * n_layers * n_experts: the trainer's per-micro-batch counts
+#define MOE_CONFIG_MAX_COUNTS (INT64_C(1) << 26)
+// eval_batches * batch_size * seq_len
+#define MOE_CONFIG_MAX_EVAL_TOKENS (INT64_C(1) << 36)
+// vocab_size * d_model (embedding, lm_head)
+#define MOE_CONFIG_MAX_EMBED (INT64_C(1) << 32)
+// n_layers * d_model^2 (the attention weights are at most 4x this)
+#define MOE_CONFIG_MAX_ATTN_WEIGHTS (INT64_C(1) << 34)
+// n_layers * n_experts * 3 * d_ff * d_model (w1, w2, w3 of every expert)
+#define MOE_CONFIG_MAX_EXPERT_WEIGHTS (INT64_C(1) << 34)
 
 // train.load_alert_action: what a load alert does (README "Load alerts").
 typedef enum { MOE_ALERT_WARN = 0, MOE_ALERT_STOP = 1 } moe_alert_action;
