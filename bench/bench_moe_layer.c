@@ -46,10 +46,9 @@ static void fill_normal(float *x, size_t n, float std, unsigned *seed) {
 // The expert GEMMs of forward and backward, one cblas call each per expert
 // (w1 and w3 stacked as w13 [2ff, d], as the layer stores them). Here all six GEMMs of an
 // expert run back to back; the layer runs each GEMM kind over all experts in turn.
-static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float *h13,
-                         float *act, float *ye, float *dye, float *dact, float *dh13,
-                         float *dxp, const float *w13, const float *w2, float *dw13,
-                         float *dw2) {
+static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float *h13, float *act,
+                         float *ye, float *dye, float *dact, float *dh13, float *dxp,
+                         const float *w13, const float *w2, float *dw13, float *dw2) {
     const int f2 = 2 * ff;
     // the same threading as the layer's grouped GEMM (layers/cpu/gemm.c): experts over the
     // OpenMP threads when there are at least four per thread, else threaded calls
@@ -61,13 +60,19 @@ static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float 
         const float *W13 = w13 + (size_t)e * f2 * d, *W2 = w2 + (size_t)e * d * ff;
         float *D13 = dw13 + (size_t)e * f2 * d, *D2 = dw2 + (size_t)e * d * ff;
         // forward: h13 = x W13^T, ye = act W2^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, f2, d, 1, xp + r * d, d, W13, d, 0, h13 + r * f2, f2);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d, ff, 1, act + r * ff, ff, W2, ff, 0, ye + r * d, d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, f2, d, 1, xp + r * d, d, W13, d, 0,
+                    h13 + r * f2, f2);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d, ff, 1, act + r * ff, ff, W2, ff,
+                    0, ye + r * d, d);
         // backward: dW2 += dye^T act, dact = dye W2, dW13 += dh13^T x, dx = dh13 W13
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, ff, n, 1, dye + r * d, d, act + r * ff, ff, 1, D2, ff);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, ff, d, 1, dye + r * d, d, W2, ff, 0, dact + r * ff, ff);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, f2, d, n, 1, dh13 + r * f2, f2, xp + r * d, d, 1, D13, d);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, f2, 1, dh13 + r * f2, f2, W13, d, 0, dxp + r * d, d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, ff, n, 1, dye + r * d, d,
+                    act + r * ff, ff, 1, D2, ff);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, ff, d, 1, dye + r * d, d, W2, ff,
+                    0, dact + r * ff, ff);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, f2, d, n, 1, dh13 + r * f2, f2,
+                    xp + r * d, d, 1, D13, d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, f2, 1, dh13 + r * f2, f2, W13,
+                    d, 0, dxp + r * d, d);
     }
 }
 
@@ -75,15 +80,26 @@ int main(int argc, char **argv) {
     int T = 4096, d = 512, ff = 1408, E = 8, k = 2, reps = 7, warmup = 2, json = 0;
     for (int i = 1; i < argc; i++) {
         int more = i + 1 < argc;
-        if (!strcmp(argv[i], "--T") && more) T = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--d") && more) d = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ff") && more) ff = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--E") && more) E = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--k") && more) k = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && more) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--warmup") && more) warmup = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json")) json = 1;
-        else moe_fatal("bench_moe_layer: unknown argument '%s' (--T --d --ff --E --k --reps --warmup --json)", argv[i]);
+        if (!strcmp(argv[i], "--T") && more)
+            T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--d") && more)
+            d = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ff") && more)
+            ff = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--E") && more)
+            E = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--k") && more)
+            k = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && more)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && more)
+            warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else
+            moe_fatal("bench_moe_layer: unknown argument '%s' (--T --d --ff --E --k --reps "
+                      "--warmup --json)",
+                      argv[i]);
     }
     if (reps < 1 || reps > 1000) moe_fatal("bench_moe_layer: --reps must be in [1, 1000]");
     moe_config cfg = moe_config_default(d, ff, E, k);
@@ -112,8 +128,8 @@ int main(int argc, char **argv) {
         if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
         double t1 = now();
         // the same expert GEMMs on the layer's own buffers and row counts
-        expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact,
-                     L.dh13, L.dxp, w.w13, w.w2, g.w13, g.w2);
+        expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact, L.dh13,
+                     L.dxp, w.w13, w.w2, g.w13, g.w2);
         double t2 = now();
         if (i >= warmup) t_layer[i - warmup] = t1 - t0, t_gemm[i - warmup] = t2 - t1;
     }

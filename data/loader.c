@@ -51,12 +51,11 @@ moe_status data_loader_init(data_loader *L, const token_file *tf, int batch_size
         return moe_error(MOE_EINVAL,
                          "token file '%s': %llu tokens, fewer than one window of seq_len + 1 = "
                          "%llu tokens",
-                         tf->path, (unsigned long long)tf->count,
-                         (unsigned long long)seq_len + 1);
+                         tf->path, (unsigned long long)tf->count, (unsigned long long)seq_len + 1);
     if (tf->vocab_size > 1u << 31)
         return moe_error(MOE_EINVAL,
-                         "token file '%s': vocab_size %u does not fit the int token ids",
-                         tf->path, tf->vocab_size);
+                         "token file '%s': vocab_size %u does not fit the int token ids", tf->path,
+                         tf->vocab_size);
     uint64_t n_windows = (tf->count - 1) / (uint64_t)seq_len;
     uint64_t block_windows = (uint64_t)world * (uint64_t)batch_size; // one block per rank
     if (world > 1 && n_windows < block_windows)
@@ -66,8 +65,8 @@ moe_status data_loader_init(data_loader *L, const token_file *tf, int batch_size
                          tf->path, (unsigned long long)n_windows, seq_len, world, batch_size,
                          (unsigned long long)block_windows);
     if (n_windows > SIZE_MAX / sizeof(uint64_t))
-        return moe_error(MOE_ENOMEM, "token file '%s': %llu windows do not fit in memory",
-                         tf->path, (unsigned long long)n_windows);
+        return moe_error(MOE_ENOMEM, "token file '%s': %llu windows do not fit in memory", tf->path,
+                         (unsigned long long)n_windows);
     uint64_t *perm = malloc((size_t)n_windows * sizeof *perm);
     if (!perm)
         return moe_error(MOE_ENOMEM, "token file '%s': cannot allocate the order of %llu windows",
@@ -79,8 +78,7 @@ moe_status data_loader_init(data_loader *L, const token_file *tf, int batch_size
     L->world = world;
     L->n_windows = n_windows;
     // World 1 uses the whole epoch (batches straddle epochs); world > 1 whole blocks only.
-    L->windows_per_rank =
-        world == 1 ? n_windows : n_windows / block_windows * (uint64_t)batch_size;
+    L->windows_per_rank = world == 1 ? n_windows : n_windows / block_windows * (uint64_t)batch_size;
     L->seed = seed;
     L->epoch = 0;
     L->taken = 0;

@@ -67,8 +67,8 @@ typedef struct {
     uint64_t windows_per_rank; // per epoch: n_windows under world 1, else
                                // floor(n_windows / (world*batch_size)) * batch_size
     uint64_t seed, epoch;
-    uint64_t taken;            // windows this rank took in the current epoch, <= windows_per_rank
-    uint64_t *perm;            // [n_windows] permutation of the current epoch (a cache)
+    uint64_t taken; // windows this rank took in the current epoch, <= windows_per_rank
+    uint64_t *perm; // [n_windows] permutation of the current epoch (a cache)
 } data_loader;
 
 // Refusals (MOE_EINVAL, the message names the file where it matters): batch_size or

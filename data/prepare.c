@@ -22,8 +22,8 @@ void byte_tokenize(int *tokens, const char *text, size_t n) {
 moe_status byte_detokenize(char *text, const int *tokens, size_t n) {
     for (size_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= BYTE_VOCAB_SIZE)
-            return moe_error(MOE_EINVAL, "byte_detokenize: token %zu has id %d, outside [0, %d)",
-                             i, tokens[i], BYTE_VOCAB_SIZE);
+            return moe_error(MOE_EINVAL, "byte_detokenize: token %zu has id %d, outside [0, %d)", i,
+                             tokens[i], BYTE_VOCAB_SIZE);
         text[i] = (char)(unsigned char)tokens[i];
     }
     return MOE_OK;
@@ -33,10 +33,9 @@ moe_status byte_detokenize(char *text, const int *tokens, size_t n) {
 
 int prepare_is_text_name(const char *name) {
     static const char *const names[] = {"Makefile", "README", "LICENSE"};
-    static const char *const exts[] = {".c",   ".h",    ".cc",  ".cpp",  ".hpp",  ".cu",
-                                       ".cuh", ".py",   ".md",  ".txt",  ".rst",  ".cfg",
-                                       ".conf", ".ini", ".toml", ".yaml", ".yml", ".json",
-                                       ".sh",  ".cmake", ".in"};
+    static const char *const exts[] = {".c",    ".h",    ".cc",  ".cpp",  ".hpp", ".cu",    ".cuh",
+                                       ".py",   ".md",   ".txt", ".rst",  ".cfg", ".conf",  ".ini",
+                                       ".toml", ".yaml", ".yml", ".json", ".sh",  ".cmake", ".in"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(name, names[i]) == 0) return 1;
     const char *dot = strrchr(name, '.');
@@ -205,8 +204,8 @@ moe_status data_prepare_text(const char *const *sources, int n_sources, const ch
             s = corpus_add_file(&c, sources[i]);
     }
     if (s == MOE_OK && c.n_files == 0)
-        s = moe_error(MOE_EINVAL, "prepare: no text found in %d source(s) (first: '%s')",
-                      n_sources, sources[0]);
+        s = moe_error(MOE_EINVAL, "prepare: no text found in %d source(s) (first: '%s')", n_sources,
+                      sources[0]);
 
     size_t nv = (size_t)((double)c.n * val_fraction), nt = c.n - nv;
     if (s == MOE_OK && (nv < 2 || nt < 2))

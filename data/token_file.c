@@ -33,9 +33,8 @@ moe_status token_file_write(const char *path, const uint32_t *tokens, uint64_t n
     if (vocab_size == 0) return moe_error(MOE_EINVAL, "token file '%s': vocab_size is 0", path);
     for (uint64_t i = 0; i < n; i++) {
         if (tokens[i] >= vocab_size)
-            return moe_error(MOE_EINVAL,
-                             "token file '%s': token %llu has id %u >= vocab_size %u", path,
-                             (unsigned long long)i, tokens[i], vocab_size);
+            return moe_error(MOE_EINVAL, "token file '%s': token %llu has id %u >= vocab_size %u",
+                             path, (unsigned long long)i, tokens[i], vocab_size);
     }
     const uint32_t dtype = vocab_size <= 65536u ? 2u : 4u;
 
@@ -115,8 +114,8 @@ static moe_status read_header(FILE *f, const char *path, uint64_t file_bytes, ui
                          path, (unsigned long long)file_bytes, TOKEN_FILE_HEADER_BYTES);
     if (memcmp(h, TOKEN_FILE_MAGIC, 8) != 0)
         return moe_error(MOE_EIO,
-                         "token file '%s': wrong magic (expected \"%s\"): not a token file",
-                         path, TOKEN_FILE_MAGIC);
+                         "token file '%s': wrong magic (expected \"%s\"): not a token file", path,
+                         TOKEN_FILE_MAGIC);
     uint32_t version = get_u32(h + 8);
     if (version != TOKEN_FILE_VERSION)
         return moe_error(MOE_EIO, "token file '%s': unknown version %u (this build reads %u)", path,

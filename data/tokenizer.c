@@ -21,9 +21,13 @@
 
 #define TOK_PATH 4096
 
-const char *const tokenizer_hf_files[] = {"tokenizer.json",      "tokenizer_config.json",
-                                          "special_tokens_map.json", "added_tokens.json",
-                                          "chat_template.jinja", "chat_template.json", NULL};
+const char *const tokenizer_hf_files[] = {"tokenizer.json",
+                                          "tokenizer_config.json",
+                                          "special_tokens_map.json",
+                                          "added_tokens.json",
+                                          "chat_template.jinja",
+                                          "chat_template.json",
+                                          NULL};
 
 static int readable_file(const char *path) {
     struct stat st;
@@ -81,8 +85,10 @@ moe_status hf_tokenizer_script(char *path, size_t n) {
         return MOE_OK;
     }
 #endif
-    return moe_error(MOE_EIO, "hf_tokenizer.py not found: looked at %s and %s; set "
-                     "MOE_TOKENIZER_SCRIPT to the script (scripts/hf_tokenizer.py)", installed, source);
+    return moe_error(MOE_EIO,
+                     "hf_tokenizer.py not found: looked at %s and %s; set "
+                     "MOE_TOKENIZER_SCRIPT to the script (scripts/hf_tokenizer.py)",
+                     installed, source);
 }
 
 // The last non-empty line of text (into line, truncated).
@@ -95,7 +101,8 @@ static void last_line(char *line, size_t n, const char *text, size_t len) {
 
 // The child: stdin/stdout/stderr onto the pipes, then exec. Never returns.
 static _Noreturn void run_child(char **argv, const int in[2], const int out[2], const int err[2]) {
-    signal(SIGPIPE, SIG_DFL); // the parent ignores it while it runs us; an ignored signal survives exec
+    signal(SIGPIPE,
+           SIG_DFL); // the parent ignores it while it runs us; an ignored signal survives exec
     dup2(in[0], 0);
     if (out[1] >= 0) dup2(out[1], 1);
     dup2(err[1], 2);
@@ -104,8 +111,10 @@ static _Noreturn void run_child(char **argv, const int in[2], const int out[2], 
         if (out[i] >= 0) close(out[i]);
     }
     execvp(argv[0], argv);
-    fprintf(stderr, "cannot run %s: %s (set MOE_PYTHON to a python 3 that has the tokenizers "
-            "package)\n", argv[0], strerror(errno));
+    fprintf(stderr,
+            "cannot run %s: %s (set MOE_PYTHON to a python 3 that has the tokenizers "
+            "package)\n",
+            argv[0], strerror(errno));
     _exit(127);
 }
 
@@ -114,8 +123,10 @@ static _Noreturn void run_child(char **argv, const int in[2], const int out[2], 
 static moe_status pump(int fd_in, const char *in, size_t n_in, int fd_out, buf *out, int fd_err,
                        buf *err) {
     size_t sent = 0;
-    if (n_in == 0) close(fd_in), fd_in = -1;
-    else fcntl(fd_in, F_SETFL, fcntl(fd_in, F_GETFL) | O_NONBLOCK);
+    if (n_in == 0)
+        close(fd_in), fd_in = -1;
+    else
+        fcntl(fd_in, F_SETFL, fcntl(fd_in, F_GETFL) | O_NONBLOCK);
     int ok = 1;
     char chunk[65536];
     while (fd_in >= 0 || fd_out >= 0 || fd_err >= 0) {
@@ -129,7 +140,8 @@ static moe_status pump(int fd_in, const char *in, size_t n_in, int fd_out, buf *
             ssize_t w = write(fd_in, in + sent, n_in - sent);
             if (w > 0) sent += (size_t)w;
             // EPIPE: the child stopped reading (it failed; its status says why)
-            if ((w < 0 && errno != EAGAIN && errno != EINTR) || sent == n_in) close(fd_in), fd_in = -1;
+            if ((w < 0 && errno != EAGAIN && errno != EINTR) || sent == n_in)
+                close(fd_in), fd_in = -1;
         }
         for (int i = 1; i < 3; i++) {
             int *fd = i == 1 ? &fd_out : &fd_err;
@@ -150,7 +162,8 @@ static moe_status pump(int fd_in, const char *in, size_t n_in, int fd_out, buf *
     if (fd_in >= 0) close(fd_in);
     if (fd_out >= 0) close(fd_out);
     if (fd_err >= 0) close(fd_err);
-    return ok ? MOE_OK : moe_error(MOE_ENOMEM, "hf_tokenizer: out of memory reading the script's output");
+    return ok ? MOE_OK
+              : moe_error(MOE_ENOMEM, "hf_tokenizer: out of memory reading the script's output");
 }
 
 moe_status hf_tokenizer_run(const char *const *args, int n_args, const char *in, size_t n_in,
@@ -205,9 +218,13 @@ moe_status hf_tokenizer_run(const char *const *args, int n_args, const char *in,
         last_line(line, sizeof line, e.p ? e.p : "", e.n);
         if (!st && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
             char how[64];
-            if (WIFEXITED(status)) snprintf(how, sizeof how, "exit status %d", WEXITSTATUS(status));
-            else snprintf(how, sizeof how, "killed by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-            st = moe_error(MOE_EIO, "`%s` failed (%s): %s", cmd, how, line[0] ? line : "(no message)");
+            if (WIFEXITED(status))
+                snprintf(how, sizeof how, "exit status %d", WEXITSTATUS(status));
+            else
+                snprintf(how, sizeof how, "killed by signal %d",
+                         WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+            st = moe_error(MOE_EIO, "`%s` failed (%s): %s", cmd, how,
+                           line[0] ? line : "(no message)");
         } else if (!st && e.n) {
             fwrite(e.p, 1, e.n, stderr); // warnings of a successful run
         }
@@ -273,7 +290,8 @@ moe_status hf_tokenizer_decode(const char *tok_dir, const int *ids, int n_ids, c
     buf in = {0};
     char num[16];
     int ok = buf_add(&in, "", 0);
-    for (int i = 0; i < n_ids && ok; i++) ok = buf_add(&in, num, (size_t)snprintf(num, sizeof num, "%d ", ids[i]));
+    for (int i = 0; i < n_ids && ok; i++)
+        ok = buf_add(&in, num, (size_t)snprintf(num, sizeof num, "%d ", ids[i]));
     if (!ok) {
         free(in.p);
         return moe_error(MOE_ENOMEM, "hf_tokenizer decode: out of memory");
@@ -295,13 +313,17 @@ moe_status hf_tokenizer_prepare(const char *tok_dir, const char *const *sources,
     if (!args || !owned) st = moe_error(MOE_ENOMEM, "prepare: out of memory");
     char vf[40];
     for (int p = 1; p <= 17; p++) // the shortest form that reads back exactly ("0.1")
-        if (snprintf(vf, sizeof vf, "%.*g", p, val_fraction) > 0 && strtod(vf, NULL) == val_fraction) break;
+        if (snprintf(vf, sizeof vf, "%.*g", p, val_fraction) > 0 &&
+            strtod(vf, NULL) == val_fraction)
+            break;
     const char *names[] = {"tokenizer", "out", "val-fraction"}, *values[] = {tok_dir, out_dir, vf};
     for (int i = 0; i < n_args - 1 && !st; i++) {
         const char *name = i < 3 ? names[i] : "text", *value = i < 3 ? values[i] : sources[i - 3];
         size_t n = strlen(name) + strlen(value) + 4;
-        if (!(owned[i] = malloc(n))) st = moe_error(MOE_ENOMEM, "prepare: out of memory");
-        else args[i + 1] = opt(owned[i], n, name, value);
+        if (!(owned[i] = malloc(n)))
+            st = moe_error(MOE_ENOMEM, "prepare: out of memory");
+        else
+            args[i + 1] = opt(owned[i], n, name, value);
     }
     if (!st) {
         args[0] = "prepare";
@@ -339,9 +361,12 @@ static unsigned byte_symbol(int b) {
 
 // The symbol as a JSON string body (UTF-8; '"' and '\\' escaped).
 static void symbol_json(char *out, unsigned u) {
-    if (u == '"' || u == '\\') out[0] = '\\', out[1] = (char)u, out[2] = 0;
-    else if (u < 0x80) out[0] = (char)u, out[1] = 0;
-    else out[0] = (char)(0xC0 | (u >> 6)), out[1] = (char)(0x80 | (u & 0x3F)), out[2] = 0;
+    if (u == '"' || u == '\\')
+        out[0] = '\\', out[1] = (char)u, out[2] = 0;
+    else if (u < 0x80)
+        out[0] = (char)u, out[1] = 0;
+    else
+        out[0] = (char)(0xC0 | (u >> 6)), out[1] = (char)(0x80 | (u & 0x3F)), out[2] = 0;
 }
 
 const char *tokenizer_byte_json(void) {
@@ -395,10 +420,9 @@ moe_status tokenizer_write_byte_hf(const char *dir) {
     moe_status st = file_write_synced(p, json, strlen(json));
     if (st) return st;
     // model_max_length: transformers' "no limit" value, which it writes itself
-    static const char config[] =
-        "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n"
-        "  \"model_max_length\": 1000000000000000019884624838656,\n"
-        "  \"clean_up_tokenization_spaces\": false\n}\n";
+    static const char config[] = "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n"
+                                 "  \"model_max_length\": 1000000000000000019884624838656,\n"
+                                 "  \"clean_up_tokenization_spaces\": false\n}\n";
     join(p, sizeof p, dir, "tokenizer_config.json");
     return file_write_synced(p, config, sizeof config - 1);
 }
@@ -465,10 +489,12 @@ static int token_id(const cJSON *tok, const char *text) {
     cJSON_ArrayForEach(e, added) {
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-        if (cJSON_IsString(c) && cJSON_IsNumber(id) && !strcmp(c->valuestring, text)) return id->valueint;
+        if (cJSON_IsString(c) && cJSON_IsNumber(id) && !strcmp(c->valuestring, text))
+            return id->valueint;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(tok, "model");
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "vocab"), text);
+    const cJSON *id =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "vocab"), text);
     return cJSON_IsNumber(id) && id->valueint >= 0 ? id->valueint : -1;
 }
 
@@ -538,14 +564,16 @@ static void init_folder(char *dir, size_t n, const char *init_from) {
     free(text);
 }
 
-moe_status tokenizer_for_run(char *dir, size_t n, const char *data_tokenizer,
-                             const char *init_from, int *from_init) {
+moe_status tokenizer_for_run(char *dir, size_t n, const char *data_tokenizer, const char *init_from,
+                             int *from_init) {
     dir[0] = '\0';
     if (from_init) *from_init = 0;
     if (data_tokenizer && data_tokenizer[0]) {
         if (!tokenizer_has_hf(data_tokenizer))
-            return moe_error(MOE_EINVAL, "data.tokenizer = \"%s\": no %s/tokenizer.json (a Hugging "
-                             "Face tokenizer folder holds one)", data_tokenizer, data_tokenizer);
+            return moe_error(MOE_EINVAL,
+                             "data.tokenizer = \"%s\": no %s/tokenizer.json (a Hugging "
+                             "Face tokenizer folder holds one)",
+                             data_tokenizer, data_tokenizer);
         if (!tokenizer_is_byte_hf(data_tokenizer)) snprintf(dir, n, "%s", data_tokenizer);
         return MOE_OK;
     }
@@ -568,9 +596,11 @@ moe_status tokenizer_check_data(const char *token_file, const char *tok, unsigne
     const int has = tokenizer_has_hf(folder) && !tokenizer_is_byte_hf(folder);
     if (!tok[0]) {
         if (has)
-            return moe_error(MOE_EINVAL, "prepared with the tokenizer of %s/tokenizer.json, but the "
+            return moe_error(MOE_EINVAL,
+                             "prepared with the tokenizer of %s/tokenizer.json, but the "
                              "run has the byte tokenizer: set data.tokenizer = \"%s\" (or prepare "
-                             "the text again without --tokenizer)", folder, folder);
+                             "the text again without --tokenizer)",
+                             folder, folder);
         return MOE_OK;
     }
     if (has) {
@@ -578,14 +608,17 @@ moe_status tokenizer_check_data(const char *token_file, const char *tok, unsigne
         moe_status st = tokenizer_same_hf(folder, tok, &same);
         if (st) return st;
         if (!same)
-            return moe_error(MOE_EINVAL, "prepared with another tokenizer: %s/tokenizer.json "
+            return moe_error(MOE_EINVAL,
+                             "prepared with another tokenizer: %s/tokenizer.json "
                              "differs from the run's %s/tokenizer.json (delete the token files to "
                              "prepare data.text again, or set data.tokenizer to that tokenizer)",
                              folder, tok);
     } else if (vocab_size == 256 && !tokenizer_has_hf(folder)) {
-        return moe_error(MOE_EINVAL, "byte-tokenized token files (vocabulary 256, no tokenizer.json "
+        return moe_error(MOE_EINVAL,
+                         "byte-tokenized token files (vocabulary 256, no tokenizer.json "
                          "beside them), but the run's tokenizer is %s: delete them to prepare "
-                         "data.text again with it, or name other token files", tok);
+                         "data.text again with it, or name other token files",
+                         tok);
     }
     return MOE_OK;
 }

@@ -91,8 +91,8 @@ moe_status tokenizer_write_generation_config(const char *src_dir, const char *to
 // else train.init_from's folder (a folder, or a `latest` file naming one) when that holds a
 // tokenizer.json other than the byte tokenizer's, else "" (the byte tokenizer). *from_init
 // (may be NULL) = 1 in the second case.
-moe_status tokenizer_for_run(char *dir, size_t n, const char *data_tokenizer,
-                             const char *init_from, int *from_init);
+moe_status tokenizer_for_run(char *dir, size_t n, const char *data_tokenizer, const char *init_from,
+                             int *from_init);
 
 // The token files beside token_file (its folder) were made by the run's tokenizer tok (""
 // = the byte tokenizer). MOE_EINVAL when that folder holds another tokenizer's

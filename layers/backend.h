@@ -103,13 +103,13 @@ struct moe_backend {
     void (*expert_matmul_forward)(moe_backend *be, real *out, const real *inp, const real *weight,
                                   const int *offsets, int n_experts, int n_out, int n_in);
     // dinp[r,:] (= or +=) dout[r,:] @ weight[e]     dinp [N, n_in], dout [N, n_out]
-    void (*expert_matmul_backward_input)(moe_backend *be, real *dinp, const real *dout, const real *weight,
-                                         const int *offsets, int n_experts, int n_out,
-                                         int n_in, int accumulate);
+    void (*expert_matmul_backward_input)(moe_backend *be, real *dinp, const real *dout,
+                                         const real *weight, const int *offsets, int n_experts,
+                                         int n_out, int n_in, int accumulate);
     // dweight[e] += dout[rows_e]^T @ inp[rows_e]    dweight [E, n_out, n_in]
-    void (*expert_matmul_backward_weight)(moe_backend *be, real *dweight, const real *dout, const real *inp,
-                                          const int *offsets, int n_experts, int n_out,
-                                          int n_in);
+    void (*expert_matmul_backward_weight)(moe_backend *be, real *dweight, const real *dout,
+                                          const real *inp, const int *offsets, int n_experts,
+                                          int n_out, int n_in);
 
     // ---- router ----------------------------------------------------------
     // Scores: softmax p = softmax(z), or sigmoid s = sigmoid(z); probs s' = the per-token
@@ -117,16 +117,17 @@ struct moe_backend {
     // Top-k of s + bias (bias may be NULL; ties: lower expert index), in descending order;
     // weights = route_scale * s_sel / sum(s_sel) when norm_topk_prob, else route_scale * s_sel.
     // scores, probs [T,E]; lse [T]; topk_idx, weights [T,k]; logits [T,E]; bias [E]
-    void (*router_topk)(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx, real *weights,
-                        const real *logits, const real *bias, int T, int E, int k,
+    void (*router_topk)(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
+                        real *weights, const real *logits, const real *bias, int T, int E, int k,
                         moe_scoring scoring, int norm_topk_prob, real route_scale);
 
     // counts[e] = number of top-k assignments to expert e.   counts [E]; topk_idx [T,k]
-    void (*moe_dispatch_counts)(moe_backend *be, int *counts, const int *topk_idx, int T, int k, int E);
+    void (*moe_dispatch_counts)(moe_backend *be, int *counts, const int *topk_idx, int T, int k,
+                                int E);
     // The same per sequence: tokens are T / seq_len sequences of seq_len consecutive tokens.
     // seq_counts [T/seq_len, E]
-    void (*moe_seq_counts)(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
-                           int seq_len);
+    void (*moe_seq_counts)(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k,
+                           int E, int seq_len);
 
     // keep[t,j] = 1 if assignment (t,j) survives the capacity limit, else 0.
     // capacity <= 0 keeps everything. scratch [2*T*k] ints.
@@ -143,7 +144,8 @@ struct moe_backend {
 
     // ---- data movement ---------------------------------------------------
     // xp[r,:] = x[row_token[r],:]                          xp [N,d]; x [T,d]
-    void (*moe_permute)(moe_backend *be, real *xp, const real *x, const int *row_token, int N, int d);
+    void (*moe_permute)(moe_backend *be, real *xp, const real *x, const int *row_token, int N,
+                        int d);
     // Row blocks: for each chunk c, dst rows [chunks[c].dst, +rows) = src rows [chunks[c].src,
     // +rows), rows of d reals (the expert-parallel reorder between [source rank][local expert]
     // and [local expert][source rank]). chunks is a HOST array of n_chunks; blocks never overlap.
@@ -153,12 +155,12 @@ struct moe_backend {
     void (*moe_combine_forward)(moe_backend *be, real *out, const real *y, const real *weights,
                                 const int *assign_row, int T, int k, int d);
     // dy[r,:] = weights[t,j] * dout[t,:]; dweights[t,j] = dout[t,:] . y[r,:] (0 if dropped)
-    void (*moe_combine_backward)(moe_backend *be, real *dy, real *dweights, const real *dout, const real *y,
-                                 const real *weights, const int *assign_row, int T, int k,
-                                 int d);
+    void (*moe_combine_backward)(moe_backend *be, real *dy, real *dweights, const real *dout,
+                                 const real *y, const real *weights, const int *assign_row, int T,
+                                 int k, int d);
     // dx[t,:] += sum_j dxp[assign_row[t,j],:] (kept only)     dx [T,d]; dxp [N,d]
-    void (*moe_unpermute_add)(moe_backend *be, real *dx, const real *dxp, const int *assign_row, int T, int k,
-                              int d);
+    void (*moe_unpermute_add)(moe_backend *be, real *dx, const real *dxp, const int *assign_row,
+                              int T, int k, int d);
 
     // ---- SwiGLU ----------------------------------------------------------
     // Rows of h13 [N, 2ff] are [h1 | h3]. act = silu(h1) * h3, silu(a) = a * sigmoid(a).
@@ -166,25 +168,26 @@ struct moe_backend {
     void (*swiglu_forward)(moe_backend *be, real *act, const real *h13, int N, int ff);
     // dh13 = [dh1 | dh3]: dh1 = dact * h3 * silu'(h1), dh3 = dact * silu(h1),
     // silu'(a) = s * (1 + a * (1 - s)), s = sigmoid(a).   dh13 [N, 2ff]; dact [N, ff]
-    void (*swiglu_backward)(moe_backend *be, real *dh13, const real *dact, const real *h13, int N, int ff);
+    void (*swiglu_backward)(moe_backend *be, real *dh13, const real *dact, const real *h13, int N,
+                            int ff);
 
     // ---- router losses ---------------------------------------------------
     // With s' = probs, f_e = counts[e]/(k T), P_e = mean_t s'_e, B = T / seq_len sequences:
     // out [MOE_LOSS_SLOTS], one value per moe_loss_slot: out[MOE_LOSS_AUX] = L_aux, ...
     // (per-sequence f and P for L_seq; seq_counts is read only when seq_aux_coef != 0)
-    void (*router_losses)(moe_backend *be, real *out, const real *probs, const real *logits, const real *lse,
-                          const int *counts, const int *seq_counts, int T, int E, int k,
-                          int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
+    void (*router_losses)(moe_backend *be, real *out, const real *probs, const real *logits,
+                          const real *lse, const int *counts, const int *seq_counts, int T, int E,
+                          int k, int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
 
     // Gradient of the layer's loss w.r.t. the router logits (written to dlogits [T,E]):
     //   dweights through the combine weights (renormalisation, route_scale), + dloss * the
     //   aux and sequence aux gradients (through P only), through the scoring function, +
     //   dloss * (2 z_coef / T) lse(t) softmax(z)_e (z-loss).
-    void (*router_backward)(moe_backend *be, real *dlogits, const real *dweights, const real *scores,
-                            const real *probs, const real *logits, const real *lse,
-                            const int *topk_idx, const real *weights, const int *counts,
-                            const int *seq_counts, int T, int E, int k, int seq_len,
-                            moe_scoring scoring, int norm_topk_prob, real route_scale,
+    void (*router_backward)(moe_backend *be, real *dlogits, const real *dweights,
+                            const real *scores, const real *probs, const real *logits,
+                            const real *lse, const int *topk_idx, const real *weights,
+                            const int *counts, const int *seq_counts, int T, int E, int k,
+                            int seq_len, moe_scoring scoring, int norm_topk_prob, real route_scale,
                             real aux_coef, real seq_aux_coef, real z_coef, real dloss);
 
     // Router input jitter: u[i] ~ U(lo, hi), a counter-based function of (key, i), so any
@@ -195,17 +198,19 @@ struct moe_backend {
 
     // ---- dense model layers ----------------------------------------------
     // out[t,:] = embed[tokens[t],:]                      out [T,d]; embed [V,d]
-    void (*embedding_forward)(moe_backend *be, real *out, const int *tokens, const real *embed, int T, int d);
+    void (*embedding_forward)(moe_backend *be, real *out, const int *tokens, const real *embed,
+                              int T, int d);
     // dembed[tokens[t],:] += dout[t,:]
-    void (*embedding_backward)(moe_backend *be, real *dembed, const real *dout, const int *tokens, int T, int d);
+    void (*embedding_backward)(moe_backend *be, real *dembed, const real *dout, const int *tokens,
+                               int T, int d);
 
     // out = inp * rstd * weight, rstd[t] = 1 / sqrt(mean_i inp[t,i]^2 + eps)
     // out [T,d]; rstd [T]; inp [T,d]; weight [d]
-    void (*rmsnorm_forward)(moe_backend *be, real *out, real *rstd, const real *inp, const real *weight, int T,
-                            int d, real eps);
+    void (*rmsnorm_forward)(moe_backend *be, real *out, real *rstd, const real *inp,
+                            const real *weight, int T, int d, real eps);
     // dinp += rstd * (w*dout - n * mean_i(w*dout*n)), n = inp*rstd; dweight += sum_t dout*n
-    void (*rmsnorm_backward)(moe_backend *be, real *dinp, real *dweight, const real *dout, const real *inp,
-                             const real *weight, const real *rstd, int T, int d);
+    void (*rmsnorm_backward)(moe_backend *be, real *dinp, real *dweight, const real *dout,
+                             const real *inp, const real *weight, const real *rstd, int T, int d);
 
     // Rotary embedding, HF rotate_half convention, on the first n_rot heads of each row of
     // n_heads heads of size hd (the q and k heads of a qkv row; v is copied unchanged).
@@ -213,8 +218,8 @@ struct moe_backend {
     //   a' = a cos - b sin, b' = b cos + a sin,  angle = pos * theta^(-2i/hd)
     // inverse=1 rotates by -angle (the backward). out, inp [T, n_heads*hd];
     // cos, sin [max_pos, hd/2]
-    void (*rope)(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin, int T, int S,
-                 int pos0, int n_rot, int n_heads, int hd, int inverse);
+    void (*rope)(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin,
+                 int T, int S, int pos0, int n_rot, int n_heads, int hd, int inverse);
 
     // Causal self-attention with GQA, flash-style: nothing of size S x S is kept.
     // Rows qkv [T = B*S, (H + 2KV)*hd] = [q | k | v]; query head h uses kv head h / (H/KV).
@@ -223,16 +228,16 @@ struct moe_backend {
     // out [T, H*hd] = o; lse [B, H, S] (saved for the backward, with out);
     // scratch [scratch_size] reals of work space, scratch_size >= attention_scratch_size(S)
     // (the CPU: one [2, 64, S] slot per thread, threads beyond the slots stay idle).
-    void (*attention_forward)(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S, int H,
-                              int KV, int hd, real *scratch, size_t scratch_size);
+    void (*attention_forward)(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
+                              int H, int KV, int hd, real *scratch, size_t scratch_size);
     // Recomputes P = exp(S - lse) block by block (FlashAttention-2 backward):
     //   D_i = do_i . o_i,  dP = do v^T,  dS = P * (dP - D),
     //   dq = dS k hd^-1/2,  dk = dS^T q hd^-1/2,  dv = P^T do  (kv heads sum their query heads)
     // dqkv [T, (H+2KV)*hd] (written); dout, out [T, H*hd]; qkv [T, (H+2KV)*hd]; lse [B, H, S];
     // scratch as for the forward. Deterministic: fixed summation order, no atomics.
-    void (*attention_backward)(moe_backend *be, real *dqkv, const real *dout, const real *qkv, const real *out,
-                               const real *lse, int B, int S, int H, int KV, int hd,
-                               real *scratch, size_t scratch_size);
+    void (*attention_backward)(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
+                               const real *out, const real *lse, int B, int S, int H, int KV,
+                               int hd, real *scratch, size_t scratch_size);
     // Reals of scratch that attention_forward/backward need for sequences of up to S tokens
     // with the backend's current thread count (CPU: threads x 2 x 64 x S).
     size_t (*attention_scratch_size)(moe_backend *be, int S);
@@ -246,15 +251,15 @@ struct moe_backend {
                                      int H, int KV, int hd);
     // Copies the k and v parts of qkv rows [n, (H+2KV)*hd] into the caches at rows
     // pos0..pos0+n-1 (k_cache, v_cache [max_pos, KV*hd]).
-    void (*kv_cache_append)(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n, int pos0,
-                            int H, int KV, int hd);
+    void (*kv_cache_append)(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n,
+                            int pos0, int H, int KV, int hd);
 
     // losses[t] = logsumexp(logits[t]) - logits[t, targets[t]]     logits [T,V]
-    void (*cross_entropy_forward)(moe_backend *be, real *losses, const real *logits, const int *targets, int T,
-                                  int V);
+    void (*cross_entropy_forward)(moe_backend *be, real *losses, const real *logits,
+                                  const int *targets, int T, int V);
     // dlogits[t,:] = dloss * (softmax(logits[t]) - onehot(targets[t]))
-    void (*cross_entropy_backward)(moe_backend *be, real *dlogits, const real *logits, const int *targets, int T,
-                                   int V, real dloss);
+    void (*cross_entropy_backward)(moe_backend *be, real *dlogits, const real *logits,
+                                   const int *targets, int T, int V, real dloss);
 
     // ---- elementwise and reductions --------------------------------------
     // out = a + b (out may alias a or b)                                 all [n]
@@ -268,11 +273,12 @@ struct moe_backend {
     // AdamW (decoupled weight decay, as torch.optim.AdamW), with g = grad_scale * grads:
     //   p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     //   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t
-    void (*adamw_update)(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n, real lr,
-                         real beta1, real beta2, real eps, real weight_decay, real bc1,
-                         real bc2, real grad_scale);
+    void (*adamw_update)(moe_backend *be, real *params, real *m, real *v, const real *grads,
+                         size_t n, real lr, real beta1, real beta2, real eps, real weight_decay,
+                         real bc1, real bc2, real grad_scale);
     // SGD without momentum: p -= lr * grad_scale * g
-    void (*sgd_update)(moe_backend *be, real *params, const real *grads, size_t n, real lr, real grad_scale);
+    void (*sgd_update)(moe_backend *be, real *params, const real *grads, size_t n, real lr,
+                       real grad_scale);
 };
 
 // The backend named `name` ("cpu", "cpu-strict"; see moe_backend_names), created with opt

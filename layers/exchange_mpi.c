@@ -13,8 +13,8 @@
 
 typedef struct {
     MPI_Comm comm;
-    int owns_mpi;          // the world: finalises MPI when destroyed
-    void *stage[2];        // host staging for backend memory that is not host memory
+    int owns_mpi;   // the world: finalises MPI when destroyed
+    void *stage[2]; // host staging for backend memory that is not host memory
     size_t stage_bytes[2];
 } mpi_state;
 

@@ -6,8 +6,10 @@ moe_status moe_comm_world(moe_comm **out) {
     *out = NULL;
     const int n = moe_launch_size();
     if (n > 1)
-        return moe_error(MOE_EINVAL, "exchange: started as one of %d ranks (mpirun), but this "
+        return moe_error(MOE_EINVAL,
+                         "exchange: started as one of %d ranks (mpirun), but this "
                          "build has no MPI: configure with -DMOE_MPI=ON (Debian: libopenmpi-dev) "
-                         "or run one process", n);
+                         "or run one process",
+                         n);
     return moe_comm_single(out);
 }

@@ -9,8 +9,10 @@
 #include <string.h>
 
 moe_status model_config_check(const model_config *c) {
-    if (c->vocab_size < 2) return moe_error(MOE_EINVAL, "model: vocab_size=%d must be >= 2", c->vocab_size);
-    if (c->n_layers < 1) return moe_error(MOE_EINVAL, "model: n_layers=%d must be >= 1", c->n_layers);
+    if (c->vocab_size < 2)
+        return moe_error(MOE_EINVAL, "model: vocab_size=%d must be >= 2", c->vocab_size);
+    if (c->n_layers < 1)
+        return moe_error(MOE_EINVAL, "model: n_layers=%d must be >= 1", c->n_layers);
     if (c->n_heads < 1 || c->d_model % c->n_heads)
         return moe_error(MOE_EINVAL, "model: d_model=%d is not a multiple of n_heads=%d",
                          c->d_model, c->n_heads);
@@ -20,7 +22,8 @@ moe_status model_config_check(const model_config *c) {
     if ((c->d_model / c->n_heads) % 2)
         return moe_error(MOE_EINVAL, "model: head_dim=%d must be even (RoPE pairs)",
                          c->d_model / c->n_heads);
-    if (c->max_seq_len < 1) return moe_error(MOE_EINVAL, "model: max_seq_len=%d must be >= 1", c->max_seq_len);
+    if (c->max_seq_len < 1)
+        return moe_error(MOE_EINVAL, "model: max_seq_len=%d must be >= 1", c->max_seq_len);
     if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
         return moe_error(MOE_EINVAL, "model: rope_theta=%g must be > 0", c->rope_theta);
     if (!(c->rms_norm_eps > 0) || !isfinite(c->rms_norm_eps))
@@ -54,8 +57,10 @@ static size_t params_layout(params_offsets *o, const model_config *c, int El, si
     TAKE(moe_norm, L * d);
     TAKE(router, L * E * d);
     TAKE(final_norm, d);
-    if (c->tie_embeddings) o->lm_head = o->embed;
-    else TAKE(lm_head, V * d);
+    if (c->tie_embeddings)
+        o->lm_head = o->embed;
+    else
+        TAKE(lm_head, V * d);
     if (n_dense) *n_dense = off;
     TAKE(w13, L * (size_t)El * 2 * ff * d);
     TAKE(w2, L * (size_t)El * d * ff);
@@ -67,10 +72,16 @@ static size_t params_layout(params_offsets *o, const model_config *c, int El, si
 static void params_views(model_params *p, real *buf, const model_config *c, int El) {
     params_offsets o;
     params_layout(&o, c, El, NULL);
-    *p = (model_params){.embed = buf + o.embed, .attn_norm = buf + o.attn_norm,
-                        .wqkv = buf + o.wqkv, .wo = buf + o.wo, .moe_norm = buf + o.moe_norm,
-                        .router = buf + o.router, .final_norm = buf + o.final_norm,
-                        .lm_head = buf + o.lm_head, .w13 = buf + o.w13, .w2 = buf + o.w2};
+    *p = (model_params){.embed = buf + o.embed,
+                        .attn_norm = buf + o.attn_norm,
+                        .wqkv = buf + o.wqkv,
+                        .wo = buf + o.wo,
+                        .moe_norm = buf + o.moe_norm,
+                        .router = buf + o.router,
+                        .final_norm = buf + o.final_norm,
+                        .lm_head = buf + o.lm_head,
+                        .w13 = buf + o.w13,
+                        .w2 = buf + o.w2};
 }
 
 size_t model_param_count(const model_config *cfg) {
@@ -113,31 +124,39 @@ int64_t model_tensor_count(const model_config *c) { return tensor_count(c, c->mo
 static void build_tensor_table(model_tensor *tab, const model_config *c, int El, int e0) {
     params_offsets o;
     params_layout(&o, c, El, NULL);
-    const int V = c->vocab_size, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads,
-              hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts, ff = c->moe.d_ff;
+    const int V = c->vocab_size, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads, hd = d / H,
+              Q = (H + 2 * KV) * hd, E = c->moe.n_experts, ff = c->moe.d_ff;
     char name[96];
     int n = 0;
     add_tensor(tab, &n, "model.embed_tokens.weight", o.embed, V, d, -1, 0, 0);
     for (int l = 0; l < c->n_layers; l++) {
         const size_t wqkv = o.wqkv + (size_t)l * Q * d, gate = o.router + (size_t)l * E * d;
 #define LNAME(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
-        add_tensor(tab, &n, LNAME("input_layernorm.weight"), o.attn_norm + (size_t)l * d, d, 0, l, 1, 0);
+        add_tensor(tab, &n, LNAME("input_layernorm.weight"), o.attn_norm + (size_t)l * d, d, 0, l,
+                   1, 0);
         add_tensor(tab, &n, LNAME("self_attn.q_proj.weight"), wqkv, H * hd, d, l, 0, 0);
-        add_tensor(tab, &n, LNAME("self_attn.k_proj.weight"), wqkv + (size_t)H * hd * d, KV * hd, d, l, 0, 0);
-        add_tensor(tab, &n, LNAME("self_attn.v_proj.weight"), wqkv + (size_t)(H + KV) * hd * d, KV * hd, d, l, 0, 0);
-        add_tensor(tab, &n, LNAME("self_attn.o_proj.weight"), o.wo + (size_t)l * d * H * hd, d, H * hd, l, 0, 0);
-        add_tensor(tab, &n, LNAME("post_attention_layernorm.weight"), o.moe_norm + (size_t)l * d, d, 0, l, 1, 0);
+        add_tensor(tab, &n, LNAME("self_attn.k_proj.weight"), wqkv + (size_t)H * hd * d, KV * hd, d,
+                   l, 0, 0);
+        add_tensor(tab, &n, LNAME("self_attn.v_proj.weight"), wqkv + (size_t)(H + KV) * hd * d,
+                   KV * hd, d, l, 0, 0);
+        add_tensor(tab, &n, LNAME("self_attn.o_proj.weight"), o.wo + (size_t)l * d * H * hd, d,
+                   H * hd, l, 0, 0);
+        add_tensor(tab, &n, LNAME("post_attention_layernorm.weight"), o.moe_norm + (size_t)l * d, d,
+                   0, l, 1, 0);
         add_tensor(tab, &n, LNAME("block_sparse_moe.gate.weight"), gate, E, d, l, 0, 0);
 #undef LNAME
         for (int jl = 0; jl < El; jl++) {
             const int j = e0 + jl; // the global expert index of the HF name
             const size_t w13 = o.w13 + ((size_t)l * El + jl) * 2 * ff * d,
                          w2 = o.w2 + ((size_t)l * El + jl) * d * ff;
-            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, j);
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l,
+                     j);
             add_tensor(tab, &n, name, w13, ff, d, l, 0, 1);
-            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, j);
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l,
+                     j);
             add_tensor(tab, &n, name, w2, d, ff, l, 0, 1);
-            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, j);
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l,
+                     j);
             add_tensor(tab, &n, name, w13 + (size_t)ff * d, ff, d, l, 0, 1);
         }
     }
@@ -178,8 +197,10 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
     if (st) return st;
     const int E = cfg->moe.n_experts, R_ep = ep ? ep->size : 1;
     if (E % R_ep)
-        return moe_error(MOE_EINVAL, "model: n_experts=%d is not divisible by the %d ranks of "
-                         "the expert-parallel group", E, R_ep);
+        return moe_error(MOE_EINVAL,
+                         "model: n_experts=%d is not divisible by the %d ranks of "
+                         "the expert-parallel group",
+                         E, R_ep);
     m->cfg = *cfg;
     m->be = be;
     m->ep = R_ep > 1 ? ep : NULL;
@@ -238,8 +259,8 @@ moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int 
     return model_create_parallel(m, be, cfg, max_batch, max_seq, NULL);
 }
 
-moe_status model_create_parallel(model *m, moe_backend *be, const model_config *cfg,
-                                 int max_batch, int max_seq, moe_comm *ep) {
+moe_status model_create_parallel(model *m, moe_backend *be, const model_config *cfg, int max_batch,
+                                 int max_seq, moe_comm *ep) {
     if (max_batch < 1 || max_seq < 1 || max_seq > cfg->max_seq_len) {
         memset(m, 0, sizeof *m);
         return moe_error(MOE_EINVAL, "model: batch %d x seq %d out of range (max_seq_len %d)",
@@ -258,17 +279,28 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
     m->attn_scratch_size = be->attention_scratch_size(be, (int)S);
     buffer_spec specs[] = {
         {(void **)&m->grads, m->n_params * R},
-        {(void **)&m->tokens, T * sizeof(int)}, {(void **)&m->targets, T * sizeof(int)},
-        {(void **)&m->x, (L + 1) * T * d * R},  {(void **)&m->n1, L * T * d * R},
-        {(void **)&m->rstd1, L * T * R},        {(void **)&m->qkv, L * T * Q * R},
-        {(void **)&m->lse, L * B * H * S * R},  {(void **)&m->attn_out, L * T * H * hd * R},
-        {(void **)&m->h, L * T * d * R},        {(void **)&m->n2, L * T * d * R},
-        {(void **)&m->rstd2, L * T * R},        {(void **)&m->moe_out, T * d * R},
-        {(void **)&m->xf, T * d * R},           {(void **)&m->rstdf, T * R},
-        {(void **)&m->logits, T * V * R},       {(void **)&m->losses, T * R},
-        {(void **)&m->dx, T * d * R},           {(void **)&m->dn, T * d * R},
-        {(void **)&m->dattn_out, T * H * hd * R}, {(void **)&m->dqkv, T * Q * R},
-        {(void **)&m->attn_scratch, m->attn_scratch_size * R}, {(void **)&m->dlogits, T * V * R},
+        {(void **)&m->tokens, T * sizeof(int)},
+        {(void **)&m->targets, T * sizeof(int)},
+        {(void **)&m->x, (L + 1) * T * d * R},
+        {(void **)&m->n1, L * T * d * R},
+        {(void **)&m->rstd1, L * T * R},
+        {(void **)&m->qkv, L * T * Q * R},
+        {(void **)&m->lse, L * B * H * S * R},
+        {(void **)&m->attn_out, L * T * H * hd * R},
+        {(void **)&m->h, L * T * d * R},
+        {(void **)&m->n2, L * T * d * R},
+        {(void **)&m->rstd2, L * T * R},
+        {(void **)&m->moe_out, T * d * R},
+        {(void **)&m->xf, T * d * R},
+        {(void **)&m->rstdf, T * R},
+        {(void **)&m->logits, T * V * R},
+        {(void **)&m->losses, T * R},
+        {(void **)&m->dx, T * d * R},
+        {(void **)&m->dn, T * d * R},
+        {(void **)&m->dattn_out, T * H * hd * R},
+        {(void **)&m->dqkv, T * Q * R},
+        {(void **)&m->attn_scratch, m->attn_scratch_size * R},
+        {(void **)&m->dlogits, T * V * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
         model_destroy(m);
@@ -278,16 +310,16 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
     return MOE_OK;
 }
 
-moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg,
-                                  int max_pos, int max_chunk) {
+moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg, int max_pos,
+                                  int max_chunk) {
     if (max_pos < 1 || max_chunk < 1 || max_chunk > max_pos) {
         memset(m, 0, sizeof *m);
         return moe_error(MOE_EINVAL, "model: %d positions with chunks of %d tokens is invalid",
                          max_pos, max_chunk);
     }
-    const size_t C = max_chunk, P = max_pos, d = cfg->d_model, L = cfg->n_layers,
-                 H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
-                 V = cfg->vocab_size, R = sizeof(real);
+    const size_t C = max_chunk, P = max_pos, d = cfg->d_model, L = cfg->n_layers, H = cfg->n_heads,
+                 KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = cfg->vocab_size,
+                 R = sizeof(real);
     // one MoE layer's buffers serve every layer: nothing is kept for a backward
     moe_status st = create_common(m, be, cfg, NULL, max_pos, 1, max_chunk, 1);
     if (st) {
@@ -301,12 +333,18 @@ moe_status model_create_inference(model *m, moe_backend *be, const model_config 
         return moe_error(MOE_ENOMEM, "model: cannot allocate expert hit counts");
     }
     buffer_spec specs[] = {
-        {(void **)&m->tokens, C * sizeof(int)},  {(void **)&m->targets, C * sizeof(int)},
-        {(void **)&m->losses, C * R},            {(void **)&m->x, C * d * R},
-        {(void **)&m->n1, C * d * R},            {(void **)&m->rstd1, C * R},
-        {(void **)&m->qkv, C * Q * R},           {(void **)&m->attn_out, C * H * hd * R},
-        {(void **)&m->moe_out, C * d * R},       {(void **)&m->logits, C * V * R},
-        {(void **)&m->attn_scratch, H * C * P * R}, {(void **)&m->k_cache, L * P * KV * hd * R},
+        {(void **)&m->tokens, C * sizeof(int)},
+        {(void **)&m->targets, C * sizeof(int)},
+        {(void **)&m->losses, C * R},
+        {(void **)&m->x, C * d * R},
+        {(void **)&m->n1, C * d * R},
+        {(void **)&m->rstd1, C * R},
+        {(void **)&m->qkv, C * Q * R},
+        {(void **)&m->attn_out, C * H * hd * R},
+        {(void **)&m->moe_out, C * d * R},
+        {(void **)&m->logits, C * V * R},
+        {(void **)&m->attn_scratch, H * C * P * R},
+        {(void **)&m->k_cache, L * P * KV * hd * R},
         {(void **)&m->v_cache, L * P * KV * hd * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
@@ -318,11 +356,12 @@ moe_status model_create_inference(model *m, moe_backend *be, const model_config 
 
 void model_destroy(model *m) {
     if (m->be) {
-        void *bufs[] = {m->params, m->grads, m->rope_cos, m->rope_sin, m->tokens, m->targets,
-                        m->x, m->n1, m->rstd1, m->qkv, m->lse, m->attn_out, m->h, m->n2,
-                        m->rstd2, m->moe_out, m->xf, m->rstdf, m->logits, m->losses, m->dx,
-                        m->dn, m->dattn_out, m->dqkv, m->attn_scratch, m->dlogits, m->k_cache,
-                        m->v_cache, m->router_bias};
+        void *bufs[] = {m->params,  m->grads,    m->rope_cos,  m->rope_sin,   m->tokens,
+                        m->targets, m->x,        m->n1,        m->rstd1,      m->qkv,
+                        m->lse,     m->attn_out, m->h,         m->n2,         m->rstd2,
+                        m->moe_out, m->xf,       m->rstdf,     m->logits,     m->losses,
+                        m->dx,      m->dn,       m->dattn_out, m->dqkv,       m->attn_scratch,
+                        m->dlogits, m->k_cache,  m->v_cache,   m->router_bias};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) m->be->free(m->be, bufs[i]);
     }
@@ -337,8 +376,7 @@ void model_destroy(model *m) {
 }
 
 void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp) {
-    if (world && world->size > 1)
-        world->allreduce_sum_real(world, m->be, m->grads, m->n_dense);
+    if (world && world->size > 1) world->allreduce_sum_real(world, m->be, m->grads, m->n_dense);
     if (edp && edp->size > 1)
         edp->allreduce_sum_real(edp, m->be, m->grads + m->n_dense, m->n_params - m->n_dense);
 }
@@ -383,7 +421,8 @@ void model_init_weights(model *m, uint64_t seed, double std) {
     const size_t n_all = model_param_count(&m->cfg);
     real *host = malloc(n_all * sizeof(real));
     model_tensor *all = m->ep ? model_tensor_table(&m->cfg) : m->tensors;
-    if (!host || !all) moe_fatal("model: cannot allocate %zu bytes to initialise weights", n_all * sizeof(real));
+    if (!host || !all)
+        moe_fatal("model: cannot allocate %zu bytes to initialise weights", n_all * sizeof(real));
     init_host(host, all, (int)model_tensor_count(&m->cfg), m->cfg.n_layers, seed, std);
     if (m->ep) { // keep this rank's tensors: the table is a subsequence of the whole one
         real *mine = malloc(m->n_params * sizeof(real));
@@ -417,8 +456,8 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     moe_backend *be = m->be;
     if (!m->training) return moe_error(MOE_EINVAL, "model: created for inference: use model_infer");
     if (B < 1 || B > m->max_batch || S < 1 || S > m->max_seq)
-        return moe_error(MOE_EINVAL, "model: batch %d x seq %d exceeds the buffers (%d x %d)", B,
-                         S, m->max_batch, m->max_seq);
+        return moe_error(MOE_EINVAL, "model: batch %d x seq %d exceeds the buffers (%d x %d)", B, S,
+                         m->max_batch, m->max_seq);
     const int T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads,
               hd = d / H, Q = (H + 2 * KV) * hd, V = c->vocab_size;
     moe_status st = check_ids(tokens, T, V, "tokens");
@@ -435,16 +474,16 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
         real *xl = m->x + l * Td, *n1 = m->n1 + l * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
         real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
         real *lse = m->lse + (size_t)l * B * H * S;
-        be->rmsnorm_forward(be, n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T, d,
-                            (real)c->rms_norm_eps);
+        be->rmsnorm_forward(be, n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T,
+                            d, (real)c->rms_norm_eps);
         be->matmul(be, qkv, n1, m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0, 1, 0);
         be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
         be->attention_forward(be, ao, lse, qkv, B, S, H, KV, hd, m->attn_scratch,
                               m->attn_scratch_size);
         be->matmul(be, h, ao, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0, 1, 0);
         be->add(be, h, h, xl, Td);
-        be->rmsnorm_forward(be, n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T, d,
-                            (real)c->rms_norm_eps);
+        be->rmsnorm_forward(be, n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T,
+                            d, (real)c->rms_norm_eps);
         moe_weights w = layer_moe_weights(&m->p, c, m->E_local, l, m->router_bias);
         m->moe[l].noise_key = m->noise_key ^ (0xD1B54A32D192ED03ull * (uint64_t)(l + 1));
         st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, S, training, &m->moe_stats[l]);
@@ -477,8 +516,8 @@ moe_status model_backward(model *m, double loss_scale) {
 
     // logits = xf lm_head^T; CE is a mean over T tokens
     be->cross_entropy_backward(be, m->dlogits, m->logits, m->targets, T, V, (real)(loss_scale / T));
-    be->matmul(be, m->dn, m->dlogits, m->p.lm_head, T, d, V, 0, 0, 0);     // dxf = dlogits lm_head
-    be->matmul(be, m->g.lm_head, m->dlogits, m->xf, V, d, T, 1, 0, 1);      // dlm += dlogits^T xf
+    be->matmul(be, m->dn, m->dlogits, m->p.lm_head, T, d, V, 0, 0, 0); // dxf = dlogits lm_head
+    be->matmul(be, m->g.lm_head, m->dlogits, m->xf, V, d, T, 1, 0, 1); // dlm += dlogits^T xf
     be->zero(be, m->dx, Td * sizeof(real));
     be->rmsnorm_backward(be, m->dx, m->g.final_norm, m->dn, m->x + (size_t)L * Td, m->p.final_norm,
                          m->rstdf, T, d);
@@ -501,7 +540,8 @@ moe_status model_backward(model *m, double loss_scale) {
         be->matmul(be, m->g.wo + (size_t)l * d * H * hd, m->dx, ao, d, H * hd, T, 1, 0, 1);
         be->attention_backward(be, m->dqkv, m->dattn_out, qkv, ao, lse, B, S, H, KV, hd,
                                m->attn_scratch, m->attn_scratch_size);
-        be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 1);
+        be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd,
+                 1);
         be->matmul(be, m->dn, m->dqkv, m->p.wqkv + (size_t)l * Q * d, T, d, Q, 0, 0, 0);
         be->matmul(be, m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, Q, d, T, 1, 0, 1);
         be->rmsnorm_backward(be, m->dx, m->g.attn_norm + (size_t)l * d, m->dn, xl,
@@ -518,7 +558,8 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
     if (n < 1 || n > m->max_seq || pos0 < 0 || pos0 + n > m->max_pos)
         return moe_error(MOE_EINVAL,
                          "model: %d tokens at position %d exceed the KV cache (%d positions, "
-                         "chunks of at most %d)", n, pos0, m->max_pos, m->max_seq);
+                         "chunks of at most %d)",
+                         n, pos0, m->max_pos, m->max_seq);
     const int d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads, hd = d / H,
               Q = (H + 2 * KV) * hd, V = c->vocab_size;
     moe_status st = check_ids(tokens, n, V, "tokens");
@@ -532,11 +573,13 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
         // x += Attn(RMSNorm(x)) over the cache
         be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.attn_norm + (size_t)l * d, n, d, eps);
         be->matmul(be, m->qkv, m->n1, m->p.wqkv + (size_t)l * Q * d, n, Q, d, 0, 1, 0);
-        be->rope(be, m->qkv, m->qkv, m->rope_cos, m->rope_sin, n, n, pos0, H + KV, H + 2 * KV, hd, 0);
+        be->rope(be, m->qkv, m->qkv, m->rope_cos, m->rope_sin, n, n, pos0, H + KV, H + 2 * KV, hd,
+                 0);
         be->kv_cache_append(be, kc, vc, m->qkv, n, pos0, H, KV, hd);
         be->attention_cached_forward(be, m->attn_out, m->attn_scratch, m->qkv, kc, vc, n, pos0, H,
                                      KV, hd);
-        be->matmul(be, m->moe_out, m->attn_out, m->p.wo + (size_t)l * d * H * hd, n, d, H * hd, 0, 1, 0);
+        be->matmul(be, m->moe_out, m->attn_out, m->p.wo + (size_t)l * d * H * hd, n, d, H * hd, 0,
+                   1, 0);
         be->add(be, m->x, m->x, m->moe_out, nd);
         // x += MoE(RMSNorm(x)), dropless
         be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);

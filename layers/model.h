@@ -17,17 +17,17 @@
 #include "layers/moe.h"
 
 typedef struct {
-    int vocab_size;      // V
-    int d_model;         // d
-    int n_layers;        // L
-    int n_heads;         // H
-    int n_kv_heads;      // KV (GQA: H % KV == 0)
-    int max_seq_len;     // longest sequence (RoPE table size)
-    int tie_embeddings;  // lm_head is embed
+    int vocab_size;     // V
+    int d_model;        // d
+    int n_layers;       // L
+    int n_heads;        // H
+    int n_kv_heads;     // KV (GQA: H % KV == 0)
+    int max_seq_len;    // longest sequence (RoPE table size)
+    int tie_embeddings; // lm_head is embed
     double rope_theta;
     double rms_norm_eps;
-    int router_bias;     // keep a per-layer selection bias [L, E] (aux-loss-free balancing)
-    moe_config moe;      // d_model, d_ff, experts, top_k, capacity, losses, scoring
+    int router_bias; // keep a per-layer selection bias [L, E] (aux-loss-free balancing)
+    moe_config moe;  // d_model, d_ff, experts, top_k, capacity, losses, scoring
 } model_config;
 
 moe_status model_config_check(const model_config *cfg);
@@ -53,11 +53,11 @@ typedef struct {
 // (the q/k/v and w1/w3 slices of our stacked matrices are tensors of their own).
 typedef struct {
     char name[96];
-    size_t offset;   // in reals, from the start of the buffer
-    int rows, cols;  // cols == 0 for a vector
-    int layer;       // -1 for embed, final norm, lm_head
-    int is_norm;     // RMSNorm weight (no weight decay by default)
-    int is_expert;   // expert weight
+    size_t offset;  // in reals, from the start of the buffer
+    int rows, cols; // cols == 0 for a vector
+    int layer;      // -1 for embed, final norm, lm_head
+    int is_norm;    // RMSNorm weight (no weight decay by default)
+    int is_expert;  // expert weight
 } model_tensor;
 
 // The tensor table of a model of this config: model_tensor_count entries in HF order
@@ -76,33 +76,33 @@ typedef struct {
     moe_comm *ep;           // expert parallelism: the EP group (NULL: one rank)
     int E_local, expert0;   // the experts this model holds: expert0 .. expert0 + E_local - 1
 
-    size_t n_params;        // reals in the parameter buffer
-    size_t n_dense;         // the first n_dense reals are dense, the rest expert weights
-    real *params, *grads;   // device buffers, n_params each
-    model_params p, g;      // views
+    size_t n_params;      // reals in the parameter buffer
+    size_t n_dense;       // the first n_dense reals are dense, the rest expert weights
+    real *params, *grads; // device buffers, n_params each
+    model_params p, g;    // views
     int n_tensors;
-    model_tensor *tensors;  // host table, HF names
+    model_tensor *tensors; // host table, HF names
 
     real *rope_cos, *rope_sin; // [positions, hd/2]
-    real *router_bias;      // [L, E] selection bias (cfg.router_bias), else NULL; not trained
-    uint64_t noise_key;     // set before a training forward: keys the router jitter noise
+    real *router_bias;         // [L, E] selection bias (cfg.router_bias), else NULL; not trained
+    uint64_t noise_key;        // set before a training forward: keys the router jitter noise
 
     // activations, T = B*S tokens
-    int *tokens, *targets;  // [T]
-    real *x;                // [L+1, T, d]  residual stream entering each layer; x[L] final
-    real *n1, *rstd1;       // [L, T, d], [L, T]   attention RMSNorm
-    real *qkv;              // [L, T, Q]   after RoPE
-    real *lse;              // [L, B, H, S]  log-sum-exp of each query row's attention scores
-    real *attn_out;         // [L, T, H*hd]
-    real *h;                // [L, T, d]   after the attention residual
-    real *n2, *rstd2;       // [L, T, d], [L, T]   MoE RMSNorm
-    real *moe_out;          // [T, d]
-    real *xf, *rstdf;       // [T, d], [T]
-    real *logits;           // [T, V]
-    real *losses;           // [T]
-    moe_layer *moe;         // [n_moe]: L for training, 1 shared by every layer for inference
+    int *tokens, *targets; // [T]
+    real *x;               // [L+1, T, d]  residual stream entering each layer; x[L] final
+    real *n1, *rstd1;      // [L, T, d], [L, T]   attention RMSNorm
+    real *qkv;             // [L, T, Q]   after RoPE
+    real *lse;             // [L, B, H, S]  log-sum-exp of each query row's attention scores
+    real *attn_out;        // [L, T, H*hd]
+    real *h;               // [L, T, d]   after the attention residual
+    real *n2, *rstd2;      // [L, T, d], [L, T]   MoE RMSNorm
+    real *moe_out;         // [T, d]
+    real *xf, *rstdf;      // [T, d], [T]
+    real *logits;          // [T, V]
+    real *losses;          // [T]
+    moe_layer *moe;        // [n_moe]: L for training, 1 shared by every layer for inference
     int n_moe;
-    moe_stats *moe_stats;   // [L] of the last forward
+    moe_stats *moe_stats; // [L] of the last forward
     // backward scratch
     real *dx, *dn, *dattn_out, *dqkv, *dlogits;
     // attention work space, shared by the layers: attention_scratch_size(max_seq) reals in
@@ -111,11 +111,11 @@ typedef struct {
     size_t attn_scratch_size; // reals
     // inference: KV cache [L, max_pos, KV*hd] each
     real *k_cache, *v_cache;
-    long *expert_hits;      // inference: [L, E] routed assignments summed over model_infer calls
-    size_t buffer_bytes;    // device memory of the buffers of this struct (params, grads, ...)
+    long *expert_hits;   // inference: [L, E] routed assignments summed over model_infer calls
+    size_t buffer_bytes; // device memory of the buffers of this struct (params, grads, ...)
 
     // loss parts of the last forward (means over its tokens)
-    double ce, aux, z;      // summed over layers; aux = L_aux + L_seq
+    double ce, aux, z; // summed over layers; aux = L_aux + L_seq
 } model;
 
 // Allocates parameters, gradients and activations for training; parameters are zero until
@@ -126,14 +126,14 @@ moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int 
 // The same under expert parallelism: the model holds the E/R experts of rank r of the EP group
 // ep (R ranks; NULL: one rank, all E), its tensor table lists them under their global HF
 // names, and its MoE layers exchange rows over ep. Dense weights are whole on every rank.
-moe_status model_create_parallel(model *m, moe_backend *be, const model_config *cfg,
-                                 int max_batch, int max_seq, moe_comm *ep);
+moe_status model_create_parallel(model *m, moe_backend *be, const model_config *cfg, int max_batch,
+                                 int max_seq, moe_comm *ep);
 
 // Allocates parameters, a KV cache of max_pos positions and the buffers of one chunk of at
 // most max_chunk tokens (one layer's worth, reused by every layer): no gradients and no
 // activations kept for a backward.
-moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg,
-                                  int max_pos, int max_chunk);
+moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg, int max_pos,
+                                  int max_chunk);
 
 // Inference on one sequence: tokens (host [n]) sit at positions pos0..pos0+n-1; their k/v are
 // appended to the KV cache, which must already hold positions 0..pos0-1. Dropless MoE.

@@ -27,7 +27,8 @@ moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k) {
 
 moe_status moe_config_check(const moe_config *cfg) {
     if (!cfg) return moe_error(MOE_EINVAL, "moe: config is NULL");
-    if (cfg->d_model < 1) return moe_error(MOE_EINVAL, "moe: d_model=%d must be >= 1", cfg->d_model);
+    if (cfg->d_model < 1)
+        return moe_error(MOE_EINVAL, "moe: d_model=%d must be >= 1", cfg->d_model);
     if (cfg->d_ff < 1) return moe_error(MOE_EINVAL, "moe: d_ff=%d must be >= 1", cfg->d_ff);
     if (cfg->n_experts < 1)
         return moe_error(MOE_EINVAL, "moe: n_experts=%d must be >= 1", cfg->n_experts);
@@ -37,7 +38,8 @@ moe_status moe_config_check(const moe_config *cfg) {
     if (cfg->norm_topk_prob != 0 && cfg->norm_topk_prob != 1)
         return moe_error(MOE_EINVAL, "moe: norm_topk_prob=%d must be 0 or 1", cfg->norm_topk_prob);
     if (!isfinite(cfg->capacity_factor))
-        return moe_error(MOE_EINVAL, "moe: capacity_factor=%g must be finite", cfg->capacity_factor);
+        return moe_error(MOE_EINVAL, "moe: capacity_factor=%g must be finite",
+                         cfg->capacity_factor);
     if (cfg->drop_policy != MOE_DROP_PROBS && cfg->drop_policy != MOE_DROP_POSITION)
         return moe_error(MOE_EINVAL, "moe: drop_policy=%d is neither probs nor position",
                          (int)cfg->drop_policy);
@@ -46,11 +48,14 @@ moe_status moe_config_check(const moe_config *cfg) {
     if (!isfinite(cfg->z_coef) || cfg->z_coef < 0)
         return moe_error(MOE_EINVAL, "moe: z_coef=%g must be finite and >= 0", cfg->z_coef);
     if (cfg->scoring != MOE_SCORE_SOFTMAX && cfg->scoring != MOE_SCORE_SIGMOID)
-        return moe_error(MOE_EINVAL, "moe: scoring=%d is neither softmax nor sigmoid", (int)cfg->scoring);
+        return moe_error(MOE_EINVAL, "moe: scoring=%d is neither softmax nor sigmoid",
+                         (int)cfg->scoring);
     if (!isfinite(cfg->route_scale) || !(cfg->route_scale > 0))
-        return moe_error(MOE_EINVAL, "moe: route_scale=%g must be finite and > 0", cfg->route_scale);
+        return moe_error(MOE_EINVAL, "moe: route_scale=%g must be finite and > 0",
+                         cfg->route_scale);
     if (!isfinite(cfg->seq_aux_coef) || cfg->seq_aux_coef < 0)
-        return moe_error(MOE_EINVAL, "moe: seq_aux_coef=%g must be finite and >= 0", cfg->seq_aux_coef);
+        return moe_error(MOE_EINVAL, "moe: seq_aux_coef=%g must be finite and >= 0",
+                         cfg->seq_aux_coef);
     if (!(cfg->jitter_eps >= 0 && cfg->jitter_eps < 1))
         return moe_error(MOE_EINVAL, "moe: jitter_eps=%g must be in [0, 1)", cfg->jitter_eps);
     return MOE_OK;
@@ -100,8 +105,7 @@ void moe_row_bytes(const moe_config *cfg, size_t *forward, size_t *backward) {
 }
 
 // Allocates every spec from the backend, adding to *bytes; on failure frees what it got.
-static moe_status alloc_specs(moe_backend *be, const buffer_spec *specs, size_t n,
-                              size_t *bytes) {
+static moe_status alloc_specs(moe_backend *be, const buffer_spec *specs, size_t n, size_t *bytes) {
     for (size_t i = 0; i < n; i++) {
         *specs[i].ptr = be->alloc(be, specs[i].bytes);
         if (!*specs[i].ptr) {
@@ -122,15 +126,18 @@ static moe_status resolve_shape(moe_layer_shape *out, const moe_config *cfg,
         return moe_error(MOE_EINVAL, "moe: max_tokens=%d must be >= 1", out->max_tokens);
     const int E = cfg->n_experts, R = out->ep ? out->ep->size : 1;
     if (R > 1 && E % R)
-        return moe_error(MOE_EINVAL, "moe: n_experts=%d is not divisible by the %d ranks of the "
-                         "expert-parallel group", E, R);
+        return moe_error(MOE_EINVAL,
+                         "moe: n_experts=%d is not divisible by the %d ranks of the "
+                         "expert-parallel group",
+                         E, R);
     const int El = E / R, first = R > 1 ? out->ep->rank * El : 0;
     if ((out->n_local_experts && out->n_local_experts != El) ||
         (out->first_expert && out->first_expert != first))
-        return moe_error(MOE_EINVAL, "moe: a layer holding experts %d..%d of %d needs an expert "
+        return moe_error(MOE_EINVAL,
+                         "moe: a layer holding experts %d..%d of %d needs an expert "
                          "exchange that gives it those (this one: %d..%d over %d rank(s))",
-                         out->first_expert, out->first_expert + out->n_local_experts - 1, E,
-                         first, first + El - 1, R);
+                         out->first_expert, out->first_expert + out->n_local_experts - 1, E, first,
+                         first + El - 1, R);
     out->n_local_experts = El, out->first_expert = first;
     const size_t T = out->max_tokens, k = cfg->top_k, N = T * k;
     const size_t bound = R * T * (size_t)(cfg->top_k < El ? cfg->top_k : El);
@@ -140,9 +147,11 @@ static moe_status resolve_shape(moe_layer_shape *out, const moe_config *cfg,
                          (N > bound ? N : bound) * wide);
     if (out->max_expert_rows == 0) out->max_expert_rows = (int)bound;
     if ((size_t)out->max_expert_rows != bound)
-        return moe_error(MOE_EINVAL, "moe: max_expert_rows=%d: the experts of this layer compute "
+        return moe_error(MOE_EINVAL,
+                         "moe: max_expert_rows=%d: the experts of this layer compute "
                          "up to %zu rows (%d rank(s) x T x min(k, E_local)); a smaller bound "
-                         "is not supported yet", out->max_expert_rows, bound, R);
+                         "is not supported yet",
+                         out->max_expert_rows, bound, R);
     return MOE_OK;
 }
 
@@ -156,11 +165,15 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
                  ff = cfg->d_ff, N = T * k, Ne = sh.max_expert_rows, R = sizeof(real);
     const int ep = sh.ep && sh.ep->size > 1;
     buffer_spec specs[] = {
-        {(void **)&s->dlogits, T * E * R}, {(void **)&s->dweights, T * k * R},
-        {(void **)&s->dye, N * d * R},     {(void **)&s->dact, Ne * ff * R},
-        {(void **)&s->dh13, 2 * Ne * ff * R}, {(void **)&s->dxe, Ne * d * R},
+        {(void **)&s->dlogits, T * E * R},
+        {(void **)&s->dweights, T * k * R},
+        {(void **)&s->dye, N * d * R},
+        {(void **)&s->dact, Ne * ff * R},
+        {(void **)&s->dh13, 2 * Ne * ff * R},
+        {(void **)&s->dxe, Ne * d * R},
         // expert parallelism: the rows at the experts and the exchange staging are their own
-        {(void **)&s->dye_e, Ne * d * R},  {(void **)&s->dstage, Ne * d * R},
+        {(void **)&s->dye_e, Ne * d * R},
+        {(void **)&s->dstage, Ne * d * R},
         {(void **)&s->dxp, N * d * R},
     };
     const size_t n_specs = sizeof specs / sizeof specs[0] - (ep ? 0 : 3);
@@ -235,15 +248,15 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
 
     const size_t R = sizeof(real), I = sizeof(int);
     buffer_spec specs[] = {
-        {(void **)&L->logits, T * E * R},   {(void **)&L->probs, T * E * R},
-        {(void **)&L->scores, T * E * R},   {(void **)&L->seq_counts, T * E * I},
-        {(void **)&L->jitter, T * d * R},   {(void **)&L->router_in, T * d * R},
-        {(void **)&L->lse, T * R},          {(void **)&L->topk_idx, T * k * I},
-        {(void **)&L->weights, T * k * R},  {(void **)&L->keep, T * k * I},
-        {(void **)&L->assign_row, N * I},   {(void **)&L->row_token, N * I},
-        {(void **)&L->scratch, 2 * N * I},  {&L->readback, readback_bytes((int)E)},
-        {(void **)&L->xp, N * d * R},       {(void **)&L->h13, 2 * Ne * ff * R},
-        {(void **)&L->act, Ne * ff * R},    {(void **)&L->ye, N * d * R},
+        {(void **)&L->logits, T * E * R},  {(void **)&L->probs, T * E * R},
+        {(void **)&L->scores, T * E * R},  {(void **)&L->seq_counts, T * E * I},
+        {(void **)&L->jitter, T * d * R},  {(void **)&L->router_in, T * d * R},
+        {(void **)&L->lse, T * R},         {(void **)&L->topk_idx, T * k * I},
+        {(void **)&L->weights, T * k * R}, {(void **)&L->keep, T * k * I},
+        {(void **)&L->assign_row, N * I},  {(void **)&L->row_token, N * I},
+        {(void **)&L->scratch, 2 * N * I}, {&L->readback, readback_bytes((int)E)},
+        {(void **)&L->xp, N * d * R},      {(void **)&L->h13, 2 * Ne * ff * R},
+        {(void **)&L->act, Ne * ff * R},   {(void **)&L->ye, N * d * R},
     };
     if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &L->bytes))) {
         memset(L, 0, sizeof *L);
@@ -285,18 +298,17 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     return MOE_OK;
 }
 
-moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg,
-                          int max_tokens) {
+moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg, int max_tokens) {
     const moe_layer_shape shape = {.max_tokens = max_tokens};
     return moe_layer_create(L, be, cfg, &shape);
 }
 
 void moe_layer_free(moe_layer *L) {
     if (L->be) {
-        void *bufs[] = {L->logits,     L->probs,     L->scores,  L->seq_counts, L->jitter,
-                        L->router_in,  L->lse,       L->topk_idx, L->weights,   L->keep,
-                        L->assign_row, L->row_token, L->scratch, L->readback,   L->xp,
-                        L->h13,        L->act,       L->ye,      L->xr};
+        void *bufs[] = {L->logits,     L->probs,     L->scores,   L->seq_counts, L->jitter,
+                        L->router_in,  L->lse,       L->topk_idx, L->weights,    L->keep,
+                        L->assign_row, L->row_token, L->scratch,  L->readback,   L->xp,
+                        L->h13,        L->act,       L->ye,       L->xr};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
         if (L->xr) { // expert parallelism: the experts' rows are their own buffers
@@ -317,8 +329,8 @@ void moe_layer_free(moe_layer *L) {
 
 // ---- forward / backward ----------------------------------------------------------
 
-static moe_status check_call(const moe_layer *L, const void *a, const void *b,
-                             const moe_weights *w, int T) {
+static moe_status check_call(const moe_layer *L, const void *a, const void *b, const moe_weights *w,
+                             int T) {
     if (!L->be) return moe_error(MOE_EINVAL, "moe: layer is not initialised");
     if (!a || !b || !w || !w->gate || !w->w13 || !w->w2)
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument");
@@ -341,22 +353,22 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
     if (L->jittered) {
         const real *u = L->jitter_override ? L->jitter_override : L->jitter;
         if (!L->jitter_override)
-            be->uniform_noise(be, L->jitter, (size_t)T * d, L->noise_key,
-                              (real)(1 - c->jitter_eps), (real)(1 + c->jitter_eps));
+            be->uniform_noise(be, L->jitter, (size_t)T * d, L->noise_key, (real)(1 - c->jitter_eps),
+                              (real)(1 + c->jitter_eps));
         be->mul(be, L->router_in, inp, u, (size_t)T * d, 0);
         router_in = L->router_in;
     }
     be->matmul(be, L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
-    be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias,
-                    T, E, k, c->scoring, c->norm_topk_prob, (real)c->route_scale);
+    be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias, T,
+                    E, k, c->scoring, c->norm_topk_prob, (real)c->route_scale);
     be->moe_dispatch_counts(be, L->counts, L->topk_idx, T, k, E);
     if (c->seq_aux_coef > 0) be->moe_seq_counts(be, L->seq_counts, L->topk_idx, T, k, E, seq_len);
     be->moe_capacity_keep(be, L->keep, L->scratch, L->topk_idx, L->weights, L->counts, T, k, E,
                           capacity, c->drop_policy);
-    be->moe_permute_index(be, L->counts + E, L->assign_row, L->row_token, L->topk_idx, L->keep,
-                          T, k, E);
-    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E,
-                      k, seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
+    be->moe_permute_index(be, L->counts + E, L->assign_row, L->row_token, L->topk_idx, L->keep, T,
+                          k, E);
+    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E, k,
+                      seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
     be->copy_to_host(be, L->host_readback, L->readback, readback_bytes(E));
 }
 
@@ -386,7 +398,8 @@ static void plan_exchange(moe_layer *L, const int *offsets) {
         for (int i = 0; i < R; i++) {
             moe_row_chunk *c = &L->to_expert[e * R + i];
             c->dst = row, row += c->rows;
-            L->to_source[e * R + i] = (moe_row_chunk){.src = c->dst, .dst = c->src, .rows = c->rows};
+            L->to_source[e * R + i] =
+                (moe_row_chunk){.src = c->dst, .dst = c->src, .rows = c->rows};
         }
         L->local_offsets[e + 1] = row;
     }
@@ -452,8 +465,8 @@ static void read_stats(moe_layer *L, int T, int capacity) {
     L->stats.lse_mean = loss[MOE_LOSS_LSE_MEAN];
 }
 
-moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w,
-                             int T, int seq_len, int training, moe_stats *stats) {
+moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w, int T,
+                             int seq_len, int training, moe_stats *stats) {
     moe_status st = check_call(L, out, inp, w, T);
     if (st) return st;
     if (seq_len <= 0) seq_len = T;
@@ -479,8 +492,8 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
 // Combine backward: dye = w * dout (per kept row), dweights = dout . ye.
 static void combine_backward(moe_layer *L, const real *dout, int T) {
     const moe_config *c = &L->cfg;
-    L->be->moe_combine_backward(L->be, L->dye, L->dweights, dout, L->ye, L->weights,
-                                L->assign_row, T, c->top_k, c->d_model);
+    L->be->moe_combine_backward(L->be, L->dye, L->dweights, dout, L->ye, L->weights, L->assign_row,
+                                T, c->top_k, c->d_model);
 }
 
 // Combine backward, exchange: under expert parallelism dye travels to the experts like the
@@ -532,9 +545,9 @@ static void route_backward(moe_layer *L, real *dinp, const moe_weights *grads, c
     moe_backward_scratch *s = L->bwd;
     const int T = L->last_tokens, E = c->n_experts, k = c->top_k, d = c->d_model;
     be->router_backward(be, s->dlogits, s->dweights, L->scores, L->probs, L->logits, L->lse,
-                        L->topk_idx, L->weights, L->counts, L->seq_counts, T, E, k,
-                        L->last_seq_len, c->scoring, c->norm_topk_prob, (real)c->route_scale,
-                        (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef, (real)dloss);
+                        L->topk_idx, L->weights, L->counts, L->seq_counts, T, E, k, L->last_seq_len,
+                        c->scoring, c->norm_topk_prob, (real)c->route_scale, (real)c->aux_coef,
+                        (real)c->seq_aux_coef, (real)c->z_coef, (real)dloss);
     const real *router_in = L->jittered ? L->router_in : inp;
     be->matmul(be, grads->gate, s->dlogits, router_in, E, d, T, 1, 0, 1);
     if (L->jittered) { // x_r = inp * u: dinp += (dlogits gate) * u
@@ -546,9 +559,8 @@ static void route_backward(moe_layer *L, real *dinp, const moe_weights *grads, c
     }
 }
 
-moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads,
-                              const real *dout, const real *inp, const moe_weights *w,
-                              double dloss) {
+moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads, const real *dout,
+                              const real *inp, const moe_weights *w, double dloss) {
     moe_status st = check_call(L, dinp, dout, w, L->last_tokens);
     if (st) return st;
     if (!inp || !grads || !grads->gate || !grads->w13 || !grads->w2)

@@ -22,12 +22,12 @@ typedef struct {
     int norm_topk_prob;     // 1: combine weights renormalised over the k selected (Mixtral)
     double capacity_factor; // <= 0: dropless; else C = ceil((T*k/E) * capacity_factor)
     moe_drop_policy drop_policy;
-    double aux_coef;        // load-balancing loss coefficient (>= 0)
-    double z_coef;          // router z-loss coefficient (>= 0)
-    moe_scoring scoring;    // softmax (Mixtral) or sigmoid (DeepSeek-V3)
-    double route_scale;     // > 0, multiplies the combine weights (DeepSeek-V3's scaling)
-    double seq_aux_coef;    // >= 0, sequence-level aux loss (DeepSeek-V3), 0 = off
-    double jitter_eps;      // [0, 1): router input x * U(1-eps, 1+eps) in training, 0 = off
+    double aux_coef;     // load-balancing loss coefficient (>= 0)
+    double z_coef;       // router z-loss coefficient (>= 0)
+    moe_scoring scoring; // softmax (Mixtral) or sigmoid (DeepSeek-V3)
+    double route_scale;  // > 0, multiplies the combine weights (DeepSeek-V3's scaling)
+    double seq_aux_coef; // >= 0, sequence-level aux loss (DeepSeek-V3), 0 = off
+    double jitter_eps;   // [0, 1): router input x * U(1-eps, 1+eps) in training, 0 = off
 } moe_config;
 
 // Defaults: Mixtral routing, dropless, aux 0.01, z 0.001.
@@ -112,15 +112,15 @@ typedef struct {
 // Under expert parallelism (ep with size R > 1) rank r of the EP group holds experts
 // [r E/R, (r+1) E/R): n_local_experts and first_expert follow from ep (0 or those values).
 typedef struct {
-    int max_tokens;      // T per call (required, >= 1)
-    moe_comm *ep;        // the expert-parallel group (NULL: one rank)
-    int n_local_experts; // E_local: the experts whose weights this layer holds (0: all E)
-    int first_expert;    // global index of the first local expert (the HF name's J)
-    int max_expert_rows; // rows the local experts compute per call; 0: the exact bound,
-                         // R * T * min(k, E_local) (every rank's every token picks only
-                         // experts of this rank; T*k with one rank)
+    int max_tokens;                // T per call (required, >= 1)
+    moe_comm *ep;                  // the expert-parallel group (NULL: one rank)
+    int n_local_experts;           // E_local: the experts whose weights this layer holds (0: all E)
+    int first_expert;              // global index of the first local expert (the HF name's J)
+    int max_expert_rows;           // rows the local experts compute per call; 0: the exact bound,
+                                   // R * T * min(k, E_local) (every rank's every token picks only
+                                   // experts of this rank; T*k with one rank)
     moe_backward_scratch *scratch; // shared backward scratch (NULL: the layer allocates one)
-    int forward_only;    // inference: no backward scratch at all (moe_layer_backward refuses)
+    int forward_only; // inference: no backward scratch at all (moe_layer_backward refuses)
 } moe_layer_shape;
 
 // Bytes per expert row of a layer's buffers: `forward` is kept per layer for the backward
@@ -137,41 +137,41 @@ typedef struct {
     moe_comm *ep;         // the expert-parallel group, NULL with one rank
     int ep_size;          // R (1 without expert parallelism)
     // the last forward's exchange plan (host; R > 1 only), reused by the backward
-    int *send_rows, *recv_rows;          // [R] rows to / from each rank of the group
-    int *send_counts, *recv_counts;      // [R, E_local] per (rank, local expert)
+    int *send_rows, *recv_rows;           // [R] rows to / from each rank of the group
+    int *send_counts, *recv_counts;       // [R, E_local] per (rank, local expert)
     moe_row_chunk *to_expert, *to_source; // [R * E_local] the reorder and its inverse
-    int *local_offsets;                  // [E_local + 1] grouped rows of the local experts
-    const int *expert_offsets;           // the experts' row offsets of the last forward (host)
-    int expert_rows;                     // rows the local experts computed
-    long exchange_rows;                  // rows sent + received by the last forward's exchanges
-    int last_tokens;      // T of the last forward
+    int *local_offsets;                   // [E_local + 1] grouped rows of the local experts
+    const int *expert_offsets;            // the experts' row offsets of the last forward (host)
+    int expert_rows;                      // rows the local experts computed
+    long exchange_rows;                   // rows sent + received by the last forward's exchanges
+    int last_tokens;                      // T of the last forward
     // forward activations (device memory of the backend), shapes for T tokens, N = T*k rows
     // sent and N_exp rows computed by the local experts (one rank: the same rows)
-    real *logits;     // [T, E]
-    real *scores;     // [T, E]  softmax p or sigmoid s
-    real *probs;      // [T, E]  the distribution s' of the balancing losses
-    int *seq_counts;  // [T, E]  (at most T sequences) per-sequence routed counts
-    real *jitter;     // [T, d]  router input noise u (training with jitter_eps > 0)
-    real *router_in;  // [T, d]  inp * u, what the router saw
-    real *lse;        // [T]
-    int *topk_idx;    // [T, k]
-    real *weights;    // [T, k]  combine weights before dropping
-    int *keep;        // [T, k]
-    int *assign_row;  // [T, k]  row of each assignment in the grouped order, -1 if dropped
-    int *row_token;   // [T*k]   token of each grouped row
-    int *scratch;     // [2*T*k] capacity-decision scratch
+    real *logits;    // [T, E]
+    real *scores;    // [T, E]  softmax p or sigmoid s
+    real *probs;     // [T, E]  the distribution s' of the balancing losses
+    int *seq_counts; // [T, E]  (at most T sequences) per-sequence routed counts
+    real *jitter;    // [T, d]  router input noise u (training with jitter_eps > 0)
+    real *router_in; // [T, d]  inp * u, what the router saw
+    real *lse;       // [T]
+    int *topk_idx;   // [T, k]
+    real *weights;   // [T, k]  combine weights before dropping
+    int *keep;       // [T, k]
+    int *assign_row; // [T, k]  row of each assignment in the grouped order, -1 if dropped
+    int *row_token;  // [T*k]   token of each grouped row
+    int *scratch;    // [2*T*k] capacity-decision scratch
     // The one device-to-host copy per forward: routed counts [E], row offsets [E+1] and the
     // router losses [MOE_LOSS_SLOTS] (layers/backend.h moe_loss_slot), in one buffer.
-    void *readback;   // counts, offsets, losses
-    int *counts;      // [2E+1]  the readback's counts, then offsets
-    real *losses;     // [MOE_LOSS_SLOTS] the readback's losses
-    real *xp;         // [N, d]  dispatch: the permuted inputs, the rows this rank sends
-    real *xr;         // [N_exp, d] rows received, [source rank][local expert] order (EP only)
-    real *xe;         // [N_exp, d] the local experts' input rows (one rank: == xp)
-    real *h13;        // [N_exp, 2ff] w1 and w3 projections: h1 = h13[:, :ff], h3 = h13[:, ff:]
-    real *act;        // [N_exp, ff] silu(h1) * h3
-    real *ye_local;   // [N_exp, d] the local experts' outputs (one rank: == ye)
-    real *ye;         // [N, d]  the expert outputs of this rank's rows, back for the combine
+    void *readback; // counts, offsets, losses
+    int *counts;    // [2E+1]  the readback's counts, then offsets
+    real *losses;   // [MOE_LOSS_SLOTS] the readback's losses
+    real *xp;       // [N, d]  dispatch: the permuted inputs, the rows this rank sends
+    real *xr;       // [N_exp, d] rows received, [source rank][local expert] order (EP only)
+    real *xe;       // [N_exp, d] the local experts' input rows (one rank: == xp)
+    real *h13;      // [N_exp, 2ff] w1 and w3 projections: h1 = h13[:, :ff], h3 = h13[:, ff:]
+    real *act;      // [N_exp, ff] silu(h1) * h3
+    real *ye_local; // [N_exp, d] the local experts' outputs (one rank: == ye)
+    real *ye;       // [N, d]  the expert outputs of this rank's rows, back for the combine
     // backward scratch: views of the (possibly shared) moe_backward_scratch
     moe_backward_scratch *bwd;
     int owns_bwd;
@@ -182,11 +182,11 @@ typedef struct {
     real *host_losses;   // [MOE_LOSS_SLOTS]
     int *host_kept;      // [E]
     moe_stats stats;
-    int last_seq_len; // seq_len of the last forward
-    size_t bytes;     // device memory of the buffers above (a shared scratch: its owner's)
-    int jittered;     // the last forward used router_in
-    uint64_t noise_key;          // set by the caller before a training forward: the jitter
-                                 // noise is a function of it (resumable, backend-independent)
+    int last_seq_len;   // seq_len of the last forward
+    size_t bytes;       // device memory of the buffers above (a shared scratch: its owner's)
+    int jittered;       // the last forward used router_in
+    uint64_t noise_key; // set by the caller before a training forward: the jitter
+                        // noise is a function of it (resumable, backend-independent)
     const real *jitter_override; // test-only: this noise [T, d] (backend memory) instead of
                                  // drawing it
 } moe_layer;
@@ -203,23 +203,21 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
 
 // moe_layer_create with the single-rank shape: all E experts, up to max_tokens tokens per
 // call, its own backward scratch.
-moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg,
-                          int max_tokens);
+moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg, int max_tokens);
 void moe_layer_free(moe_layer *L);
 
 // out [T, d] = MoE(inp [T, d]). The T tokens are T / seq_len sequences of seq_len
 // consecutive tokens (for the sequence-level aux loss; seq_len <= 0 means one sequence).
 // training=0 is inference: never drops, no jitter.
 // If stats is not NULL it receives the load statistics of this call.
-moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w,
-                             int T, int seq_len, int training, moe_stats *stats);
+moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w, int T,
+                             int seq_len, int training, moe_stats *stats);
 
 // Backward of the last forward (same inp and w).
 // dinp [T, d] += dL/dinp, grads += dL/dweights, where
 // L = sum(out * dout) + dloss * (L_aux + L_seq + L_z); dloss scales the router losses
 // (1 for a single micro-batch, 1/n under gradient accumulation over n).
-moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads,
-                              const real *dout, const real *inp, const moe_weights *w,
-                              double dloss);
+moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads, const real *dout,
+                              const real *inp, const moe_weights *w, double dloss);
 
 #endif

@@ -50,8 +50,10 @@ void moe_set_fatal_exit(void (*exit_fn)(int code), int rank) {
 void moe_fatal(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (fatal_rank >= 0) fprintf(stderr, "moe: error: rank %d: ", fatal_rank);
-    else fputs("moe: error: ", stderr);
+    if (fatal_rank >= 0)
+        fprintf(stderr, "moe: error: rank %d: ", fatal_rank);
+    else
+        fputs("moe: error: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);

@@ -14,8 +14,7 @@ typedef enum {
 
 // Records a message for the calling thread and returns `code`, so that
 // `return moe_error(MOE_EINVAL, "top_k=%d exceeds n_experts=%d", k, E);` reads well.
-moe_status moe_error(moe_status code, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+moe_status moe_error(moe_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 // Prefixes the current message with "<context>: " (e.g. the layer or file) and returns code.
 moe_status moe_error_context(moe_status code, const char *fmt, ...)

@@ -15,7 +15,8 @@ static int merge_regions(optim_region *r, int n) {
     qsort(r, (size_t)n, sizeof *r, by_offset);
     int m = 0;
     for (int i = 0; i < n; i++) {
-        if (m > 0 && r[m - 1].decay == r[i].decay && r[m - 1].offset + r[m - 1].count == r[i].offset)
+        if (m > 0 && r[m - 1].decay == r[i].decay &&
+            r[m - 1].offset + r[m - 1].count == r[i].offset)
             r[m - 1].count += r[i].count;
         else
             r[m++] = r[i];
@@ -23,8 +24,8 @@ static int merge_regions(optim_region *r, int n) {
     return m;
 }
 
-moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *cfg,
-                            size_t n_params, const optim_region *regions, int n_regions) {
+moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *cfg, size_t n_params,
+                            const optim_region *regions, int n_regions) {
     memset(o, 0, sizeof *o);
     if (cfg->kind != OPTIM_ADAMW && cfg->kind != OPTIM_SGD)
         return moe_error(MOE_EINVAL, "optimizer: unknown kind %d", (int)cfg->kind);
@@ -76,11 +77,10 @@ void optimizer_step(optimizer *o, real *params, const real *grads, double lr, do
             o->be->sgd_update(o->be, params + r->offset, grads + r->offset, r->count, (real)lr,
                               (real)grad_scale);
         } else {
-            o->be->adamw_update(o->be, params + r->offset, o->m + r->offset, o->v + r->offset,
-                                grads + r->offset, r->count, (real)lr, (real)c->beta1,
-                                (real)c->beta2, (real)c->eps,
-                                (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2,
-                                (real)grad_scale);
+            o->be->adamw_update(
+                o->be, params + r->offset, o->m + r->offset, o->v + r->offset, grads + r->offset,
+                r->count, (real)lr, (real)c->beta1, (real)c->beta2, (real)c->eps,
+                (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2, (real)grad_scale);
         }
     }
 }

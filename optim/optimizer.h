@@ -26,17 +26,17 @@ typedef struct {
 typedef struct {
     optim_config cfg;
     moe_backend *be;
-    size_t n;           // parameters
-    real *m, *v;        // AdamW moments [n] (device), NULL for SGD
-    int64_t t;          // updates done (AdamW bias correction uses t+1)
+    size_t n;    // parameters
+    real *m, *v; // AdamW moments [n] (device), NULL for SGD
+    int64_t t;   // updates done (AdamW bias correction uses t+1)
     int n_regions;
     optim_region *regions;
 } optimizer;
 
 // regions: any order; contiguous ones with the same decay flag are merged, overlapping ones
 // refused.
-moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *cfg,
-                            size_t n_params, const optim_region *regions, int n_regions);
+moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *cfg, size_t n_params,
+                            const optim_region *regions, int n_regions);
 void optimizer_destroy(optimizer *o);
 
 // One update of params with grad_scale * grads at learning rate lr.

@@ -66,7 +66,8 @@ void moe_case_from_fixture(moe_case *c, const fixture *fx) {
     c->T = fixture_int(fx, "T");
     // balancing options, present in the newer fixtures only
     const fixture_tensor *t;
-    if ((t = fixture_find(fx, "scoring"))) c->cfg.scoring = t->data[0] ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
+    if ((t = fixture_find(fx, "scoring")))
+        c->cfg.scoring = t->data[0] ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
     if ((t = fixture_find(fx, "route_scale"))) c->cfg.route_scale = t->data[0];
     if ((t = fixture_find(fx, "seq_aux_coef"))) c->cfg.seq_aux_coef = t->data[0];
     if ((t = fixture_find(fx, "jitter_eps"))) c->cfg.jitter_eps = t->data[0];
@@ -168,8 +169,8 @@ static void download_forward(moe_case *c, int T) {
 
 moe_status moe_case_forward(moe_case *c, int T, int training, moe_stats *stats) {
     upload_inputs(c, T);
-    moe_status st = moe_layer_forward(&c->layer, c->dev_y, c->dev_x, &c->dev_w, T, c->seq_len,
-                                      training, stats);
+    moe_status st =
+        moe_layer_forward(&c->layer, c->dev_y, c->dev_x, &c->dev_w, T, c->seq_len, training, stats);
     if (!st) download_forward(c, T);
     return st;
 }
@@ -182,8 +183,7 @@ void moe_case_run(moe_case *c, moe_stats *stats) {
     be->copy_to_device(be, c->dev_dout, c->dout, nx * sizeof(real));
     moe_status st = moe_case_forward(c, c->T, 1, stats);
     if (st) die_status("moe_layer_forward", st);
-    st = moe_layer_backward(&c->layer, c->dev_dx, &c->dev_g, c->dev_dout, c->dev_x, &c->dev_w,
-                            1.0);
+    st = moe_layer_backward(&c->layer, c->dev_dx, &c->dev_g, c->dev_dout, c->dev_x, &c->dev_w, 1.0);
     if (st) die_status("moe_layer_backward", st);
     be->copy_to_host(be, c->dx, c->dev_dx, nx * sizeof(real));
     be->copy_to_host(be, c->grads, c->dev_grads, nw * sizeof(real));
@@ -263,8 +263,10 @@ double moe_routing_select_margin(const moe_routing *r, int *token) {
         double lo_sel = INFINITY, hi_unsel = -INFINITY;
         for (int e = 0; e < r->E; e++) {
             double v = r->v[(size_t)t * r->E + e];
-            if (r->state[(size_t)t * r->E + e]) lo_sel = v < lo_sel ? v : lo_sel;
-            else hi_unsel = v > hi_unsel ? v : hi_unsel;
+            if (r->state[(size_t)t * r->E + e])
+                lo_sel = v < lo_sel ? v : lo_sel;
+            else
+                hi_unsel = v > hi_unsel ? v : hi_unsel;
         }
         if (lo_sel - hi_unsel < best) {
             best = lo_sel - hi_unsel;
@@ -318,8 +320,8 @@ int moe_routing_experts_used(const moe_routing *r) {
     return used;
 }
 
-void check_routing_margins(double ms, double md, double dv, double dw, size_t flipped,
-                           size_t evals, double margin_min, double safety) {
+void check_routing_margins(double ms, double md, double dv, double dw, size_t flipped, size_t evals,
+                           double margin_min, double safety) {
     char label[96];
     snprintf(label, sizeof label, "selection margin %.1e >= %.0e (no near-tie)", ms, margin_min);
     check_true(label, ms >= margin_min);

@@ -58,9 +58,9 @@ double *w13_part_as_double(int slot, const real *w13, int part, int E, int ff, i
 typedef struct {
     int T, E, k, capacity; // capacity 0: dropless
     moe_drop_policy policy;
-    double *v;           // [T, E] selection value s + bias
-    double *w;           // [T, E] combine weight of a selected expert, 0 otherwise
-    signed char *state;  // [T, E] 0 not selected, 1 selected and kept, 2 selected and dropped
+    double *v;          // [T, E] selection value s + bias
+    double *w;          // [T, E] combine weight of a selected expert, 0 otherwise
+    signed char *state; // [T, E] 0 not selected, 1 selected and kept, 2 selected and dropped
 } moe_routing;
 
 // Fills r from L (r zeroed before the first call; reallocates when the shape changes); bias is
@@ -84,7 +84,7 @@ int moe_routing_experts_used(const moe_routing *r);
 // The gradient check's routing assertions: selection margin ms and drop margin md are at least
 // margin_min and more than safety x 2 x the largest score / weight change under +-h (dv, dw),
 // and none of the evals evaluations flipped a decision.
-void check_routing_margins(double ms, double md, double dv, double dw, size_t flipped,
-                           size_t evals, double margin_min, double safety);
+void check_routing_margins(double ms, double md, double dv, double dw, size_t flipped, size_t evals,
+                           double margin_min, double safety);
 
 #endif

@@ -51,8 +51,8 @@ static void ref_attention_forward(real *out, real *att, const real *qkv, int B, 
             const real *k = qkv + (size_t)b * S * row + (size_t)(H + h / group) * hd;
             const real *v = k + (size_t)KV * hd;
             real *p = att + ((size_t)b * H + h) * S * S;
-            cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, scale, q, row, k, row,
-                       0, p, S);
+            cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, scale, q, row, k, row, 0,
+                       p, S);
             for (int i = 0; i < S; i++) ref_softmax_row(p + (size_t)i * S, i, S);
             cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1, p, S, v, row, 0,
                        out + (size_t)b * S * H * hd + (size_t)h * hd, H * hd);
@@ -80,8 +80,8 @@ static void ref_attention_backward(real *dqkv, real *datt, const real *dout, con
                 const real *p = att + ((size_t)b * H + h) * S * S;
                 real *dp = datt + ((size_t)b * H + h) * S * S;
                 const real *dO = dout + (size_t)b * S * H * hd + (size_t)h * hd;
-                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1, dO, H * hd, v,
-                           row, 0, dp, S);
+                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1, dO, H * hd, v, row,
+                           0, dp, S);
                 cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1, p, S, dO, H * hd,
                            1, dv, row);
                 for (int i = 0; i < S; i++) {
@@ -91,8 +91,8 @@ static void ref_attention_backward(real *dqkv, real *datt, const real *dout, con
                     for (int j = 0; j <= i; j++) dpi[j] = pi[j] * (dpi[j] - dot) * scale;
                     for (int j = i + 1; j < S; j++) dpi[j] = 0;
                 }
-                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1, dp, S, k, row,
-                           0, dq, row);
+                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1, dp, S, k, row, 0,
+                           dq, row);
                 cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1, dp, S, q, row, 1,
                            dk, row);
             }
@@ -116,10 +116,14 @@ static void check_rel_real(const char *what, const real *got, const real *want, 
 
 // The q, k or v part (part 0, 1, 2) of rows [T, (H + 2KV) hd], packed.
 static real *qkv_part(const real *x, int T, int H, int KV, int hd, int part) {
-    const int row = (H + 2 * KV) * hd, off = part == 0 ? 0 : part == 1 ? H * hd : (H + KV) * hd,
+    const int row = (H + 2 * KV) * hd,
+              off = part == 0   ? 0
+                    : part == 1 ? H * hd
+                                : (H + KV) * hd,
               w = part == 0 ? H * hd : KV * hd;
     real *y = malloc((size_t)T * w * sizeof *y);
-    for (int t = 0; t < T; t++) memcpy(y + (size_t)t * w, x + (size_t)t * row + off, (size_t)w * sizeof(real));
+    for (int t = 0; t < T; t++)
+        memcpy(y + (size_t)t * w, x + (size_t)t * row + off, (size_t)w * sizeof(real));
     return y;
 }
 
@@ -147,7 +151,8 @@ static void direct_forward(double *o, double *lse, const real *qkv, int B, int S
                 for (int c = 0; c < hd; c++) {
                     oi[c] = 0;
                     for (int j = 0; j <= i; j++)
-                        oi[c] += s[j] / sum * qkv[((size_t)b * S + j) * row + (size_t)(H + KV + g) * hd + c];
+                        oi[c] += s[j] / sum *
+                                 qkv[((size_t)b * S + j) * row + (size_t)(H + KV + g) * hd + c];
                 }
             }
     free(s);
@@ -234,8 +239,8 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
 
 #ifdef MOE_REAL_DOUBLE
 // sum over (b, i, h, c) of out * w: the scalar whose gradient the backward computes with dout = w
-static double weighted_out(moe_backend *be, shape sh, const real *qkv, const real *w,
-                           real *out, real *lse, real *scratch, size_t n_scratch) {
+static double weighted_out(moe_backend *be, shape sh, const real *qkv, const real *w, real *out,
+                           real *lse, real *scratch, size_t n_scratch) {
     be->attention_forward(be, out, lse, qkv, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch, n_scratch);
     double s = 0;
     for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.hd; i++) s += out[i] * w[i];

@@ -57,7 +57,8 @@ int main(void) {
         for (int j = 0; j < R; j++)
             for (int i = 0; i < send_n[j]; i++, at++)
                 for (int k = 0; k < d; k++) hs[at * d + k] = value(me, j, i, k);
-        real *ds = be->alloc(be, (ns + 1) * d * sizeof(real)), *dr = be->alloc(be, (nr + 1) * d * sizeof(real));
+        real *ds = be->alloc(be, (ns + 1) * d * sizeof(real)),
+             *dr = be->alloc(be, (nr + 1) * d * sizeof(real));
         be->copy_to_device(be, ds, hs, ns * d * sizeof(real));
         world->barrier(world);
         const double t0 = now();

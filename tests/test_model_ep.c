@@ -39,7 +39,8 @@ static double compare(const model *got, const double *g, const model *want, cons
         }
         if (t->is_expert != experts_only) continue;
         const double *a = g + t->offset, *b = w + u->offset;
-        for (size_t j = 0; j < numel(t); j++) diff += (a[j] - b[j]) * (a[j] - b[j]), norm += b[j] * b[j];
+        for (size_t j = 0; j < numel(t); j++)
+            diff += (a[j] - b[j]) * (a[j] - b[j]), norm += b[j] * b[j];
         if (worst_tensor) *worst_tensor = fmax(*worst_tensor, rel_err(a, b, numel(t)));
     }
     return norm > 0 ? sqrt(diff / norm) : sqrt(diff);
@@ -53,14 +54,14 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
     rng_seed(&r, 500 + (uint64_t)world->rank);
     for (int i = 0; i < 2 * T; i++) tok[i] = (int)(rng_uniform(&r) * cfg.vocab_size);
     model one, par;
-    if (model_create(&one, be, &cfg, B, S) ||
-        model_create_parallel(&par, be, &cfg, B, S, ep)) {
+    if (model_create(&one, be, &cfg, B, S) || model_create_parallel(&par, be, &cfg, B, S, ep)) {
         fprintf(stderr, "%s\n", moe_last_error());
         exit(1);
     }
     model_init_weights(&one, 3, 0.3);
     model_init_weights(&par, 3, 0.3);
-    double *p1 = ep_host_doubles(be, one.params, one.n_params), *p2 = ep_host_doubles(be, par.params, par.n_params);
+    double *p1 = ep_host_doubles(be, one.params, one.n_params),
+           *p2 = ep_host_doubles(be, par.params, par.n_params);
     int missing = 0;
     double wp = fmax(compare(&par, p2, &one, p1, 0, &missing, NULL),
                      compare(&par, p2, &one, p1, 1, &missing, NULL));
@@ -77,7 +78,8 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
         loss[i][0] = ms[i]->ce, loss[i][1] = ms[i]->aux, loss[i][2] = ms[i]->z;
     }
     double g1n = 0;
-    double *g1 = ep_host_doubles(be, one.grads, one.n_params), *g2 = ep_host_doubles(be, par.grads, par.n_params);
+    double *g1 = ep_host_doubles(be, one.grads, one.n_params),
+           *g2 = ep_host_doubles(be, par.grads, par.n_params);
     for (size_t i = 0; i < one.n_params; i++) g1n += fabs(g1[i]);
     double per_tensor = 0; // reported: the largest relative difference of one tensor
     const double dense = compare(&par, g2, &one, g1, 0, &missing, &per_tensor);
@@ -85,7 +87,8 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
     ep->allreduce_sum_double(ep, g1 + one.n_dense, one.n_params - one.n_dense);
     const double expert = compare(&par, g2, &one, g1, 1, &missing, &per_tensor);
     double dl = 0;
-    for (int j = 0; j < 3; j++) dl = fmax(dl, fabs(loss[1][j] - loss[0][j]) / fmax(fabs(loss[0][j]), 1e-30));
+    for (int j = 0; j < 3; j++)
+        dl = fmax(dl, fabs(loss[1][j] - loss[0][j]) / fmax(fabs(loss[0][j]), 1e-30));
     double mine[2] = {fmax(fmax(dense, expert), dl), per_tensor}, worst[2] = {0, 0};
     double *all = malloc(2 * (size_t)world->size * sizeof(double));
     world->allgather(world, all, mine, sizeof mine);
@@ -94,8 +97,8 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
                worst[0] <= TOL && g1n > 0 && !missing);
     if (world->rank == 0)
         printf("R=%d ep=%d %-26s relative difference %.2e (losses, dense, experts), %.2e "
-               "(worst tensor), ce %.4f\n", world->size, ep->size, title, worst[0], worst[1],
-               loss[0][0]);
+               "(worst tensor), ce %.4f\n",
+               world->size, ep->size, title, worst[0], worst[1], loss[0][0]);
     free(all), free(p1), free(p2), free(g1), free(g2), free(tok);
     model_destroy(&par);
     model_destroy(&one);
@@ -138,7 +141,8 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
     double ss1, ss2 = model_grad_sum_squares(&par);
     be->sum_squares(be, &ss1, one.grads, one.n_params);
     int missing = 0;
-    double *g1 = ep_host_doubles(be, one.grads, one.n_params), *g2 = ep_host_doubles(be, par.grads, par.n_params);
+    double *g1 = ep_host_doubles(be, one.grads, one.n_params),
+           *g2 = ep_host_doubles(be, par.grads, par.n_params);
     double worst = fmax(compare(&par, g2, &one, g1, 0, &missing, NULL),
                         compare(&par, g2, &one, g1, 1, &missing, NULL));
     worst = fmax(worst, fabs(ss2 - ss1) / ss1);
@@ -146,10 +150,12 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
     optimizer o1, o2;
     const optim_region r1 = {0, one.n_params, 1}, r2 = {0, par.n_params, 1};
     if (optimizer_create(&o1, be, &oc, one.n_params, &r1, 1) ||
-        optimizer_create(&o2, be, &oc, par.n_params, &r2, 1)) exit(1);
+        optimizer_create(&o2, be, &oc, par.n_params, &r2, 1))
+        exit(1);
     optimizer_step(&o1, one.params, one.grads, 0.5, clip_scale(sqrt(ss1), 0.1));
     optimizer_step(&o2, par.params, par.grads, 0.5, clip_scale(sqrt(ss2), 0.1));
-    double *p1 = ep_host_doubles(be, one.params, one.n_params), *p2 = ep_host_doubles(be, par.params, par.n_params);
+    double *p1 = ep_host_doubles(be, one.params, one.n_params),
+           *p2 = ep_host_doubles(be, par.params, par.n_params);
     worst = fmax(worst, fmax(compare(&par, p2, &one, p1, 0, &missing, NULL),
                              compare(&par, p2, &one, p1, 1, &missing, NULL)));
     double *all = malloc((size_t)R * sizeof(double));
@@ -170,8 +176,15 @@ int main(void) {
     moe_comm *world = ep_world();
     moe_backend *be = test_backend();
     model_config cfg = {
-        .vocab_size = 40, .d_model = 16, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1,
-        .max_seq_len = 16, .tie_embeddings = 0, .rope_theta = 100.0, .rms_norm_eps = 1e-5,
+        .vocab_size = 40,
+        .d_model = 16,
+        .n_layers = 2,
+        .n_heads = 2,
+        .n_kv_heads = 1,
+        .max_seq_len = 16,
+        .tie_embeddings = 0,
+        .rope_theta = 100.0,
+        .rms_norm_eps = 1e-5,
     };
     cfg.moe = moe_config_default(16, 24, 8, 2);
     const int R = world->size;

@@ -71,7 +71,8 @@ static void run_fixture(const char *path) {
     fixture fx;
     fixture_load(&fx, path);
     model_config cfg = config_from(&fx);
-    const int B = fixture_int(&fx, "B"), S = fixture_int(&fx, "S"), steps = fixture_int(&fx, "steps");
+    const int B = fixture_int(&fx, "B"), S = fixture_int(&fx, "S"),
+              steps = fixture_int(&fx, "steps");
     const int T = B * S, L = cfg.n_layers;
     printf("%s: V=%d d=%d L=%d H=%d KV=%d ff=%d E=%d k=%d B=%d S=%d tied=%d cf=%g\n", path,
            cfg.vocab_size, cfg.d_model, L, cfg.n_heads, cfg.n_kv_heads, cfg.moe.d_ff,
@@ -84,14 +85,17 @@ static void run_fixture(const char *path) {
     real *host_params = calloc(m.n_params, sizeof(real)); // the weights, then to the device
     for (int i = 0; i < m.n_tensors; i++) {
         const fixture_tensor *w = fixture_get(&fx, m.tensors[i].name, numel(&m.tensors[i]));
-        for (size_t j = 0; j < w->count; j++) host_params[m.tensors[i].offset + j] = (real)w->data[j];
+        for (size_t j = 0; j < w->count; j++)
+            host_params[m.tensors[i].offset + j] = (real)w->data[j];
     }
     m.be->copy_to_device(m.be, m.params, host_params, m.n_params * sizeof(real));
     free(host_params);
     const fixture_tensor *tok = fixture_get(&fx, "tokens", (size_t)steps * T);
     const fixture_tensor *tgt = fixture_get(&fx, "targets", (size_t)steps * T);
-    int *tokens = malloc((size_t)steps * T * sizeof(int)), *targets = malloc((size_t)steps * T * sizeof(int));
-    for (size_t i = 0; i < (size_t)steps * T; i++) tokens[i] = (int)tok->data[i], targets[i] = (int)tgt->data[i];
+    int *tokens = malloc((size_t)steps * T * sizeof(int)),
+        *targets = malloc((size_t)steps * T * sizeof(int));
+    for (size_t i = 0; i < (size_t)steps * T; i++)
+        tokens[i] = (int)tok->data[i], targets[i] = (int)tgt->data[i];
 
     // ---- step 0: forward and backward
     model_zero_grads(&m);
@@ -146,7 +150,8 @@ static void run_fixture(const char *path) {
         optimizer_step(&opt, m.params, m.grads, lr, clip_scale(norms[s], clip));
     }
     check_rel("5 step losses", losses, fixture_get(&fx, "step_loss", steps)->data, steps, 1e-4);
-    check_rel("5 step grad norms", norms, fixture_get(&fx, "step_grad_norm", steps)->data, steps, 1e-4);
+    check_rel("5 step grad norms", norms, fixture_get(&fx, "step_grad_norm", steps)->data, steps,
+              1e-4);
     check_all_tensors(&m, m.params, &fx, "final.", 1e-4);
 
     free(losses), free(norms), free(regions), free(tokens), free(targets);

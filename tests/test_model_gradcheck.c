@@ -40,10 +40,10 @@
 #endif
 
 typedef struct {
-    int n;                 // MoE layers
+    int n; // MoE layers
     moe_routing *base, *cur;
-    size_t flipped;        // +-h evaluations whose routing differs from the base in any layer
-    double dv, dw;         // largest |change| of v and w over all of them and all layers
+    size_t flipped; // +-h evaluations whose routing differs from the base in any layer
+    double dv, dw;  // largest |change| of v and w over all of them and all layers
 } routing_watch;
 
 static void capture_all(moe_routing *r, const model *m) {
@@ -139,8 +139,8 @@ static void run(const char *title, model_config cfg, int B, int S, uint64_t seed
     long dropped = 0;
     for (int l = 0; l < cfg.n_layers; l++) dropped += m.moe_stats[l].dropped;
     model_backward(&m, 1.0);
-    printf("%s: loss %.6f (ce %.6f aux %.6f z %.6f), dropped %ld\n", title, l0, m.ce, m.aux,
-           m.z, dropped);
+    printf("%s: loss %.6f (ce %.6f aux %.6f z %.6f), dropped %ld\n", title, l0, m.ce, m.aux, m.z,
+           dropped);
     if (cfg.moe.capacity_factor > 0) check_true("capacity mode drops assignments", dropped > 0);
 
     const int L = cfg.n_layers;
@@ -192,8 +192,15 @@ static void run(const char *title, model_config cfg, int B, int S, uint64_t seed
 
 int main(void) {
     model_config cfg = {
-        .vocab_size = 11, .d_model = 8, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1,
-        .max_seq_len = 8, .tie_embeddings = 0, .rope_theta = 100.0, .rms_norm_eps = 1e-5,
+        .vocab_size = 11,
+        .d_model = 8,
+        .n_layers = 2,
+        .n_heads = 2,
+        .n_kv_heads = 1,
+        .max_seq_len = 8,
+        .tie_embeddings = 0,
+        .rope_theta = 100.0,
+        .rms_norm_eps = 1e-5,
     };
     cfg.moe = moe_config_default(8, 6, 3, 2);
     cfg.moe.aux_coef = 0.1;

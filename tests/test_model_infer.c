@@ -25,8 +25,15 @@ static double *copy_logits(const model *m, int rows, int V) {
 
 int main(void) {
     model_config cfg = {
-        .vocab_size = 37, .d_model = 32, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2,
-        .max_seq_len = 24, .tie_embeddings = 0, .rope_theta = 1000.0, .rms_norm_eps = 1e-5,
+        .vocab_size = 37,
+        .d_model = 32,
+        .n_layers = 3,
+        .n_heads = 4,
+        .n_kv_heads = 2,
+        .max_seq_len = 24,
+        .tie_embeddings = 0,
+        .rope_theta = 1000.0,
+        .rms_norm_eps = 1e-5,
     };
     cfg.moe = moe_config_default(32, 40, 6, 2);
     const int S = 24, V = cfg.vocab_size;
@@ -89,7 +96,8 @@ int main(void) {
     for (int i = 0; i < cfg.n_layers * cfg.moe.n_experts; i++) hits += inf.expert_hits[i];
     check_true("expert hits count every routed assignment",
                hits == 3L * cfg.n_layers * S * cfg.moe.top_k);
-    check_true("a chunk beyond the cache is refused", model_infer(&inf, tokens, 2, S - 1) == MOE_EINVAL);
+    check_true("a chunk beyond the cache is refused",
+               model_infer(&inf, tokens, 2, S - 1) == MOE_EINVAL);
     printf("    -> %s\n", moe_last_error());
     check_true("training forward on an inference model is refused",
                model_forward(&inf, tokens, targets, 1, S, 0) == MOE_EINVAL);

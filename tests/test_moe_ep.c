@@ -32,12 +32,13 @@ typedef struct {
 } outcome;
 
 // One layer forward + backward on this rank's tokens; g receives the weight gradients.
-static void run(moe_layer *L, moe_backend *be, const moe_config *cfg, int E_local,
-                const real *hw, const real *hx, const real *hdout, int T, double **y,
-                double **dx, double **g, long *dropped) {
+static void run(moe_layer *L, moe_backend *be, const moe_config *cfg, int E_local, const real *hw,
+                const real *hx, const real *hdout, int T, double **y, double **dx, double **g,
+                long *dropped) {
     const size_t nx = (size_t)T * cfg->d_model, nw = moe_weights_count_local(cfg, E_local);
     real *w = ep_device(be, hw, nw), *gr = ep_device(be, NULL, nw), *x = ep_device(be, hx, nx);
-    real *dout = ep_device(be, hdout, nx), *out = ep_device(be, NULL, nx), *dxd = ep_device(be, NULL, nx);
+    real *dout = ep_device(be, hdout, nx), *out = ep_device(be, NULL, nx),
+         *dxd = ep_device(be, NULL, nx);
     moe_weights wv, gv;
     moe_weights_view_local(&wv, w, cfg, E_local);
     moe_weights_view_local(&gv, gr, cfg, E_local);
@@ -48,7 +49,8 @@ static void run(moe_layer *L, moe_backend *be, const moe_config *cfg, int E_loca
         exit(1);
     }
     *dropped = st.dropped;
-    *y = ep_host_doubles(be, out, nx), *dx = ep_host_doubles(be, dxd, nx), *g = ep_host_doubles(be, gr, nw);
+    *y = ep_host_doubles(be, out, nx), *dx = ep_host_doubles(be, dxd, nx),
+    *g = ep_host_doubles(be, gr, nw);
     real *bufs[] = {w, gr, x, dout, out, dxd};
     for (int i = 0; i < 6; i++) be->free(be, bufs[i]);
 }
@@ -102,8 +104,7 @@ static outcome check_case(moe_comm *world, moe_comm *ep, moe_backend *be, moe_co
     const double errs[4] = {rel_err(y1, y0, nx), rel_err(dx1, dx0, nx), rel_err(g1, want, ng),
                             rel_err(g1 + ng, want + ng, nwl - ng)};
     for (int i = 0; i < 4; i++) o.worst = fmax(o.worst, errs[i]);
-    check_true("EP == single rank: outputs, dx, dgate, expert grads (within 1e-6)",
-               o.worst <= TOL);
+    check_true("EP == single rank: outputs, dx, dgate, expert grads (within 1e-6)", o.worst <= TOL);
     free(y0), free(dx0), free(g0), free(y1), free(dx1), free(g1), free(want);
     free(hw), free(hx), free(hdout), free(hwl);
     return o;
@@ -136,8 +137,7 @@ int main(void) {
             world->allreduce_sum_long(world, &dropped, 1);
             for (int j = 0; j < R; j++) worst = fmax(worst, all[j]);
             free(all);
-            if (cfg.capacity_factor > 0)
-                check_true("drops happen in capacity mode", dropped > 0);
+            if (cfg.capacity_factor > 0) check_true("drops happen in capacity mode", dropped > 0);
             if (world->rank == 0)
                 printf("R=%d ep=%d %-24s largest relative difference %.2e, %ld dropped\n", R,
                        ep->size, modes[m].name, worst, dropped);

@@ -32,14 +32,13 @@ static void run_fixture(const char *path) {
     fixture_load(&fx, path);
     moe_case c;
     moe_case_from_fixture(&c, &fx);
-    const size_t T = c.T, E = c.cfg.n_experts, k = c.cfg.top_k, d = c.cfg.d_model,
-                 ff = c.cfg.d_ff;
+    const size_t T = c.T, E = c.cfg.n_experts, k = c.cfg.top_k, d = c.cfg.d_model, ff = c.cfg.d_ff;
     printf("%s: T=%zu d=%zu ff=%zu E=%zu k=%zu cf=%g policy=%s norm=%d scoring=%s route_scale=%g "
-           "bias=%s seq_aux=%g (seq_len %d) jitter=%g\n", path, T, d, ff, E, k,
-           c.cfg.capacity_factor, c.cfg.drop_policy == MOE_DROP_POSITION ? "position" : "probs",
-           c.cfg.norm_topk_prob, c.cfg.scoring == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax",
-           c.cfg.route_scale, c.bias ? "on" : "off", c.cfg.seq_aux_coef, c.seq_len,
-           c.cfg.jitter_eps);
+           "bias=%s seq_aux=%g (seq_len %d) jitter=%g\n",
+           path, T, d, ff, E, k, c.cfg.capacity_factor,
+           c.cfg.drop_policy == MOE_DROP_POSITION ? "position" : "probs", c.cfg.norm_topk_prob,
+           c.cfg.scoring == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax", c.cfg.route_scale,
+           c.bias ? "on" : "off", c.cfg.seq_aux_coef, c.seq_len, c.cfg.jitter_eps);
     moe_stats st;
     moe_case_run(&c, &st); // y, dx, grads and the routing copied back to host arrays
 

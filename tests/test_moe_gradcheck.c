@@ -37,8 +37,8 @@
 typedef struct {
     moe_routing base, cur;
     const real *bias;
-    size_t flipped;    // +-h evaluations whose routing state differs from the base
-    double dv, dw;     // largest |change| of v and w over all +-h evaluations
+    size_t flipped; // +-h evaluations whose routing state differs from the base
+    double dv, dw;  // largest |change| of v and w over all +-h evaluations
 } routing_watch;
 
 static double loss_of(moe_case *c, routing_watch *rw) {
@@ -126,11 +126,12 @@ static void run_opts(const char *title, moe_config cfg, int T, uint64_t seed, in
     int redrawn = make_decisive(&c, c.w.bias, seed);
     moe_stats st;
     moe_case_run(&c, &st);
-    printf("%s: T=%d d=%d ff=%d E=%d k=%d cf=%g capacity=%d dropped=%ld\n", title, T,
-           cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.capacity_factor, st.capacity,
-           st.dropped);
-    if (expect_drops) check_true("capacity mode drops assignments", st.dropped > 0);
-    else check_true("nothing dropped", st.dropped == 0);
+    printf("%s: T=%d d=%d ff=%d E=%d k=%d cf=%g capacity=%d dropped=%ld\n", title, T, cfg.d_model,
+           cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.capacity_factor, st.capacity, st.dropped);
+    if (expect_drops)
+        check_true("capacity mode drops assignments", st.dropped > 0);
+    else
+        check_true("nothing dropped", st.dropped == 0);
 
     routing_watch rw = {.bias = c.w.bias};
     moe_routing_capture(&rw.base, &c.layer, c.w.bias);

@@ -121,7 +121,8 @@ int main(void) {
     moe_layer F;
     moe_layer_shape sf = {.max_tokens = T, .forward_only = 1};
     if (moe_layer_create(&F, &counting, &cfg, &sf)) return 1;
-    real *x = device_copy(be, hx, nx), *y = device_copy(be, NULL, nx), *w = device_copy(be, hw[0], nw);
+    real *x = device_copy(be, hx, nx), *y = device_copy(be, NULL, nx),
+         *w = device_copy(be, hw[0], nw);
     moe_weights wv;
     moe_weights_view(&wv, w, &cfg);
     moe_stats st;
@@ -129,9 +130,9 @@ int main(void) {
     check_true("forward-only layer: forward runs", !moe_layer_forward(&F, y, x, &wv, T, 0, 1, &st));
     printf("device-to-host copies in one forward: %d\n", d2h_copies);
     check_true("one device-to-host copy per forward", d2h_copies == 1);
-    check_true("the readback carries counts and losses",
-               st.aux > 0 && st.entropy > 0 && st.routed[0] + st.routed[E - 1] >= 0 &&
-                   st.dropped >= 0);
+    check_true("the readback carries counts and losses", st.aux > 0 && st.entropy > 0 &&
+                                                             st.routed[0] + st.routed[E - 1] >= 0 &&
+                                                             st.dropped >= 0);
     check_true("forward-only layer: backward refused",
                moe_layer_backward(&F, y, &wv, x, x, &wv, 1.0) == MOE_EINVAL);
     moe_layer_free(&F);

@@ -48,8 +48,8 @@ static void balanced_routing_aux_equals_coef(int k) {
     for (int t = 0; t < T; t++) {
         real *x = c.x + (size_t)t * E;
         for (int i = 0; i < E; i++) x[i] = 0;
-        x[t % E] = 3;           // first choice: expert t % E
-        x[(t + 1) % E] = 1.5f;  // second choice: expert (t+1) % E
+        x[t % E] = 3;          // first choice: expert t % E
+        x[(t + 1) % E] = 1.5f; // second choice: expert (t+1) % E
     }
     moe_stats st;
     moe_case_run(&c, &st);
@@ -86,8 +86,10 @@ static void hand_built_drops(moe_drop_policy policy, int norm, const int *expect
         int dropped = c.assign_row[t] < 0;
         ok &= dropped == expect_dropped[t];
         // a dropped token passes through on the residual: the layer adds exactly 0
-        if (dropped) ok &= c.y[2 * t] == 0 && c.y[2 * t + 1] == 0;
-        else ok &= c.y[2 * t] != 0 || c.y[2 * t + 1] != 0;
+        if (dropped)
+            ok &= c.y[2 * t] == 0 && c.y[2 * t + 1] == 0;
+        else
+            ok &= c.y[2 * t] != 0 || c.y[2 * t + 1] != 0;
     }
     check_true("the expected tokens dropped, their output is 0", ok);
     moe_case_free(&c);
@@ -156,9 +158,8 @@ static void invalid_arguments(void) {
     printf("    -> %s\n", moe_last_error());
     cfg = moe_config_default(8, 8, 4, 2);
     cfg.aux_coef = NAN;
-    check_true("NaN aux_coef refused",
-               moe_layer_init(&L, test_backend(), &cfg, 4) == MOE_EINVAL &&
-                   strstr(moe_last_error(), "aux_coef") != NULL);
+    check_true("NaN aux_coef refused", moe_layer_init(&L, test_backend(), &cfg, 4) == MOE_EINVAL &&
+                                           strstr(moe_last_error(), "aux_coef") != NULL);
     printf("    -> %s\n", moe_last_error());
     cfg = moe_config_default(8, 8, 4, 2);
     cfg.z_coef = -1;
@@ -172,9 +173,9 @@ static void invalid_arguments(void) {
     moe_case c;
     cfg = moe_config_default(8, 8, 4, 2);
     moe_case_random(&c, &cfg, 4, 16);
-    check_true("T > max_tokens refused",
-               moe_layer_forward(&c.layer, c.dev_y, c.dev_x, &c.dev_w, 5, 0, 1, NULL) == MOE_EINVAL &&
-                   strstr(moe_last_error(), "max_tokens") != NULL);
+    check_true("T > max_tokens refused", moe_layer_forward(&c.layer, c.dev_y, c.dev_x, &c.dev_w, 5,
+                                                           0, 1, NULL) == MOE_EINVAL &&
+                                             strstr(moe_last_error(), "max_tokens") != NULL);
     printf("    -> %s\n", moe_last_error());
     check_true("NULL input refused",
                moe_layer_forward(&c.layer, c.dev_y, NULL, &c.dev_w, 4, 0, 1, NULL) == MOE_EINVAL);
@@ -186,9 +187,8 @@ static void invalid_arguments(void) {
                moe_layer_backward(&c.layer, c.dev_dx, &c.dev_g, c.dev_dout, c.dev_x, &c.dev_w, 1) ==
                    MOE_EINVAL);
     moe_case_forward(&c, 4, 1, NULL);
-    check_true("NaN dloss refused",
-               moe_layer_backward(&c.layer, c.dev_dx, &c.dev_g, c.dev_dout, c.dev_x, &c.dev_w, NAN) ==
-                   MOE_EINVAL);
+    check_true("NaN dloss refused", moe_layer_backward(&c.layer, c.dev_dx, &c.dev_g, c.dev_dout,
+                                                       c.dev_x, &c.dev_w, NAN) == MOE_EINVAL);
     c.x[0] = NAN;
     check_true("NaN input reported as non-finite router loss",
                moe_case_forward(&c, 4, 1, NULL) == MOE_ENUMERIC);
@@ -248,8 +248,8 @@ static void threads_match_serial(void) {
     omp_set_num_threads(threads);
     size_t nx = (size_t)T * cfg.d_model, nw = moe_weights_count(&cfg);
     check_true("the same assignments dropped", sa.dropped == sb.dropped && sa.dropped > 0);
-    check_true("same routing", memcmp(a.topk_idx, b.topk_idx,
-                                      (size_t)T * cfg.top_k * sizeof(int)) == 0);
+    check_true("same routing",
+               memcmp(a.topk_idx, b.topk_idx, (size_t)T * cfg.top_k * sizeof(int)) == 0);
     check_rel("y", as_double(0, b.y, nx), as_double(1, a.y, nx), nx, 1e-6);
     check_rel("dx", as_double(0, b.dx, nx), as_double(1, a.dx, nx), nx, 1e-6);
     check_rel("weight grads", as_double(0, b.grads, nw), as_double(1, a.grads, nw), nw, 1e-6);

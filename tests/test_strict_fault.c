@@ -62,7 +62,8 @@ int main(void) {
     char err[8192];
     printf("copies and kernels reach cpu-strict memory\n");
     int status = run_child(0, err, sizeof err);
-    check_true("exit 0, nothing reported", WIFEXITED(status) && WEXITSTATUS(status) == 0 && !err[0]);
+    check_true("exit 0, nothing reported",
+               WIFEXITED(status) && WEXITSTATUS(status) == 0 && !err[0]);
 
     printf("a host read of cpu-strict memory outside a kernel dies, naming the byte\n");
     status = run_child(1, err, sizeof err);
@@ -71,11 +72,12 @@ int main(void) {
     check_true("the process dies (SIGSEGV, or the sanitizer's exit)",
                (WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) ||
                    (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 13));
-    check_true("the handler's message: byte 8 of an allocation of a page",
-               strstr(err, "cpu-strict: the host touched backend memory outside a kernel: address 0x") &&
-                   (strstr(err, ", byte 8 of an allocation of 4096\n") ||
-                    strstr(err, ", byte 8 of an allocation of 16384\n") ||
-                    strstr(err, ", byte 8 of an allocation of 65536\n")));
+    check_true(
+        "the handler's message: byte 8 of an allocation of a page",
+        strstr(err, "cpu-strict: the host touched backend memory outside a kernel: address 0x") &&
+            (strstr(err, ", byte 8 of an allocation of 4096\n") ||
+             strstr(err, ", byte 8 of an allocation of 16384\n") ||
+             strstr(err, ", byte 8 of an allocation of 65536\n")));
     printf("%d failure(s)\n", test_failures());
     return test_failures() != 0;
 }

@@ -56,9 +56,12 @@ void fixture_load(fixture *fx, const char *path) {
         read_exact(f, raw, t->count * esz, path, t->name);
         t->data = malloc(t->count * sizeof(double) + 1);
         for (size_t j = 0; j < t->count; j++) {
-            if (dtype == 0) t->data[j] = ((float *)raw)[j];
-            else if (dtype == 1) t->data[j] = ((int32_t *)raw)[j];
-            else t->data[j] = ((double *)raw)[j];
+            if (dtype == 0)
+                t->data[j] = ((float *)raw)[j];
+            else if (dtype == 1)
+                t->data[j] = ((int32_t *)raw)[j];
+            else
+                t->data[j] = ((double *)raw)[j];
         }
         free(raw);
     }

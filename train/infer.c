@@ -92,7 +92,8 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
         }
         long bad = isfinite(window_sum) ? -1 : first_nonfinite(logits, (size_t)seq_len * V);
         if (bad >= 0) {
-            st = moe_error(MOE_ENUMERIC, "eval: non-finite logit (%g) in window %ld at position %ld, "
+            st = moe_error(MOE_ENUMERIC,
+                           "eval: non-finite logit (%g) in window %ld at position %ld, "
                            "token id %ld: the forward overflowed (the weights are finite)",
                            (double)logits[bad], w, bad / V, bad % V);
             break;
@@ -150,15 +151,16 @@ static int sample(const real *logits, int V, const sampling *s, uint64_t *rng, c
     return c[n - 1].id;
 }
 
-moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new,
-                          const sampling *s, int *out, int *n_out) {
+moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, const sampling *s,
+                          int *out, int *n_out) {
     const int V = m->cfg.vocab_size;
     *n_out = 0;
     if (n_prompt < 1) return moe_error(MOE_EINVAL, "generate: the prompt is empty");
     if (n_prompt > m->max_pos)
         return moe_error(MOE_EINVAL, "generate: the prompt has %d tokens, the KV cache %d",
                          n_prompt, m->max_pos);
-    int chunk = s->prefill_chunk > 0 && s->prefill_chunk < m->max_seq ? s->prefill_chunk : m->max_seq;
+    int chunk =
+        s->prefill_chunk > 0 && s->prefill_chunk < m->max_seq ? s->prefill_chunk : m->max_seq;
     moe_status st = MOE_OK;
     int pos = 0;
     for (; pos < n_prompt && !st; pos += chunk) {
@@ -182,7 +184,8 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new,
         m->be->copy_to_host(m->be, logits, m->logits, (size_t)V * sizeof(real));
         long bad = first_nonfinite(logits, (size_t)V);
         if (bad >= 0) {
-            st = moe_error(MOE_ENUMERIC, "generate: non-finite logit (%g) for token id %ld at "
+            st = moe_error(MOE_ENUMERIC,
+                           "generate: non-finite logit (%g) for token id %ld at "
                            "position %d: the forward overflowed (the weights are finite)",
                            (double)logits[bad], bad, pos);
             break;

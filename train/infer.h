@@ -25,13 +25,13 @@ typedef struct {
     int top_k;          // 0: off
     double top_p;       // 1: off
     uint64_t seed;
-    int prefill_chunk;  // prompt tokens per forward (bounds the activation memory)
+    int prefill_chunk; // prompt tokens per forward (bounds the activation memory)
 } sampling;
 
 // Prefill the prompt in chunks, then decode n_new tokens one at a time with the KV cache.
 // out receives the n_new tokens; *n_out how many were made (fewer if the cache fills).
-moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new,
-                          const sampling *s, int *out, int *n_out);
+moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, const sampling *s,
+                          int *out, int *n_out);
 
 // Writes a float32 2-D array as a NumPy .npy file (format 1.0).
 moe_status npy_write_f32(const char *path, const float *data, int rows, int cols);

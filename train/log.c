@@ -9,7 +9,8 @@
 moe_status jsonl_open(jsonl_file *j, const char *dir, const char *name, int append) {
     snprintf(j->path, sizeof j->path, "%s/%s", dir, name);
     j->f = fopen(j->path, append ? "a" : "w");
-    if (!j->f) return moe_error(MOE_EIO, "%s: cannot open for writing: %s", j->path, strerror(errno));
+    if (!j->f)
+        return moe_error(MOE_EIO, "%s: cannot open for writing: %s", j->path, strerror(errno));
     return MOE_OK;
 }
 

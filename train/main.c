@@ -74,7 +74,8 @@ static const char *usage_train =
     "                         threads, then exit: no run directory, no data read or prepared\n";
 
 static const char *usage_eval =
-    "usage: moe eval --ckpt DIR --data FILE.bin [--seq-len S] [--max-windows N] [--logits OUT.npy]\n"
+    "usage: moe eval --ckpt DIR --data FILE.bin [--seq-len S] [--max-windows N] [--logits "
+    "OUT.npy]\n"
     "                [--device NAME]\n"
     "\n"
     "  The mean cross-entropy of the model's next-token predictions, in nats per token, over\n"
@@ -118,9 +119,8 @@ static const char *usage_export =
     "  --device NAME  the backend the weights are loaded on (default cpu)\n";
 
 // A usage error: the message and the command's usage on stderr; exit status 2.
-__attribute__((format(printf, 3, 4))) static int usage_error(const char *name,
-                                                             const char *cmd_usage,
-                                                             const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static int
+usage_error(const char *name, const char *cmd_usage, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "moe %s: error: ", name);
@@ -153,13 +153,20 @@ static int cmd_eval(int argc, char **argv) {
     for (int i = 0; i < argc; i += 2) { // every option takes a value
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage_error("eval", usage_eval, "'%s' needs a value", a);
-        if (!strcmp(a, "--ckpt")) ckpt = v;
-        else if (!strcmp(a, "--data")) data = v;
-        else if (!strcmp(a, "--logits")) logits = v;
-        else if (!strcmp(a, "--device")) device = v;
-        else if (!strcmp(a, "--seq-len")) seq_len = (int)number_arg(a, v, 1, 1 << 20);
-        else if (!strcmp(a, "--max-windows")) max_windows = (long)number_arg(a, v, 0, 1e12);
-        else return usage_error("eval", usage_eval, "unknown argument '%s'", a);
+        if (!strcmp(a, "--ckpt"))
+            ckpt = v;
+        else if (!strcmp(a, "--data"))
+            data = v;
+        else if (!strcmp(a, "--logits"))
+            logits = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
+        else if (!strcmp(a, "--seq-len"))
+            seq_len = (int)number_arg(a, v, 1, 1 << 20);
+        else if (!strcmp(a, "--max-windows"))
+            max_windows = (long)number_arg(a, v, 0, 1e12);
+        else
+            return usage_error("eval", usage_eval, "unknown argument '%s'", a);
     }
     if (!ckpt || !data) return usage_error("eval", usage_eval, "--ckpt and --data are required");
     token_file tf;
@@ -169,12 +176,14 @@ static int cmd_eval(int argc, char **argv) {
     if (infer_load(&m, be, ckpt, seq_len, seq_len)) moe_fatal("%s", moe_last_error());
     double loss;
     long n;
-    if (infer_eval(&m, &tf, seq_len, max_windows, logits, &loss, &n)) moe_fatal("%s", moe_last_error());
+    if (infer_eval(&m, &tf, seq_len, max_windows, logits, &loss, &n))
+        moe_fatal("%s", moe_last_error());
     // what the number is: the mean over the n predicted tokens of -ln p(next token), in nats;
     // with the byte tokenizer a token is a byte, so loss / ln 2 is bits per byte. The byte
     // tokenizer is taken to be vocab_size == 256 for now (checkpoints do not name their
     // tokenizer yet).
-    printf("loss %.6f nats/token (mean cross-entropy over %ld tokens) | ppl %.4f", loss, n, exp(loss));
+    printf("loss %.6f nats/token (mean cross-entropy over %ld tokens) | ppl %.4f", loss, n,
+           exp(loss));
     if (m.cfg.vocab_size == 256) printf(" | %.4f bits/byte", loss / log(2.0));
     printf("\n");
     model_destroy(&m);
@@ -196,18 +205,29 @@ static int cmd_generate(int argc, char **argv) {
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage_error("generate", usage_generate, "'%s' needs a value", a);
-        if (!strcmp(a, "--ckpt")) ckpt = v;
-        else if (!strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "--device")) device = v;
-        else if (!strcmp(a, "-n")) n_new = (int)number_arg(a, v, 1, 1 << 20);
-        else if (!strcmp(a, "--temperature")) s.temperature = number_arg(a, v, 0, 100);
-        else if (!strcmp(a, "--top-k")) s.top_k = (int)number_arg(a, v, 0, 1 << 24);
-        else if (!strcmp(a, "--top-p")) s.top_p = number_arg(a, v, 1e-9, 1);
-        else if (!strcmp(a, "--seed")) s.seed = (uint64_t)number_arg(a, v, 0, 9007199254740992.0);
-        else if (!strcmp(a, "--prefill-chunk")) s.prefill_chunk = (int)number_arg(a, v, 1, 1 << 20);
-        else return usage_error("generate", usage_generate, "unknown argument '%s'", a);
+        if (!strcmp(a, "--ckpt"))
+            ckpt = v;
+        else if (!strcmp(a, "--prompt"))
+            prompt = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
+        else if (!strcmp(a, "-n"))
+            n_new = (int)number_arg(a, v, 1, 1 << 20);
+        else if (!strcmp(a, "--temperature"))
+            s.temperature = number_arg(a, v, 0, 100);
+        else if (!strcmp(a, "--top-k"))
+            s.top_k = (int)number_arg(a, v, 0, 1 << 24);
+        else if (!strcmp(a, "--top-p"))
+            s.top_p = number_arg(a, v, 1e-9, 1);
+        else if (!strcmp(a, "--seed"))
+            s.seed = (uint64_t)number_arg(a, v, 0, 9007199254740992.0);
+        else if (!strcmp(a, "--prefill-chunk"))
+            s.prefill_chunk = (int)number_arg(a, v, 1, 1 << 20);
+        else
+            return usage_error("generate", usage_generate, "unknown argument '%s'", a);
     }
-    if (!ckpt || !prompt) return usage_error("generate", usage_generate, "--ckpt and --prompt are required");
+    if (!ckpt || !prompt)
+        return usage_error("generate", usage_generate, "--ckpt and --prompt are required");
     // the tokenizer: the folder's tokenizer.json unless it is the byte tokenizer's
     char folder[MOE_PATH_MAX + 64];
     if (checkpoint_resolve(folder, sizeof folder, ckpt)) moe_fatal("%s", moe_last_error());
@@ -218,30 +238,37 @@ static int cmd_generate(int argc, char **argv) {
     moe_backend *be = open_device(device);
     model m;
     // the KV cache holds what this call needs (at most max_position_embeddings)
-    if (infer_load(&m, be, ckpt, n_prompt + n_new, s.prefill_chunk)) moe_fatal("%s", moe_last_error());
+    if (infer_load(&m, be, ckpt, n_prompt + n_new, s.prefill_chunk))
+        moe_fatal("%s", moe_last_error());
     if (!hf_tok && m.cfg.vocab_size < 256)
         moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",
                   m.cfg.vocab_size);
     for (int i = 0; hf_tok && i < n_prompt; i++)
         if (tokens[i] >= m.cfg.vocab_size)
-            moe_fatal("generate: %s/tokenizer.json gives the prompt token id %d, beyond the model's "
-                      "vocabulary (%d)", folder, tokens[i], m.cfg.vocab_size);
+            moe_fatal(
+                "generate: %s/tokenizer.json gives the prompt token id %d, beyond the model's "
+                "vocabulary (%d)",
+                folder, tokens[i], m.cfg.vocab_size);
     if (!hf_tok) {
         tokens = malloc((size_t)(n_prompt + 1) * sizeof(int));
         byte_tokenize(tokens, prompt, (size_t)n_prompt);
     }
     int *out = malloc((size_t)n_new * sizeof(int)), n_out;
-    if (infer_generate(&m, tokens, n_prompt, n_new, &s, out, &n_out)) moe_fatal("%s", moe_last_error());
+    if (infer_generate(&m, tokens, n_prompt, n_new, &s, out, &n_out))
+        moe_fatal("%s", moe_last_error());
     char *text = NULL;
     size_t n_text = (size_t)n_out;
     moe_status st = hf_tok ? hf_tokenizer_decode(folder, out, n_out, &text, &n_text)
-                    : !(text = malloc(n_text + 1)) ? moe_error(MOE_ENOMEM, "generate: out of memory")
-                                                   : byte_detokenize(text, out, n_text);
+                    : !(text = malloc(n_text + 1))
+                        ? moe_error(MOE_ENOMEM, "generate: out of memory")
+                        : byte_detokenize(text, out, n_text);
     if (st) moe_fatal("%s", moe_last_error());
     fwrite(prompt, 1, strlen(prompt), stdout);
     fwrite(text, 1, n_text, stdout);
     putchar('\n');
-    if (n_out < n_new) fprintf(stderr, "note: stopped after %d tokens: the KV cache (%d positions) is full\n", n_out, m.max_pos);
+    if (n_out < n_new)
+        fprintf(stderr, "note: stopped after %d tokens: the KV cache (%d positions) is full\n",
+                n_out, m.max_pos);
     if (stats) {
         const int E = m.cfg.moe.n_experts;
         printf("expert hits per layer while decoding %d tokens (top-%d assignments):\n",
@@ -262,25 +289,37 @@ static int cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *out = NULL, *device = "cpu";
     st_dtype dtype = ST_F32;
     for (int i = 0; i < argc; i += 2) {
-        if (i + 1 == argc) return usage_error("export", usage_export, "'%s' needs a value", argv[i]);
+        if (i + 1 == argc)
+            return usage_error("export", usage_export, "'%s' needs a value", argv[i]);
         const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "--ckpt")) ckpt = v;
-        else if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--device")) device = v;
+        if (!strcmp(a, "--ckpt"))
+            ckpt = v;
+        else if (!strcmp(a, "--out"))
+            out = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
         else if (!strcmp(a, "--dtype")) {
-            if (!strcmp(v, "f32") || !strcmp(v, "float32")) dtype = ST_F32;
-            else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) dtype = ST_BF16;
-            else if (!strcmp(v, "f16") || !strcmp(v, "float16")) dtype = ST_F16;
-            else return usage_error("export", usage_export, "--dtype '%s': expected f32, bf16 or f16", v);
-        } else return usage_error("export", usage_export, "unknown argument '%s'", a);
+            if (!strcmp(v, "f32") || !strcmp(v, "float32"))
+                dtype = ST_F32;
+            else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16"))
+                dtype = ST_BF16;
+            else if (!strcmp(v, "f16") || !strcmp(v, "float16"))
+                dtype = ST_F16;
+            else
+                return usage_error("export", usage_export,
+                                   "--dtype '%s': expected f32, bf16 or f16", v);
+        } else
+            return usage_error("export", usage_export, "unknown argument '%s'", a);
     }
     if (!ckpt || !out) return usage_error("export", usage_export, "--ckpt and --out are required");
     moe_backend *be = open_device(device);
     model m;
     if (infer_load(&m, be, ckpt, 1, 1)) moe_fatal("%s", moe_last_error());
     // (with ckpt's tokenizer files)
-    if (hf_export_from(out, ckpt, &m, dtype, CHECKPOINT_SHARD_BYTES)) moe_fatal("%s", moe_last_error());
-    printf("exported %s (%s, %.2fM parameters) to %s\n", ckpt, st_dtype_name(dtype), m.n_params / 1e6, out);
+    if (hf_export_from(out, ckpt, &m, dtype, CHECKPOINT_SHARD_BYTES))
+        moe_fatal("%s", moe_last_error());
+    printf("exported %s (%s, %.2fM parameters) to %s\n", ckpt, st_dtype_name(dtype),
+           m.n_params / 1e6, out);
     model_destroy(&m);
     moe_backend_destroy(be);
     return 0;
@@ -311,14 +350,15 @@ static int cmd_prepare(int argc, char **argv) {
     }
     if (!n || !out) return usage_error("prepare", usage_prepare, "--text and --out are required");
     if (tokenizer) { // scripts/hf_tokenizer.py prints the counts
-        if (hf_tokenizer_prepare(tokenizer, sources, n, out, val_fraction)) moe_fatal("%s", moe_last_error());
+        if (hf_tokenizer_prepare(tokenizer, sources, n, out, val_fraction))
+            moe_fatal("%s", moe_last_error());
         return 0;
     }
     uint64_t n_train, n_val;
     if (data_prepare_text(sources, n, out, val_fraction, &n_train, &n_val))
         moe_fatal("%s", moe_last_error());
-    printf("%s/train.bin: %llu tokens, %s/val.bin: %llu tokens\n", out,
-           (unsigned long long)n_train, out, (unsigned long long)n_val);
+    printf("%s/train.bin: %llu tokens, %s/val.bin: %llu tokens\n", out, (unsigned long long)n_train,
+           out, (unsigned long long)n_val);
     return 0;
 }
 
@@ -341,21 +381,30 @@ static int cmd_train(int argc, char **argv) {
             have_device = 1;
             continue;
         }
-        if (!strcmp(a, "--set")) sets[n_set++] = argv[++i];
-        else if (!strncmp(a, "--set=", 6)) sets[n_set++] = argv[i] + 6;
-        else if (!strcmp(a, "--resume")) resume = argv[++i];
-        else if (!strncmp(a, "--resume=", 9)) resume = a + 9;
-        else if (!strcmp(a, "--overwrite")) overwrite = 1;
-        else if (!strcmp(a, "--dry-run")) dry_run = 1;
-        else if (a[0] == '-' && a[1]) return train_usage_error(sets, "unknown option '%s'", a);
-        else if (path) return train_usage_error(sets, "more than one CONFIG: '%s' and '%s'", path, a);
-        else path = a;
+        if (!strcmp(a, "--set"))
+            sets[n_set++] = argv[++i];
+        else if (!strncmp(a, "--set=", 6))
+            sets[n_set++] = argv[i] + 6;
+        else if (!strcmp(a, "--resume"))
+            resume = argv[++i];
+        else if (!strncmp(a, "--resume=", 9))
+            resume = a + 9;
+        else if (!strcmp(a, "--overwrite"))
+            overwrite = 1;
+        else if (!strcmp(a, "--dry-run"))
+            dry_run = 1;
+        else if (a[0] == '-' && a[1])
+            return train_usage_error(sets, "unknown option '%s'", a);
+        else if (path)
+            return train_usage_error(sets, "more than one CONFIG: '%s' and '%s'", path, a);
+        else
+            path = a;
     }
     if (!path) return train_usage_error(sets, "a CONFIG file is required");
     if (have_device) sets[n_set++] = device_set; // last: it wins over a --set of model.device
     if (resume && overwrite)
-        return train_usage_error(sets,
-                           "--resume continues a run and --overwrite deletes it: give one of them");
+        return train_usage_error(
+            sets, "--resume continues a run and --overwrite deletes it: give one of them");
     moe_train_config *cfg = malloc(sizeof *cfg);
     if (!cfg) moe_fatal("out of memory");
     if (moe_train_config_load(cfg, path, n_set, sets)) moe_fatal("%s", moe_last_error());
@@ -365,17 +414,20 @@ static int cmd_train(int argc, char **argv) {
     // against) the old run's: never into a directory that holds a run, unless asked
     char resolved[MOE_PATH_MAX + 32], what[64];
     if (resume) {
-        if (trainer_resolve_resume(resolved, sizeof resolved, resume)) moe_fatal("%s", moe_last_error());
+        if (trainer_resolve_resume(resolved, sizeof resolved, resume))
+            moe_fatal("%s", moe_last_error());
         resume = resolved;
     }
     const int holds = trainer_run_dir_holds(cfg->run_dir, what, sizeof what);
     if (dry_run) {
         if (trainer_dry_run(cfg)) moe_fatal("%s", moe_last_error());
-        if (resume) printf("log.dir: %s; the run would resume from %s\n", cfg->run_dir, resume);
+        if (resume)
+            printf("log.dir: %s; the run would resume from %s\n", cfg->run_dir, resume);
         else if (holds)
             printf("log.dir: %s holds a run (%s): moe train needs --resume %s or --overwrite\n",
                    cfg->run_dir, what, cfg->run_dir);
-        else printf("log.dir: %s (a new run)\n", cfg->run_dir);
+        else
+            printf("log.dir: %s (a new run)\n", cfg->run_dir);
         printf("dry run: nothing trained, no run directory created, no data read or prepared\n");
         free(cfg);
         return 0;
@@ -407,8 +459,9 @@ typedef struct {
 } command;
 
 static const command commands[] = {
-    {"prepare", cmd_prepare}, {"train", cmd_train}, {"smoke", smoke_main},     {"stats", stats_main},
-    {"eval", cmd_eval},       {"export", cmd_export}, {"generate", cmd_generate},
+    {"prepare", cmd_prepare},   {"train", cmd_train}, {"smoke", smoke_main},
+    {"stats", stats_main},      {"eval", cmd_eval},   {"export", cmd_export},
+    {"generate", cmd_generate},
 };
 
 // The usage of a command (NULL: smoke and stats print their own, train/smoke.c and
@@ -452,8 +505,10 @@ static int synopsis_options(const char *u, option_spec *opts, int max) {
     if (!end) end = u + strlen(u);
     int n = 0, depth = 0;
     for (const char *p = u; p < end; p++) {
-        if (*p == '[') depth++;
-        else if (*p == ']') depth--;
+        if (*p == '[')
+            depth++;
+        else if (*p == ']')
+            depth--;
         else if (*p == '-' && p > u && (p[-1] == ' ' || p[-1] == '[') && n < max) {
             size_t len = 1;
             while (p + len < end && (isalnum((unsigned char)p[len]) || p[len] == '-')) len++;
@@ -493,10 +548,12 @@ static int check_args(const char *name, const char *u, int argc, char **argv, in
         seen[k] = 1;
         if (opts[k].takes_value && !a[len] && ++i >= argc)
             return usage_error(name, u, "'%s' needs a value", a);
-        if (!opts[k].takes_value && a[len]) return usage_error(name, u, "'%.*s' takes no value", (int)len, a);
+        if (!opts[k].takes_value && a[len])
+            return usage_error(name, u, "'%.*s' takes no value", (int)len, a);
     }
     for (int k = 0; k < n; k++)
-        if (opts[k].required && !seen[k]) return usage_error(name, u, "%s is required", opts[k].name);
+        if (opts[k].required && !seen[k])
+            return usage_error(name, u, "%s is required", opts[k].name);
     return 0;
 }
 
@@ -545,6 +602,7 @@ int main(int argc, char **argv) {
     if (ranks > 1)
         moe_fatal("%s: started as one of %d ranks (mpirun), but the moe commands run on one "
                   "process for now (expert parallelism reaches the MoE layer and the model, "
-                  "not yet the trainer): run it without mpirun", name, ranks);
+                  "not yet the trainer): run it without mpirun",
+                  name, ranks);
     return c->run(argc - 2, argv + 2);
 }

@@ -51,8 +51,10 @@ static void min_step_share(const char *run_dir, int L, int E, int k, double *min
     if (!f) moe_fatal("smoke: %s: cannot read the smoke's load log", path);
     while (getline(&line, &cap, f) > 0) {
         cJSON *o = cJSON_Parse(line);
-        const cJSON *layer = cJSON_GetObjectItem(o, "layer"), *mom = cJSON_GetObjectItem(o, "max_over_mean");
-        if (cJSON_IsNumber(layer) && cJSON_IsNumber(mom) && layer->valuedouble >= 0 && layer->valuedouble < L) {
+        const cJSON *layer = cJSON_GetObjectItem(o, "layer"),
+                    *mom = cJSON_GetObjectItem(o, "max_over_mean");
+        if (cJSON_IsNumber(layer) && cJSON_IsNumber(mom) && layer->valuedouble >= 0 &&
+            layer->valuedouble < L) {
             const double share = mom->valuedouble * k / E;
             if (share < min_share[layer->valueint]) min_share[layer->valueint] = share;
         }
@@ -147,22 +149,24 @@ int smoke_main(int argc, char **argv) {
     // the training alert rule as "stop": a sustained alert ends the smoke, and fails it
     cfg->load_alert_action = MOE_ALERT_STOP;
 
-    trainer_hooks hooks = {.nan_from = -1, .nan_to = -1, .no_checkpoint = 1,
-                           .schedule_steps = full_steps};
+    trainer_hooks hooks = {
+        .nan_from = -1, .nan_to = -1, .no_checkpoint = 1, .schedule_steps = full_steps};
     trainer_result r;
     moe_status st = trainer_run(cfg, NULL, &hooks, &r);
     char stopped[1024] = ""; // why the trainer stopped early: non-finite steps, or a load alert
-    if (st == MOE_ENUMERIC) snprintf(stopped, sizeof stopped, "%s", moe_last_error());
-    else if (st) moe_fatal("%s", moe_last_error());
+    if (st == MOE_ENUMERIC)
+        snprintf(stopped, sizeof stopped, "%s", moe_last_error());
+    else if (st)
+        moe_fatal("%s", moe_last_error());
     const int load_stop = stopped[0] && strstr(stopped, "train.load_alert_action") != NULL;
 
     const int L = r.n_layers, E = r.n_experts, k = cfg->model.moe.top_k;
     int failed = 0; // bit per check: finite, logits, collapse, dead, load
     char fails[4096] = "";
     size_t fl = 0;
-#define SMOKE_FAIL(bit, ...)                                                                 \
-    do {                                                                                     \
-        failed |= 1 << (bit);                                                                \
+#define SMOKE_FAIL(bit, ...)                                                                       \
+    do {                                                                                           \
+        failed |= 1 << (bit);                                                                      \
         if (fl < sizeof fails) fl += (size_t)snprintf(fails + fl, sizeof fails - fl, __VA_ARGS__); \
     } while (0)
     double worst_share = 0;
@@ -188,31 +192,39 @@ int smoke_main(int argc, char **argv) {
         const double share = total ? mx / ((double)total / k) : 0;
         if (share > worst_share) worst_share = share;
         if (k < E && total && share >= SMOKE_COLLAPSE_SHARE)
-            SMOKE_FAIL(2, "smoke: FAIL collapse: layer %d expert %d has %.2fx the mean load: %.1f%% "
+            SMOKE_FAIL(2,
+                       "smoke: FAIL collapse: layer %d expert %d has %.2fx the mean load: %.1f%% "
                        "of the layer's tokens over the %lld steps (collapse: >= %.0f%%)\n",
-                       l, hot, mom, 100 * share, (long long)r.steps_done, 100 * SMOKE_COLLAPSE_SHARE);
+                       l, hot, mom, 100 * share, (long long)r.steps_done,
+                       100 * SMOKE_COLLAPSE_SHARE);
         else if (k < E && total && min_share[l] >= SMOKE_COLLAPSE_SHARE)
-            SMOKE_FAIL(2, "smoke: FAIL collapse: layer %d: on every one of the %lld steps one expert "
-                       "received >= %.1f%% of the tokens (%.2fx the mean load; collapse: >= %.0f%%), "
-                       "though not always the same one\n", l, (long long)r.steps_done,
-                       100 * min_share[l], min_share[l] * E / k, 100 * SMOKE_COLLAPSE_SHARE);
+            SMOKE_FAIL(
+                2,
+                "smoke: FAIL collapse: layer %d: on every one of the %lld steps one expert "
+                "received >= %.1f%% of the tokens (%.2fx the mean load; collapse: >= %.0f%%), "
+                "though not always the same one\n",
+                l, (long long)r.steps_done, 100 * min_share[l], min_share[l] * E / k,
+                100 * SMOKE_COLLAPSE_SHARE);
         else if (mom > cfg->load_alert)
             printf("    note: max/mean %.2f above log.load_alert = %.2f, within the warm-up grace "
-                   "(log.alert_after = %lld): not an alert\n", mom, cfg->load_alert,
-                   (long long)cfg->alert_after);
+                   "(log.alert_after = %lld): not an alert\n",
+                   mom, cfg->load_alert, (long long)cfg->alert_after);
         if (dead && total) {
             char list[256];
             size_t used = 0;
             for (int e = 0; e < E && used < sizeof list - 8; e++)
                 if (!c[e]) used += (size_t)snprintf(list + used, sizeof list - used, " %d", e);
             if (dropped > 0)
-                SMOKE_FAIL(3, "smoke: FAIL dead experts: layer %d: %d dead expert%s (no token in any "
+                SMOKE_FAIL(3,
+                           "smoke: FAIL dead experts: layer %d: %d dead expert%s (no token in any "
                            "of the %lld steps):%s while capacity_factor %g dropped %.2f%% of its "
-                           "assignments\n", l, dead, dead == 1 ? "" : "s", (long long)r.steps_done,
-                           list, cfg->model.moe.capacity_factor, 100.0 * dropped / total);
+                           "assignments\n",
+                           l, dead, dead == 1 ? "" : "s", (long long)r.steps_done, list,
+                           cfg->model.moe.capacity_factor, 100.0 * dropped / total);
             else
                 printf("    note: %d dead expert%s (no token in any step):%s; nothing dropped, so "
-                       "not a failure here\n", dead, dead == 1 ? "" : "s", list);
+                       "not a failure here\n",
+                       dead, dead == 1 ? "" : "s", list);
         }
         dropped_all += dropped, routed_all += total;
     }
@@ -245,21 +257,27 @@ int smoke_main(int argc, char **argv) {
     human_bytes(gb, sizeof gb, (double)r.grad_bytes);
     human_bytes(ob, sizeof ob, (double)r.optimizer_bytes);
     human_bytes(ab, sizeof ab, (double)r.activation_bytes);
-    human_bytes(tb, sizeof tb, (double)(r.param_bytes + r.grad_bytes + r.optimizer_bytes + r.activation_bytes));
+    human_bytes(tb, sizeof tb,
+                (double)(r.param_bytes + r.grad_bytes + r.optimizer_bytes + r.activation_bytes));
     printf("memory (fp32, as allocated): parameters %s, gradients %s, optimizer %s, activations "
-           "and buffers %s: %s in all\n", pb, gb, ob, ab, tb);
+           "and buffers %s: %s in all\n",
+           pb, gb, ob, ab, tb);
     printf("estimated throughput: %.0f tokens/s (median over steps 2..%ld, %d x %d tokens x %d)\n",
            r.median_tokens_per_s, steps, cfg->batch_size, cfg->seq_len, cfg->grad_accum);
     printf("\n");
     if (r.skipped || (stopped[0] && !load_stop))
-        SMOKE_FAIL(0, "smoke: FAIL finite: %lld step%s skipped for a non-finite loss or gradient%s%s\n",
-                   (long long)r.skipped, r.skipped == 1 ? "" : "s", stopped[0] && !load_stop ? "; " : "",
-                   stopped[0] && !load_stop ? stopped : "");
+        SMOKE_FAIL(
+            0, "smoke: FAIL finite: %lld step%s skipped for a non-finite loss or gradient%s%s\n",
+            (long long)r.skipped, r.skipped == 1 ? "" : "s", stopped[0] && !load_stop ? "; " : "",
+            stopped[0] && !load_stop ? stopped : "");
     if (nonfinite_logit >= 0)
-        SMOKE_FAIL(0, "smoke: FAIL finite: layer %d: a router-logit statistic of the last step is not "
-                   "finite\n", nonfinite_logit);
+        SMOKE_FAIL(0,
+                   "smoke: FAIL finite: layer %d: a router-logit statistic of the last step is not "
+                   "finite\n",
+                   nonfinite_logit);
     if (max_logit > SMOKE_MAX_LOGIT)
-        SMOKE_FAIL(1, "smoke: FAIL logits: layer %d: max |router logit| %.4g on the last step exceeds "
+        SMOKE_FAIL(1,
+                   "smoke: FAIL logits: layer %d: max |router logit| %.4g on the last step exceeds "
                    "%.0f (the softmax saturates: check model.init_std, the router's init)\n",
                    max_logit_layer, max_logit, SMOKE_MAX_LOGIT);
     if (load_stop) SMOKE_FAIL(4, "smoke: FAIL load alert: %s\n", stopped);
@@ -273,12 +291,15 @@ int smoke_main(int argc, char **argv) {
         printf("\n");
     } else {
         char rule[96];
-        if (steps >= rule_from) snprintf(rule, sizeof rule, "silent (from step %lld)", rule_from);
-        else snprintf(rule, sizeof rule, "not reached (from step %lld)", rule_from);
+        if (steps >= rule_from)
+            snprintf(rule, sizeof rule, "silent (from step %lld)", rule_from);
+        else
+            snprintf(rule, sizeof rule, "not reached (from step %lld)", rule_from);
         printf("smoke: PASS: %ld steps finite; max |router logit| %.2f (<= %.0f); hottest expert "
                "%.0f%% of a layer's tokens (collapse: >= %.0f%%); no dead expert at capacity; load "
-               "alert %s\n", steps, max_logit, SMOKE_MAX_LOGIT, 100 * worst_share,
-               100 * SMOKE_COLLAPSE_SHARE, rule);
+               "alert %s\n",
+               steps, max_logit, SMOKE_MAX_LOGIT, 100 * worst_share, 100 * SMOKE_COLLAPSE_SHARE,
+               rule);
     }
 #undef SMOKE_FAIL
     free(min_share);

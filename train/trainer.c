@@ -25,7 +25,7 @@
 
 model_config trainer_model_config(const moe_train_config *cfg) {
     model_config m = cfg->model;
-    m.moe.d_model = m.d_model; // not keys of their own: they follow from
+    m.moe.d_model = m.d_model;          // not keys of their own: they follow from
     m.router_bias = cfg->bias_rate > 0; // model.d_model and model.bias_rate
     return m;
 }
@@ -40,7 +40,8 @@ static void update_router_bias(model *m, const long *routed, double rate) {
     real *b = malloc((size_t)L * E * sizeof(real));
     if (!b) moe_fatal("out of memory");
     m->be->copy_to_host(m->be, b, m->router_bias, (size_t)L * E * sizeof(real));
-    for (int l = 0; l < L; l++) moe_router_bias_update(b + (size_t)l * E, routed + (size_t)l * E, E, rate);
+    for (int l = 0; l < L; l++)
+        moe_router_bias_update(b + (size_t)l * E, routed + (size_t)l * E, E, rate);
     m->be->copy_to_device(m->be, m->router_bias, b, (size_t)L * E * sizeof(real));
     free(b);
 }
@@ -126,7 +127,8 @@ static moe_status delete_checkpoint_folder(const char *path) {
         struct stat sb;
         if (snprintf(file, sizeof file, "%s/%s", path, e->d_name) >= (int)sizeof file)
             st = moe_error(MOE_EINVAL, "%s/%s: path too long", path, e->d_name);
-        else if (lstat(file, &sb) == 0 && !S_ISDIR(sb.st_mode)) st = delete_file(file);
+        else if (lstat(file, &sb) == 0 && !S_ISDIR(sb.st_mode))
+            st = delete_file(file);
     }
     closedir(d);
     if (!st && rmdir(path) != 0)
@@ -135,9 +137,9 @@ static moe_status delete_checkpoint_folder(const char *path) {
 }
 
 moe_status trainer_clear_run_dir(const char *run_dir) {
-    static const char *files[] = {"metrics.jsonl", "expert_load.jsonl", "config.cfg",
-                                  "metrics.jsonl.tmp", "expert_load.jsonl.tmp",
-                                  "ckpt/latest", "ckpt/latest.tmp"};
+    static const char *files[] = {"metrics.jsonl",     "expert_load.jsonl",     "config.cfg",
+                                  "metrics.jsonl.tmp", "expert_load.jsonl.tmp", "ckpt/latest",
+                                  "ckpt/latest.tmp"};
     char path[MOE_PATH_MAX + 300], folder[MOE_PATH_MAX + 600];
     moe_status st;
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
@@ -146,7 +148,9 @@ moe_status trainer_clear_run_dir(const char *run_dir) {
     }
     snprintf(path, sizeof path, "%s/ckpt", run_dir);
     DIR *d = opendir(path);
-    if (!d) return errno == ENOENT ? MOE_OK : moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
+    if (!d)
+        return errno == ENOENT ? MOE_OK
+                               : moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
     struct dirent *e;
     st = MOE_OK;
     while (!st && (e = readdir(d))) {
@@ -165,8 +169,9 @@ moe_status trainer_resolve_resume(char *out, size_t n, const char *arg) {
     char path[MOE_PATH_MAX + 32];
     struct stat sb;
     snprintf(out, n, "%s", arg);
-    if (stat(arg, &sb) != 0 || !S_ISDIR(sb.st_mode)) return MOE_OK; // `latest`, or missing:
-                                                                    // checkpoint_load says so
+    if (stat(arg, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return MOE_OK;                                       // `latest`, or missing:
+                                                             // checkpoint_load says so
     static const char *latest[] = {"ckpt/latest", "latest"}; // a run dir, its ckpt folder
     for (int i = 0; i < 2; i++) {
         snprintf(path, sizeof path, "%s/%s", arg, latest[i]);
@@ -191,9 +196,12 @@ moe_status trainer_resolve_resume(char *out, size_t n, const char *arg) {
 static void format_duration(char *buf, size_t n, double s) {
     if (!isfinite(s) || s < 0) s = 0;
     long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, n, "%lds", t);
+    if (t >= 3600)
+        snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60)
+        snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, n, "%lds", t);
 }
 
 // The token files a config names and the key each comes from (for messages): data.train /
@@ -267,7 +275,8 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
         if (tok[0]) // (scripts/hf_tokenizer.py prints the counts)
             st = hf_tokenizer_prepare(tok, sources, cfg->n_text, cfg->dir, cfg->val_fraction);
         else
-            st = data_prepare_text(sources, cfg->n_text, cfg->dir, cfg->val_fraction, &n_train, &n_val);
+            st = data_prepare_text(sources, cfg->n_text, cfg->dir, cfg->val_fraction, &n_train,
+                                   &n_val);
         if (st) return name_key(st, "data.dir (prepared from data.text)", cfg->dir);
         if (!tok[0])
             printf("prepared %llu train and %llu val tokens\n", (unsigned long long)n_train,
@@ -280,8 +289,10 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
             if (d.from_dir && !cfg->n_text && !file_exists(d.path[i])) {
                 char old[1024];
                 snprintf(old, sizeof old, "%s", moe_last_error());
-                moe_error(st, "%s (set data.text to prepare data.dir from text files, or "
-                              "data.train and data.val to token files)", old);
+                moe_error(st,
+                          "%s (set data.text to prepare data.dir from text files, or "
+                          "data.train and data.val to token files)",
+                          old);
             }
             return st;
         }
@@ -344,13 +355,13 @@ static void step_load_add(step_load *s, const model *m) {
 // window's max/mean and hottest expert; per expert the last step that routed it a token
 // (dead <=> that step is before the window). A resumed run fills its window again.
 typedef struct {
-    int64_t W, n, head;  // window, entries so far (<= W), next slot (the oldest once full)
-    int64_t *step;       // [W] the step of each slot
-    double *mom;         // [L][W] per-step max/mean
-    int *hot;            // [L][W] per-step hottest expert
-    int64_t *last_seen;  // [L][E] the last step with a token for the expert (0: none)
-    double *scratch;     // [W]
-    int *votes;          // [E]
+    int64_t W, n, head; // window, entries so far (<= W), next slot (the oldest once full)
+    int64_t *step;      // [W] the step of each slot
+    double *mom;        // [L][W] per-step max/mean
+    int *hot;           // [L][W] per-step hottest expert
+    int64_t *last_seen; // [L][E] the last step with a token for the expert (0: none)
+    double *scratch;    // [W]
+    int *votes;         // [E]
 } alert_window;
 
 static void alert_window_free(alert_window *w) {
@@ -375,9 +386,9 @@ static int alert_window_init(alert_window *w, int64_t W, int L, int E) {
 // A layer's verdict on a full window: what fires, and what the messages name.
 typedef struct {
     int overload, n_dead;
-    double median;      // of max/mean over the window
-    int expert;         // the expert hottest on the most of the window's steps (lowest on ties)
-    long long from, to; // the window's steps
+    double median;       // of max/mean over the window
+    int expert;          // the expert hottest on the most of the window's steps (lowest on ties)
+    long long from, to;  // the window's steps
     char dead_list[128]; // the dead experts' indexes (the first few)
 } alert_verdict;
 
@@ -431,8 +442,8 @@ static double test_load_override(int64_t step, double mom) {
 static moe_status validate(model *m, const token_file *val, const moe_train_config *cfg,
                            int *inputs, int *targets, double *loss) {
     data_loader vl;
-    moe_status st = data_loader_init(&vl, val, cfg->batch_size, cfg->seq_len,
-                                     (uint64_t)cfg->seed + 1, 0, 1);
+    moe_status st =
+        data_loader_init(&vl, val, cfg->batch_size, cfg->seq_len, (uint64_t)cfg->seed + 1, 0, 1);
     if (st) return moe_error_context(st, "validation data");
     double sum = 0;
     for (int i = 0; i < cfg->eval_batches; i++) {
@@ -452,7 +463,8 @@ static const char *first_nonfinite_grad(const model *m) {
     for (int i = 0; i < m->n_tensors; i++) {
         const model_tensor *t = &m->tensors[i];
         double ss;
-        m->be->sum_squares(m->be, &ss, m->grads + t->offset, (size_t)t->rows * (t->cols ? t->cols : 1));
+        m->be->sum_squares(m->be, &ss, m->grads + t->offset,
+                           (size_t)t->rows * (t->cols ? t->cols : 1));
         if (!isfinite(ss)) return t->name;
     }
     return "none (the loss itself)";
@@ -461,7 +473,8 @@ static const char *first_nonfinite_grad(const model *m) {
 // Whether step (0-based) ends with a checkpoint: every checkpoint.interval steps and at the end.
 static int checkpoint_due(const moe_train_config *cfg, const trainer_hooks *hooks, int64_t step) {
     if (hooks && hooks->no_checkpoint) return 0;
-    return (cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) || step + 1 == cfg->steps;
+    return (cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) ||
+           step + 1 == cfg->steps;
 }
 
 // ---- resuming ------------------------------------------------------------------------------
@@ -497,8 +510,8 @@ static void warn_schedule_change(const moe_train_config *cfg, const char *resume
                            cJSON_GetObjectItemCaseSensitive(sch, "min_lr"),
                            cJSON_GetObjectItemCaseSensitive(sch, "warmup_steps"),
                            cJSON_GetObjectItemCaseSensitive(sch, "steps")};
-    int ok = cJSON_IsString(kind) && (!strcmp(kind->valuestring, "cosine") ||
-                                      !strcmp(kind->valuestring, "constant"));
+    int ok = cJSON_IsString(kind) &&
+             (!strcmp(kind->valuestring, "cosine") || !strcmp(kind->valuestring, "constant"));
     for (int i = 0; i < 4; i++) ok = ok && cJSON_IsNumber(num[i]) && isfinite(num[i]->valuedouble);
     if (!ok) { // an older or damaged state: nothing to compare with
         cJSON_Delete(state);
@@ -514,8 +527,9 @@ static void warn_schedule_change(const moe_train_config *cfg, const char *resume
     int changed = 0;
     if (was_constant != constant) {
         printf("warning: train.schedule \"%s\" -> \"%s\" since the checkpoint: the learning rate "
-               "follows the new schedule from step %lld on\n", was_constant ? "constant" : "cosine",
-               constant ? "constant" : "cosine", (long long)step + 1);
+               "follows the new schedule from step %lld on\n",
+               was_constant ? "constant" : "cosine", constant ? "constant" : "cosine",
+               (long long)step + 1);
         changed = 1;
     }
     for (int i = 0; i < 4; i++) {
@@ -523,10 +537,12 @@ static void warn_schedule_change(const moe_train_config *cfg, const char *resume
         if (i == 3 && constant && was_constant) continue; // no effect on a constant schedule
         if (i == 3)
             printf("warning: train.steps %.0f -> %.0f since the checkpoint: the %s schedule is "
-                   "re-stretched over the new length\n", was[i], now[i], constant ? "constant" : "cosine");
+                   "re-stretched over the new length\n",
+                   was[i], now[i], constant ? "constant" : "cosine");
         else if (i == 2)
             printf("warning: train.warmup_steps %.0f -> %.0f since the checkpoint: the warmup is "
-                   "re-stretched\n", was[i], now[i]);
+                   "re-stretched\n",
+                   was[i], now[i]);
         else
             printf("warning: %s %g -> %g since the checkpoint: the schedule is rescaled\n", keys[i],
                    was[i], now[i]);
@@ -583,7 +599,8 @@ static run_memory memory_of(const model *m, const moe_train_config *cfg) {
     model_memory(m, &r.params, &r.grads, &acts);
     for (int l = 0; l < m->n_moe; l++) r.experts += m->moe[l].bytes;
     r.activations = acts - r.experts;
-    r.optimizer = cfg->optimizer == OPTIM_SGD ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
+    r.optimizer =
+        cfg->optimizer == OPTIM_SGD ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
     return r;
 }
 
@@ -598,13 +615,14 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
     const double expert = 3 * d * ff; // w1, w3 (stacked as w13) and w2 of one expert
     const double active = (double)n_dense + (double)L * k * expert;
     printf("model: %d layers, d=%d, %d heads (%d kv), %d experts top-%d, ff=%d: %.2fM parameters "
-           "(%.2fM in experts)\n", L, mc->d_model, mc->n_heads, mc->n_kv_heads, E, k,
-           mc->moe.d_ff, n_params / 1e6, (n_params - n_dense) / 1e6);
+           "(%.2fM in experts)\n",
+           L, mc->d_model, mc->n_heads, mc->n_kv_heads, E, k, mc->moe.d_ff, n_params / 1e6,
+           (n_params - n_dense) / 1e6);
     char a[32], b[32], c[32], e[32];
     printf("parameters: %s total, %s active per token (%s dense + top-%d of %d experts of %s\n"
-           "  in each of %d layers)\n", grouped(a, sizeof a, n_params),
-           grouped(b, sizeof b, (uint64_t)active), grouped(c, sizeof c, n_dense), k, E,
-           grouped(e, sizeof e, (uint64_t)expert), L);
+           "  in each of %d layers)\n",
+           grouped(a, sizeof a, n_params), grouped(b, sizeof b, (uint64_t)active),
+           grouped(c, sizeof c, n_dense), k, E, grouped(e, sizeof e, (uint64_t)expert), L);
     // forward FLOPs per token: 2 per weight of every matmul a token goes through (q/k/v, o,
     // router, its top_k experts, lm_head; the embedding is a lookup), and attention's
     // QK^T and AV: 2 x 2 x S x (heads x head_dim) per layer over the whole S x S window
@@ -614,8 +632,9 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
     char f1[32], f2[32], f3[32], f4[32];
     printf("FLOPs per token: %s forward (2 x %s matmul weights + %s attention: 4 x S x d per\n"
            "  layer at S = %d, the full S x S, not halved for the causal mask); %s to train "
-           "(3 x forward)\n", si(f1, sizeof f1, fwd), si(f2, sizeof f2, matmul),
-           si(f3, sizeof f3, attn), cfg->seq_len, si(f4, sizeof f4, 3 * fwd));
+           "(3 x forward)\n",
+           si(f1, sizeof f1, fwd), si(f2, sizeof f2, matmul), si(f3, sizeof f3, attn), cfg->seq_len,
+           si(f4, sizeof f4, 3 * fwd));
     if (mem) {
         char p[32], g[32], o[32], act[32], ex[32], all[32];
         human_bytes(p, sizeof p, (double)mem->params);
@@ -623,11 +642,13 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
         human_bytes(o, sizeof o, (double)mem->optimizer);
         human_bytes(act, sizeof act, (double)mem->activations);
         human_bytes(ex, sizeof ex, (double)mem->experts);
-        human_bytes(all, sizeof all, (double)(mem->params + mem->grads + mem->optimizer +
-                                              mem->activations + mem->experts));
+        human_bytes(
+            all, sizeof all,
+            (double)(mem->params + mem->grads + mem->optimizer + mem->activations + mem->experts));
         printf("memory (fp32, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
-               "  %s %s, activations %s, expert buffers %s\n", cfg->batch_size, cfg->seq_len,
-               all, p, g, cfg->optimizer == OPTIM_SGD ? "SGD state" : "AdamW moments", o, act, ex);
+               "  %s %s, activations %s, expert buffers %s\n",
+               cfg->batch_size, cfg->seq_len, all, p, g,
+               cfg->optimizer == OPTIM_SGD ? "SGD state" : "AdamW moments", o, act, ex);
     } else {
         printf("memory: not measured: %s\n", mem_note);
     }
@@ -645,9 +666,12 @@ static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
         struct stat sb;
         char size[32];
         const char *what = size;
-        if (stat(d.path[i], &sb) == 0) human_bytes(size, sizeof size, (double)sb.st_size);
-        else if (d.from_dir && cfg->n_text) what = "missing: prepared from data.text by the run";
-        else what = "missing";
+        if (stat(d.path[i], &sb) == 0)
+            human_bytes(size, sizeof size, (double)sb.st_size);
+        else if (d.from_dir && cfg->n_text)
+            what = "missing: prepared from data.text by the run";
+        else
+            what = "missing";
         at += (size_t)snprintf(buf + at, n - at, "%s %s (%s, %s)", i ? ",\n " : "", d.path[i],
                                d.key[i], what);
     }
@@ -664,11 +688,12 @@ moe_status trainer_dry_run(const moe_train_config *cfg) {
     printf("\n");
     moe_backend *be;
     const moe_backend_options bo = {.threads = cfg->threads};
-    if ((st = moe_backend_create(&be, cfg->device, &bo))) return name_key(st, "model.device", cfg->device);
+    if ((st = moe_backend_create(&be, cfg->device, &bo)))
+        return name_key(st, "model.device", cfg->device);
     model_config mc = trainer_model_config(cfg);
     const size_t n_params = model_param_count(&mc);
-    const size_t n_dense = n_params - (size_t)mc.n_layers * mc.moe.n_experts * 3 *
-                                          (size_t)mc.d_model * mc.moe.d_ff;
+    const size_t n_dense =
+        n_params - (size_t)mc.n_layers * mc.moe.n_experts * 3 * (size_t)mc.d_model * mc.moe.d_ff;
     char data_line[3 * MOE_PATH_MAX + 256];
     dry_data_line(cfg, data_line, sizeof data_line);
     // the model allocated as the run would (not initialised, no data): its real buffers
@@ -705,10 +730,10 @@ typedef struct {
     int *inputs, *targets; // [T]
     optim_region *regions;
     step_load sl;
-    load_alert *alerts;    // [L]
+    load_alert *alerts; // [L]
     alert_window aw;
     int L, E;
-    size_t T;              // tokens per micro-batch
+    size_t T; // tokens per micro-batch
     char ckpt_root[MOE_PATH_MAX + 8];
     int64_t start_step, consecutive_skips;
     double t_start;
@@ -723,7 +748,7 @@ typedef struct {
 typedef struct {
     int64_t step; // 0-based
     double lr, ce, aux, z, loss, grad_norm;
-    int finite;   // the forward of every micro-batch was finite
+    int finite; // the forward of every micro-batch was finite
     double dt, tok_per_s, worst_mom, drop_frac, val_loss;
     int worst_layer, evaluated;
 } step_result;
@@ -751,7 +776,9 @@ static moe_status trainer_open_model(trainer *t) {
     }
     optim_config oc = {
         .kind = cfg->optimizer,
-        .beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
+        .beta1 = cfg->beta1,
+        .beta2 = cfg->beta2,
+        .eps = cfg->eps,
         .weight_decay = cfg->weight_decay,
     };
     if ((st = optimizer_create(&t->opt, t->be, &oc, t->m.n_params, t->regions, t->m.n_tensors)))
@@ -768,7 +795,8 @@ static moe_status trainer_resume(trainer *t) {
     moe_status st;
     if ((st = checkpoint_load(t->resume, &t->m, &t->opt, &ts))) return st;
     if ((st = data_loader_set_state(&t->loader, &ts.loader))) return st;
-    t->start_step = ts.step, t->res.skipped = ts.skipped, t->consecutive_skips = ts.consecutive_skips;
+    t->start_step = ts.step, t->res.skipped = ts.skipped,
+    t->consecutive_skips = ts.consecutive_skips;
     t->res.steps_done = t->start_step;
     printf("resumed from %s at step %lld\n", t->resume, (long long)t->start_step);
     warn_schedule_change(cfg, t->resume, t->start_step);
@@ -845,8 +873,10 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
     moe_status st;
     if ((st = trainer_open_model(t))) return st;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/ckpt", cfg->run_dir);
-    if (resume) st = trainer_resume(t);
-    else if (cfg->init_from[0]) st = trainer_init_from(t);
+    if (resume)
+        st = trainer_resume(t);
+    else if (cfg->init_from[0])
+        st = trainer_init_from(t);
     if (st) return st;
     if ((st = jsonl_open(&t->metrics, cfg->run_dir, "metrics.jsonl", resume != NULL)) ||
         (st = jsonl_open(&t->load_log, cfg->run_dir, "expert_load.jsonl", resume != NULL)))
@@ -897,7 +927,8 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
         real nan_value = NAN; // test-only: poison the last layer's w2
         const model_config *mc = &t->m.cfg;
-        t->be->copy_to_device(t->be, t->m.g.w2 + (size_t)(t->L - 1) * t->E * mc->d_model * mc->moe.d_ff,
+        t->be->copy_to_device(t->be,
+                              t->m.g.w2 + (size_t)(t->L - 1) * t->E * mc->d_model * mc->moe.d_ff,
                               &nan_value, sizeof nan_value);
     }
     double ss = 0;
@@ -947,7 +978,8 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
 // The update of a finite step: clip, optimizer, router bias; the step's time.
 static void trainer_update(trainer *t, step_result *s, double t0) {
     t->consecutive_skips = 0;
-    optimizer_step(&t->opt, t->m.params, t->m.grads, s->lr, clip_scale(s->grad_norm, t->cfg->grad_clip));
+    optimizer_step(&t->opt, t->m.params, t->m.grads, s->lr,
+                   clip_scale(s->grad_norm, t->cfg->grad_clip));
     if (t->m.router_bias) update_router_bias(&t->m, t->sl.routed, t->cfg->bias_rate);
     s->dt = now_s() - t0;
     if (t->res.steps_done == 0) t->res.first_loss = s->loss;
@@ -956,8 +988,8 @@ static void trainer_update(trainer *t, step_result *s, double t0) {
 }
 
 // Layer l's expert_load.jsonl record of the step.
-static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, double mom,
-                                    double cv, long dropped) {
+static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, double mom, double cv,
+                                    long dropped) {
     const int L = t->L, E = t->E;
     const step_load *sl = &t->sl;
     const long *routed = sl->routed + (size_t)l * E, *kept = sl->kept + (size_t)l * E;
@@ -971,7 +1003,8 @@ static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, dou
     if (sl->micro > 1) {
         cJSON *micro = cJSON_AddArrayToObject(rec, "micro_counts");
         for (int i = 0; i < sl->micro; i++)
-            cJSON_AddItemToArray(micro, json_int_array(sl->micro_routed + ((size_t)i * L + l) * E, E));
+            cJSON_AddItemToArray(micro,
+                                 json_int_array(sl->micro_routed + ((size_t)i * L + l) * E, E));
     }
     cJSON_AddNumberToObject(rec, "dropped", (double)dropped);
     cJSON_AddNumberToObject(rec, "max_over_mean", mom);
@@ -1069,7 +1102,8 @@ static moe_status trainer_log_metrics(trainer *t, const step_result *s) {
 }
 
 // train.load_alert_action = "stop": the error of the first step in alert.
-static moe_status alert_stop(const moe_train_config *cfg, int64_t step, int l, const alert_verdict *v) {
+static moe_status alert_stop(const moe_train_config *cfg, int64_t step, int l,
+                             const alert_verdict *v) {
     char why[400];
     if (v->overload)
         snprintf(why, sizeof why,
@@ -1077,8 +1111,8 @@ static moe_status alert_stop(const moe_train_config *cfg, int64_t step, int l, c
                  "(log.load_alert = %.2f",
                  v->median, v->from, v->to, v->expert, cfg->load_alert);
     else
-        snprintf(why, sizeof why, "%d dead expert%s (no token in steps %lld-%lld):%s (",
-                 v->n_dead, v->n_dead == 1 ? "" : "s", v->from, v->to, v->dead_list);
+        snprintf(why, sizeof why, "%d dead expert%s (no token in steps %lld-%lld):%s (", v->n_dead,
+                 v->n_dead == 1 ? "" : "s", v->from, v->to, v->dead_list);
     return moe_error(MOE_ENUMERIC,
                      "stopping at step %lld: layer %d: %s%slog.alert_window = %lld, "
                      "log.alert_after = %lld, train.load_alert_action = \"stop\")",
@@ -1126,9 +1160,8 @@ static void trainer_print_alerts(trainer *t) {
             fprintf(stderr,
                     "warning: step %lld layer %d: %d dead expert%s (no token in steps "
                     "%lld-%lld):%s (%lld step%s in alert since the last report)\n",
-                    a->dead_step, l, a->dead.n_dead, a->dead.n_dead == 1 ? "" : "s",
-                    a->dead.from, a->dead.to, a->dead.dead_list, a->n_dead,
-                    a->n_dead == 1 ? "" : "s");
+                    a->dead_step, l, a->dead.n_dead, a->dead.n_dead == 1 ? "" : "s", a->dead.from,
+                    a->dead.to, a->dead.dead_list, a->n_dead, a->n_dead == 1 ? "" : "s");
     }
     memset(t->alerts, 0, (size_t)t->L * sizeof *t->alerts);
 }
@@ -1141,7 +1174,8 @@ static void trainer_print_step(trainer *t, const step_result *s) {
         return;
     char eta[32];
     const double elapsed = now_s() - t->t_start;
-    format_duration(eta, sizeof eta, elapsed / (step + 1 - t->start_step) * (cfg->steps - step - 1));
+    format_duration(eta, sizeof eta,
+                    elapsed / (step + 1 - t->start_step) * (cfg->steps - step - 1));
     printf("step %5lld/%lld | loss %.4f (ce %.4f aux %.4f z %.4f) | lr %.2e | gnorm %.3f | "
            "%.0f tok/s | ETA %s | load max/mean %.2f (L%d) | drop %.2f%%",
            (long long)step + 1, (long long)cfg->steps, s->loss, s->ce, s->aux, s->z, s->lr,
@@ -1155,12 +1189,13 @@ static void trainer_print_step(trainer *t, const step_result *s) {
 // A checkpoint every checkpoint.interval steps and at the end.
 static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     if (!checkpoint_due(t->cfg, t->hooks, step)) return MOE_OK;
-    train_state ts = {.step = step + 1, .skipped = t->res.skipped,
-                      .consecutive_skips = t->consecutive_skips};
+    train_state ts = {
+        .step = step + 1, .skipped = t->res.skipped, .consecutive_skips = t->consecutive_skips};
     data_loader_get_state(&ts.loader, &t->loader);
     const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
     uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
-    moe_status st = checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg, t->cfg->ckpt_keep, shard);
+    moe_status st =
+        checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg, t->cfg->ckpt_keep, shard);
     if (st) return st;
     printf("checkpoint: %s/step_%08lld\n", t->ckpt_root, (long long)step + 1);
     return MOE_OK;
@@ -1188,7 +1223,8 @@ static void trainer_finish(trainer *t) {
     r->median_tokens_per_s =
         t->n_tps ? median_of(t->step_tps, t->n_tps < TPS_WINDOW ? (int)t->n_tps : TPS_WINDOW) : NAN;
     char val_part[64] = "no validation at the end"; // a skipped last step, or stopped early
-    if (isfinite(r->last_val_loss)) snprintf(val_part, sizeof val_part, "val loss %.4f", r->last_val_loss);
+    if (isfinite(r->last_val_loss))
+        snprintf(val_part, sizeof val_part, "val loss %.4f", r->last_val_loss);
     printf("done: %lld steps in %.1f s, final loss %.4f, %s, %lld skipped\n",
            (long long)r->steps_done, r->seconds, r->last_loss, val_part, (long long)r->skipped);
 }
@@ -1196,12 +1232,16 @@ static void trainer_finish(trainer *t) {
 // Frees what trainer_open got to and hands the result over; st is the run's status, or the
 // logs' when they fail to close (a failed close loses the last records).
 static moe_status trainer_close(trainer *t, moe_status st, trainer_result *result) {
-    if (result) *result = t->res;
-    else trainer_result_free(&t->res);
+    if (result)
+        *result = t->res;
+    else
+        trainer_result_free(&t->res);
     for (int i = 0; i < 2; i++) {
         jsonl_file *j = i ? &t->load_log : &t->metrics;
-        if (st && j->f) fclose(j->f);
-        else if (!st) st = jsonl_close(j);
+        if (st && j->f)
+            fclose(j->f);
+        else if (!st)
+            st = jsonl_close(j);
     }
     step_load *sl = &t->sl;
     free(t->inputs), free(t->targets), free(t->regions);
@@ -1223,7 +1263,9 @@ static moe_status write_run_config(const moe_train_config *cfg) {
     char path[MOE_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.cfg", cfg->run_dir);
     FILE *f = fopen(path, "w");
-    if (!f) return moe_error(MOE_EIO, "%s: cannot write the resolved config: %s", path, strerror(errno));
+    if (!f)
+        return moe_error(MOE_EIO, "%s: cannot write the resolved config: %s", path,
+                         strerror(errno));
     moe_status st = moe_train_config_write(cfg, f);
     if (st) {
         fclose(f);
@@ -1232,8 +1274,8 @@ static moe_status write_run_config(const moe_train_config *cfg) {
     return file_close_checked(f, path); // a full disk shows here at the latest
 }
 
-moe_status trainer_run(const moe_train_config *cfg, const char *resume,
-                       const trainer_hooks *hooks, trainer_result *result) {
+moe_status trainer_run(const moe_train_config *cfg, const char *resume, const trainer_hooks *hooks,
+                       trainer_result *result) {
     trainer_result empty = {0};
     empty.last_val_loss = NAN;
     if (result) *result = empty; // the early returns below leave an empty, freeable result
@@ -1243,7 +1285,8 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume,
         if ((st = resume_finished(resume, cfg->steps, &finished))) return st;
         if (finished) {
             printf("run already finished at step %lld (train.steps = %lld): nothing to do; raise "
-                   "train.steps to continue\n", (long long)finished, (long long)cfg->steps);
+                   "train.steps to continue\n",
+                   (long long)finished, (long long)cfg->steps);
             if (result) result->steps_done = finished;
             return MOE_OK;
         }

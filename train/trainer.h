@@ -21,9 +21,9 @@ typedef struct {
 
 typedef struct {
     int64_t steps_done;
-    int64_t skipped;        // updates skipped for a non-finite loss or gradient norm
+    int64_t skipped;              // updates skipped for a non-finite loss or gradient norm
     double first_loss, last_loss; // total loss of the first and last step
-    double last_val_loss;   // NaN if never evaluated
+    double last_val_loss;         // NaN if never evaluated
     double seconds;
     double median_tokens_per_s; // over the last 1024 steps after the first (a bounded window:
                                 // memory does not grow with train.steps)
@@ -31,7 +31,7 @@ typedef struct {
     // with trainer_result_free); the router logit statistics of the last step per layer
     int n_layers, n_experts;
     long *routed, *kept;
-    moe_stats *last_stats;  // [L] (routed/kept pointers inside are not valid)
+    moe_stats *last_stats; // [L] (routed/kept pointers inside are not valid)
     size_t param_bytes, grad_bytes, optimizer_bytes, activation_bytes;
 } trainer_result;
 
@@ -51,8 +51,8 @@ void trainer_result_free(trainer_result *r);
 // lr, min_lr, schedule) than the checkpoint's warns that the schedule is re-stretched.
 // Data errors name the config key of the path ("data.train = 'x.bin': ...",
 // "data.dir/train.bin = ...", "data.text[2] = ..."), init_from errors "train.init_from = ...".
-moe_status trainer_run(const moe_train_config *cfg, const char *resume,
-                       const trainer_hooks *hooks, trainer_result *result);
+moe_status trainer_run(const moe_train_config *cfg, const char *resume, const trainer_hooks *hooks,
+                       trainer_result *result);
 
 // moe train --dry-run: prints the resolved config (every key), then the run header: the model,
 // parameter counts (total; active per token = dense + top_k experts per layer), FLOPs per

@@ -69,20 +69,21 @@ size_t cpu_attention_scratch_size(moe_backend *be, int S) {
 static int attention_threads(size_t scratch_size, int S, const char *who) {
     const size_t slots = scratch_size / slot_reals(S);
     if (slots < 1)
-        moe_fatal("%s: scratch of %zu reals is below one slot (%zu) for S = %d", who,
-                  scratch_size, slot_reals(S), S);
+        moe_fatal("%s: scratch of %zu reals is below one slot (%zu) for S = %d", who, scratch_size,
+                  slot_reals(S), S);
     const int nt = omp_get_max_threads();
     return slots < (size_t)nt ? (int)slots : nt;
 }
 
-void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S, int H, int KV,
-                           int hd, real *scratch, size_t scratch_size) {
+void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
+                           int H, int KV, int hd, real *scratch, size_t scratch_size) {
     CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV, nb = (S + ATTN_BLOCK - 1) / ATTN_BLOCK;
     const real scale = (real)(1.0 / sqrt((double)hd));
     const int nt = attention_threads(scratch_size, S, "attention_forward");
     // one task per (sequence, head, query block): it owns its rows of out and lse
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) \
+    num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int blk = 0; blk < nb; blk++) {
@@ -94,8 +95,8 @@ void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qk
                 real *p = scratch + (size_t)omp_get_thread_num() * slot_reals(S);
                 real *l = lse + ((size_t)b * H + h) * S + i0;
                 // p [n, cols] = scale * q_block k^T; softmax row by row; o_block = p v
-                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, scale, q, row,
-                           k, row, 0, p, cols);
+                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, scale, q, row, k,
+                           row, 0, p, cols);
                 for (int i = 0; i < n; i++)
                     l[i] = causal_softmax_row(p + (size_t)i * cols, i0 + i, cols);
                 cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, p, cols, v,
@@ -103,16 +104,17 @@ void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qk
             }
 }
 
-void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv, const real *out,
-                            const real *lse, int B, int S, int H, int KV, int hd, real *scratch,
-                            size_t scratch_size) {
+void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
+                            const real *out, const real *lse, int B, int S, int H, int KV, int hd,
+                            real *scratch, size_t scratch_size) {
     CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV;
     const real scale = (real)(1.0 / sqrt((double)hd));
     const int nt = attention_threads(scratch_size, S, "attention_backward");
     // one task per (sequence, kv head): it owns dk and dv of that head and sums its query
     // heads and blocks into them in a fixed order (no races, no atomics)
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
+#pragma omp parallel for collapse(2) schedule(static) \
+    num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
     for (int b = 0; b < B; b++)
         for (int g = 0; g < KV; g++) {
             const size_t base = (size_t)b * S * row;
@@ -133,8 +135,8 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
                     const int n = S - i0 < ATTN_BLOCK ? S - i0 : ATTN_BLOCK, cols = i0 + n;
                     const real *dOb = dO + (size_t)i0 * H * hd, *qb = q + (size_t)i0 * row;
                     // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal
-                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, scale, qb,
-                               row, k, row, 0, p, cols);
+                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, scale, qb, row,
+                               k, row, 0, p, cols);
                     for (int i = 0; i < n; i++) {
                         const int last = i0 + i;
                         const real li = l[i0 + i];
@@ -144,8 +146,8 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
                         for (int j = last + 1; j < cols; j++) pi[j] = 0;
                     }
                     // dp = dO v^T; dv += p^T dO (over the block's columns)
-                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, 1, dOb,
-                               H * hd, v, row, 0, ds, cols);
+                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, 1, dOb, H * hd,
+                               v, row, 0, ds, cols);
                     cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, p, cols,
                                dOb, H * hd, 1, dv, row);
                     // ds = p * (dp - D) * scale, D_i = dO_i . o_i; masked entries have p = 0
@@ -159,8 +161,8 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
                         for (int j = 0; j < cols; j++) dsi[j] = pi[j] * (dsi[j] - D) * scale;
                     }
                     // dq = ds k; dk += ds^T q
-                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, ds,
-                               cols, k, row, 0, dq + (size_t)i0 * row, row);
+                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, ds, cols,
+                               k, row, 0, dq + (size_t)i0 * row, row);
                     cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, ds, cols,
                                qb, row, 1, dk, row);
                 }
@@ -168,8 +170,8 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
         }
 }
 
-void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n, int pos0, int H,
-                         int KV, int hd) {
+void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n,
+                         int pos0, int H, int KV, int hd) {
     CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, kv = KV * hd;
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)n * KV * hd))
@@ -180,8 +182,9 @@ void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const re
     }
 }
 
-void cpu_attention_cached_forward(moe_backend *be, real *out, real *scratch, const real *qkv, const real *k_cache,
-                                  const real *v_cache, int n, int pos0, int H, int KV, int hd) {
+void cpu_attention_cached_forward(moe_backend *be, real *out, real *scratch, const real *qkv,
+                                  const real *k_cache, const real *v_cache, int n, int pos0, int H,
+                                  int KV, int hd) {
     CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV, len = pos0 + n, kv = KV * hd;
     const real scale = (real)(1.0 / sqrt((double)hd));
@@ -191,8 +194,8 @@ void cpu_attention_cached_forward(moe_backend *be, real *out, real *scratch, con
         const real *k = k_cache + (size_t)(h / group) * hd, *v = v_cache + (size_t)(h / group) * hd;
         real *p = scratch + (size_t)h * n * len;
         // p [n, len] = scale * q k^T; query i sits at position pos0 + i
-        cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, len, hd, scale, q, row, k, kv, 0,
-                   p, len);
+        cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, len, hd, scale, q, row, k, kv, 0, p,
+                   len);
         for (int i = 0; i < n; i++) causal_softmax_row(p + (size_t)i * len, pos0 + i, len);
         cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, len, 1, p, len, v, kv, 0,
                    out + (size_t)h * hd, H * hd);

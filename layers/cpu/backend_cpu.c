@@ -14,8 +14,10 @@ static void *cpu_alloc(moe_backend *be, size_t bytes) {
     return calloc(1, bytes ? bytes : 1);
 }
 static void cpu_free(moe_backend *be, void *ptr) {
-    if (state_of(be)->strict) cpu_strict_free(be, ptr);
-    else free(ptr);
+    if (state_of(be)->strict)
+        cpu_strict_free(be, ptr);
+    else
+        free(ptr);
 }
 // One copy for all three directions: host and device memory are the same here. Each is a
 // kernel scope, so strict mode opens the device side (and the host side is plain memory).

@@ -16,8 +16,8 @@ static double row_logsumexp(const real *z, int V) {
     return mx + log(sum);
 }
 
-void cpu_cross_entropy_forward(moe_backend *be, real *losses, const real *logits, const int *targets, int T,
-                               int V) {
+void cpu_cross_entropy_forward(moe_backend *be, real *losses, const real *logits,
+                               const int *targets, int T, int V) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * V))
     for (int t = 0; t < T; t++) {
@@ -26,8 +26,8 @@ void cpu_cross_entropy_forward(moe_backend *be, real *losses, const real *logits
     }
 }
 
-void cpu_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logits, const int *targets, int T,
-                                int V, real dloss) {
+void cpu_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logits,
+                                const int *targets, int T, int V, real dloss) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * V))
     for (int t = 0; t < T; t++) {

@@ -6,7 +6,8 @@
 
 #include "layers/cpu/cpu_kernels.h"
 
-void cpu_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k, int E) {
+void cpu_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k,
+                             int E) {
     CPU_KERNEL(be);
     memset(counts, 0, (size_t)E * sizeof(int));
     for (size_t s = 0; s < (size_t)T * k; s++) counts[topk_idx[s]]++;
@@ -33,9 +34,9 @@ static void sort_slots_by_weight(int *slots, int *tmp, int n, const real *weight
     if (src != slots) memcpy(slots, src, (size_t)n * sizeof(int));
 }
 
-void cpu_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *topk_idx, const real *weights,
-                           const int *counts, int T, int k, int E, int capacity,
-                           moe_drop_policy policy) {
+void cpu_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *topk_idx,
+                           const real *weights, const int *counts, int T, int k, int E,
+                           int capacity, moe_drop_policy policy) {
     CPU_KERNEL(be);
     const int n_slots = T * k;
     for (int s = 0; s < n_slots; s++) keep[s] = 1;
@@ -54,8 +55,8 @@ void cpu_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *
     }
 }
 
-void cpu_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int *row_token, const int *topk_idx,
-                           const int *keep, int T, int k, int E) {
+void cpu_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int *row_token,
+                           const int *topk_idx, const int *keep, int T, int k, int E) {
     CPU_KERNEL(be);
     const int n_slots = T * k;
     memset(offsets, 0, (size_t)(E + 1) * sizeof(int));
@@ -87,7 +88,8 @@ void cpu_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_to
 void cpu_moe_copy_chunks(moe_backend *be, real *dst, const real *src, const moe_row_chunk *chunks,
                          int n_chunks, int d) {
     CPU_KERNEL(be);
-#pragma omp parallel for schedule(dynamic, 1) if (n_chunks > 1 && cpu_parallel_worth((size_t)n_chunks * d * 64))
+#pragma omp parallel for schedule(dynamic, 1) if (n_chunks > 1 && \
+                                                  cpu_parallel_worth((size_t)n_chunks * d * 64))
     for (int c = 0; c < n_chunks; c++)
         if (chunks[c].rows > 0)
             memcpy(dst + (size_t)chunks[c].dst * d, src + (size_t)chunks[c].src * d,
@@ -111,9 +113,9 @@ void cpu_moe_combine_forward(moe_backend *be, real *out, const real *y, const re
     }
 }
 
-void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout, const real *y,
-                              const real *weights, const int *assign_row, int T, int k,
-                              int d) {
+void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
+                              const real *y, const real *weights, const int *assign_row, int T,
+                              int k, int d) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {
@@ -140,8 +142,8 @@ void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const r
     }
 }
 
-void cpu_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row, int T, int k,
-                           int d) {
+void cpu_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row, int T,
+                           int k, int d) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {

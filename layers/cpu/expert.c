@@ -12,7 +12,8 @@ void cpu_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int 
     }
 }
 
-void cpu_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const real *h13, int N, int ff) {
+void cpu_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const real *h13, int N,
+                         int ff) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)N * ff))
     for (int r = 0; r < N; r++) {

@@ -16,16 +16,15 @@
 #define cblas_gemm cblas_sgemm
 #endif
 
-static void gemm(int trans_a, int trans_b, int m, int n, int kd, real alpha, const real *a,
-                 int lda, const real *b, int ldb, real beta, real *c, int ldc) {
+static void gemm(int trans_a, int trans_b, int m, int n, int kd, real alpha, const real *a, int lda,
+                 const real *b, int ldb, real beta, real *c, int ldc) {
     if (m == 0 || n == 0) return;
     cblas_gemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-               trans_b ? CblasTrans : CblasNoTrans, m, n, kd, alpha, a, lda, b, ldb, beta, c,
-               ldc);
+               trans_b ? CblasTrans : CblasNoTrans, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd, int trans_a,
-                int trans_b, real beta) {
+void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
+                int trans_a, int trans_b, real beta) {
     CPU_KERNEL(be);
     int lda = trans_a ? m : kd;
     int ldb = trans_b ? kd : n;
@@ -45,9 +44,9 @@ void cpu_expert_matmul_forward(moe_backend *be, real *out, const real *inp, cons
     }
 }
 
-void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout, const real *weight,
-                                      const int *offsets, int n_experts, int n_out, int n_in,
-                                      int accumulate) {
+void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout,
+                                      const real *weight, const int *offsets, int n_experts,
+                                      int n_out, int n_in, int accumulate) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
     for (int e = 0; e < n_experts; e++) {
@@ -59,9 +58,9 @@ void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *d
     }
 }
 
-void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout, const real *inp,
-                                       const int *offsets, int n_experts, int n_out,
-                                       int n_in) {
+void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout,
+                                       const real *inp, const int *offsets, int n_experts,
+                                       int n_out, int n_in) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
     for (int e = 0; e < n_experts; e++) {
@@ -69,8 +68,7 @@ void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const rea
         if (rows == 0) continue;
         // dw_e [n_out, n_in] += dout_e^T [n_out, rows] @ inp_e [rows, n_in]
         gemm(1, 0, n_out, n_in, rows, 1, dout + (size_t)offsets[e] * n_out, n_out,
-             inp + (size_t)offsets[e] * n_in, n_in, 1, dweight + (size_t)e * n_out * n_in,
-             n_in);
+             inp + (size_t)offsets[e] * n_in, n_in, 1, dweight + (size_t)e * n_out * n_in, n_in);
     }
 }
 

@@ -3,9 +3,9 @@
 
 #include "layers/cpu/cpu_kernels.h"
 
-void cpu_adamw_update(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n, real lr,
-                      real beta1, real beta2, real eps, real weight_decay, real bc1, real bc2,
-                      real grad_scale) {
+void cpu_adamw_update(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n,
+                      real lr, real beta1, real beta2, real eps, real weight_decay, real bc1,
+                      real bc2, real grad_scale) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) {
@@ -17,7 +17,8 @@ void cpu_adamw_update(moe_backend *be, real *params, real *m, real *v, const rea
     }
 }
 
-void cpu_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr, real grad_scale) {
+void cpu_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr,
+                    real grad_scale) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
     for (size_t i = 0; i < n; i++) params[i] -= lr * grad_scale * grads[i];

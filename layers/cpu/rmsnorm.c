@@ -3,8 +3,8 @@
 
 #include "layers/cpu/cpu_kernels.h"
 
-void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp, const real *weight, int T,
-                         int d, real eps) {
+void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp,
+                         const real *weight, int T, int d, real eps) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
     for (int t = 0; t < T; t++) {
@@ -20,8 +20,8 @@ void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp
 
 // With n = x * rstd and g = w * dout:
 //   dx = rstd * (g - n * mean_i(g_i n_i)),   dw = sum_t dout * n
-void cpu_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout, const real *inp,
-                          const real *weight, const real *rstd, int T, int d) {
+void cpu_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
+                          const real *inp, const real *weight, const real *rstd, int T, int d) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
     for (int t = 0; t < T; t++) {

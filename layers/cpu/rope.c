@@ -4,8 +4,8 @@
 
 #include "layers/cpu/cpu_kernels.h"
 
-void cpu_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin, int T, int S,
-              int pos0, int n_rot, int n_heads, int hd, int inverse) {
+void cpu_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin, int T,
+              int S, int pos0, int n_rot, int n_heads, int hd, int inverse) {
     CPU_KERNEL(be);
     const int half = hd / 2;
     const size_t row = (size_t)n_heads * hd;

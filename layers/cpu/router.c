@@ -12,8 +12,8 @@
 #include "layers/cpu/vec_math.h"
 #include "layers/rng.h"
 
-void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx, real *weights,
-                     const real *logits, const real *bias, int T, int E, int k,
+void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
+                     real *weights, const real *logits, const real *bias, int T, int E, int k,
                      moe_scoring scoring, int norm_topk_prob, real route_scale) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
@@ -56,14 +56,16 @@ void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int 
     }
 }
 
-void cpu_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E, int seq_len) {
+void cpu_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
+                        int seq_len) {
     CPU_KERNEL(be);
     const int B = T / seq_len;
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int b = 0; b < B; b++) {
         int *c = seq_counts + (size_t)b * E;
         for (int e = 0; e < E; e++) c[e] = 0;
-        for (size_t s = (size_t)b * seq_len * k; s < (size_t)(b + 1) * seq_len * k; s++) c[topk_idx[s]]++;
+        for (size_t s = (size_t)b * seq_len * k; s < (size_t)(b + 1) * seq_len * k; s++)
+            c[topk_idx[s]]++;
     }
 }
 
@@ -73,8 +75,8 @@ void cpu_router_backward(moe_backend *be, real *dlogits, const real *dweights, c
                          const real *probs, const real *logits, const real *lse,
                          const int *topk_idx, const real *weights, const int *counts,
                          const int *seq_counts, int T, int E, int k, int seq_len,
-                         moe_scoring scoring, int norm_topk_prob, real route_scale,
-                         real aux_coef, real seq_aux_coef, real z_coef, real dloss) {
+                         moe_scoring scoring, int norm_topk_prob, real route_scale, real aux_coef,
+                         real seq_aux_coef, real z_coef, real dloss) {
     CPU_KERNEL(be);
     const int B = T / seq_len;
     const real aux_scale = dloss * aux_coef * (real)E / ((real)k * (real)T * (real)T);
@@ -83,7 +85,8 @@ void cpu_router_backward(moe_backend *be, real *dlogits, const real *dweights, c
     const real z_scale = dloss * 2 * z_coef / (real)T;
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int t = 0; t < T; t++) {
-        const real *s = scores + (size_t)t * E, *p = probs + (size_t)t * E, *z = logits + (size_t)t * E;
+        const real *s = scores + (size_t)t * E, *p = probs + (size_t)t * E,
+                   *z = logits + (size_t)t * E;
         const int *idx = topk_idx + (size_t)t * k, *sc = seq_counts + (size_t)(t / seq_len) * E;
         const real *w = weights + (size_t)t * k, *dw = dweights + (size_t)t * k;
         real *g = dlogits + (size_t)t * E; // dL/dp' first, then dL/ds, then dL/dz
@@ -91,7 +94,8 @@ void cpu_router_backward(moe_backend *be, real *dlogits, const real *dweights, c
         // balancing losses, through the distribution s'
         for (int e = 0; e < E; e++)
             g[e] = aux_scale * (real)counts[e] + (seq_aux_coef != 0 ? seq_scale * (real)sc[e] : 0);
-        if (scoring == MOE_SCORE_SIGMOID) { // s' = s / sum(s): dL/ds_e = (g_e - sum_j g_j s'_j) / sum(s)
+        if (scoring ==
+            MOE_SCORE_SIGMOID) { // s' = s / sum(s): dL/ds_e = (g_e - sum_j g_j s'_j) / sum(s)
             real ssum = 0, dot = 0;
             for (int e = 0; e < E; e++) ssum += s[e], dot += g[e] * p[e];
             for (int e = 0; e < E; e++) g[e] = (g[e] - dot) / ssum;

@@ -47,9 +47,9 @@ int moe_cpu_threads(int requested) {
     const char *env = getenv("OMP_NUM_THREADS");
     if (env && *env) return omp_get_max_threads(); // the user's choice stands
     int n = omp_get_num_procs();
-    const int quota = moe_cpu_quota_cores("/sys/fs/cgroup/cpu.max",
-                                          "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
-                                          "/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    const int quota =
+        moe_cpu_quota_cores("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+                            "/sys/fs/cgroup/cpu/cpu.cfs_period_us");
     if (quota > 0 && quota < n) n = quota;
     if (n < 1) n = 1;
     omp_set_num_threads(n);

@@ -79,9 +79,14 @@ static void round_trip(void) {
     fill_device(a.be, a.params, a.n_params, &r, 1), fill_device(a.be, oa.m, a.n_params, &r, 1e-3);
     fill_device(a.be, oa.v, a.n_params, &r, 1e-6);
     oa.t = 17;
-    train_state ts = {.step = 17, .skipped = 2, .consecutive_skips = 1,
-                      .loader = {.seed = 0xFFFFFFFFFFFFFFF1ull, .epoch = 3, .position = 12,
-                                 .n_windows = 99, .seq_len = 32}};
+    train_state ts = {.step = 17,
+                      .skipped = 2,
+                      .consecutive_skips = 1,
+                      .loader = {.seed = 0xFFFFFFFFFFFFFFF1ull,
+                                 .epoch = 3,
+                                 .position = 12,
+                                 .n_windows = 99,
+                                 .seq_len = 32}};
     char root[300];
     snprintf(root, sizeof root, "%s/rt_ckpt", work);
     // 8 KiB shards: the 2-layer model is spread over many files
@@ -112,8 +117,8 @@ static void round_trip(void) {
     check_true("parameters bitwise", device_equal(a.be, a.params, b.params, a.n_params));
     check_true("AdamW moments bitwise", device_equal(a.be, oa.m, ob.m, a.n_params) &&
                                             device_equal(a.be, oa.v, ob.v, a.n_params));
-    check_true("step, skips, optimizer t", back.step == 17 && back.skipped == 2 &&
-                                               back.consecutive_skips == 1 && ob.t == 17);
+    check_true("step, skips, optimizer t",
+               back.step == 17 && back.skipped == 2 && back.consecutive_skips == 1 && ob.t == 17);
     check_true("loader/RNG state (64-bit seed kept exactly)",
                !memcmp(&back.loader, &ts.loader, sizeof ts.loader));
 
@@ -167,13 +172,16 @@ static void hf_folder_errors(void) {
     other.d_model = 64, other.moe.d_ff = 48, other.moe.d_model = 64;
     moe_status st = hf_config_check(dir, &other);
     check_true("disagreeing config.json names each field",
-               st == MOE_EINVAL && strstr(moe_last_error(), "hidden_size = 32 (model.d_model = 64)") &&
+               st == MOE_EINVAL &&
+                   strstr(moe_last_error(), "hidden_size = 32 (model.d_model = 64)") &&
                    strstr(moe_last_error(), "intermediate_size = 24 (model.d_ff = 48)"));
     printf("    -> %s\n", moe_last_error());
 
     // a tensor missing from the index
-    snprintf(cmd, sizeof cmd, "cp -r %s %s/hf_missing && sed -i 's/\"model.norm.weight\"/\"model.norm.weightX\"/' "
-             "%s/hf_missing/model.safetensors.index.json", dir, work, work);
+    snprintf(cmd, sizeof cmd,
+             "cp -r %s %s/hf_missing && sed -i 's/\"model.norm.weight\"/\"model.norm.weightX\"/' "
+             "%s/hf_missing/model.safetensors.index.json",
+             dir, work, work);
     if (system(cmd)) printf("cmd failed\n");
     snprintf(dir, sizeof dir, "%s/hf_missing", work);
     st = infer_load(&dst, test_backend(), dir, 0, 8);
@@ -183,7 +191,8 @@ static void hf_folder_errors(void) {
     printf("    -> %s\n", moe_last_error());
 
     // the shard an index names is missing
-    snprintf(cmd, sizeof cmd, "cp -r %s/hf_ok %s/hf_noshard && rm %s/hf_noshard/model-00001-of-00001.safetensors",
+    snprintf(cmd, sizeof cmd,
+             "cp -r %s/hf_ok %s/hf_noshard && rm %s/hf_noshard/model-00001-of-00001.safetensors",
              work, work, work);
     if (system(cmd)) printf("cmd failed\n");
     snprintf(dir, sizeof dir, "%s/hf_noshard", work);
@@ -193,27 +202,34 @@ static void hf_folder_errors(void) {
     printf("    -> %s\n", moe_last_error());
 
     // shape mismatch: a model config with more experts per... a larger vocab in config.json
-    snprintf(cmd, sizeof cmd, "cp -r %s/hf_ok %s/hf_shape && sed -i 's/\"vocab_size\":.*256,/\"vocab_size\":\t300,/' "
-             "%s/hf_shape/config.json", work, work, work);
+    snprintf(
+        cmd, sizeof cmd,
+        "cp -r %s/hf_ok %s/hf_shape && sed -i 's/\"vocab_size\":.*256,/\"vocab_size\":\t300,/' "
+        "%s/hf_shape/config.json",
+        work, work, work);
     if (system(cmd)) printf("cmd failed\n");
     snprintf(dir, sizeof dir, "%s/hf_shape", work);
     st = infer_load(&dst, test_backend(), dir, 0, 8);
     check_true("shape mismatch refused with both shapes",
-               st == MOE_EIO && strstr(moe_last_error(), "has shape [256, 32], expected [300, 32]"));
+               st == MOE_EIO &&
+                   strstr(moe_last_error(), "has shape [256, 32], expected [300, 32]"));
     printf("    -> %s\n", moe_last_error());
 
     // config.json that does not parse
-    snprintf(cmd, sizeof cmd, "cp -r %s/hf_ok %s/hf_json && echo '{\"model_type\": ' > %s/hf_json/config.json",
-             work, work, work);
+    snprintf(cmd, sizeof cmd,
+             "cp -r %s/hf_ok %s/hf_json && echo '{\"model_type\": ' > %s/hf_json/config.json", work,
+             work, work);
     if (system(cmd)) printf("cmd failed\n");
     snprintf(dir, sizeof dir, "%s/hf_json", work);
     st = infer_load(&dst, test_backend(), dir, 0, 8);
-    check_true("config.json that does not parse refused", st == MOE_EIO && strstr(moe_last_error(), "config.json"));
+    check_true("config.json that does not parse refused",
+               st == MOE_EIO && strstr(moe_last_error(), "config.json"));
     printf("    -> %s\n", moe_last_error());
 
     // export never overwrites
     snprintf(dir, sizeof dir, "%s/hf_ok", work);
-    check_true("export refuses an existing folder", hf_export(dir, &src, ST_F32, CHECKPOINT_SHARD_BYTES) == MOE_EINVAL);
+    check_true("export refuses an existing folder",
+               hf_export(dir, &src, ST_F32, CHECKPOINT_SHARD_BYTES) == MOE_EINVAL);
     model_destroy(&src);
 }
 
@@ -346,7 +362,8 @@ static void exact_resume(void) {
     st = trainer_run(&c4, NULL, NULL, &r);
     trainer_result_free(&r);
     check_true("init_from with a disagreeing config stops, naming the field",
-               st == MOE_EINVAL && strstr(moe_last_error(), "intermediate_size = 24 (model.d_ff = 32)"));
+               st == MOE_EINVAL &&
+                   strstr(moe_last_error(), "intermediate_size = 24 (model.d_ff = 32)"));
     printf("    -> %s\n", moe_last_error());
 }
 

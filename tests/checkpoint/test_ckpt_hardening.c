@@ -23,8 +23,14 @@ static char work[64];
 
 // A small model config: 2 layers, 4 experts top-2.
 static model_config small_config(void) {
-    model_config c = {.vocab_size = 256, .d_model = 32, .n_layers = 2, .n_heads = 4,
-                      .n_kv_heads = 2, .max_seq_len = 32, .rope_theta = 1e4, .rms_norm_eps = 1e-5};
+    model_config c = {.vocab_size = 256,
+                      .d_model = 32,
+                      .n_layers = 2,
+                      .n_heads = 4,
+                      .n_kv_heads = 2,
+                      .max_seq_len = 32,
+                      .rope_theta = 1e4,
+                      .rms_norm_eps = 1e-5};
     c.moe = moe_config_default(32, 24, 4, 2);
     return c;
 }
@@ -44,10 +50,12 @@ static void make_checkpoint(const char *name, optim_kind kind, char *folder, siz
     optimizer o;
     optimizer_create(&o, m.be, &oc, m.n_params, &all, 1);
     o.t = 3;
-    train_state ts = {.step = 3, .loader = {.seed = 1, .position = 2, .n_windows = 9, .seq_len = 8}};
+    train_state ts = {.step = 3,
+                      .loader = {.seed = 1, .position = 2, .n_windows = 9, .seq_len = 8}};
     char root[200];
     snprintf(root, sizeof root, "%s/%s", work, name);
-    if (checkpoint_save(root, &m, &o, &ts, &tc, 2, CHECKPOINT_SHARD_BYTES)) printf("save: %s\n", moe_last_error());
+    if (checkpoint_save(root, &m, &o, &ts, &tc, 2, CHECKPOINT_SHARD_BYTES))
+        printf("save: %s\n", moe_last_error());
     snprintf(folder, n, "%s/step_00000003", root);
     optimizer_destroy(&o);
     model_destroy(&m);
@@ -87,8 +95,10 @@ static void set_field(const char *folder, const char *file, const char *key, con
         key = dot + 1;
     }
     cJSON *v = cJSON_Parse(json);
-    if (cJSON_GetObjectItem(obj, key)) cJSON_ReplaceItemInObject(obj, key, v);
-    else cJSON_AddItemToObject(obj, key, v);
+    if (cJSON_GetObjectItem(obj, key))
+        cJSON_ReplaceItemInObject(obj, key, v);
+    else
+        cJSON_AddItemToObject(obj, key, v);
     write_json_file(path, j);
 }
 
@@ -101,8 +111,8 @@ static void remove_field(const char *folder, const char *file, const char *key) 
 }
 
 // infer_load must fail with `code` and a message holding `a` (and `b` when not NULL).
-static void expect_load_error(const char *what, const char *folder, moe_status code,
-                              const char *a, const char *b) {
+static void expect_load_error(const char *what, const char *folder, moe_status code, const char *a,
+                              const char *b) {
     model m;
     moe_status st = infer_load(&m, test_backend(), folder, 8, 8);
     int ok = st == code && strstr(moe_last_error(), a) && (!b || strstr(moe_last_error(), b));
@@ -171,8 +181,8 @@ static void case_integrity(void) {
     snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
     damage_last_byte(path);
     set_field(dir, "trainer_state.json", "crc32", "{}");
-    expect_load_error("\"crc32\": {} does not disable the checks", dir, MOE_EIO,
-                      "config.json", "no CRC32");
+    expect_load_error("\"crc32\": {} does not disable the checks", dir, MOE_EIO, "config.json",
+                      "no CRC32");
 
     copy_folder(ck, "int_drop", dir, sizeof dir);
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
@@ -202,8 +212,10 @@ static void state_error(const char *what, const char *src, const char *key, cons
                         const char *expect) {
     char dir[300];
     copy_folder(src, "state", dir, sizeof dir);
-    if (json) set_field(dir, "trainer_state.json", key, json);
-    else remove_field(dir, "trainer_state.json", key);
+    if (json)
+        set_field(dir, "trainer_state.json", key, json);
+    else
+        remove_field(dir, "trainer_state.json", key);
     checkpoint_state cs;
     moe_status st = checkpoint_state_read(&cs, dir);
     check_true(what, st == MOE_EIO && strstr(moe_last_error(), "trainer_state.json") &&
@@ -217,7 +229,8 @@ static void case_state(void) {
     checkpoint_state cs;
     moe_status st = checkpoint_state_read(&cs, ck);
     check_true("a saved state reads back", st == MOE_OK && cs.ts.step == 3 && cs.optimizer_t == 3 &&
-                                               cs.optimizer == OPTIM_ADAMW && cs.ts.loader.position == 2);
+                                               cs.optimizer == OPTIM_ADAMW &&
+                                               cs.ts.loader.position == 2);
     state_error("step = 1e300 refused", ck, "step", "1e300", "\"step\"");
     state_error("negative step refused", ck, "step", "-4", "\"step\"");
     state_error("fractional step refused", ck, "step", "2.5", "\"step\"");
@@ -225,16 +238,21 @@ static void case_state(void) {
     state_error("missing step refused", ck, "step", NULL, "\"step\"");
     state_error("negative skip count refused", ck, "skipped", "-1", "\"skipped\"");
     state_error("more skips than steps refused", ck, "skipped", "4", "\"skipped\"");
-    state_error("optimizer.t beyond the steps refused", ck, "optimizer.t", "1e18", "\"optimizer.t\"");
+    state_error("optimizer.t beyond the steps refused", ck, "optimizer.t", "1e18",
+                "\"optimizer.t\"");
     state_error("unknown optimizer refused", ck, "optimizer.kind", "\"lion\"", "optimizer.kind");
-    state_error("a loader seed that is not a u64 string refused", ck, "rng", "{\"data_loader\": "
+    state_error("a loader seed that is not a u64 string refused", ck, "rng",
+                "{\"data_loader\": "
                 "{\"seed\": \"-1\", \"epoch\": \"0\", \"position\": \"0\", \"n_windows\": \"9\", "
-                "\"seq_len\": \"8\"}}", "\"rng.data_loader.seed\"");
-    state_error("a loader position beyond its windows refused", ck, "rng", "{\"data_loader\": "
+                "\"seq_len\": \"8\"}}",
+                "\"rng.data_loader.seed\"");
+    state_error("a loader position beyond its windows refused", ck, "rng",
+                "{\"data_loader\": "
                 "{\"seed\": \"1\", \"epoch\": \"0\", \"position\": \"10\", \"n_windows\": \"9\", "
-                "\"seq_len\": \"8\"}}", "position");
-    state_error("world size > 1 refused by a one-process build", ck, "world", "{\"size\": 2, \"ep_size\": 1}",
-                "size");
+                "\"seq_len\": \"8\"}}",
+                "position");
+    state_error("world size > 1 refused by a one-process build", ck, "world",
+                "{\"size\": 2, \"ep_size\": 1}", "size");
     state_error("unknown format version refused", ck, "version", "2", "\"version\"");
 
     // resuming with another optimizer: refused, naming both
@@ -250,14 +268,17 @@ static void case_state(void) {
     train_state ts;
     st = checkpoint_load(sgd, &m, &o, &ts);
     check_true("switching the optimizer on resume is refused, naming both",
-               st == MOE_EINVAL && strstr(moe_last_error(), "sgd") && strstr(moe_last_error(), "adamw"));
+               st == MOE_EINVAL && strstr(moe_last_error(), "sgd") &&
+                   strstr(moe_last_error(), "adamw"));
     printf("    -> %s\n", moe_last_error());
     optimizer_destroy(&o);
     model_destroy(&m);
 }
 
 // ---- 4: config.json sizes are bounded and checked against the headers before allocating ---
-static moe_status code_of(const char *msg) { return strstr(msg, "describes") || strstr(msg, "shape") ? MOE_EIO : MOE_EINVAL; }
+static moe_status code_of(const char *msg) {
+    return strstr(msg, "describes") || strstr(msg, "shape") ? MOE_EIO : MOE_EINVAL;
+}
 
 // An HF folder (the checkpoint without trainer_state.json, under a name that is not a step
 // folder's) whose config.json has key = json: the field checks alone must refuse it.
@@ -348,11 +369,14 @@ static void case_rope(void) {
     make_checkpoint("rope_src", OPTIM_ADAMW, ck, sizeof ck);
     copy_folder(ck, "rope", dir, sizeof dir);
     remove_field(dir, "config.json", "rope_theta");
-    set_field(dir, "config.json", "rope_parameters", "{\"rope_theta\": 10000.0, \"rope_type\": \"default\"}");
+    set_field(dir, "config.json", "rope_parameters",
+              "{\"rope_theta\": 10000.0, \"rope_type\": \"default\"}");
     model_config c;
     moe_status st = hf_config_read(&c, dir);
-    check_true("rope_parameters.rope_theta is read (transformers 5.x)", st == MOE_OK && c.rope_theta == 1e4);
-    set_field(dir, "config.json", "rope_parameters", "{\"rope_theta\": 10000.0, \"rope_type\": \"yarn\"}");
+    check_true("rope_parameters.rope_theta is read (transformers 5.x)",
+               st == MOE_OK && c.rope_theta == 1e4);
+    set_field(dir, "config.json", "rope_parameters",
+              "{\"rope_theta\": 10000.0, \"rope_type\": \"yarn\"}");
     st = hf_config_read(&c, dir);
     check_true("an unsupported rope_type is an error, not a silent default",
                st == MOE_EINVAL && strstr(moe_last_error(), "rope_type"));
@@ -368,7 +392,8 @@ static void case_hf5(void) {
     char *text = test_read_file(path);
     check_true("float fields are written as floats (0.0, not 0)",
                text && strstr(text, "\"router_jitter_noise\":\t0.0") &&
-                   strstr(text, "\"attention_dropout\":\t0.0") && strstr(text, "\"rope_theta\":\t10000.0"));
+                   strstr(text, "\"attention_dropout\":\t0.0") &&
+                   strstr(text, "\"rope_theta\":\t10000.0"));
     free(text);
     copy_folder(ck, "hf5", dir, sizeof dir);
     set_field(dir, "config.json", "head_dim", "null");
@@ -376,11 +401,13 @@ static void case_hf5(void) {
     set_field(dir, "config.json", "dtype", "\"float32\"");
     model_config c;
     moe_status st = hf_config_read(&c, dir);
-    check_true("transformers 5.x fields (head_dim null, dtype, pad_token_id) are read", st == MOE_OK);
+    check_true("transformers 5.x fields (head_dim null, dtype, pad_token_id) are read",
+               st == MOE_OK);
     set_field(dir, "config.json", "quantization_config", "{\"quant_method\": \"fp8\"}");
     st = hf_config_read(&c, dir);
     check_true("a field moe.c does not understand is an error naming it",
-               st == MOE_EINVAL && strstr(moe_last_error(), "\"quantization_config\" is not understood"));
+               st == MOE_EINVAL &&
+                   strstr(moe_last_error(), "\"quantization_config\" is not understood"));
     printf("    -> %s\n", moe_last_error());
     remove_field(dir, "config.json", "quantization_config");
     set_field(dir, "config.json", "architectures", "[\"LlamaForCausalLM\"]");
@@ -391,19 +418,27 @@ static void case_hf5(void) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: test_ckpt_hardening uaf|integrity|state|sizes|nonfinite|rope|hf5\n");
+        fprintf(stderr,
+                "usage: test_ckpt_hardening uaf|integrity|state|sizes|nonfinite|rope|hf5\n");
         return 2;
     }
     snprintf(work, sizeof work, "/tmp/moe_ckhard_XXXXXX");
     if (!mkdtemp(work)) return 1;
     const char *c = argv[1];
-    if (!strcmp(c, "uaf")) case_uaf();
-    else if (!strcmp(c, "integrity")) case_integrity();
-    else if (!strcmp(c, "state")) case_state();
-    else if (!strcmp(c, "sizes")) case_sizes();
-    else if (!strcmp(c, "nonfinite")) case_nonfinite();
-    else if (!strcmp(c, "rope")) case_rope();
-    else if (!strcmp(c, "hf5")) case_hf5();
+    if (!strcmp(c, "uaf"))
+        case_uaf();
+    else if (!strcmp(c, "integrity"))
+        case_integrity();
+    else if (!strcmp(c, "state"))
+        case_state();
+    else if (!strcmp(c, "sizes"))
+        case_sizes();
+    else if (!strcmp(c, "nonfinite"))
+        case_nonfinite();
+    else if (!strcmp(c, "rope"))
+        case_rope();
+    else if (!strcmp(c, "hf5"))
+        case_hf5();
     else {
         fprintf(stderr, "unknown case '%s'\n", c);
         return 2;

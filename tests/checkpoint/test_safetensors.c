@@ -15,7 +15,9 @@
 
 static const char *scratch;
 
-static void path_of(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", scratch, name); }
+static void path_of(char *out, size_t cap, const char *name) {
+    snprintf(out, cap, "%s/%s", scratch, name);
+}
 
 // Whole file into a malloc'd buffer; exits on failure (a broken test, not a finding).
 static uint8_t *slurp(const char *path, size_t *len) {
@@ -44,7 +46,8 @@ static void put_bytes(const char *path, const void *p, size_t n) {
 
 // A safetensors file by hand: the length field (declared_len, or the header's real length when
 // UINT64_MAX), the header exactly as given, then data_len bytes 0, 1, 2, ...
-static void write_raw(const char *path, const char *header, uint64_t declared_len, size_t data_len) {
+static void write_raw(const char *path, const char *header, uint64_t declared_len,
+                      size_t data_len) {
     size_t hl = strlen(header);
     uint64_t len = declared_len == UINT64_MAX ? hl : declared_len;
     uint8_t *buf = malloc(8 + hl + data_len + 1);
@@ -94,7 +97,8 @@ static void test_roundtrip_f32(void) {
     for (int i = 7; i >= 0; i--) hl = hl << 8 | raw[i];
     check_true("header length is a multiple of 8", hl % 8 == 0 && hl + 8 <= len);
     const char *meta = "{\"__metadata__\":{\"format\":\"pt\"},";
-    check_true("header begins with __metadata__ {format: pt}", memcmp(raw + 8, meta, strlen(meta)) == 0);
+    check_true("header begins with __metadata__ {format: pt}",
+               memcmp(raw + 8, meta, strlen(meta)) == 0);
     check_true("header padded with spaces", raw[8 + hl - 1] == ' ' || raw[8 + hl - 1] == '}');
     check_true("file size = 8 + header + data", len == 8 + hl + 4 * (1 + 24 + 6 + 0 + 8));
     free(raw);
@@ -104,11 +108,13 @@ static void test_roundtrip_f32(void) {
     if (st != MOE_OK) printf("  %s\n", moe_last_error());
     check_true("st_read F32", st == MOE_OK);
     if (st != MOE_OK) return;
-    check_true("5 tensors, in the order written", f.n == 5 && strcmp(f.tensors[0].name, "model.scalar") == 0 &&
-                                                       strcmp(f.tensors[4].name, "we\"ird\\name\n") == 0);
+    check_true("5 tensors, in the order written",
+               f.n == 5 && strcmp(f.tensors[0].name, "model.scalar") == 0 &&
+                   strcmp(f.tensors[4].name, "we\"ird\\name\n") == 0);
     const st_tensor *t = st_find(&f, "model.scalar");
     float got[32];
-    check_true("scalar: ndim 0, 4 bytes", t && t->ndim == 0 && t->end - t->begin == 4 && t->dtype == ST_F32);
+    check_true("scalar: ndim 0, 4 bytes",
+               t && t->ndim == 0 && t->end - t->begin == 4 && t->dtype == ST_F32);
     if (t) {
         st_to_f32(got, &f, t);
         check_true("scalar value", got[0] == 3.25f);
@@ -158,7 +164,8 @@ static void test_roundtrip_half(st_dtype dtype) {
         return;
     }
     const st_tensor *t = st_find(&f, "w");
-    check_true("dtype and 2 bytes per element", t && t->dtype == dtype && t->end - t->begin == 2 * N);
+    check_true("dtype and 2 bytes per element",
+               t && t->dtype == dtype && t->end - t->begin == 2 * N);
     float got[N];
     st_to_f32(got, &f, t);
     double g[N], w[N], maxrel = 0;
@@ -199,10 +206,18 @@ static void test_hf_file(void) {
     for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
     memcpy(buf + 8, hdr, hl);
     uint8_t *d = buf + 8 + hl;
-    d[0] = 0xC0; d[1] = 0x3F;               // b: bf16 1.5
-    d[2] = 0x00; d[3] = 0xC0;               // c: f16 -2.0
-    d[4] = 0x00; d[5] = 0x00; d[6] = 0x80; d[7] = 0x3F;   // a[0] = 1.0f
-    d[8] = 0x00; d[9] = 0x00; d[10] = 0x20; d[11] = 0xC1; // a[1] = -10.0f
+    d[0] = 0xC0;
+    d[1] = 0x3F; // b: bf16 1.5
+    d[2] = 0x00;
+    d[3] = 0xC0; // c: f16 -2.0
+    d[4] = 0x00;
+    d[5] = 0x00;
+    d[6] = 0x80;
+    d[7] = 0x3F; // a[0] = 1.0f
+    d[8] = 0x00;
+    d[9] = 0x00;
+    d[10] = 0x20;
+    d[11] = 0xC1; // a[1] = -10.0f
     put_bytes(path, buf, 8 + hl + 12);
 
     st_file f;
@@ -225,7 +240,8 @@ static void test_hf_file(void) {
 
     // no __metadata__ at all, and padding spaces after the JSON: also valid
     path_of(path, sizeof path, "hf_nometa.safetensors");
-    write_raw(path, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}      ", UINT64_MAX, 4);
+    write_raw(path, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}      ",
+              UINT64_MAX, 4);
     st = st_read(&f, path);
     if (st != MOE_OK) printf("  %s\n", moe_last_error());
     check_true("reads a file without __metadata__, padded", st == MOE_OK && f.n == 1);
@@ -249,22 +265,24 @@ static void expect_refusal(const char *what, const char *file, const char *detai
     moe_status st = st_read(&f, path);
     const char *msg = moe_last_error();
     printf("  [%s] %s\n", what, st == MOE_OK ? "(accepted!)" : msg);
-    int ok = st == MOE_EIO && strstr(msg, file) && strstr(msg, detail) && f.n == 0 && !f.data && !f.tensors;
+    int ok = st == MOE_EIO && strstr(msg, file) && strstr(msg, detail) && f.n == 0 && !f.data &&
+             !f.tensors;
     if (!ok && st != MOE_OK) printf("    wanted MOE_EIO naming '%s' and '%s'\n", file, detail);
     check_true(what, ok);
     if (st == MOE_OK) st_free(&f);
 }
 
 // write_raw into the scratch dir, then expect_refusal.
-static void refuse(const char *what, const char *file, const char *header, uint64_t declared, size_t data_len,
-                   const char *detail) {
+static void refuse(const char *what, const char *file, const char *header, uint64_t declared,
+                   size_t data_len, const char *detail) {
     char path[1024];
     path_of(path, sizeof path, file);
     write_raw(path, header, declared, data_len);
     expect_refusal(what, file, detail);
 }
 
-#define T(name, dtype, shape, b, e) "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
+#define T(name, dtype, shape, b, e) \
+    "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
 #define META "\"__metadata__\":{\"format\":\"pt\"},"
 
 static void test_errors(void) {
@@ -282,56 +300,67 @@ static void test_errors(void) {
     put_bytes(path, "", 0);
     expect_refusal("empty file", "zero.safetensors", "fewer than the 8-byte");
 
-    refuse("data shorter than offsets say", "trunc_data.safetensors", "{" META T("w", "F32", "[4]", 0, 16) "}",
-           REAL, 10, "file truncated");
-    refuse("header length beyond the file", "hdr_beyond.safetensors", "{}", 1000, 0, "header length 1000 exceeds");
-    refuse("header length absurd", "hdr_huge.safetensors", "{}", 0xFFFFFFFFFFFFFFF0ull, 0, "exceeds");
-    refuse("JSON does not parse", "bad_json.safetensors", "{\"w\":{\"dtype\":\"F32\",", REAL, 0, "not valid JSON");
-    refuse("JSON with trailing garbage", "trailing_json.safetensors", "{} x", REAL, 0, "not valid JSON");
+    refuse("data shorter than offsets say", "trunc_data.safetensors",
+           "{" META T("w", "F32", "[4]", 0, 16) "}", REAL, 10, "file truncated");
+    refuse("header length beyond the file", "hdr_beyond.safetensors", "{}", 1000, 0,
+           "header length 1000 exceeds");
+    refuse("header length absurd", "hdr_huge.safetensors", "{}", 0xFFFFFFFFFFFFFFF0ull, 0,
+           "exceeds");
+    refuse("JSON does not parse", "bad_json.safetensors", "{\"w\":{\"dtype\":\"F32\",", REAL, 0,
+           "not valid JSON");
+    refuse("JSON with trailing garbage", "trailing_json.safetensors", "{} x", REAL, 0,
+           "not valid JSON");
     refuse("JSON not an object", "array.safetensors", "[1,2]", REAL, 0, "not a JSON object");
     refuse("overlapping offsets", "overlap.safetensors",
-           "{" META T("a", "F32", "[2]", 0, 8) "," T("b", "F32", "[2]", 4, 12) "}", REAL, 12, "overlap tensor 'a'");
+           "{" META T("a", "F32", "[2]", 0, 8) "," T("b", "F32", "[2]", 4, 12) "}", REAL, 12,
+           "overlap tensor 'a'");
     refuse("gapped offsets", "gap.safetensors",
            "{" META T("a", "F32", "[2]", 0, 8) "," T("b", "F32", "[2]", 12, 20) "}", REAL, 20,
            "gap of 4 bytes");
-    refuse("gap at the start", "gap_start.safetensors", "{" META T("a", "F32", "[2]", 4, 12) "}", REAL, 12,
-           "begins at 4, not 0");
-    refuse("data longer than the tensors", "trailing_data.safetensors", "{" META T("a", "F32", "[2]", 0, 8) "}",
-           REAL, 12, "4 bytes unaccounted");
+    refuse("gap at the start", "gap_start.safetensors", "{" META T("a", "F32", "[2]", 4, 12) "}",
+           REAL, 12, "begins at 4, not 0");
+    refuse("data longer than the tensors", "trailing_data.safetensors",
+           "{" META T("a", "F32", "[2]", 0, 8) "}", REAL, 12, "4 bytes unaccounted");
     refuse("unknown dtype", "i64.safetensors", "{" META T("a", "I64", "[1]", 0, 8) "}", REAL, 8,
            "unknown dtype 'I64'");
     refuse("size mismatch shape vs offsets", "model-00001-of-00002.safetensors",
            "{" META T("model.embed_tokens.weight", "F32", "[10,4]", 0, 100) "}", REAL, 100,
-           "tensor 'model.embed_tokens.weight': data_offsets [0, 100] hold 100 bytes but shape [10, 4] of F32 "
+           "tensor 'model.embed_tokens.weight': data_offsets [0, 100] hold 100 bytes but shape "
+           "[10, 4] of F32 "
            "needs 160");
     refuse("duplicate name", "dup.safetensors",
            "{" META T("a", "F32", "[2]", 0, 8) "," T("a", "F32", "[2]", 8, 16) "}", REAL, 16,
            "duplicate tensor name 'a'");
     refuse("entry missing data_offsets", "no_offsets.safetensors",
-           "{" META "\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", REAL, 8, "tensor 'a': missing 'data_offsets'");
+           "{" META "\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", REAL, 8,
+           "tensor 'a': missing 'data_offsets'");
     refuse("entry missing dtype", "no_dtype.safetensors",
-           "{" META "\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", REAL, 8, "tensor 'a': missing 'dtype'");
+           "{" META "\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", REAL, 8,
+           "tensor 'a': missing 'dtype'");
     refuse("entry missing shape", "no_shape.safetensors",
-           "{" META "\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", REAL, 8, "tensor 'a': missing 'shape'");
-    refuse("entry not an object", "not_obj.safetensors", "{" META "\"a\":5}", REAL, 0, "'a': entry is not an object");
+           "{" META "\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", REAL, 8,
+           "tensor 'a': missing 'shape'");
+    refuse("entry not an object", "not_obj.safetensors", "{" META "\"a\":5}", REAL, 0,
+           "'a': entry is not an object");
     refuse("negative dim", "neg_dim.safetensors", "{" META T("a", "F32", "[-1]", 0, 0) "}", REAL, 0,
            "shape[0] is not a non-negative integer");
-    refuse("fractional dim", "frac_dim.safetensors", "{" META T("a", "F32", "[1.5]", 0, 6) "}", REAL, 6,
-           "shape[0] is not a non-negative integer");
-    refuse("too many dims", "nine_dims.safetensors", "{" META T("a", "F32", "[1,1,1,1,1,1,1,1,1]", 0, 4) "}",
-           REAL, 4, "9 dims, more than 8");
+    refuse("fractional dim", "frac_dim.safetensors", "{" META T("a", "F32", "[1.5]", 0, 6) "}",
+           REAL, 6, "shape[0] is not a non-negative integer");
+    refuse("too many dims", "nine_dims.safetensors",
+           "{" META T("a", "F32", "[1,1,1,1,1,1,1,1,1]", 0, 4) "}", REAL, 4, "9 dims, more than 8");
     refuse("offsets not a pair", "offsets3.safetensors",
            "{" META "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,8]}}", REAL, 8,
            "'data_offsets' is not [begin, end]");
-    refuse("offsets reversed", "reversed.safetensors", "{" META T("a", "F32", "[0]", 8, 0) "}", REAL, 8,
-           "end before they begin");
+    refuse("offsets reversed", "reversed.safetensors", "{" META T("a", "F32", "[0]", 8, 0) "}",
+           REAL, 8, "end before they begin");
     refuse("dtype not a string", "dtype_num.safetensors",
-           "{" META "\"a\":{\"dtype\":1,\"shape\":[2],\"data_offsets\":[0,8]}}", REAL, 8, "'dtype' is not a string");
+           "{" META "\"a\":{\"dtype\":1,\"shape\":[2],\"data_offsets\":[0,8]}}", REAL, 8,
+           "'dtype' is not a string");
     refuse("__metadata__ value not a string", "meta_num.safetensors",
            "{\"__metadata__\":{\"format\":1}," T("a", "F32", "[2]", 0, 8) "}", REAL, 8,
            "'__metadata__' entry 'format' is not a string");
-    refuse("__metadata__ not an object", "meta_str.safetensors", "{\"__metadata__\":\"pt\"}", REAL, 0,
-           "'__metadata__' is not an object");
+    refuse("__metadata__ not an object", "meta_str.safetensors", "{\"__metadata__\":\"pt\"}", REAL,
+           0, "'__metadata__' is not an object");
     refuse("shape overflows 64 bits", "overflow.safetensors",
            "{" META T("a", "F32", "[4294967296,4294967296]", 0, 8) "}", REAL, 8, "too large");
 
@@ -348,17 +377,20 @@ static void test_errors(void) {
 
     // the writer refuses bad arguments and unwritable paths
     float x[2] = {1, 2};
-    st_entry dup[2] = {{.name = "a", .data = x, .ndim = 1, .shape = {1}}, {.name = "a", .data = x, .ndim = 1, .shape = {1}}};
+    st_entry dup[2] = {{.name = "a", .data = x, .ndim = 1, .shape = {1}},
+                       {.name = "a", .data = x, .ndim = 1, .shape = {1}}};
     path_of(path, sizeof path, "w_dup.safetensors");
     moe_status st = st_write(path, dup, 2, ST_F32);
     printf("  [writer: duplicate] %s\n", moe_last_error());
-    check_true("writer refuses duplicate names", st == MOE_EINVAL && strstr(moe_last_error(), "'a'"));
+    check_true("writer refuses duplicate names",
+               st == MOE_EINVAL && strstr(moe_last_error(), "'a'"));
     st_entry bad[1] = {{.name = "a", .data = x, .ndim = 9}};
     st = st_write(path, bad, 1, ST_F32);
     printf("  [writer: ndim 9] %s\n", moe_last_error());
     check_true("writer refuses ndim 9", st == MOE_EINVAL);
     st_entry meta[1] = {{.name = "__metadata__", .data = x, .ndim = 1, .shape = {1}}};
-    check_true("writer refuses the name __metadata__", st_write(path, meta, 1, ST_F32) == MOE_EINVAL);
+    check_true("writer refuses the name __metadata__",
+               st_write(path, meta, 1, ST_F32) == MOE_EINVAL);
     path_of(path, sizeof path, "no_such_dir/w.safetensors");
     st = st_write(path, dup, 1, ST_F32);
     printf("  [writer: no folder] %s\n", moe_last_error());
@@ -375,7 +407,8 @@ static void test_crc32(void) {
     check_true("crc32('') = 0", crc32_update(0, "", 0) == 0);
     check_true("crc32('a') = 0xE8B7BE43", crc32_update(0, "a", 1) == 0xE8B7BE43u);
     int chain = 1;
-    for (size_t k = 0; k <= 9; k++) chain &= crc32_update(crc32_update(0, v, k), v + k, 9 - k) == 0xCBF43926u;
+    for (size_t k = 0; k <= 9; k++)
+        chain &= crc32_update(crc32_update(0, v, k), v + k, 9 - k) == 0xCBF43926u;
     check_true("chaining at every split point", chain);
 
     char path[1024];
@@ -410,12 +443,16 @@ static void test_convert(void) {
     check_true("bf16(-0) = 0x8000", f32_to_bf16(-0.0f) == 0x8000);
     check_true("bf16(1) = 0x3F80", f32_to_bf16(1.0f) == 0x3F80);
     check_true("bf16(65504) = 0x4780 (65536)", f32_to_bf16(65504.0f) == 0x4780);
-    check_true("bf16(inf), bf16(-inf)", f32_to_bf16(INFINITY) == 0x7F80 && f32_to_bf16(-INFINITY) == 0xFF80);
-    check_true("bf16(NaN) is a quiet NaN", bf16_is_nan(f32_to_bf16(NAN)) && (f32_to_bf16(NAN) & 0x40));
-    check_true("bf16(NaN, low payload only) stays NaN", bf16_is_nan(f32_to_bf16(from_bits(0x7F800001u))));
+    check_true("bf16(inf), bf16(-inf)",
+               f32_to_bf16(INFINITY) == 0x7F80 && f32_to_bf16(-INFINITY) == 0xFF80);
+    check_true("bf16(NaN) is a quiet NaN",
+               bf16_is_nan(f32_to_bf16(NAN)) && (f32_to_bf16(NAN) & 0x40));
+    check_true("bf16(NaN, low payload only) stays NaN",
+               bf16_is_nan(f32_to_bf16(from_bits(0x7F800001u))));
     check_true("bf16(-NaN) keeps its sign", f32_to_bf16(from_bits(0xFF800001u)) & 0x8000);
     check_true("bf16 tie 1+2^-8 -> 1 (even)", f32_to_bf16(from_bits(0x3F808000u)) == 0x3F80);
-    check_true("bf16 tie 0x3F818000 -> 0x3F82 (even)", f32_to_bf16(from_bits(0x3F818000u)) == 0x3F82);
+    check_true("bf16 tie 0x3F818000 -> 0x3F82 (even)",
+               f32_to_bf16(from_bits(0x3F818000u)) == 0x3F82);
     check_true("bf16 just above a tie rounds up", f32_to_bf16(from_bits(0x3F808001u)) == 0x3F81);
     check_true("bf16 just below a tie rounds down", f32_to_bf16(from_bits(0x3F807FFFu)) == 0x3F80);
     check_true("bf16(FLT_MAX) overflows to inf", f32_to_bf16(from_bits(0x7F7FFFFFu)) == 0x7F80);
@@ -432,15 +469,19 @@ static void test_convert(void) {
     check_true("f16(65504) = 0x7BFF", f32_to_f16(65504.0f) == 0x7BFF);
     check_true("f16(65519.99) = 0x7BFF", f32_to_f16(65519.99f) == 0x7BFF);
     check_true("f16(65520) = inf (tie to even)", f32_to_f16(65520.0f) == 0x7C00);
-    check_true("f16(1e5) = inf, f16(-1e5) = -inf", f32_to_f16(1e5f) == 0x7C00 && f32_to_f16(-1e5f) == 0xFC00);
-    check_true("f16(inf), f16(-inf)", f32_to_f16(INFINITY) == 0x7C00 && f32_to_f16(-INFINITY) == 0xFC00);
+    check_true("f16(1e5) = inf, f16(-1e5) = -inf",
+               f32_to_f16(1e5f) == 0x7C00 && f32_to_f16(-1e5f) == 0xFC00);
+    check_true("f16(inf), f16(-inf)",
+               f32_to_f16(INFINITY) == 0x7C00 && f32_to_f16(-INFINITY) == 0xFC00);
     check_true("f16(NaN) is a quiet NaN", f16_is_nan(f32_to_f16(NAN)) && (f32_to_f16(NAN) & 0x200));
-    check_true("f16(NaN, low payload only) stays NaN", f16_is_nan(f32_to_f16(from_bits(0x7F800001u))));
+    check_true("f16(NaN, low payload only) stays NaN",
+               f16_is_nan(f32_to_f16(from_bits(0x7F800001u))));
     check_true("f16(1e-8) = 0 (below half the smallest subnormal)", f32_to_f16(1e-8f) == 0x0000);
     check_true("f16(-1e-8) = -0", f32_to_f16(-1e-8f) == 0x8000);
     check_true("f16(2^-24) = 0x0001", f32_to_f16(ldexpf(1, -24)) == 0x0001);
     check_true("f16(2^-25) = 0 (tie to even)", f32_to_f16(ldexpf(1, -25)) == 0x0000);
-    check_true("f16(2^-25 + ulp) = 0x0001", f32_to_f16(from_bits(to_bits(ldexpf(1, -25)) + 1)) == 0x0001);
+    check_true("f16(2^-25 + ulp) = 0x0001",
+               f32_to_f16(from_bits(to_bits(ldexpf(1, -25)) + 1)) == 0x0001);
     check_true("f16(3 * 2^-25) = 0x0002 (tie to even)", f32_to_f16(3 * ldexpf(1, -25)) == 0x0002);
     check_true("f16(5 * 2^-25) = 0x0002 (tie to even)", f32_to_f16(5 * ldexpf(1, -25)) == 0x0002);
     check_true("f16(6e-8) = 0x0001", f32_to_f16(6e-8f) == 0x0001);
@@ -448,8 +489,10 @@ static void test_convert(void) {
                f32_to_f16(1023.5f * ldexpf(1, -24)) == 0x0400);
     check_true("f16(2^-14) = 0x0400", f32_to_f16(ldexpf(1, -14)) == 0x0400);
     check_true("f16 tie 1+2^-11 -> 1 (even)", f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3C00);
-    check_true("f16 tie 1+3*2^-11 -> 0x3C02 (even)", f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3C02);
-    check_true("f16 2049 -> 2048, 2051 -> 2052", f32_to_f16(2049.0f) == 0x6800 && f32_to_f16(2051.0f) == 0x6802);
+    check_true("f16 tie 1+3*2^-11 -> 0x3C02 (even)",
+               f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3C02);
+    check_true("f16 2049 -> 2048, 2051 -> 2052",
+               f32_to_f16(2049.0f) == 0x6800 && f32_to_f16(2051.0f) == 0x6802);
     check_true("f16_to_f32(0x0001) = 2^-24", f16_to_f32(0x0001) == ldexpf(1, -24));
     check_true("f16_to_f32(0x03FF) = 1023 * 2^-24", f16_to_f32(0x03FF) == 1023 * ldexpf(1, -24));
     check_true("f16_to_f32(0x7BFF) = 65504", f16_to_f32(0x7BFF) == 65504.0f);

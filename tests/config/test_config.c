@@ -20,12 +20,12 @@
 
 static int failures;
 
-#define CHECK(cond)                                                                        \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                \
-            failures++;                                                                    \
-        }                                                                                  \
+#define CHECK(cond)                                                         \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            failures++;                                                     \
+        }                                                                   \
     } while (0)
 
 static void write_file(const char *path, const char *text) {
@@ -72,11 +72,12 @@ static void reject_at(int line, const char *file, const char *text, int n_set,
     va_end(ap);
 }
 
-#define REJECT(file, text, ...) reject_at(__LINE__, file, text, 0, NULL, MOE_EINVAL, __VA_ARGS__, NULL)
-#define REJECT_SET(file, text, set, ...)                                                   \
-    do {                                                                                   \
-        const char *sets_[] = {set};                                                       \
-        reject_at(__LINE__, file, text, 1, sets_, MOE_EINVAL, __VA_ARGS__, NULL);          \
+#define REJECT(file, text, ...) \
+    reject_at(__LINE__, file, text, 0, NULL, MOE_EINVAL, __VA_ARGS__, NULL)
+#define REJECT_SET(file, text, set, ...)                                          \
+    do {                                                                          \
+        const char *sets_[] = {set};                                              \
+        reject_at(__LINE__, file, text, 1, sets_, MOE_EINVAL, __VA_ARGS__, NULL); \
     } while (0)
 
 // Loads and expects success.
@@ -189,73 +190,72 @@ static void case_defaults(void) {
     }
 }
 
-static const char *full_text =
-    "# every key, none at its default\n"
-    "model = {\n"
-    "  vocab_size = 512;\n"
-    "  d_model = 96;\n"
-    "  n_layers = 3;\n"
-    "  n_heads = 6;\n"
-    "  n_kv_heads = 2;\n"
-    "  d_ff = 200;\n"
-    "  n_experts = 16;\n"
-    "  top_k = 4;\n"
-    "  max_seq_len = 1024;\n"
-    "  rope_theta = 10000.5;\n"
-    "  rms_norm_eps = 1e-6;\n"
-    "  tie_embeddings = true;\n"
-    "  norm_topk_prob = false;\n"
-    "  capacity_factor = 1.25;\n"
-    "  drop_policy = \"position\";\n"
-    "  aux_coef = 0.02;\n"
-    "  z_coef = 0.0;\n"
-    "  init_std = 0.01;\n"
-    "  scoring = \"sigmoid\";\n"
-    "  route_scale = 2.5;\n"
-    "  bias_rate = 0.001;\n"
-    "  seq_aux_coef = 0.0001;\n"
-    "  router_jitter = 0.01;\n"
-    "};\n"
-    "train = {\n"
-    "  seed = 12345678901;\n"
-    "  steps = 3000000000;\n"
-    "  batch_size = 4;\n"
-    "  seq_len = 512;\n"
-    "  grad_accum = 3;\n"
-    "  optimizer = \"sgd\";\n"
-    "  lr = 0.1;\n"
-    "  min_lr = 0.001;\n"
-    "  warmup_steps = 50;\n"
-    "  schedule = \"constant\";\n"
-    "  beta1 = 0.8;\n"
-    "  beta2 = 0.99;\n"
-    "  eps = 1e-10;\n"
-    "  weight_decay = 0.0;\n"
-    "  decay_norms = true;\n"
-    "  grad_clip = 0.5;\n"
-    "  max_skipped = 3;\n"
-    "  threads = 2;\n"
-    "  eval_interval = 0;\n"
-    "  eval_batches = 4;\n"
-    "  load_alert_action = \"stop\";\n"
-    "  init_from = \"hf/mixtral-tiny\";\n"
-    "};\n"
-    "data = {\n"
-    "  train = \"tok/train.bin\";\n"
-    "  val = \"tok/val.bin\";\n"
-    "  dir = \"cache/x\";\n"
-    "  text = (\"a.txt\", \"dir/b\");\n"
-    "  val_fraction = 0.25;\n"
-    "};\n"
-    "log = {\n"
-    "  dir = \"runs/full\";\n"
-    "  interval = 1;\n"
-    "  load_alert = 2.0;\n"
-    "};\n"
-    "checkpoint = {\n"
-    "  interval = 250;\n"
-    "  keep = 5;\n"
-    "};\n";
+static const char *full_text = "# every key, none at its default\n"
+                               "model = {\n"
+                               "  vocab_size = 512;\n"
+                               "  d_model = 96;\n"
+                               "  n_layers = 3;\n"
+                               "  n_heads = 6;\n"
+                               "  n_kv_heads = 2;\n"
+                               "  d_ff = 200;\n"
+                               "  n_experts = 16;\n"
+                               "  top_k = 4;\n"
+                               "  max_seq_len = 1024;\n"
+                               "  rope_theta = 10000.5;\n"
+                               "  rms_norm_eps = 1e-6;\n"
+                               "  tie_embeddings = true;\n"
+                               "  norm_topk_prob = false;\n"
+                               "  capacity_factor = 1.25;\n"
+                               "  drop_policy = \"position\";\n"
+                               "  aux_coef = 0.02;\n"
+                               "  z_coef = 0.0;\n"
+                               "  init_std = 0.01;\n"
+                               "  scoring = \"sigmoid\";\n"
+                               "  route_scale = 2.5;\n"
+                               "  bias_rate = 0.001;\n"
+                               "  seq_aux_coef = 0.0001;\n"
+                               "  router_jitter = 0.01;\n"
+                               "};\n"
+                               "train = {\n"
+                               "  seed = 12345678901;\n"
+                               "  steps = 3000000000;\n"
+                               "  batch_size = 4;\n"
+                               "  seq_len = 512;\n"
+                               "  grad_accum = 3;\n"
+                               "  optimizer = \"sgd\";\n"
+                               "  lr = 0.1;\n"
+                               "  min_lr = 0.001;\n"
+                               "  warmup_steps = 50;\n"
+                               "  schedule = \"constant\";\n"
+                               "  beta1 = 0.8;\n"
+                               "  beta2 = 0.99;\n"
+                               "  eps = 1e-10;\n"
+                               "  weight_decay = 0.0;\n"
+                               "  decay_norms = true;\n"
+                               "  grad_clip = 0.5;\n"
+                               "  max_skipped = 3;\n"
+                               "  threads = 2;\n"
+                               "  eval_interval = 0;\n"
+                               "  eval_batches = 4;\n"
+                               "  load_alert_action = \"stop\";\n"
+                               "  init_from = \"hf/mixtral-tiny\";\n"
+                               "};\n"
+                               "data = {\n"
+                               "  train = \"tok/train.bin\";\n"
+                               "  val = \"tok/val.bin\";\n"
+                               "  dir = \"cache/x\";\n"
+                               "  text = (\"a.txt\", \"dir/b\");\n"
+                               "  val_fraction = 0.25;\n"
+                               "};\n"
+                               "log = {\n"
+                               "  dir = \"runs/full\";\n"
+                               "  interval = 1;\n"
+                               "  load_alert = 2.0;\n"
+                               "};\n"
+                               "checkpoint = {\n"
+                               "  interval = 250;\n"
+                               "  keep = 5;\n"
+                               "};\n";
 
 static void case_full(void) {
     static moe_train_config c;
@@ -324,9 +324,10 @@ static void case_full(void) {
     if (ACCEPT("full_text_array.cfg", "data = { text = [\"x\", \"y\", \"z\"]; };", &c))
         CHECK(c.n_text == 3 && strcmp(c.text[2], "z") == 0);
     // n_kv_heads defaults to n_heads; a drop policy with a capacity factor is fine
-    if (ACCEPT("full_kv_default.cfg",
-               "model = {\n  n_heads = 8;\n  capacity_factor = 1.0;\n  drop_policy = \"probs\";\n};\n",
-               &c)) {
+    if (ACCEPT(
+            "full_kv_default.cfg",
+            "model = {\n  n_heads = 8;\n  capacity_factor = 1.0;\n  drop_policy = \"probs\";\n};\n",
+            &c)) {
         CHECK(c.model.n_heads == 8 && c.model.n_kv_heads == 8);
         CHECK(c.model.moe.capacity_factor == 1.0 && c.model.moe.drop_policy == 0);
     }
@@ -352,7 +353,7 @@ static void case_int_for_float(void) {
 // Integers libconfig 1.5 gets wrong (wraps to 32 bits without L): read as written.
 static void case_int64(void) {
     static moe_train_config c;
-    {   // the reason for all this: libconfig itself
+    { // the reason for all this: libconfig itself
         config_t lc;
         config_init(&lc);
         long long v = 0;
@@ -365,21 +366,28 @@ static void case_int64(void) {
         CHECK(c.steps == INT64_C(3000000000));
     if (ACCEPT("int64_2.cfg", "train = {\n  steps = 3000000000L;\n};\n", &c))
         CHECK(c.steps == INT64_C(3000000000));
-    if (ACCEPT("int64_3.cfg", "train = {\n  steps\n    =\n  3000000000 ; eval_interval = 4294967296;\n};\n", &c))
+    if (ACCEPT("int64_3.cfg",
+               "train = {\n  steps\n    =\n  3000000000 ; eval_interval = 4294967296;\n};\n", &c))
         CHECK(c.steps == INT64_C(3000000000) && c.eval_interval == INT64_C(4294967296));
-    if (ACCEPT("int64_4.cfg", "train = {\n  seed = 9223372036854775807;\n  lr = 3000000000;\n};\n", &c))
+    if (ACCEPT("int64_4.cfg", "train = {\n  seed = 9223372036854775807;\n  lr = 3000000000;\n};\n",
+               &c))
         CHECK(c.seed == INT64_MAX && c.lr == 3e9);
-    if (ACCEPT("int64_5.cfg", "train = { seed = 0x7FFFFFFFFFFFFFFFL; };\n"
-                              "model = { rope_theta = 4294967296; };\n", &c))
+    if (ACCEPT("int64_5.cfg",
+               "train = { seed = 0x7FFFFFFFFFFFFFFFL; };\n"
+               "model = { rope_theta = 4294967296; };\n",
+               &c))
         CHECK(c.seed == INT64_MAX && c.model.rope_theta == 4294967296.0);
     // two settings named "interval" on one line, in either order
-    if (ACCEPT("int64_6.cfg", "log = { interval = 7; }; checkpoint = { interval = 5000000000; };\n", &c))
+    if (ACCEPT("int64_6.cfg", "log = { interval = 7; }; checkpoint = { interval = 5000000000; };\n",
+               &c))
         CHECK(c.interval == 7 && c.ckpt_interval == INT64_C(5000000000));
-    if (ACCEPT("int64_7.cfg", "log = { interval = 5000000000; }; checkpoint = { interval = 7; };\n", &c))
+    if (ACCEPT("int64_7.cfg", "log = { interval = 5000000000; }; checkpoint = { interval = 7; };\n",
+               &c))
         CHECK(c.interval == INT64_C(5000000000) && c.ckpt_interval == 7);
     // the key's name inside a string or a comment earlier on the line
     if (ACCEPT("int64_8.cfg",
-               "train = { init_from = \"x; steps = 1\"; /* steps = 2 */ steps = 3000000000; # steps = 4\n};\n",
+               "train = { init_from = \"x; steps = 1\"; /* steps = 2 */ steps = 3000000000; # "
+               "steps = 4\n};\n",
                &c))
         CHECK(c.steps == INT64_C(3000000000) && strcmp(c.init_from, "x; steps = 1") == 0);
     const char *sets[] = {"train.steps=3000000000", "train.seed = 5000000000"};
@@ -390,18 +398,19 @@ static void case_int64(void) {
 static void case_set(void) {
     static moe_train_config c;
     const char *sets[] = {
-        "train.lr=0.2",                  // replaces the file's value
-        "checkpoint.keep=5",             // the file has no checkpoint group
+        "train.lr=0.2",      // replaces the file's value
+        "checkpoint.keep=5", // the file has no checkpoint group
         "data.text=[\"a.txt\", \"b.txt\"]",
         " model.capacity_factor = 1.5 ", // blanks around name and value
         "model.drop_policy=\"position\"",
         "train.steps=700",
-        "train.steps=800;",              // the last one wins; a trailing ';' is fine
+        "train.steps=800;", // the last one wins; a trailing ';' is fine
         "log.dir=\"runs/x\"",
         "model.tie_embeddings=true",
     };
     if (accept_at(__LINE__, "set_base.cfg",
-                  "model = {\n  top_k = 2;\n  n_experts = 4;\n};\ntrain = {\n  lr = 0.1;\n  steps = 500;\n};\n",
+                  "model = {\n  top_k = 2;\n  n_experts = 4;\n};\ntrain = {\n  lr = 0.1;\n  steps "
+                  "= 500;\n};\n",
                   (int)(sizeof sets / sizeof sets[0]), sets, &c)) {
         CHECK(c.lr == 0.2);
         CHECK(c.ckpt_keep == 5);
@@ -412,7 +421,7 @@ static void case_set(void) {
         CHECK(strcmp(c.run_dir, "runs/x") == 0);
         CHECK(c.model.tie_embeddings == 1);
         CHECK(c.model.moe.top_k == 2 && c.model.moe.n_experts == 4); // the file's values stay
-        CHECK(c.min_lr == 3e-5);                 // and the defaults
+        CHECK(c.min_lr == 3e-5);                                     // and the defaults
     }
     const char *only[] = {"model.n_experts=16", "model.top_k=4"};
     if (accept_at(__LINE__, NULL, NULL, 2, only, &c)) // no file: defaults + overrides
@@ -474,7 +483,9 @@ static void case_roundtrip(void) {
     CHECK(strstr(text, "  aux_coef = -0.0;"));
     CHECK(strstr(text, "  drop_policy = \"position\";"));
     CHECK(strstr(text, "  optimizer = \"sgd\";"));
-    CHECK(strstr(text, "  init_from = \"we\\\"ird\\\\path\\n\\t\\r\\f\\x01\\x7f caf\xc3\xa9 # not a comment\";"));
+    CHECK(strstr(
+        text,
+        "  init_from = \"we\\\"ird\\\\path\\n\\t\\r\\f\\x01\\x7f caf\xc3\xa9 # not a comment\";"));
 
     // the defaults round-trip too (empty text list, integral doubles stay floats)
     moe_train_config_default(&d);
@@ -487,7 +498,8 @@ static void case_roundtrip(void) {
     text[n] = '\0';
     if (f) fclose(f);
     // dropless: drop_policy is written as a comment (set, it would be rejected)
-    CHECK(strstr(text, "  # drop_policy = \"probs\"; (no effect: capacity_factor = 0 is dropless)\n"));
+    CHECK(strstr(text,
+                 "  # drop_policy = \"probs\"; (no effect: capacity_factor = 0 is dropless)\n"));
     CHECK(strstr(text, "  text = [];\n") && strstr(text, "  capacity_factor = 0.0;\n") &&
           strstr(text, "  rope_theta = 1e+06;\n"));
 
@@ -513,7 +525,8 @@ static void case_include(void) {
     mkdir("inc", 0755);
     write_file("inc/include_part.cfg", "train = {\n  steps = 3000000000;\n};\n");
     if (ACCEPT("inc/include_main.cfg",
-               "model = {\n  top_k = 2;\n};\n@include \"include_part.cfg\"\nlog = { interval = 3; };\n",
+               "model = {\n  top_k = 2;\n};\n@include \"include_part.cfg\"\nlog = { interval = 3; "
+               "};\n",
                &c))
         CHECK(c.steps == INT64_C(3000000000) && c.interval == 3 && c.model.moe.top_k == 2);
     // errors name the included file and its line; lines after the @include stay right
@@ -548,8 +561,8 @@ static void case_unknown_key(void) {
 static void case_unknown_group(void) {
     REJECT("unknown_group_1.cfg", "\nmodle = {\n  top_k = 2;\n};\n",
            "=unknown_group_1.cfg:2: modle: unknown group (did you mean model?)");
-    REJECT("unknown_group_2.cfg", "model = {};\nsteps = 5;\n", "unknown_group_2.cfg:2: steps:",
-           "unknown group", "steps is a key of train");
+    REJECT("unknown_group_2.cfg", "model = {};\nsteps = 5;\n",
+           "unknown_group_2.cfg:2: steps:", "unknown group", "steps is a key of train");
     REJECT("unknown_group_3.cfg", "trainer = {\n  lr = 1;\n};\n",
            "=unknown_group_3.cfg:1: trainer: unknown group (did you mean train?)");
     REJECT("unknown_group_4.cfg", "foo = {};\n", "unknown_group_4.cfg:1: foo: unknown group",
@@ -568,7 +581,8 @@ static void case_wrong_type(void) {
     REJECT("wrong_type_3.cfg", "model = {\n  top_k = 2.0;\n};\n",
            "=wrong_type_3.cfg:2: model.top_k: expected an integer, got a float");
     REJECT("wrong_type_4.cfg", "model = {\n  tie_embeddings = 1;\n};\n",
-           "=wrong_type_4.cfg:2: model.tie_embeddings: expected a boolean (true or false), got an integer");
+           "=wrong_type_4.cfg:2: model.tie_embeddings: expected a boolean (true or false), got an "
+           "integer");
     REJECT("wrong_type_5.cfg", "model = {\n  norm_topk_prob = \"yes\";\n};\n",
            "wrong_type_5.cfg:2: model.norm_topk_prob: expected a boolean");
     REJECT("wrong_type_6.cfg", "\nmodel = 5;\n",
@@ -582,7 +596,8 @@ static void case_wrong_type(void) {
     REJECT("wrong_type_10.cfg", "data = {\n  dir = 5;\n};\n",
            "=wrong_type_10.cfg:2: data.dir: expected a string, got an integer");
     REJECT("wrong_type_11.cfg", "train = {\n  optimizer = 1;\n};\n",
-           "=wrong_type_11.cfg:2: train.optimizer: expected a string (\"adamw\" or \"sgd\"), got an integer");
+           "=wrong_type_11.cfg:2: train.optimizer: expected a string (\"adamw\" or \"sgd\"), got "
+           "an integer");
     REJECT("wrong_type_12.cfg", "train = {\n  steps = \"many\";\n};\n",
            "=wrong_type_12.cfg:2: train.steps: expected an integer, got a string");
     REJECT("wrong_type_13.cfg", "train = {\n  lr = [0.1];\n};\n",
@@ -643,8 +658,9 @@ static void case_int_overflow(void) {
            "int_overflow_4.cfg:2: train.steps: 99999999999999999999 overflows a 64-bit integer");
     REJECT("int_overflow_5.cfg", "train = {\n  threads = 0xFFFFFFFF;\n};\n",
            "=int_overflow_5.cfg:2: train.threads: 4294967295 is out of range [0, 1024]");
-    REJECT("int_overflow_6.cfg", "train = {\n  seed = -3000000000;\n};\n",
-           "=int_overflow_6.cfg:2: train.seed: -3000000000 is out of range [0, 9223372036854775807]");
+    REJECT(
+        "int_overflow_6.cfg", "train = {\n  seed = -3000000000;\n};\n",
+        "=int_overflow_6.cfg:2: train.seed: -3000000000 is out of range [0, 9223372036854775807]");
     REJECT("int_overflow_7.cfg", "checkpoint = {\n  keep = 2147483648;\n};\n",
            "=int_overflow_7.cfg:2: checkpoint.keep: 2147483648 is out of range [1, 2147483647]");
     REJECT("int_overflow_8.cfg", "train = {\n  lr = 0.1; min_lr = -5000000000;\n};\n",
@@ -669,32 +685,39 @@ static void case_inconsistent(void) {
     REJECT("incons_headdim.cfg", "model = {\n  d_model = 12;\n  n_heads = 4;\n};\n",
            "incons_headdim.cfg:2: model.d_model = 12 with model.n_heads = 4", "head_dim",
            "head_dim = d_model / n_heads = 3 is odd", "RoPE");
-    REJECT("incons_seq.cfg", "model = {\n  max_seq_len = 64;\n};\ntrain = {\n  seq_len = 128;\n};\n",
-           "incons_seq.cfg:5: train.seq_len = 128 exceeds model.max_seq_len = 64 (at incons_seq.cfg:2)");
-    REJECT("incons_seq_default.cfg", "model = {\n  max_seq_len = 64;\n};\n",
-           "incons_seq_default.cfg:2: train.seq_len = 128 (default) exceeds model.max_seq_len = 64");
+    REJECT("incons_seq.cfg",
+           "model = {\n  max_seq_len = 64;\n};\ntrain = {\n  seq_len = 128;\n};\n",
+           "incons_seq.cfg:5: train.seq_len = 128 exceeds model.max_seq_len = 64 (at "
+           "incons_seq.cfg:2)");
+    REJECT(
+        "incons_seq_default.cfg", "model = {\n  max_seq_len = 64;\n};\n",
+        "incons_seq_default.cfg:2: train.seq_len = 128 (default) exceeds model.max_seq_len = 64");
     REJECT("incons_lr.cfg", "train = {\n  lr = 0.01;\n  min_lr = 0.1;\n};\n",
            "incons_lr.cfg:3: train.min_lr = 0.1 exceeds train.lr = 0.01");
     REJECT("incons_warmup.cfg", "train = {\n  steps = 100;\n  warmup_steps = 200;\n};\n",
            "incons_warmup.cfg:3: train.warmup_steps = 200 exceeds train.steps = 100");
-    REJECT("incons_drop.cfg", "model = {\n  capacity_factor = 0.0;\n  drop_policy = \"position\";\n};\n",
+    REJECT("incons_drop.cfg",
+           "model = {\n  capacity_factor = 0.0;\n  drop_policy = \"position\";\n};\n",
            "incons_drop.cfg:3: model.drop_policy is set but model.capacity_factor = 0 (dropless): "
            "nothing is ever dropped");
     REJECT("incons_drop_default.cfg", "model = {\n  drop_policy = \"probs\";\n};\n",
            "incons_drop_default.cfg:2: model.drop_policy is set but model.capacity_factor = 0");
-    REJECT_SET("incons_set.cfg", "model = {\n  n_experts = 8;\n};\n", "model.top_k=16",
-               "=--set model.top_k: model.top_k = 16 exceeds model.n_experts = 8 (at incons_set.cfg:2): "
-               "each token is routed to top_k different experts");
+    REJECT_SET(
+        "incons_set.cfg", "model = {\n  n_experts = 8;\n};\n", "model.top_k=16",
+        "=--set model.top_k: model.top_k = 16 exceeds model.n_experts = 8 (at incons_set.cfg:2): "
+        "each token is routed to top_k different experts");
 }
 
 static void case_bad_enum(void) {
-    REJECT("bad_enum_1.cfg", "model = {\n  capacity_factor = 1.0;\n  drop_policy = \"tokens\";\n};\n",
-           "=bad_enum_1.cfg:3: model.drop_policy: \"tokens\" is not one of \"probs\" or \"position\"");
+    REJECT(
+        "bad_enum_1.cfg", "model = {\n  capacity_factor = 1.0;\n  drop_policy = \"tokens\";\n};\n",
+        "=bad_enum_1.cfg:3: model.drop_policy: \"tokens\" is not one of \"probs\" or \"position\"");
     REJECT("bad_enum_2.cfg", "train = {\n  optimizer = \"adam\";\n};\n",
            "=bad_enum_2.cfg:2: train.optimizer: \"adam\" is not one of \"adamw\" or \"sgd\" "
            "(did you mean \"adamw\"?)");
-    REJECT("bad_enum_3.cfg", "train = {\n  schedule = \"linear\";\n};\n",
-           "=bad_enum_3.cfg:2: train.schedule: \"linear\" is not one of \"cosine\" or \"constant\"");
+    REJECT(
+        "bad_enum_3.cfg", "train = {\n  schedule = \"linear\";\n};\n",
+        "=bad_enum_3.cfg:2: train.schedule: \"linear\" is not one of \"cosine\" or \"constant\"");
 }
 
 static void case_syntax_error(void) {
@@ -705,8 +728,10 @@ static void case_syntax_error(void) {
     REJECT("syntax_error_3.cfg", "train = {\n  lr = 0.1;\n  lr = 0.2;\n};\n",
            "=syntax_error_3.cfg:3: syntax error: duplicate setting name");
     reject_at(__LINE__, "syntax_error_4.cfg", "\n@include \"syntax_error_nope.cfg\"\n", 0, NULL,
-              MOE_EIO, "=syntax_error_4.cfg:2: @include \"syntax_error_nope.cfg\": "
-              "syntax_error_nope.cfg: cannot read: No such file or directory", NULL);
+              MOE_EIO,
+              "=syntax_error_4.cfg:2: @include \"syntax_error_nope.cfg\": "
+              "syntax_error_nope.cfg: cannot read: No such file or directory",
+              NULL);
     REJECT("syntax_error_5.cfg", "model = {\n  drop_policy = \"probs;\n};\n",
            "syntax_error_5.cfg:", "syntax error");
     FILE *f = fopen("syntax_error_6.cfg", "wb");
@@ -785,7 +810,7 @@ static void write_big(const char *path, long bytes) {
 }
 
 #define MIB (1L << 20)
-#define REJECT_IO(file, text, ...)                                                         \
+#define REJECT_IO(file, text, ...) \
     reject_at(__LINE__, file, text, 0, NULL, MOE_EIO, __VA_ARGS__, NULL)
 
 // Only regular files of at most 16 MiB are read: /dev/zero never ends, a FIFO blocks.
@@ -816,23 +841,23 @@ static void case_unbounded_input(void) {
 static void case_include_limits(void) {
     static moe_train_config c;
     REJECT_IO("include_limits_zero.cfg", "model = {};\n@include \"/dev/zero\"\n",
-           "=include_limits_zero.cfg:2: @include \"/dev/zero\": /dev/zero: not a regular file "
-           "(a character device): a config must be a regular file");
+              "=include_limits_zero.cfg:2: @include \"/dev/zero\": /dev/zero: not a regular file "
+              "(a character device): a config must be a regular file");
     make_fifo("include_limits_fifo");
     REJECT_IO("include_limits_fifo.cfg", "\n\n  @include \"include_limits_fifo\"\n",
-           "=include_limits_fifo.cfg:3: @include \"include_limits_fifo\": include_limits_fifo: "
-           "not a regular file (a FIFO): a config must be a regular file");
+              "=include_limits_fifo.cfg:3: @include \"include_limits_fifo\": include_limits_fifo: "
+              "not a regular file (a FIFO): a config must be a regular file");
     // nested, from a folder (relative to the main file's folder, as libconfig does)
     mkdir("inc2", 0755);
     make_fifo("inc2/fifo");
     write_file("inc2/part.cfg", "train = {\n  lr = 0.1;\n};\n@include \"fifo\"\n");
     REJECT_IO("inc2/main.cfg", "model = {};\n@include \"part.cfg\"\n",
-           "=inc2/part.cfg:4: @include \"fifo\": inc2/fifo: not a regular file (a FIFO): a "
-           "config must be a regular file");
+              "=inc2/part.cfg:4: @include \"fifo\": inc2/fifo: not a regular file (a FIFO): a "
+              "config must be a regular file");
     write_big("inc2/big.cfg", 17 * MIB);
     REJECT_IO("inc2/main_big.cfg", "@include \"big.cfg\"\n",
-           "=inc2/main_big.cfg:1: @include \"big.cfg\": inc2/big.cfg: is 17825792 bytes, more "
-           "than the 16777216 (16 MiB) a config file may have");
+              "=inc2/main_big.cfg:1: @include \"big.cfg\": inc2/big.cfg: is 17825792 bytes, more "
+              "than the 16777216 (16 MiB) a config file may have");
     remove("inc2/big.cfg");
     FILE *f = fopen("inc2/nul.cfg", "wb");
     if (f) {
@@ -850,12 +875,12 @@ static void case_include_limits(void) {
     static char text[1024];
     size_t len = 0;
     for (int i = 0; i < 17; i++)
-        len += (size_t)snprintf(text + len, sizeof text - len,
-                                "@include \"include_limits_1m.cfg\"\n");
+        len +=
+            (size_t)snprintf(text + len, sizeof text - len, "@include \"include_limits_1m.cfg\"\n");
     REJECT_IO("include_limits_many.cfg", text,
-           "=include_limits_many.cfg:16: @include \"include_limits_1m.cfg\": the config and its "
-           "@includes come to more than 16777216 bytes (16 MiB; a file counts each time it is "
-           "included)");
+              "=include_limits_many.cfg:16: @include \"include_limits_1m.cfg\": the config and its "
+              "@includes come to more than 16777216 bytes (16 MiB; a file counts each time it is "
+              "included)");
     remove("include_limits_1m.cfg");
     // an @include inside a comment or a string is not one
     if (ACCEPT("include_limits_text.cfg",
@@ -965,16 +990,26 @@ typedef struct {
 } test_case;
 
 static const test_case cases[] = {
-    {"defaults", case_defaults},         {"full", case_full},
-    {"int_for_float", case_int_for_float}, {"int64", case_int64},
-    {"set", case_set},                   {"roundtrip", case_roundtrip},
-    {"include", case_include},           {"unknown_key", case_unknown_key},
-    {"unknown_group", case_unknown_group}, {"wrong_type", case_wrong_type},
-    {"out_of_range", case_out_of_range}, {"int_overflow", case_int_overflow},
-    {"inconsistent", case_inconsistent}, {"bad_enum", case_bad_enum},
-    {"syntax_error", case_syntax_error}, {"missing_file", case_missing_file},
-    {"bad_set", case_bad_set},           {"unbounded_input", case_unbounded_input},
-    {"include_limits", case_include_limits}, {"size_limits", case_size_limits},
+    {"defaults", case_defaults},
+    {"full", case_full},
+    {"int_for_float", case_int_for_float},
+    {"int64", case_int64},
+    {"set", case_set},
+    {"roundtrip", case_roundtrip},
+    {"include", case_include},
+    {"unknown_key", case_unknown_key},
+    {"unknown_group", case_unknown_group},
+    {"wrong_type", case_wrong_type},
+    {"out_of_range", case_out_of_range},
+    {"int_overflow", case_int_overflow},
+    {"inconsistent", case_inconsistent},
+    {"bad_enum", case_bad_enum},
+    {"syntax_error", case_syntax_error},
+    {"missing_file", case_missing_file},
+    {"bad_set", case_bad_set},
+    {"unbounded_input", case_unbounded_input},
+    {"include_limits", case_include_limits},
+    {"size_limits", case_size_limits},
     {"nul_string", case_nul_string},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))

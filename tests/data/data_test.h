@@ -59,8 +59,8 @@ static inline void test_write_file(const char *path, const void *bytes, size_t n
 static inline void check_refused(const char *what, moe_status s, const char *name,
                                  const char *keyword) {
     const char *msg = moe_last_error();
-    printf("  [%s] %s -> %s: %s\n", what, s == MOE_OK ? "ACCEPTED" : "refused",
-           moe_status_name(s), msg);
+    printf("  [%s] %s -> %s: %s\n", what, s == MOE_OK ? "ACCEPTED" : "refused", moe_status_name(s),
+           msg);
     char label[256];
     snprintf(label, sizeof label, "%s: refused, names file, says '%s'", what,
              keyword ? keyword : "...");

@@ -16,7 +16,7 @@
 enum { SEQ = 8, NWIN = 37, COUNT = SEQ * NWIN + 1 + 3 }; // 3 tail tokens never used
 
 static const char *dir;
-static token_file tf; // tokens[i] = (i * 7 + 3) mod VOCAB: a window's start is recoverable
+static token_file tf;  // tokens[i] = (i * 7 + 3) mod VOCAB: a window's start is recoverable
 enum { VOCAB = 1009 }; // prime > COUNT, so i -> tokens[i] is one-to-one on [0, COUNT)
 static int64_t start_of[VOCAB];
 
@@ -75,16 +75,14 @@ static void epochs(void) {
     printf("one rank: shifted windows, each epoch a permutation of all %d windows\n", NWIN);
     data_loader L;
     check_true("init", data_loader_init(&L, &tf, 4, SEQ, 1234, 0, 1) == MOE_OK);
-    check_true("n_windows = (count-1)/seq_len",
-               L.n_windows == NWIN && L.windows_per_rank == NWIN);
+    check_true("n_windows = (count-1)/seq_len", L.n_windows == NWIN && L.windows_per_rank == NWIN);
     // 37 batches of 4 = 148 windows = exactly 4 epochs; batches straddle epoch boundaries.
     int64_t ids[4 * NWIN];
     check_true("every row is a shifted copy of the file", draw(&L, NWIN, ids));
     int perms = 1, identity = 1, differ = 1;
     for (int e = 0; e < 4; e++) perms &= is_permutation(ids + e * NWIN, NWIN, NWIN);
     for (int i = 0; i < NWIN; i++) identity &= ids[i] == i;
-    for (int e = 1; e < 4; e++)
-        differ &= memcmp(ids, ids + e * NWIN, NWIN * sizeof *ids) != 0;
+    for (int e = 1; e < 4; e++) differ &= memcmp(ids, ids + e * NWIN, NWIN * sizeof *ids) != 0;
     check_true("each epoch visits every window exactly once", perms);
     check_true("the order is shuffled (not 0,1,2,...)", !identity);
     check_true("each epoch has a new order", differ);
@@ -93,8 +91,8 @@ static void epochs(void) {
     printf("  after 4 epochs: epoch %llu position %llu\n", (unsigned long long)st.epoch,
            (unsigned long long)st.position);
     check_true("state: epoch 3 used up (the next batch starts epoch 4)",
-               st.epoch == 3 && st.position == NWIN && st.seed == 1234 &&
-                   st.n_windows == NWIN && st.seq_len == SEQ);
+               st.epoch == 3 && st.position == NWIN && st.seed == 1234 && st.n_windows == NWIN &&
+                   st.seq_len == SEQ);
     data_loader_free(&L);
 }
 
@@ -176,7 +174,8 @@ static void ranks(int w, int B) {
     const uint64_t seed = 7;
     int nblk = NWIN / (w * B), used = nblk * w * B; // blocks per rank, entries kept
     printf("%d ranks, batch %d: blocks r, r+%d, ... of one epoch order (%d per rank, %d of %d "
-           "windows kept)\n", w, B, w, nblk, used, NWIN);
+           "windows kept)\n",
+           w, B, w, nblk, used, NWIN);
     int64_t order[2 * NWIN];
     epoch_orders(seed, order);
     data_loader one, r[MAXW];
@@ -399,8 +398,7 @@ static void refusals(void) {
     check_true("  world 1 with batch_size > n_windows is fine (batches straddle epochs)",
                data_loader_init(&L, &tf, 40, SEQ, 1, 0, 1) == MOE_OK);
     data_loader_free(&L);
-    check_refused("window longer than the file",
-                  data_loader_init(&L, &tf, 1, COUNT, 1, 0, 1), path,
+    check_refused("window longer than the file", data_loader_init(&L, &tf, 1, COUNT, 1, 0, 1), path,
                   "300 tokens, fewer than one window of seq_len + 1 = 301 tokens");
     check_true("  seq_len = count - 1 is fine (one window)",
                data_loader_init(&L, &tf, 1, COUNT - 1, 1, 0, 1) == MOE_OK && L.n_windows == 1);
@@ -414,8 +412,8 @@ static void refusals(void) {
         fprintf(stderr, "test setup: %s\n", moe_last_error());
         exit(2);
     }
-    check_refused("fewer tokens than one window", data_loader_init(&L, &tf8, 2, 8, 1, 0, 1),
-                  small, "8 tokens, fewer than one window of seq_len + 1 = 9 tokens");
+    check_refused("fewer tokens than one window", data_loader_init(&L, &tf8, 2, 8, 1, 0, 1), small,
+                  "8 tokens, fewer than one window of seq_len + 1 = 9 tokens");
     data_loader_free(&L); // safe after a failed init
     token_file_free(&tf8);
 

@@ -39,8 +39,8 @@ static void tokenizer(void) {
 
 static void text_names(void) {
     printf("text file names\n");
-    const char *yes[] = {"a.c", "a.h", "k.cu", "README.md", "notes.txt", "CMakeLists.txt",
-                         "x.py", "m.cfg", "run.sh", "f.cmake", "Makefile", "LICENSE"};
+    const char *yes[] = {"a.c",  "a.h",   "k.cu",   "README.md", "notes.txt", "CMakeLists.txt",
+                         "x.py", "m.cfg", "run.sh", "f.cmake",   "Makefile",  "LICENSE"};
     const char *no[] = {"a.bin", "a.o", "img.png", "train", ".txt", "a.c.orig", "libx.so"};
     int ok = 1;
     for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) ok &= prepare_is_text_name(yes[i]);
@@ -99,16 +99,15 @@ static void round_trip(void) {
     const char *extra = test_path(dir, "explicit.dat"); // explicit: taken whatever its name
     write_text(extra, "explicit source, any extension");
 
-    const char *expected =
-        "print('zeta')\n\n"                                     // Zeta.py
-        "# alpha\n\nfirst, after Zeta.py (strcmp order)\n"      // a.md
-        "bravo: the second file\n\n"                            // b.txt
-        "\n"                                                    // exact.txt (empty)
-        "bravo: the second file\n\n"                            // link.txt -> b.txt
-        "int c = 3;\n\n"                                        // sub/c.c
-        "add_library(x x.c)\n\n"                                // sub/deeper/CMakeLists.txt
-        "caf\xc3\xa9 \xe2\x86\x92 \xff bytes\n\n"               // sub/deeper/utf8.md
-        "explicit source, any extension\n";                     // explicit.dat
+    const char *expected = "print('zeta')\n\n"                                // Zeta.py
+                           "# alpha\n\nfirst, after Zeta.py (strcmp order)\n" // a.md
+                           "bravo: the second file\n\n"                       // b.txt
+                           "\n"                                               // exact.txt (empty)
+                           "bravo: the second file\n\n"                       // link.txt -> b.txt
+                           "int c = 3;\n\n"                                   // sub/c.c
+                           "add_library(x x.c)\n\n"                  // sub/deeper/CMakeLists.txt
+                           "caf\xc3\xa9 \xe2\x86\x92 \xff bytes\n\n" // sub/deeper/utf8.md
+                           "explicit source, any extension\n";       // explicit.dat
     size_t n = strlen(expected);
 
     const char *out = test_path(dir, "out/nested/deeper");
@@ -126,8 +125,7 @@ static void round_trip(void) {
     unsigned char *got = malloc(2 * n + 16);
     long a = read_bytes(test_path(out, "train.bin"), got, 2 * n);
     long b = a < 0 ? -1 : read_bytes(test_path(out, "val.bin"), got + a, 2 * n - (size_t)a);
-    check_true("token counts match what prepare reported",
-               a == (long)nt && b == (long)nv);
+    check_true("token counts match what prepare reported", a == (long)nt && b == (long)nv);
     check_true("train.bin + val.bin == the source text, byte for byte",
                a >= 0 && b >= 0 && (size_t)(a + b) == n && memcmp(got, expected, n) == 0);
     if (a >= 0 && b >= 0 && !((size_t)(a + b) == n && memcmp(got, expected, n) == 0)) {

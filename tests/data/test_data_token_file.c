@@ -20,9 +20,9 @@ static void put_le(unsigned char *p, uint64_t v, int bytes) {
 
 // Hand-made token file: header fields as given, then `n_payload` tokens of `tok_bytes`
 // bytes each with values from `vals` (or 0..n-1).
-static const char *raw_file(const char *name, const char *magic8, uint32_t version,
-                            uint32_t dtype, uint64_t count, uint32_t vocab, uint32_t reserved,
-                            size_t n_payload, int tok_bytes, const uint32_t *vals) {
+static const char *raw_file(const char *name, const char *magic8, uint32_t version, uint32_t dtype,
+                            uint64_t count, uint32_t vocab, uint32_t reserved, size_t n_payload,
+                            int tok_bytes, const uint32_t *vals) {
     size_t n = 32 + n_payload * (size_t)tok_bytes;
     unsigned char *b = calloc(n, 1);
     memcpy(b, magic8, 8);
@@ -63,8 +63,7 @@ static void round_trip(uint32_t vocab, uint64_t n, uint32_t want_dtype) {
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     check_true("no .tmp left behind", file_size(tmp) == -1);
-    check_true("file size = 32 + count * dtype",
-               file_size(path) == (long)(32 + n * want_dtype));
+    check_true("file size = 32 + count * dtype", file_size(path) == (long)(32 + n * want_dtype));
 
     unsigned char h[32] = {0};
     FILE *f = fopen(path, "rb");
@@ -81,8 +80,8 @@ static void round_trip(uint32_t vocab, uint64_t n, uint32_t want_dtype) {
     s = token_file_read(&tf, path);
     check_true("read ok", s == MOE_OK);
     if (s == MOE_OK) {
-        check_true("count, vocab, dtype", tf.count == n && tf.vocab_size == vocab &&
-                                              tf.dtype == want_dtype);
+        check_true("count, vocab, dtype",
+                   tf.count == n && tf.vocab_size == vocab && tf.dtype == want_dtype);
         check_true("tokens equal", n == 0 || memcmp(tf.tokens, tok, n * sizeof *tok) == 0);
         check_true("path recorded", strcmp(tf.path, path) == 0);
     } else {
@@ -104,7 +103,7 @@ static void refuse_read(const char *what, const char *path, const char *keyword)
 
 static void bad_files(void) {
     printf("malformed files are refused\n");
-    const char *M = "MOETOK1";        // 8 bytes with the NUL
+    const char *M = "MOETOK1"; // 8 bytes with the NUL
     uint32_t v[12] = {1, 2, 3, 4, 5, 300, 7, 8, 9, 10, 11, 12};
 
     refuse_read("missing file", test_path(dir, "does_not_exist.bin"), "cannot open");
@@ -170,7 +169,7 @@ int main(int argc, char **argv) {
     test_mkdirs(dir);
     round_trip(300, 1000, 2);
     round_trip(256, 0, 2);
-    round_trip(65536, 5000, 2);  // the largest vocabulary stored as u16 (ids up to 65535)
+    round_trip(65536, 5000, 2); // the largest vocabulary stored as u16 (ids up to 65535)
     round_trip(65537, 5000, 4);
     round_trip(70000, 1000, 4);
     round_trip(4000000000u, 100, 4);

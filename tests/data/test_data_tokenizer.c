@@ -35,20 +35,22 @@ static void byte_files(void) {
     check_true("tokenizer.json parses (cJSON)", cJSON_IsObject(tok));
     const cJSON *model = get(tok, "model"), *vocab = get(model, "vocab"), *e;
     check_true("model BPE, no merges", cJSON_IsString(get(model, "type")) &&
-               !strcmp(get(model, "type")->valuestring, "BPE") &&
-               cJSON_IsArray(get(model, "merges")) && cJSON_GetArraySize(get(model, "merges")) == 0);
+                                           !strcmp(get(model, "type")->valuestring, "BPE") &&
+                                           cJSON_IsArray(get(model, "merges")) &&
+                                           cJSON_GetArraySize(get(model, "merges")) == 0);
     int seen[256] = {0}, n = 0, ok = 1;
     cJSON_ArrayForEach(e, vocab) {
         n++;
-        if (!cJSON_IsNumber(e) || e->valueint < 0 || e->valueint > 255 || seen[e->valueint]++) ok = 0;
+        if (!cJSON_IsNumber(e) || e->valueint < 0 || e->valueint > 255 || seen[e->valueint]++)
+            ok = 0;
     }
     check_true("256 vocabulary entries", n == 256);
     check_true("ids are 0..255, each once", ok);
     // a few symbols of GPT-2's bytes_to_unicode: printable bytes are themselves, the rest
     // U+0100.. in order (NUL = U+0100 "Ā", space = U+0120 "Ġ", '\n' = U+010A "Ċ")
-    const char *sym[][2] = {{"A", "65"}, {"\"", "34"}, {"\\", "92"}, {"\xc4\x80", "0"},
-                            {"\xc4\xa0", "32"}, {"\xc4\x8a", "10"}, {"\xc3\xbf", "255"},
-                            {"\xc2\xa1", "161"}, {"\xc5\x83", "173"}};
+    const char *sym[][2] = {{"A", "65"},         {"\"", "34"},        {"\\", "92"},
+                            {"\xc4\x80", "0"},   {"\xc4\xa0", "32"},  {"\xc4\x8a", "10"},
+                            {"\xc3\xbf", "255"}, {"\xc2\xa1", "161"}, {"\xc5\x83", "173"}};
     ok = 1;
     for (size_t i = 0; i < sizeof sym / sizeof *sym; i++) {
         const cJSON *id = get(vocab, sym[i][0]);
@@ -56,20 +58,22 @@ static void byte_files(void) {
     }
     check_true("GPT-2 byte symbols map to their byte", ok);
     const cJSON *pre = get(tok, "pre_tokenizer"), *dec = get(tok, "decoder");
-    check_true("ByteLevel pre-tokenizer, no regex, no prefix space",
-               cJSON_IsString(get(pre, "type")) && !strcmp(get(pre, "type")->valuestring, "ByteLevel") &&
-               cJSON_IsFalse(get(pre, "use_regex")) && cJSON_IsFalse(get(pre, "add_prefix_space")));
+    check_true(
+        "ByteLevel pre-tokenizer, no regex, no prefix space",
+        cJSON_IsString(get(pre, "type")) && !strcmp(get(pre, "type")->valuestring, "ByteLevel") &&
+            cJSON_IsFalse(get(pre, "use_regex")) && cJSON_IsFalse(get(pre, "add_prefix_space")));
     check_true("ByteLevel decoder", cJSON_IsString(get(dec, "type")) &&
-               !strcmp(get(dec, "type")->valuestring, "ByteLevel"));
+                                        !strcmp(get(dec, "type")->valuestring, "ByteLevel"));
     check_true("no special tokens", cJSON_IsArray(get(tok, "added_tokens")) &&
-               cJSON_GetArraySize(get(tok, "added_tokens")) == 0 && cJSON_IsNull(get(tok, "post_processor")));
+                                        cJSON_GetArraySize(get(tok, "added_tokens")) == 0 &&
+                                        cJSON_IsNull(get(tok, "post_processor")));
     cJSON_Delete(tok);
     cJSON *cfg = read_json(test_path(d, "tokenizer_config.json"));
     check_true("tokenizer_config.json: PreTrainedTokenizerFast, no space clean-up",
                cJSON_IsString(get(cfg, "tokenizer_class")) &&
-               !strcmp(get(cfg, "tokenizer_class")->valuestring, "PreTrainedTokenizerFast") &&
-               cJSON_IsFalse(get(cfg, "clean_up_tokenization_spaces")) &&
-               cJSON_IsNumber(get(cfg, "model_max_length")));
+                   !strcmp(get(cfg, "tokenizer_class")->valuestring, "PreTrainedTokenizerFast") &&
+                   cJSON_IsFalse(get(cfg, "clean_up_tokenization_spaces")) &&
+                   cJSON_IsNumber(get(cfg, "model_max_length")));
     cJSON_Delete(cfg);
 
     check_true("recognised as the byte tokenizer", tokenizer_is_byte_hf(d) && tokenizer_has_hf(d));
@@ -77,25 +81,29 @@ static void byte_files(void) {
     test_mkdirs(other);
     remove(test_path(other, "tokenizer.json")); // a previous run's
     remove(test_path(other, "tokenizer_config.json"));
-    check_true("a folder without tokenizer.json is not", !tokenizer_is_byte_hf(other) && !tokenizer_has_hf(other));
+    check_true("a folder without tokenizer.json is not",
+               !tokenizer_is_byte_hf(other) && !tokenizer_has_hf(other));
     int copied = -1, same = 0;
     check_true("copy", tokenizer_copy_hf(d, other, &copied) == MOE_OK && copied == 2);
-    check_true("the copy is the same tokenizer", tokenizer_same_hf(d, other, &same) == MOE_OK && same);
+    check_true("the copy is the same tokenizer",
+               tokenizer_same_hf(d, other, &same) == MOE_OK && same);
     char *text = test_read_file(test_path(other, "tokenizer.json"));
     if (text) text[strlen(text) / 2] ^= 1;
     if (text) test_write_file(test_path(other, "tokenizer.json"), text, strlen(text));
     free(text);
-    check_true("one changed byte: another tokenizer", !tokenizer_is_byte_hf(other) &&
-               tokenizer_same_hf(d, other, &same) == MOE_OK && !same);
+    check_true("one changed byte: another tokenizer",
+               !tokenizer_is_byte_hf(other) && tokenizer_same_hf(d, other, &same) == MOE_OK &&
+                   !same);
     int bos, eos, pad;
     check_true("the byte tokenizer has no special ids",
-               tokenizer_special_ids(d, &bos, &eos, &pad) == MOE_OK && bos == -1 && eos == -1 && pad == -1);
+               tokenizer_special_ids(d, &bos, &eos, &pad) == MOE_OK && bos == -1 && eos == -1 &&
+                   pad == -1);
     check_true("generation_config.json without a source",
                tokenizer_write_generation_config(NULL, d, d) == MOE_OK);
     cJSON *gen = read_json(test_path(d, "generation_config.json"));
     check_true("  has transformers_version and no token ids",
                cJSON_IsString(get(gen, "transformers_version")) && !get(gen, "eos_token_id") &&
-               !get(gen, "bos_token_id") && !get(gen, "pad_token_id"));
+                   !get(gen, "bos_token_id") && !get(gen, "pad_token_id"));
     cJSON_Delete(gen);
 }
 
@@ -103,10 +111,12 @@ static void byte_files(void) {
 static const char *special_folder(void) {
     const char *d = test_path(dir, "special");
     test_mkdirs(d);
-    const char *tok =
-        "{\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\"}, {\"id\": 1, \"content\": \"</s>\"}],"
-        " \"model\": {\"type\": \"BPE\", \"vocab\": {\"<s>\": 0, \"</s>\": 1, \"<pad>\": 7, \"a\": 2}}}";
-    const char *cfg = "{\"bos_token\": \"<s>\", \"eos_token\": {\"content\": \"</s>\"}, \"pad_token\": null}";
+    const char *tok = "{\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\"}, {\"id\": 1, "
+                      "\"content\": \"</s>\"}],"
+                      " \"model\": {\"type\": \"BPE\", \"vocab\": {\"<s>\": 0, \"</s>\": 1, "
+                      "\"<pad>\": 7, \"a\": 2}}}";
+    const char *cfg =
+        "{\"bos_token\": \"<s>\", \"eos_token\": {\"content\": \"</s>\"}, \"pad_token\": null}";
     const char *map = "{\"pad_token\": \"<pad>\"}";
     test_write_file(test_path(d, "tokenizer.json"), tok, strlen(tok));
     test_write_file(test_path(d, "tokenizer_config.json"), cfg, strlen(cfg));
@@ -119,14 +129,17 @@ static void special_ids(void) {
     const char *d = special_folder();
     int bos, eos, pad;
     check_true("bos/eos from tokenizer_config.json, pad from special_tokens_map.json",
-               tokenizer_special_ids(d, &bos, &eos, &pad) == MOE_OK && bos == 0 && eos == 1 && pad == 7);
+               tokenizer_special_ids(d, &bos, &eos, &pad) == MOE_OK && bos == 0 && eos == 1 &&
+                   pad == 7);
     const char *out = test_path(dir, "export");
     test_mkdirs(out);
-    check_true("generation_config.json from the tokenizer", tokenizer_write_generation_config(NULL, d, out) == MOE_OK);
+    check_true("generation_config.json from the tokenizer",
+               tokenizer_write_generation_config(NULL, d, out) == MOE_OK);
     cJSON *gen = read_json(test_path(out, "generation_config.json"));
     check_true("  bos 0, eos 1, pad 7", cJSON_IsNumber(get(gen, "bos_token_id")) &&
-               get(gen, "bos_token_id")->valueint == 0 && get(gen, "eos_token_id")->valueint == 1 &&
-               get(gen, "pad_token_id")->valueint == 7);
+                                            get(gen, "bos_token_id")->valueint == 0 &&
+                                            get(gen, "eos_token_id")->valueint == 1 &&
+                                            get(gen, "pad_token_id")->valueint == 7);
     cJSON_Delete(gen);
     const char *hf = test_path(dir, "hfmodel");
     test_mkdirs(hf);
@@ -140,22 +153,27 @@ static void special_ids(void) {
     char tok[1024];
     int from_init = -1;
     check_true("no data.tokenizer, no init_from: byte",
-               tokenizer_for_run(tok, sizeof tok, "", "", &from_init) == MOE_OK && !tok[0] && !from_init);
+               tokenizer_for_run(tok, sizeof tok, "", "", &from_init) == MOE_OK && !tok[0] &&
+                   !from_init);
     check_true("data.tokenizer", tokenizer_for_run(tok, sizeof tok, d, "", &from_init) == MOE_OK &&
-               !strcmp(tok, d) && !from_init);
+                                     !strcmp(tok, d) && !from_init);
     check_refused("data.tokenizer without tokenizer.json",
                   tokenizer_for_run(tok, sizeof tok, hf, "", NULL), hf, "tokenizer.json");
     check_true("data.tokenizer = a byte tokenizer folder: byte",
-               tokenizer_for_run(tok, sizeof tok, test_path(dir, "byte"), "", NULL) == MOE_OK && !tok[0]);
-    check_true("init_from's tokenizer", tokenizer_for_run(tok, sizeof tok, "", d, &from_init) == MOE_OK &&
-               !strcmp(tok, d) && from_init == 1);
+               tokenizer_for_run(tok, sizeof tok, test_path(dir, "byte"), "", NULL) == MOE_OK &&
+                   !tok[0]);
+    check_true("init_from's tokenizer",
+               tokenizer_for_run(tok, sizeof tok, "", d, &from_init) == MOE_OK && !strcmp(tok, d) &&
+                   from_init == 1);
     test_write_file(test_path(dir, "latest"), "special\n", 8);
     check_true("init_from = a latest file naming the folder",
-               tokenizer_for_run(tok, sizeof tok, "", test_path(dir, "latest"), &from_init) == MOE_OK &&
-               !strcmp(tok, d) && from_init == 1);
+               tokenizer_for_run(tok, sizeof tok, "", test_path(dir, "latest"), &from_init) ==
+                       MOE_OK &&
+                   !strcmp(tok, d) && from_init == 1);
     check_true("init_from with the byte tokenizer: byte",
-               tokenizer_for_run(tok, sizeof tok, "", test_path(dir, "byte"), &from_init) == MOE_OK &&
-               !tok[0] && !from_init);
+               tokenizer_for_run(tok, sizeof tok, "", test_path(dir, "byte"), &from_init) ==
+                       MOE_OK &&
+                   !tok[0] && !from_init);
     check_true("init_from without a tokenizer: byte",
                tokenizer_for_run(tok, sizeof tok, "", hf, NULL) == MOE_OK && !tok[0]);
 }
@@ -164,14 +182,13 @@ static void special_ids(void) {
 static void runner(void) {
     printf("script runner (/bin/sh as the interpreter)\n");
     const char *script = test_path(dir, "fake.sh");
-    const char *body =
-        "case \"$1\" in\n"
-        "encode) cat > /dev/null; echo '5 6 7' ;;\n"
-        "decode) printf 'ids:'; cat ;;\n"
-        "early) echo start; cat ;;\n"  // writes before it reads its input
-        "warn) echo 'a warning' >&2; echo ok ;;\n"
-        "fail) echo 'line one' >&2; echo 'the last line' >&2; exit 3 ;;\n"
-        "esac\n";
+    const char *body = "case \"$1\" in\n"
+                       "encode) cat > /dev/null; echo '5 6 7' ;;\n"
+                       "decode) printf 'ids:'; cat ;;\n"
+                       "early) echo start; cat ;;\n" // writes before it reads its input
+                       "warn) echo 'a warning' >&2; echo ok ;;\n"
+                       "fail) echo 'line one' >&2; echo 'the last line' >&2; exit 3 ;;\n"
+                       "esac\n";
     test_write_file(script, body, strlen(body));
     setenv("MOE_TOKENIZER_SCRIPT", script, 1);
     setenv("MOE_PYTHON", "/bin/sh", 1);
@@ -180,14 +197,14 @@ static void runner(void) {
                hf_tokenizer_script(found, sizeof found) == MOE_OK && !strcmp(found, script));
     int *ids = NULL, n = 0;
     check_true("encode: ids parsed", hf_tokenizer_encode("TOK", "hello", 5, &ids, &n) == MOE_OK &&
-               n == 3 && ids[0] == 5 && ids[1] == 6 && ids[2] == 7);
+                                         n == 3 && ids[0] == 5 && ids[1] == 6 && ids[2] == 7);
     free(ids);
     int in[3] = {1, 20, 300};
     char *text = NULL;
     size_t len = 0;
     check_true("decode: ids sent on stdin, text back",
                hf_tokenizer_decode("TOK", in, 3, &text, &len) == MOE_OK && text &&
-               !strcmp(text, "ids:1 20 300 ") && len == strlen(text));
+                   !strcmp(text, "ids:1 20 300 ") && len == strlen(text));
     free(text);
     // 4 MiB in both directions through a child that answers before it reads: no deadlock
     size_t big = 4u << 20;
@@ -196,16 +213,19 @@ static void runner(void) {
     const char *early[] = {"early"};
     moe_status st = hf_tokenizer_run(early, 1, data, big, &text, &len);
     check_true("4 MiB through pipes, output before input", st == MOE_OK && len == big + 6 &&
-               !memcmp(text, "start\n", 6) && !memcmp(text + 6, data, big));
+                                                               !memcmp(text, "start\n", 6) &&
+                                                               !memcmp(text + 6, data, big));
     free(text), free(data);
     const char *warn[] = {"warn"};
-    check_true("a successful run's stderr is passed on", hf_tokenizer_run(warn, 1, NULL, 0, &text, &len) == MOE_OK &&
-               !strcmp(text, "ok\n"));
+    check_true("a successful run's stderr is passed on",
+               hf_tokenizer_run(warn, 1, NULL, 0, &text, &len) == MOE_OK && !strcmp(text, "ok\n"));
     free(text);
     const char *fail[] = {"fail"};
     st = hf_tokenizer_run(fail, 1, "x", 1, &text, &len);
-    check_refused("a failing script: its status and last stderr line", st, "fake.sh", "exit status 3");
-    check_true("  the message ends with the last line", strstr(moe_last_error(), ": the last line") != NULL);
+    check_refused("a failing script: its status and last stderr line", st, "fake.sh",
+                  "exit status 3");
+    check_true("  the message ends with the last line",
+               strstr(moe_last_error(), ": the last line") != NULL);
     check_true("  no output on failure", text == NULL);
     setenv("MOE_PYTHON", "/nonexistent/python3", 1);
     st = hf_tokenizer_run(warn, 1, NULL, 0, NULL, NULL);
@@ -216,7 +236,8 @@ static void runner(void) {
     unsetenv("MOE_TOKENIZER_SCRIPT");
     unsetenv("MOE_PYTHON");
     check_true("without the variable: the source tree's scripts/hf_tokenizer.py",
-               hf_tokenizer_script(found, sizeof found) == MOE_OK && strstr(found, "scripts/hf_tokenizer.py"));
+               hf_tokenizer_script(found, sizeof found) == MOE_OK &&
+                   strstr(found, "scripts/hf_tokenizer.py"));
 }
 
 int main(int argc, char **argv) {

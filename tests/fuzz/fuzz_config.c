@@ -47,7 +47,9 @@ static char *config_text(const moe_train_config *cfg) {
 
 static void check_round_trip(const moe_train_config *cfg, const char *dir, const char *input) {
     char *text = config_text(cfg);
-    if (!text) fuzz_fail("%s: accepted, but moe_train_config_write refuses it: %s", input, moe_last_error());
+    if (!text)
+        fuzz_fail("%s: accepted, but moe_train_config_write refuses it: %s", input,
+                  moe_last_error());
     char path[FUZZ_PATH_MAX];
     fuzz_write(path, sizeof path, dir, "written.cfg", (const uint8_t *)text, strlen(text));
     moe_train_config back;

@@ -12,12 +12,14 @@ static size_t check_tensor(const st_file *f, const st_tensor *t) {
         fuzz_fail("%s: tensor '%s' [%llu, %llu) beyond the data (%llu bytes)", f->path, t->name,
                   (unsigned long long)t->begin, (unsigned long long)t->end,
                   (unsigned long long)f->data_size);
-    if (t->ndim < 0 || t->ndim > ST_MAX_DIMS) fuzz_fail("%s: '%s' has %d dims", f->path, t->name, t->ndim);
+    if (t->ndim < 0 || t->ndim > ST_MAX_DIMS)
+        fuzz_fail("%s: '%s' has %d dims", f->path, t->name, t->ndim);
     uint64_t count = 1;
     for (int d = 0; d < t->ndim; d++) count *= (uint64_t)t->shape[d];
     if (count * st_dtype_size(t->dtype) != t->end - t->begin)
         fuzz_fail("%s: '%s' shape x dtype differs from its data_offsets", f->path, t->name);
-    if (st_find(f, t->name) != t) fuzz_fail("%s: st_find('%s') finds another tensor", f->path, t->name);
+    if (st_find(f, t->name) != t)
+        fuzz_fail("%s: st_find('%s') finds another tensor", f->path, t->name);
     return (size_t)count;
 }
 

@@ -9,7 +9,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_write(path, sizeof path, dir, "input.bin", data, size);
     token_file tf;
     if (token_file_read(&tf, path) == MOE_OK) {
-        if ((tf.dtype != 2 && tf.dtype != 4) || TOKEN_FILE_HEADER_BYTES + tf.count * tf.dtype != size)
+        if ((tf.dtype != 2 && tf.dtype != 4) ||
+            TOKEN_FILE_HEADER_BYTES + tf.count * tf.dtype != size)
             fuzz_fail("%s: accepted with dtype %u, count %llu for a %zu-byte file", path, tf.dtype,
                       (unsigned long long)tf.count, size);
         for (uint64_t i = 0; i < tf.count; i++)

@@ -66,8 +66,10 @@ static int run_dir(const char *dir, int *count) {
         if (e->d_name[0] == '.') continue;
         if (n == cap) {
             char **more = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof *names);
-            if (!more) bad = 1;
-            else names = more;
+            if (!more)
+                bad = 1;
+            else
+                names = more;
         }
         if (!bad && !(names[n++] = strdup(e->d_name))) bad = 1, n--;
     }

@@ -79,8 +79,10 @@ static FILE *open_in(const char *dir, const char *name, const char *mode) {
 }
 
 static void null_or(FILE *f, const char *key, int is_null, double v) {
-    if (is_null) fprintf(f, ",\"%s\":null", key);
-    else fprintf(f, ",\"%s\":%.17g", key, v);
+    if (is_null)
+        fprintf(f, ",\"%s\":null", key);
+    else
+        fprintf(f, ",\"%s\":%.17g", key, v);
 }
 
 // The hand-made run; grad_accum n > 1 writes counts summed over n equal micro-batches.
@@ -111,8 +113,8 @@ static void write_run(const char *dir, int grad_accum, double capacity_factor, i
             fprintf(f, "{\"step\":%ld,\"layer\":%d,\"tokens\":%ld,\"capacity\":%d,", rec_step(r),
                     layer, 256 * n, capacity_factor > 0 ? 160 : 0);
             fprintf(f, "\"counts\":[%ld,%ld,%ld,%ld],\"kept\":[%ld,%ld,%ld,%ld],\"dropped\":%ld",
-                    n * c[0], n * c[1], n * c[2], n * c[3], n * kept[0], n * kept[1],
-                    n * kept[2], n * kept[3], n * dropped);
+                    n * c[0], n * c[1], n * c[2], n * c[3], n * kept[0], n * kept[1], n * kept[2],
+                    n * kept[3], n * dropped);
             if (micro) {
                 fprintf(f, ",\"micro_counts\":[");
                 for (long i = 0; i < n; i++)
@@ -125,11 +127,14 @@ static void write_run(const char *dir, int grad_accum, double capacity_factor, i
                 null_or(f, "aux", 0, 0.01 + 1e-5 * r);
                 null_or(f, "z", r == 7, 0.002 + 1e-6 * r);
                 fprintf(f, ",\"bias\":null,\"exchange_bytes\":4096,\"exchange_s\":0.01");
-                fprintf(f, ",\"logit_mean\":0.1,\"logit_std\":1.5,\"logit_max_abs\":4,\"lse_mean\":2.1}\n");
+                fprintf(f, ",\"logit_mean\":0.1,\"logit_std\":1.5,\"logit_max_abs\":4,\"lse_mean\":"
+                           "2.1}\n");
             } else {
-                fprintf(f, ",\"max_over_mean\":2,\"cv\":0.5,\"entropy\":1.2,\"aux\":%.17g,\"z\":0.003",
+                fprintf(f,
+                        ",\"max_over_mean\":2,\"cv\":0.5,\"entropy\":1.2,\"aux\":%.17g,\"z\":0.003",
                         r <= 100 ? 0.011 : 0.02);
-                fprintf(f, ",\"bias\":[0,0,0,0]%s}\n", r % 2 ? "" : ",\"exchange_bytes\":0,\"exchange_s\":0");
+                fprintf(f, ",\"bias\":[0,0,0,0]%s}\n",
+                        r % 2 ? "" : ",\"exchange_bytes\":0,\"exchange_s\":0");
             }
         }
     }
@@ -138,12 +143,15 @@ static void write_run(const char *dir, int grad_accum, double capacity_factor, i
     f = open_in(dir, "metrics.jsonl", "w");
     for (long s = 1; s <= N_REC + 2; s++) {
         if (s == 55 || s == 56)
-            fprintf(f, "{\"step\":%ld,\"loss\":null,\"grad_norm\":null,\"skipped\":true,\"skipped_total\":%ld}\n",
+            fprintf(f,
+                    "{\"step\":%ld,\"loss\":null,\"grad_norm\":null,\"skipped\":true,\"skipped_"
+                    "total\":%ld}\n",
                     s, s - 54);
         else
-            fprintf(f, "{\"step\":%ld,\"loss\":3.5,\"ce\":3.4,\"aux\":0.02,\"z\":0.005,\"lr\":0.001,"
-                       "\"grad_norm\":1.1,\"tokens_per_s\":2500,\"step_s\":%.17g,\"max_over_mean\":2,"
-                       "\"drop_frac\":0.1,\"skipped_total\":%d%s}\n",
+            fprintf(f,
+                    "{\"step\":%ld,\"loss\":3.5,\"ce\":3.4,\"aux\":0.02,\"z\":0.005,\"lr\":0.001,"
+                    "\"grad_norm\":1.1,\"tokens_per_s\":2500,\"step_s\":%.17g,\"max_over_mean\":2,"
+                    "\"drop_frac\":0.1,\"skipped_total\":%d%s}\n",
                     s, 0.1 + 0.001 * (double)(s % 3), s > 56 ? 2 : 0,
                     s % 100 == 0 ? ",\"val_loss\":3.6" : "");
     }
@@ -210,8 +218,8 @@ static void case_units(void) {
     check_num("percentile p99 of 1..4", stats_percentile_sorted(a, 4, 99), 3.97, 1e-15);
     check_num("percentile p50 of 1..4", stats_percentile_sorted(a, 4, 50), 2.5, 1e-15);
     check_num("percentile of one value", stats_percentile_sorted(a, 1, 99), 1, 0);
-    check_true("percentile p100 / p0", stats_percentile_sorted(a, 4, 100) == 4 &&
-                                           stats_percentile_sorted(a, 4, 0) == 1);
+    check_true("percentile p100 / p0",
+               stats_percentile_sorted(a, 4, 100) == 4 && stats_percentile_sorted(a, 4, 0) == 1);
     // counts [300, 100, 60, 52] (sum 512): d = 0.01 allows 5.12 -> C = 295;
     // d = 0 -> C = 300; d = 0.5 -> 256 allowed: 300-C + max(0,100-C) <= 256 -> C = 72
     const long c[4] = {300, 100, 60, 52};
@@ -223,7 +231,8 @@ static void case_units(void) {
     // two micro-batches with their own counts (sum = c): [290, 10, 30, 26] and [10, 90, 30, 26].
     // d = 0: C = 290 (the equal-share guess says 150). d = 0.01 allows 5.12: C = 285 drops 5.
     const long mc[8] = {290, 10, 30, 26, 10, 90, 30, 26};
-    check_true("needed capacity, 2 exact micro-batches d=0", stats_needed_capacity(mc, 2, 4, 1, 0) == 290);
+    check_true("needed capacity, 2 exact micro-batches d=0",
+               stats_needed_capacity(mc, 2, 4, 1, 0) == 290);
     check_true("needed capacity, 2 exact micro-batches d=0.01",
                stats_needed_capacity(mc, 2, 4, 1, 0.01) == 285);
     const long z[4] = {0, 0, 0, 0};
@@ -235,7 +244,8 @@ static void case_units(void) {
         moe_config moe = moe_config_default(32, 64, Es[t], ks[t]);
         for (long C = 1; C <= Ts[t]; C++) {
             moe.capacity_factor = stats_capacity_factor(C, Ts[t], ks[t], Es[t]);
-            if (moe_capacity(&moe, Ts[t]) != C || stats_capacity_of(moe.capacity_factor, Ts[t], ks[t], Es[t]) != C) {
+            if (moe_capacity(&moe, Ts[t]) != C ||
+                stats_capacity_of(moe.capacity_factor, Ts[t], ks[t], Es[t]) != C) {
                 printf("  C=%ld E=%d k=%d T=%d: cf %.17g gives %d\n", C, Es[t], ks[t], Ts[t],
                        moe.capacity_factor, moe_capacity(&moe, Ts[t]));
                 ok = 0;
@@ -269,7 +279,8 @@ static void check_report_json(const char *json, int layers_expected) {
             check_num("max/mean mean", jd(L, "max_over_mean.mean"), 1.027421875, 1e-12);
             check_num("max/mean p95", jd(L, "max_over_mean.p95"), 1.1441406249999988, 1e-12);
             check_num("max/mean p99", jd(L, "max_over_mean.p99"), 1.7038281249999994, 1e-12);
-            check_num("max/mean median last window", jd(L, "max_over_mean.median_last_window"), 1.0, 1e-12);
+            check_num("max/mean median last window", jd(L, "max_over_mean.median_last_window"), 1.0,
+                      1e-12);
             // (c.std(1)/c.mean(1)).mean()
             check_num("cv mean", jd(L, "cv_mean"), 0.01583202691293427, 1e-12);
             // last = c[-100:].sum(0); last.argmax(), last.max()/last.sum()
@@ -277,14 +288,17 @@ static void check_report_json(const char *json, int layers_expected) {
             check_num("hottest share", jd(L, "hottest_expert.share"), 0.25404296875, 1e-12);
             check_true("no dead experts", cJSON_GetArraySize(jget(L, "dead_experts")) == 0);
             // dropped[:100].sum()/routed[:100].sum(), dropped[-100:].sum()/routed[-100:].sum()
-            check_num("drop first window", jd(L, "drop_fraction.first_window"), 0.00423828125, 1e-12);
+            check_num("drop first window", jd(L, "drop_fraction.first_window"), 0.00423828125,
+                      1e-12);
             check_num("drop last window", jd(L, "drop_fraction.last_window"), 0.00279296875, 1e-12);
             // np.nanmean(ent), np.nanmean(ent)/log(4)
             check_num("entropy mean", jd(L, "entropy.mean"), 1.3769949748743717, 1e-12);
-            check_num("entropy / log E", jd(L, "entropy.fraction_of_log_e"), 0.9932919107901395, 1e-12);
+            check_num("entropy / log E", jd(L, "entropy.fraction_of_log_e"), 0.9932919107901395,
+                      1e-12);
             check_num("aux first", jd(L, "aux.first_window"), 0.010505, 1e-12);
             check_num("aux last", jd(L, "aux.last_window"), 0.011505000000000001, 1e-12);
-            check_num("z first (nan skipped)", jd(L, "z.first_window"), 0.0020509393939393936, 1e-12);
+            check_num("z first (nan skipped)", jd(L, "z.first_window"), 0.0020509393939393936,
+                      1e-12);
             check_num("z last", jd(L, "z.last_window"), 0.0021505000000000005, 1e-12);
             // 200*0.01 / step_s.sum() over the 200 logged steps
             check_num("exchange share", jd(L, "exchange_share"), 0.09901480271300558, 1e-12);
@@ -292,7 +306,8 @@ static void check_report_json(const char *json, int layers_expected) {
             check_num("max/mean mean", jd(L, "max_over_mean.mean"), 1.65625, 1e-12);
             check_num("max/mean p95", jd(L, "max_over_mean.p95"), 2.0, 1e-12);
             check_num("max/mean p99", jd(L, "max_over_mean.p99"), 2.0, 1e-12);
-            check_num("max/mean median last window", jd(L, "max_over_mean.median_last_window"), 2.0, 1e-12);
+            check_num("max/mean median last window", jd(L, "max_over_mean.median_last_window"), 2.0,
+                      1e-12);
             check_num("cv mean", jd(L, "cv_mean"), 0.44466201395023164, 1e-12);
             check_true("hottest expert 0", jd(L, "hottest_expert.expert") == 0);
             check_num("hottest share", jd(L, "hottest_expert.share"), 0.5, 1e-12);
@@ -302,7 +317,8 @@ static void check_report_json(const char *json, int layers_expected) {
             check_num("drop first window", jd(L, "drop_fraction.first_window"), 0.015625, 1e-12);
             check_num("drop last window", jd(L, "drop_fraction.last_window"), 0.1875, 1e-12);
             check_num("entropy mean", jd(L, "entropy.mean"), 1.2, 1e-12);
-            check_num("entropy / log E", jd(L, "entropy.fraction_of_log_e"), 0.8656170245333779, 1e-12);
+            check_num("entropy / log E", jd(L, "entropy.fraction_of_log_e"), 0.8656170245333779,
+                      1e-12);
             check_num("aux first", jd(L, "aux.first_window"), 0.011, 1e-12);
             check_num("aux last", jd(L, "aux.last_window"), 0.02, 1e-12);
             check_num("z first", jd(L, "z.first_window"), 0.003, 1e-12);
@@ -322,8 +338,10 @@ static void check_report_json(const char *json, int layers_expected) {
         else if (l == 1 && kind && !strcmp(kind, "dead_experts") &&
                  cJSON_GetArrayItem(jget(a, "experts"), 0)->valuedouble == 3)
             dead++;
-        else if (l == 1 && kind && !strcmp(kind, "rising_drops")) drops++;
-        else other++;
+        else if (l == 1 && kind && !strcmp(kind, "rising_drops"))
+            drops++;
+        else
+            other++;
         check_true("alert has a message", cJSON_GetStringValue(jget(a, "message")) != NULL);
     }
     if (layers_expected == 2)
@@ -349,11 +367,14 @@ static void case_report(void) {
     check_true("default table exits 0", rc == 0);
     check_true("default table: no line over 100 columns", longest_line(out) <= 100);
     check_true("default table: layer 0 row",
-               contains(out, "    0    200 |  1.027  1.144  1.704    1.000 | 0.016 |   0  25.4% |   0.42%   0.28% |   0.993 |    0\n"));
+               contains(out, "    0    200 |  1.027  1.144  1.704    1.000 | 0.016 |   0  25.4% |  "
+                             " 0.42%   0.28% |   0.993 |    0\n"));
     check_true("default table: layer 1 row",
-               contains(out, "    1    200 |  1.656  2.000  2.000    2.000 | 0.445 |   0  50.0% |   1.56%  18.75% |   0.866 |    1\n"));
-    check_true("default table: 3 alerts, wrapped", contains(out, "3 alerts") &&
-               contains(out, "ALERT layer 1: dead expert 3: no tokens in the last 100 steps"));
+               contains(out, "    1    200 |  1.656  2.000  2.000    2.000 | 0.445 |   0  50.0% |  "
+                             " 1.56%  18.75% |   0.866 |    1\n"));
+    check_true("default table: 3 alerts, wrapped",
+               contains(out, "3 alerts") &&
+                   contains(out, "ALERT layer 1: dead expert 3: no tokens in the last 100 steps"));
     free(out);
     free(err);
 
@@ -362,14 +383,23 @@ static void case_report(void) {
     printf("%s%s", out, err);
     check_true("table exits 0", rc == 0);
     check_true("--wide: lines over 100 columns", longest_line(out) > 100);
-    check_true("table: header", contains(out, "200 steps logged (steps 1..202); metrics.jsonl: 202 steps, 2 skipped"));
-    check_true("table: layer 0 row", contains(out, "    0    200 |  1.027  1.144  1.704    1.000 |"));
-    check_true("table: layer 1 row", contains(out, "    1    200 |  1.656  2.000  2.000    2.000 |"));
+    check_true(
+        "table: header",
+        contains(out, "200 steps logged (steps 1..202); metrics.jsonl: 202 steps, 2 skipped"));
+    check_true("table: layer 0 row",
+               contains(out, "    0    200 |  1.027  1.144  1.704    1.000 |"));
+    check_true("table: layer 1 row",
+               contains(out, "    1    200 |  1.656  2.000  2.000    2.000 |"));
     check_true("table: exchange n/a", contains(out, "n/a"));
     check_true("table: 3 alerts", contains(out, "3 alerts"));
-    check_true("table: load alert", contains(out, "ALERT layer 1: max/mean load 2.000 (median over the last 100 steps) exceeds 1.5; hottest expert 0 has 50.0% of the tokens"));
-    check_true("table: dead alert", contains(out, "ALERT layer 1: dead expert 3: no tokens in the last 100 steps"));
-    check_true("table: drops alert", contains(out, "ALERT layer 1: drops rising: 1.56% of the assignments dropped in the first 100 steps, 18.75% in the last 100"));
+    check_true("table: load alert",
+               contains(out, "ALERT layer 1: max/mean load 2.000 (median over the last 100 steps) "
+                             "exceeds 1.5; hottest expert 0 has 50.0% of the tokens"));
+    check_true("table: dead alert",
+               contains(out, "ALERT layer 1: dead expert 3: no tokens in the last 100 steps"));
+    check_true("table: drops alert",
+               contains(out, "ALERT layer 1: drops rising: 1.56% of the assignments dropped in the "
+                             "first 100 steps, 18.75% in the last 100"));
     check_true("table: no alert on layer 0", !contains(out, "ALERT layer 0"));
     free(out);
     free(err);
@@ -385,10 +415,12 @@ static void case_report(void) {
     cJSON *doc = cJSON_Parse(out);
     int load = 0;
     const cJSON *a, *l0 = cJSON_GetArrayItem(jget(doc, "layers"), 0);
-    cJSON_ArrayForEach(a, jget(doc, "alerts")) load += !strcmp(cJSON_GetStringValue(jget(a, "kind")), "load_imbalance");
+    cJSON_ArrayForEach(a, jget(doc, "alerts")) load +=
+        !strcmp(cJSON_GetStringValue(jget(a, "kind")), "load_imbalance");
     check_true("--alert 2.5: no load alert", rc == 0 && doc && load == 0);
     // layer 0, first 50 records: spikes j = 1..5 drop max(0, 9j - 32) = 0+0+0+4+13 of 50*512
-    check_num("--window 50: layer 0 first-window drops", jd(l0, "drop_fraction.first_window"), 17.0 / 25600, 1e-12);
+    check_num("--window 50: layer 0 first-window drops", jd(l0, "drop_fraction.first_window"),
+              17.0 / 25600, 1e-12);
     check_true("--window 50 echoed", jd(doc, "window") == 50 && jd(l0, "window") == 50);
     cJSON_Delete(doc);
     free(out);
@@ -403,7 +435,8 @@ static void check_need(const cJSON *o, const char *what, double cf, long C, doub
     check_num(name, jd(o, "capacity_factor"), cf, 1e-12);
     snprintf(name, sizeof name, "%s C, rows, bytes", what);
     check_true(name, jd(o, "capacity") == C && jd(o, "rows") == 4.0 * C &&
-                         jd(o, "bytes_per_layer") == bytes && jd(o, "bytes_all_layers") == 3 * bytes);
+                         jd(o, "bytes_per_layer") == bytes &&
+                         jd(o, "bytes_all_layers") == 3 * bytes);
 }
 
 // --capacity on a run with grad_accum n (the same per-micro-batch answers for any n).
@@ -415,11 +448,12 @@ static void capacity_run(const char *dir, int n, int micro) {
     cJSON *doc = cJSON_Parse(out);
     check_true("--capacity --json parses", doc != NULL);
     if (!doc) return;
-    check_true("current cf 1.25 -> C 160", jd(doc, "current.capacity_factor") == 1.25 &&
-                                               jd(doc, "current.capacity") == 160);
+    check_true("current cf 1.25 -> C 160",
+               jd(doc, "current.capacity_factor") == 1.25 && jd(doc, "current.capacity") == 160);
     check_true("row bytes (2*32 + 3*64)*4 = 1024 per layer, 1024 once for the backward",
                jd(doc, "row_bytes") == 1024 && jd(doc, "row_bytes_backward") == 1024);
-    check_true("groups_approximated", cJSON_IsTrue(jget(doc, "groups_approximated")) == (n > 1 && !micro));
+    check_true("groups_approximated",
+               cJSON_IsTrue(jget(doc, "groups_approximated")) == (n > 1 && !micro));
     const cJSON *l0 = cJSON_GetArrayItem(jget(doc, "layers"), 0);
     const cJSON *l1 = cJSON_GetArrayItem(jget(doc, "layers"), 1);
     // need = smallest C with np.maximum(0, row - C).sum() <= 0.01*row.sum(); cf = need*4/512
@@ -439,7 +473,8 @@ static void capacity_run(const char *dir, int n, int micro) {
     check_true("suggested factors", jd(l0, "p99.suggested_capacity_factor") == 1.67 &&
                                         jd(l0, "worst.suggested_capacity_factor") == 1.80 &&
                                         jd(l1, "p99.suggested_capacity_factor") == 1.96);
-    check_true("run factors from layer 1", jd(doc, "run.p99.layer") == 1 && jd(doc, "run.worst.layer") == 1);
+    check_true("run factors from layer 1",
+               jd(doc, "run.p99.layer") == 1 && jd(doc, "run.worst.layer") == 1);
     check_true("current rows and bytes", jd(doc, "current.rows") == 640 &&
                                              jd(doc, "current.bytes_per_layer") == 640 * 1024.0);
     cJSON_Delete(doc);
@@ -448,26 +483,34 @@ static void capacity_run(const char *dir, int n, int micro) {
 
     rc = run_stats(&out, &err, 4, dir, "--capacity", "--max-drop", "0.05");
     printf("%s%s", out, err);
-    check_true("--capacity default table exits 0, fits 100 columns", rc == 0 && longest_line(out) <= 100);
+    check_true("--capacity default table exits 0, fits 100 columns",
+               rc == 0 && longest_line(out) <= 100);
     check_true("--capacity default table: layer 0 without rows and all-layer MiB",
-               contains(out, "    0    200 |     1.51    194     0.758 |    1.641    211     0.824     122 | 0.35%\n"));
+               contains(out, "    0    200 |     1.51    194     0.758 |    1.641    211     0.824 "
+                             "    122 | 0.35%\n"));
     free(out);
     free(err);
 
     rc = run_stats(&out, &err, 5, dir, "--capacity", "--max-drop", "0.05", "--wide");
     printf("%s%s", out, err);
-    check_true("--capacity --wide table exits 0, over 100 columns", rc == 0 && longest_line(out) > 100);
+    check_true("--capacity --wide table exits 0, over 100 columns",
+               rc == 0 && longest_line(out) > 100);
     // max_drop 0.05: layer 0 P99 cf 1.5085156249999994 (C 194), worst 1.6484375 (C 211);
     // layer 1 1.8046875 (C 231); rows 4*C, MiB 4*C*1024/2^20 per layer, 4*C*3072/2^20 for the 2
     // layers with their shared backward scratch; the
     // table shows the shortest decimal factor giving C: 1.51 (ceil(128*1.51) = 194), 1.641, 1.80
     check_true("table: layer 0 at max_drop 0.05",
-               contains(out, "    0    200 |     1.51    194     776     0.758    2.273 |    1.641    211     844     0.824    2.473     122 | 0.35%"));
+               contains(out, "    0    200 |     1.51    194     776     0.758    2.273 |    1.641 "
+                             "   211     844     0.824    2.473     122 | 0.35%"));
     check_true("table: layer 1 at max_drop 0.05",
-               contains(out, "    1    200 |     1.80    231     924     0.902    2.707 |     1.80    231     924     0.902    2.707     103 | 10.16%"));
-    check_true("table: current cf", contains(out, "current: capacity_factor 1.25 -> C = 160 per expert per micro-batch, 640 rows, 0.625 MiB per layer, 1.875 MiB for 2 layers"));
+               contains(out, "    1    200 |     1.80    231     924     0.902    2.707 |     1.80 "
+                             "   231     924     0.902    2.707     103 | 10.16%"));
+    check_true("table: current cf",
+               contains(out, "current: capacity_factor 1.25 -> C = 160 per expert per micro-batch, "
+                             "640 rows, 0.625 MiB per layer, 1.875 MiB for 2 layers"));
     check_true("table: run-wide factor from layer 1",
-               contains(out, "P99 step:   capacity_factor 1.80 (layer 1) -> C = 231, 924 rows, 0.902 MiB per layer, 2.707 MiB for 2 layers"));
+               contains(out, "P99 step:   capacity_factor 1.80 (layer 1) -> C = 231, 924 rows, "
+                             "0.902 MiB per layer, 2.707 MiB for 2 layers"));
     check_true("table: grad_accum note iff n > 1 without micro_counts",
                contains(out, "approximated as counts / 2") == (n == 2 && !micro));
     free(out);
@@ -484,7 +527,8 @@ static void case_capacity(void) {
     write_run("run_capacity_dropless", 1, 0, 0);
     char *out, *err;
     int rc = run_stats(&out, &err, 2, "run_capacity_dropless", "--capacity");
-    check_true("dropless run: current says so", rc == 0 && contains(out, "capacity_factor 0 (dropless)"));
+    check_true("dropless run: current says so",
+               rc == 0 && contains(out, "capacity_factor 0 (dropless)"));
     free(out);
     free(err);
 }
@@ -539,8 +583,9 @@ static void case_partial(void) {
     printf("%s", err);
     check_true("partial last line: exit 0", rc == 0);
     check_true("partial last line: same report", !strcmp(out, want));
-    check_true("partial last line: noted", contains(err, "expert_load.jsonl:401: partial last line ignored") &&
-                                               contains(err, "metrics.jsonl:203: partial last line ignored"));
+    check_true("partial last line: noted",
+               contains(err, "expert_load.jsonl:401: partial last line ignored") &&
+                   contains(err, "metrics.jsonl:203: partial last line ignored"));
     free(out);
     free(err);
     free(want);
@@ -559,8 +604,8 @@ static void case_partial(void) {
     free(err);
 }
 
-static void expect_error(const char *what, int want_rc, const char *msg, int argc, char *a0, char *a1,
-                         char *a2) {
+static void expect_error(const char *what, int want_rc, const char *msg, int argc, char *a0,
+                         char *a1, char *a2) {
     char *out, *err;
     int rc = run_stats(&out, &err, argc, a0, a1, a2);
     char name[160];
@@ -595,25 +640,30 @@ static void case_malformed(void) {
     expect_error("layer beyond n_layers", 1, "run_bad/expert_load.jsonl:57: \"layer\"", 1,
                  "run_bad", NULL, NULL);
     replace_line("run_bad/expert_load.jsonl", 57, "{\"step\":3,\"layer\":0,\"counts\":[1,2,3,4]}");
-    expect_error("step going back", 1, "run_bad/expert_load.jsonl:57: step 3 of layer 0 comes after step 28", 1,
+    expect_error("step going back", 1,
+                 "run_bad/expert_load.jsonl:57: step 3 of layer 0 comes after step 28", 1,
                  "run_bad", NULL, NULL);
     replace_line("run_bad/expert_load.jsonl", 57, "{\"layer\":0,\"counts\":[1,2,3,4]}");
     expect_error("no step", 1, "run_bad/expert_load.jsonl:57: \"step\" is missing", 1, "run_bad",
                  NULL, NULL);
-    replace_line("run_bad/expert_load.jsonl", 57, "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"aux\":\"x\"}");
+    replace_line("run_bad/expert_load.jsonl", 57,
+                 "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"aux\":\"x\"}");
     expect_error("aux a string", 1, "run_bad/expert_load.jsonl:57: \"aux\" is not a number", 1,
                  "run_bad", NULL, NULL);
     // micro_counts (read by --capacity) that do not add up to the counts, or are too few
     write_run("run_bad", 2, 1.25, 1);
-    replace_line("run_bad/expert_load.jsonl", 57,
-                 "{\"step\":29,\"layer\":0,\"counts\":[2,3,4,6],\"micro_counts\":[[1,2,3,4],[1,1,1,1]]}");
+    replace_line(
+        "run_bad/expert_load.jsonl", 57,
+        "{\"step\":29,\"layer\":0,\"counts\":[2,3,4,6],\"micro_counts\":[[1,2,3,4],[1,1,1,1]]}");
     expect_error("micro_counts do not sum to counts", 1,
-                 "run_bad/expert_load.jsonl:57: \"micro_counts\" sums to 5 for expert 3, but \"counts\" has 6",
+                 "run_bad/expert_load.jsonl:57: \"micro_counts\" sums to 5 for expert 3, but "
+                 "\"counts\" has 6",
                  2, "run_bad", "--capacity", NULL);
     replace_line("run_bad/expert_load.jsonl", 57,
                  "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"micro_counts\":[[1,2,3,4]]}");
     expect_error("one micro_counts row for grad_accum 2", 1,
-                 "run_bad/expert_load.jsonl:57: \"micro_counts\" has 1 entries, expected train.grad_accum = 2",
+                 "run_bad/expert_load.jsonl:57: \"micro_counts\" has 1 entries, expected "
+                 "train.grad_accum = 2",
                  2, "run_bad", "--capacity", NULL);
     // metrics.jsonl
     write_run("run_bad", 1, 1.25, 0);
@@ -621,8 +671,8 @@ static void case_malformed(void) {
     expect_error("garbled metrics line", 1, "run_bad/metrics.jsonl:10: not a JSON object", 1,
                  "run_bad", NULL, NULL);
     replace_line("run_bad/metrics.jsonl", 10, "{\"step\":10,\"step_s\":\"slow\"}");
-    expect_error("metrics step_s a string", 1, "run_bad/metrics.jsonl:10: \"step_s\" is not a number", 1,
-                 "run_bad", NULL, NULL);
+    expect_error("metrics step_s a string", 1,
+                 "run_bad/metrics.jsonl:10: \"step_s\" is not a number", 1, "run_bad", NULL, NULL);
     // config.cfg
     write_run("run_bad", 1, 1.25, 0);
     const char *bad_cfg = "model = { n_expertz = 4; };\n";
@@ -630,12 +680,13 @@ static void case_malformed(void) {
     expect_error("bad config", 1, "run_bad/config.cfg:1", 1, "run_bad", NULL, NULL);
     // no config: the report works from the counts, --capacity needs it
     remove("run_bad/config.cfg");
-    expect_error("no config: --capacity", 1, "run_bad/config.cfg", 2, "run_bad", "--capacity", NULL);
+    expect_error("no config: --capacity", 1, "run_bad/config.cfg", 2, "run_bad", "--capacity",
+                 NULL);
     char *out, *err;
     int rc = run_stats(&out, &err, 2, "run_bad", "--json");
     cJSON *doc = cJSON_Parse(out);
-    check_true("no config: report from the counts", rc == 0 && jd(doc, "n_experts") == 4 &&
-                                                         cJSON_IsNull(jget(doc, "top_k")));
+    check_true("no config: report from the counts",
+               rc == 0 && jd(doc, "n_experts") == 4 && cJSON_IsNull(jget(doc, "top_k")));
     cJSON_Delete(doc);
     free(out);
     free(err);
@@ -643,16 +694,18 @@ static void case_malformed(void) {
     remove("run_bad/metrics.jsonl");
     rc = run_stats(&out, &err, 2, "run_bad", "--json");
     doc = cJSON_Parse(out);
-    check_true("no metrics.jsonl: report, exchange n/a",
-               rc == 0 && cJSON_IsNull(jget(cJSON_GetArrayItem(jget(doc, "layers"), 0), "exchange_share")) &&
-                   cJSON_IsNull(jget(doc, "metrics_steps")));
+    check_true(
+        "no metrics.jsonl: report, exchange n/a",
+        rc == 0 &&
+            cJSON_IsNull(jget(cJSON_GetArrayItem(jget(doc, "layers"), 0), "exchange_share")) &&
+            cJSON_IsNull(jget(doc, "metrics_steps")));
     cJSON_Delete(doc);
     free(out);
     free(err);
     // empty log, missing log
     spit("run_bad/expert_load.jsonl", "", 0);
-    expect_error("empty expert_load.jsonl", 1, "run_bad/expert_load.jsonl: no expert-load records", 1,
-                 "run_bad", NULL, NULL);
+    expect_error("empty expert_load.jsonl", 1, "run_bad/expert_load.jsonl: no expert-load records",
+                 1, "run_bad", NULL, NULL);
     expect_error("missing run dir", 1, "run_missing/expert_load.jsonl: cannot open", 1,
                  "run_missing", NULL, NULL);
 }
@@ -672,7 +725,8 @@ static void case_from(void) {
                jd(doc, "metrics_steps") == 100 && jd(doc, "skipped_steps") == 0);
     const cJSON *l1 = cJSON_GetArrayItem(jget(doc, "layers"), 1);
     check_num("--from 103: layer 1 max/mean mean", jd(l1, "max_over_mean.mean"), 2.0, 1e-15);
-    check_num("--from 103: layer 1 drops in the first window", jd(l1, "drop_fraction.first_window"), 0.1875, 1e-15);
+    check_num("--from 103: layer 1 drops in the first window", jd(l1, "drop_fraction.first_window"),
+              0.1875, 1e-15);
     cJSON_Delete(doc);
     free(out);
     free(err);
@@ -690,12 +744,14 @@ static void case_from(void) {
     free(err);
     rc = run_stats(&out, &err, 3, "run_from", "--from", "103");
     check_true("--from table: says so, fits 100 columns",
-               rc == 0 && contains(out, "(--from 103: earlier steps ignored)") && longest_line(out) <= 100);
+               rc == 0 && contains(out, "(--from 103: earlier steps ignored)") &&
+                   longest_line(out) <= 100);
     free(out);
     free(err);
-    expect_error("--from after the last step", 1,
-                 "run_from/expert_load.jsonl: no expert-load records at or after step 1000 (--from)", 3,
-                 "run_from", "--from", "1000");
+    expect_error(
+        "--from after the last step", 1,
+        "run_from/expert_load.jsonl: no expert-load records at or after step 1000 (--from)", 3,
+        "run_from", "--from", "1000");
     expect_error("--from 0", 2, "--from '0': expected a step >= 1", 3, "run_from", "--from", "0");
 }
 
@@ -704,16 +760,19 @@ static void case_usage(void) {
     expect_error("no RUN_DIR", 2, "a RUN_DIR is required", 1, "--json", NULL, NULL);
     expect_error("unknown option", 2, "unknown option '--bogus'", 2, "run_usage", "--bogus", NULL);
     expect_error("--window 0", 2, "--window '0'", 3, "run_usage", "--window", "0");
-    expect_error("--window missing value", 2, "'--window' needs a value", 2, "run_usage", "--window", NULL);
+    expect_error("--window missing value", 2, "'--window' needs a value", 2, "run_usage",
+                 "--window", NULL);
     expect_error("--alert x", 2, "--alert 'x'", 3, "run_usage", "--alert", "x");
     expect_error("--layer -1", 2, "--layer '-1'", 3, "run_usage", "--layer", "-1");
-    expect_error("--layer 5 absent", 2, "--layer 5: no records of that layer", 3, "run_usage", "--layer", "5");
+    expect_error("--layer 5 absent", 2, "--layer 5: no records of that layer", 3, "run_usage",
+                 "--layer", "5");
     expect_error("two RUN_DIRs", 2, "more than one RUN_DIR", 2, "run_usage", "other", NULL);
     expect_error("--max-drop without --capacity", 2, "--max-drop needs --capacity", 3, "run_usage",
                  "--max-drop", "0.1");
     expect_error("--max-drop 1", 2, "--max-drop '1'", 3, "--capacity", "--max-drop", "1");
     char *out, *err;
-    check_true("--help exits 0", run_stats(&out, &err, 1, "--help") == 0 && contains(out, "usage: moe stats"));
+    check_true("--help exits 0",
+               run_stats(&out, &err, 1, "--help") == 0 && contains(out, "usage: moe stats"));
     free(out);
     free(err);
 }
@@ -763,16 +822,20 @@ static int case_plot(const char *python, const char *script) {
     static const struct {
         const char *name;
         uint32_t w, h;
-    } want[] = {{"load_heatmap_layer0.png", 1000, 400}, {"load_heatmap_layer1.png", 1000, 400},
-                {"max_over_mean.png", 1000, 500},      {"drop_fraction.png", 1000, 500},
-                {"aux_z.png", 1000, 800},              {"entropy.png", 1000, 500}};
+    } want[] = {{"load_heatmap_layer0.png", 1000, 400},
+                {"load_heatmap_layer1.png", 1000, 400},
+                {"max_over_mean.png", 1000, 500},
+                {"drop_fraction.png", 1000, 500},
+                {"aux_z.png", 1000, 800},
+                {"entropy.png", 1000, 500}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         char path[256], what[160];
         snprintf(path, sizeof path, "run_plot/plots/%s", want[i].name);
         struct stat st;
         uint32_t w = 0, h = 0;
         const int ok = !stat(path, &st) && st.st_size > 1000 && !png_size(path, &w, &h);
-        snprintf(what, sizeof what, "%s: %ux%u (want %ux%u)", want[i].name, w, h, want[i].w, want[i].h);
+        snprintf(what, sizeof what, "%s: %ux%u (want %ux%u)", want[i].name, w, h, want[i].w,
+                 want[i].h);
         check_true(what, ok && w == want[i].w && h == want[i].h);
     }
     // a malformed middle line: exit 1 naming file and line
@@ -784,17 +847,25 @@ static int case_plot(const char *python, const char *script) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_stats units|report|capacity|partial|malformed|usage|from|plot PYTHON SCRIPT\n");
+        fprintf(stderr, "usage: test_stats units|report|capacity|partial|malformed|usage|from|plot "
+                        "PYTHON SCRIPT\n");
         return 2;
     }
     const char *c = argv[1];
-    if (!strcmp(c, "units")) case_units();
-    else if (!strcmp(c, "report")) case_report();
-    else if (!strcmp(c, "capacity")) case_capacity();
-    else if (!strcmp(c, "partial")) case_partial();
-    else if (!strcmp(c, "malformed")) case_malformed();
-    else if (!strcmp(c, "usage")) case_usage();
-    else if (!strcmp(c, "from")) case_from();
+    if (!strcmp(c, "units"))
+        case_units();
+    else if (!strcmp(c, "report"))
+        case_report();
+    else if (!strcmp(c, "capacity"))
+        case_capacity();
+    else if (!strcmp(c, "partial"))
+        case_partial();
+    else if (!strcmp(c, "malformed"))
+        case_malformed();
+    else if (!strcmp(c, "usage"))
+        case_usage();
+    else if (!strcmp(c, "from"))
+        case_from();
     else if (!strcmp(c, "plot")) {
         if (argc < 4 || !argv[2][0] || access(argv[2], X_OK)) {
             printf("no python3: skipped\n");

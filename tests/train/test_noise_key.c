@@ -9,8 +9,8 @@
 #include "train/trainer.h"
 
 static int fails;
-#define CHECK(c)                                                                  \
-    do {                                                                          \
+#define CHECK(c)                                                                        \
+    do {                                                                                \
         if (!(c)) fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c), fails++; \
     } while (0)
 

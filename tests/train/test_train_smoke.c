@@ -69,7 +69,8 @@ static void loss_falls_and_logs(void) {
         cJSON *rec = cJSON_Parse(line);
         ok &= rec != NULL;
         if (!rec) break;
-        cJSON *counts = cJSON_GetObjectItem(rec, "counts"), *kept = cJSON_GetObjectItem(rec, "kept");
+        cJSON *counts = cJSON_GetObjectItem(rec, "counts"),
+              *kept = cJSON_GetObjectItem(rec, "kept");
         long sum = 0, dropped = 0;
         for (int e = 0; e < c.model.moe.n_experts; e++) {
             long ce = (long)cJSON_GetArrayItem(counts, e)->valuedouble;
@@ -143,7 +144,8 @@ static void skipped_steps_do_not_checkpoint(void) {
     moe_train_config c;
     tiny_config(&c, "diverge");
     c.steps = 12, c.ckpt_interval = 2, c.ckpt_keep = 2, c.max_skipped = 4;
-    trainer_hooks hooks = {.nan_from = 5, .nan_to = 1000}; // steps 6..9 skipped, the 4th stops the run
+    trainer_hooks hooks = {.nan_from = 5,
+                           .nan_to = 1000}; // steps 6..9 skipped, the 4th stops the run
     trainer_result r;
     moe_status st = trainer_run(&c, NULL, &hooks, &r);
     trainer_result_free(&r);
@@ -201,10 +203,10 @@ static void full_disk_stops(void) {
         trainer_result_free(&r);
         printf("    -> %s\n", st ? moe_last_error() : "(no error)");
         snprintf(want, sizeof want, "%s: write failed: No space left on device", path);
-        snprintf(what, sizeof what, "%s: MOE_EIO with the path and ENOSPC, no step after the failing one",
-                 files[i]);
-        check_true(what, st == MOE_EIO && strstr(moe_last_error(), want) &&
-                             r.steps_done == (i ? 1 : 0));
+        snprintf(what, sizeof what,
+                 "%s: MOE_EIO with the path and ENOSPC, no step after the failing one", files[i]);
+        check_true(what,
+                   st == MOE_EIO && strstr(moe_last_error(), want) && r.steps_done == (i ? 1 : 0));
     }
 
     printf("jsonl_keep_until (resume) on a full disk fails and keeps the log as it was\n");
@@ -220,7 +222,8 @@ static void full_disk_stops(void) {
     printf("    -> %s\n", st ? moe_last_error() : "(no error)");
     char *text = test_read_file(path);
     check_true("MOE_EIO: write failed: No space left on device",
-               st == MOE_EIO && strstr(moe_last_error(), "keep.jsonl.tmp: write failed: No space left on device"));
+               st == MOE_EIO && strstr(moe_last_error(),
+                                       "keep.jsonl.tmp: write failed: No space left on device"));
     check_true("the log keeps its 3 records, the temporary file is removed",
                text && count_lines(text) == 3 && access(tmp, F_OK) != 0);
     free(text);

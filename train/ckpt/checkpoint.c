@@ -3,7 +3,7 @@
 
 #include "train/ckpt/checkpoint.h"
 
-#include "data/prepare.h"   // BYTE_VOCAB_SIZE
+#include "data/prepare.h" // BYTE_VOCAB_SIZE
 #include "data/files.h"
 #include "data/tokenizer.h" // the tokenizer files checkpoints and exports carry
 #include "train/ckpt/ckpt_path.h"
@@ -68,7 +68,8 @@ static void remove_folder(const char *path) {
 // of an interrupted one is removed; anything else there (a folder in it) is an error.
 static moe_status fresh_folder(const char *path) {
     remove_folder(path);
-    if (mkdir(path, 0755) != 0) return moe_error(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    if (mkdir(path, 0755) != 0)
+        return moe_error(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
     return MOE_OK;
 }
 
@@ -104,8 +105,10 @@ static moe_status source_open(weight_source *ws, const char *folder) {
     } else {
         path_fmt(path, sizeof path, "%s/model.safetensors", folder);
         if (access(path, F_OK) != 0)
-            return moe_error(MOE_EIO, "%s: neither model.safetensors.index.json nor "
-                             "model.safetensors is there", folder);
+            return moe_error(MOE_EIO,
+                             "%s: neither model.safetensors.index.json nor "
+                             "model.safetensors is there",
+                             folder);
     }
     return MOE_OK;
 }
@@ -124,12 +127,16 @@ static moe_status source_file(st_file **out, weight_source *ws, const char *fold
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(
             cJSON_GetObjectItemCaseSensitive(ws->index, "weight_map"), name);
         if (!cJSON_IsString(f))
-            return moe_error(MOE_EIO, "%s/model.safetensors.index.json: tensor '%s' missing from "
-                             "weight_map", folder, name);
+            return moe_error(MOE_EIO,
+                             "%s/model.safetensors.index.json: tensor '%s' missing from "
+                             "weight_map",
+                             folder, name);
         file = f->valuestring;
         if (strchr(file, '/'))
-            return moe_error(MOE_EIO, "%s/model.safetensors.index.json: file '%s' of tensor '%s' "
-                             "is not in the folder", folder, file, name);
+            return moe_error(MOE_EIO,
+                             "%s/model.safetensors.index.json: file '%s' of tensor '%s' "
+                             "is not in the folder",
+                             folder, file, name);
     }
     for (int i = 0; i < ws->n_files; i++)
         if (!strcmp(ws->names[i], file)) {
@@ -141,7 +148,8 @@ static moe_status source_file(st_file **out, weight_source *ws, const char *fold
     snprintf(ws->names[i], sizeof ws->names[i], "%s", file);
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/%s", folder, file);
-    moe_status st = ws->headers_only ? st_read_header(&ws->files[i], path) : st_read(&ws->files[i], path);
+    moe_status st =
+        ws->headers_only ? st_read_header(&ws->files[i], path) : st_read(&ws->files[i], path);
     if (st) return st;
     ws->loaded[i] = 1;
     *out = &ws->files[i];
@@ -153,8 +161,9 @@ static moe_status source_file(st_file **out, weight_source *ws, const char *fold
 static moe_status check_finite(const real *x, size_t n, const char *file, const char *name) {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
-            return moe_error(MOE_EIO, "%s: tensor '%s' holds a non-finite value (%g at element %zu)",
-                             file, name, (double)x[i], i);
+            return moe_error(MOE_EIO,
+                             "%s: tensor '%s' holds a non-finite value (%g at element %zu)", file,
+                             name, (double)x[i], i);
     return MOE_OK;
 }
 
@@ -193,16 +202,16 @@ static moe_status load_tensors(real *host, const model_tensor *tab, int n, const
             char got[128] = "";
             for (int d = 0, u = 0; d < s->ndim && u < 120; d++)
                 u += snprintf(got + u, sizeof got - u, "%s%" PRId64, d ? ", " : "", s->shape[d]);
-            st = ndim == 2
-                     ? moe_error(MOE_EIO, "%s: tensor '%s' has shape [%s], expected [%d, %d]",
-                                 f->path, name, got, t->rows, t->cols)
-                     : moe_error(MOE_EIO, "%s: tensor '%s' has shape [%s], expected [%d]",
-                                 f->path, name, got, t->rows);
+            st = ndim == 2 ? moe_error(MOE_EIO, "%s: tensor '%s' has shape [%s], expected [%d, %d]",
+                                       f->path, name, got, t->rows, t->cols)
+                           : moe_error(MOE_EIO, "%s: tensor '%s' has shape [%s], expected [%d]",
+                                       f->path, name, got, t->rows);
             break;
         }
         if (!host) continue;
         st_to_f32(host + t->offset, f, s);
-        st = check_finite(host + t->offset, (size_t)t->rows * (t->cols ? t->cols : 1), f->path, name);
+        st = check_finite(host + t->offset, (size_t)t->rows * (t->cols ? t->cols : 1), f->path,
+                          name);
     }
     source_close(&ws);
     return st;
@@ -217,14 +226,15 @@ static moe_status write_bias(const char *folder, const model *m) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     real *b = malloc((size_t)L * E * sizeof(real));
     st_entry *entries = malloc((size_t)L * sizeof(st_entry));
-    char (*names)[96] = malloc((size_t)L * sizeof *names);
+    char(*names)[96] = malloc((size_t)L * sizeof *names);
     moe_status st = MOE_OK;
     if (!b || !entries || !names) st = moe_error(MOE_ENOMEM, "out of memory");
     if (!st) {
         m->be->copy_to_host(m->be, b, m->router_bias, (size_t)L * E * sizeof(real));
         for (int l = 0; l < L; l++) {
             snprintf(names[l], sizeof names[l], BIAS_NAME, l);
-            entries[l] = (st_entry){.name = names[l], .data = b + (size_t)l * E, .ndim = 1, .shape = {E}};
+            entries[l] =
+                (st_entry){.name = names[l], .data = b + (size_t)l * E, .ndim = 1, .shape = {E}};
         }
         char path[PATH_BUF];
         path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
@@ -246,7 +256,8 @@ static moe_status load_bias(model *m, const char *folder) {
     for (int l = 0; l < L && !st; l++) {
         snprintf(name, sizeof name, BIAS_NAME, l);
         const st_tensor *t = st_find(&f, name);
-        if (!t) st = moe_error(MOE_EIO, "%s: tensor '%s' missing", path, name);
+        if (!t)
+            st = moe_error(MOE_EIO, "%s: tensor '%s' missing", path, name);
         else if (t->ndim != 1 || t->shape[0] != E)
             st = moe_error(MOE_EIO, "%s: tensor '%s' is not of shape [%d]", path, name, E);
         else {
@@ -293,8 +304,10 @@ moe_status hf_load_weights(model *m, const char *folder) {
     path_fmt(path, sizeof path, "%s/trainer_state.json", folder);
     if (!is_moe_checkpoint(folder)) return load_weights(m, folder); // an HF folder
     if (access(path, F_OK) != 0)
-        return moe_error(MOE_EIO, "%s: a moe.c checkpoint folder without its trainer_state.json "
-                         "(damaged or incomplete; an HF folder must not be named step_N)", folder);
+        return moe_error(MOE_EIO,
+                         "%s: a moe.c checkpoint folder without its trainer_state.json "
+                         "(damaged or incomplete; an HF folder must not be named step_N)",
+                         folder);
     moe_status st = checkpoint_verify(folder);
     return st ? st : load_weights(m, folder);
 }
@@ -302,8 +315,8 @@ moe_status hf_load_weights(model *m, const char *folder) {
 // Writes the tensors of host (laid out like m->params) as shards of at most max_bytes (a
 // tensor larger than that gets a shard of its own) plus the index; appends the file names
 // to files (a cJSON array) when not NULL.
-static moe_status write_shards(const char *folder, const model *m, const real *host,
-                               st_dtype dtype, uint64_t max_bytes, cJSON *files) {
+static moe_status write_shards(const char *folder, const model *m, const real *host, st_dtype dtype,
+                               uint64_t max_bytes, cJSON *files) {
     const int n = m->n_tensors;
     int *shard_of = malloc((size_t)n * sizeof(int)), n_shards = 0;
     st_entry *entries = malloc((size_t)n * sizeof(st_entry));
@@ -318,7 +331,9 @@ static moe_status write_shards(const char *folder, const model *m, const real *h
         if (i == 0 || (in_shard > 0 && in_shard + bytes > max_bytes)) n_shards++, in_shard = 0;
         shard_of[i] = n_shards - 1;
         in_shard += bytes, total += bytes;
-        entries[i] = (st_entry){.name = t->name, .data = host + t->offset, .ndim = t->cols ? 2 : 1,
+        entries[i] = (st_entry){.name = t->name,
+                                .data = host + t->offset,
+                                .ndim = t->cols ? 2 : 1,
                                 .shape = {t->rows, t->cols}};
     }
     cJSON *index = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *map = cJSON_CreateObject();
@@ -351,7 +366,7 @@ static moe_status write_shards(const char *folder, const model *m, const real *h
 static moe_status write_moments(const char *folder, const char *file, const model *m,
                                 const real *host) {
     st_entry *entries = malloc((size_t)m->n_tensors * sizeof(st_entry));
-    char (*names)[320] = malloc((size_t)m->n_tensors * sizeof *names);
+    char(*names)[320] = malloc((size_t)m->n_tensors * sizeof *names);
     if (!entries || !names) {
         free(entries), free(names);
         return moe_error(MOE_ENOMEM, "out of memory");
@@ -359,7 +374,9 @@ static moe_status write_moments(const char *folder, const char *file, const mode
     for (int i = 0; i < m->n_tensors; i++) {
         const model_tensor *t = &m->tensors[i];
         snprintf(names[i], sizeof names[i], "%s", t->name);
-        entries[i] = (st_entry){.name = names[i], .data = host + t->offset, .ndim = t->cols ? 2 : 1,
+        entries[i] = (st_entry){.name = names[i],
+                                .data = host + t->offset,
+                                .ndim = t->cols ? 2 : 1,
                                 .shape = {t->rows, t->cols}};
     }
     char path[PATH_BUF];
@@ -458,8 +475,10 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
         char tok[PATH_BUF];
         st = tokenizer_for_run(tok, sizeof tok, cfg->tokenizer, cfg->init_from, NULL);
         if (st) goto done;
-        if (tok[0]) st = tokenizer_copy_hf(tok, tmp, NULL);
-        else if (m->cfg.vocab_size == BYTE_VOCAB_SIZE) st = tokenizer_write_byte_hf(tmp);
+        if (tok[0])
+            st = tokenizer_copy_hf(tok, tmp, NULL);
+        else if (m->cfg.vocab_size == BYTE_VOCAB_SIZE)
+            st = tokenizer_write_byte_hf(tmp);
         if (st) goto done;
         for (const char *const *name = tokenizer_hf_files; *name; name++) {
             path_fmt(path, sizeof path, "%s/%s", tmp, *name);
@@ -478,7 +497,8 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     cJSON_AddStringToObject(o, "kind", opt && opt->cfg.kind == OPTIM_SGD ? "sgd" : "adamw");
     cJSON_AddNumberToObject(o, "t", opt ? (double)opt->t : 0);
     cJSON *sch = cJSON_AddObjectToObject(state, "schedule");
-    cJSON_AddStringToObject(sch, "kind", cfg->schedule == SCHEDULE_CONSTANT ? "constant" : "cosine");
+    cJSON_AddStringToObject(sch, "kind",
+                            cfg->schedule == SCHEDULE_CONSTANT ? "constant" : "cosine");
     cJSON_AddNumberToObject(sch, "lr", cfg->lr);
     cJSON_AddNumberToObject(sch, "min_lr", cfg->min_lr);
     cJSON_AddNumberToObject(sch, "warmup_steps", (double)cfg->warmup_steps);
@@ -490,7 +510,8 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     snprintf(num, sizeof num, "%" PRIu64, (uint64_t)cfg->seed);
     cJSON_AddStringToObject(rng, "init_seed", num);
     cJSON *ld = cJSON_AddObjectToObject(rng, "data_loader");
-#define ADD_U64(obj, key, v) (snprintf(num, sizeof num, "%" PRIu64, (uint64_t)(v)), cJSON_AddStringToObject(obj, key, num))
+#define ADD_U64(obj, key, v) \
+    (snprintf(num, sizeof num, "%" PRIu64, (uint64_t)(v)), cJSON_AddStringToObject(obj, key, num))
     ADD_U64(ld, "seed", ts->loader.seed);
     ADD_U64(ld, "epoch", ts->loader.epoch);
     ADD_U64(ld, "position", ts->loader.position);
@@ -568,7 +589,8 @@ done:
 moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
     if (check_path_arg(path)) return MOE_EINVAL;
     struct stat sb;
-    if (stat(path, &sb) != 0) return moe_error(MOE_EIO, "%s: no such checkpoint: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0)
+        return moe_error(MOE_EIO, "%s: no such checkpoint: %s", path, strerror(errno));
     if (S_ISDIR(sb.st_mode)) {
         snprintf(folder, n, "%s", path);
         return MOE_OK;
@@ -585,8 +607,10 @@ moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
     char dir[PATH_BUF];
     path_fmt(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else path_fmt(dir, sizeof dir, ".");
+    if (slash)
+        *slash = 0;
+    else
+        path_fmt(dir, sizeof dir, ".");
     snprintf(folder, n, "%s/%s", dir, text);
     free(text);
     return MOE_OK;
@@ -612,8 +636,10 @@ static moe_status st_u64(const cJSON *obj, const char *file, const char *key, ui
     errno = 0;
     unsigned long long x = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
     if (!s || !end || *end || end == s || errno)
-        return moe_error(MOE_EIO, "%s: \"%s\" is missing or not a decimal string of a 64-bit "
-                         "unsigned integer", file, key);
+        return moe_error(MOE_EIO,
+                         "%s: \"%s\" is missing or not a decimal string of a 64-bit "
+                         "unsigned integer",
+                         file, key);
     *out = x;
     return MOE_OK;
 }
@@ -633,7 +659,8 @@ static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const ch
         return st;
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(state, "optimizer");
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(o, "kind");
-    if (!cJSON_IsString(kind) || (strcmp(kind->valuestring, "adamw") && strcmp(kind->valuestring, "sgd")))
+    if (!cJSON_IsString(kind) ||
+        (strcmp(kind->valuestring, "adamw") && strcmp(kind->valuestring, "sgd")))
         return moe_error(MOE_EIO, "%s: \"optimizer.kind\" is not \"adamw\" or \"sgd\"", file);
     cs->optimizer = strcmp(kind->valuestring, "sgd") ? OPTIM_ADAMW : OPTIM_SGD;
     // the optimizer counts the updates it made: never more than the steps
@@ -642,8 +669,8 @@ static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const ch
     if ((st = st_int64(world_obj, file, "world.size", 1, 1, &world)) ||
         (st = st_int64(world_obj, file, "world.ep_size", 1, 1, &ep)))
         return st; // expert parallelism comes later: one process wrote it
-    const cJSON *ld = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(state, "rng"),
-                                                       "data_loader");
+    const cJSON *ld = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(state, "rng"), "data_loader");
     data_loader_state *l = &ts->loader;
     if ((st = st_u64(ld, file, "rng.data_loader.seed", &l->seed)) ||
         (st = st_u64(ld, file, "rng.data_loader.epoch", &l->epoch)) ||
@@ -652,7 +679,8 @@ static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const ch
         (st = st_u64(ld, file, "rng.data_loader.seq_len", &l->seq_len)))
         return st;
     if (l->position > l->n_windows)
-        return moe_error(MOE_EIO, "%s: rng.data_loader.position %" PRIu64 " exceeds n_windows %" PRIu64,
+        return moe_error(MOE_EIO,
+                         "%s: rng.data_loader.position %" PRIu64 " exceeds n_windows %" PRIu64,
                          file, l->position, l->n_windows);
     if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(state, "crc32")))
         return moe_error(MOE_EIO, "%s: no \"crc32\" object", file);
@@ -684,10 +712,12 @@ static moe_status verify_file(const char *folder, const cJSON *crcs, const char 
     path_fmt(path, sizeof path, "%s/%s", folder, name);
     const cJSON *want = cJSON_GetObjectItemCaseSensitive(crcs, name);
     if (!want)
-        return moe_error(MOE_EIO, "%s: no CRC32 for it in trainer_state.json (damaged state file)", path);
+        return moe_error(MOE_EIO, "%s: no CRC32 for it in trainer_state.json (damaged state file)",
+                         path);
     if (!cJSON_IsString(want) || strlen(want->valuestring) != 8 ||
         strspn(want->valuestring, "0123456789abcdef") != 8)
-        return moe_error(MOE_EIO, "%s/trainer_state.json: crc32.\"%s\" is not 8 hex digits", folder, name);
+        return moe_error(MOE_EIO, "%s/trainer_state.json: crc32.\"%s\" is not 8 hex digits", folder,
+                         name);
     uint32_t crc;
     moe_status st = file_crc32(path, &crc);
     if (st) return st;
@@ -739,7 +769,8 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
         if (access(path, F_OK) == 0 || (i > 0 && kind == OPTIM_ADAMW))
             n = add_required(names, n, cap, optional[i]);
     }
-    if (!st && n == cap) st = moe_error(MOE_EIO, "%s: more than %d files to verify", folder, cap - 1);
+    if (!st && n == cap)
+        st = moe_error(MOE_EIO, "%s: more than %d files to verify", folder, cap - 1);
     cJSON_Delete(index);
     cJSON_Delete(config);
     *n_out = n;
@@ -753,7 +784,7 @@ static moe_status verify(checkpoint_state *cs, const char *folder) {
     cJSON *state = NULL;
     moe_status st = read_state(&state, cs, folder);
     if (st) return st;
-    char (*names)[256] = malloc(VERIFY_MAX_FILES * sizeof *names);
+    char(*names)[256] = malloc(VERIFY_MAX_FILES * sizeof *names);
     int n = 0;
     st = names ? required_files(names, &n, VERIFY_MAX_FILES, folder, cs->optimizer)
                : moe_error(MOE_ENOMEM, "checkpoint: out of memory");
@@ -761,8 +792,10 @@ static moe_status verify(checkpoint_state *cs, const char *folder) {
     for (int i = 0; i < n && !st; i++) st = verify_file(folder, crcs, names[i]);
     cJSON_ArrayForEach(c, (st ? NULL : crcs)) { // and whatever else it lists
         if (strchr(c->string, '/') || !strcmp(c->string, "trainer_state.json")) {
-            st = moe_error(MOE_EIO, "%s/trainer_state.json: crc32.\"%s\" does not name a file of "
-                           "the folder", folder, c->string);
+            st = moe_error(MOE_EIO,
+                           "%s/trainer_state.json: crc32.\"%s\" does not name a file of "
+                           "the folder",
+                           folder, c->string);
             break;
         }
         if ((st = verify_file(folder, crcs, c->string))) break;
@@ -798,10 +831,11 @@ moe_status hf_check_sizes(const char *folder, const model_config *cfg) {
     // the table is no bigger than the headers, which are bounded (ST_MAX_HEADER per file)
     const int64_t need = model_tensor_count(cfg);
     if (need > have)
-        return moe_error(MOE_EIO, "%s/config.json describes %" PRId64 " tensors (num_hidden_layers "
+        return moe_error(MOE_EIO,
+                         "%s/config.json describes %" PRId64 " tensors (num_hidden_layers "
                          "= %d, num_local_experts = %d), the folder's weights have %" PRId64
-                         ": config.json does not match the weights", folder, need, cfg->n_layers,
-                         cfg->moe.n_experts, have);
+                         ": config.json does not match the weights",
+                         folder, need, cfg->n_layers, cfg->moe.n_experts, have);
     model_tensor *tab = model_tensor_table(cfg);
     if (!tab) return moe_error(MOE_ENOMEM, "out of memory");
     st = load_tensors(NULL, tab, (int)need, folder, NULL, "");
@@ -819,19 +853,23 @@ moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_sta
     real *host = NULL;
     if ((st = verify(&cs, folder))) return st;
     if (opt && opt->cfg.kind != cs.optimizer)
-        return moe_error(MOE_EINVAL, "%s/trainer_state.json: the checkpoint was trained with %s, "
-                         "the config says train.optimizer = \"%s\" (switching optimizers on resume "
-                         "is not supported: use train.init_from to start a new run from the weights)",
-                         folder, cs.optimizer == OPTIM_SGD ? "sgd" : "adamw",
-                         opt->cfg.kind == OPTIM_SGD ? "sgd" : "adamw");
+        return moe_error(
+            MOE_EINVAL,
+            "%s/trainer_state.json: the checkpoint was trained with %s, "
+            "the config says train.optimizer = \"%s\" (switching optimizers on resume "
+            "is not supported: use train.init_from to start a new run from the weights)",
+            folder, cs.optimizer == OPTIM_SGD ? "sgd" : "adamw",
+            opt->cfg.kind == OPTIM_SGD ? "sgd" : "adamw");
     if ((st = hf_config_check(folder, &m->cfg))) return st;
     if ((st = load_weights(m, folder))) return st;
     if (opt && opt->m) {
         if (!(host = malloc(m->n_params * sizeof(real))))
             return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
-        if (!(st = load_tensors(host, m->tensors, m->n_tensors, folder, "optimizer-exp_avg.safetensors", "")))
+        if (!(st = load_tensors(host, m->tensors, m->n_tensors, folder,
+                                "optimizer-exp_avg.safetensors", "")))
             m->be->copy_to_device(m->be, opt->m, host, m->n_params * sizeof(real));
-        if (!st && !(st = load_tensors(host, m->tensors, m->n_tensors, folder, "optimizer-exp_avg_sq.safetensors", "")))
+        if (!st && !(st = load_tensors(host, m->tensors, m->n_tensors, folder,
+                                       "optimizer-exp_avg_sq.safetensors", "")))
             m->be->copy_to_device(m->be, opt->v, host, m->n_params * sizeof(real));
         free(host);
         if (st) return st;
@@ -859,18 +897,26 @@ moe_status hf_export_from(const char *out_folder, const char *src_folder, const 
     // what a user needs to run the export: the tokenizer of the weights (the source's files,
     // else the byte tokenizer's for a vocabulary of 256) and generation_config.json
     int bos = -1, eos = -1, pad = -1;
-    if (!st && src[0] && tokenizer_has_hf(src)) st = tokenizer_copy_hf(src, tmp, NULL);
-    else if (!st && m->cfg.vocab_size == BYTE_VOCAB_SIZE) st = tokenizer_write_byte_hf(tmp);
+    if (!st && src[0] && tokenizer_has_hf(src))
+        st = tokenizer_copy_hf(src, tmp, NULL);
+    else if (!st && m->cfg.vocab_size == BYTE_VOCAB_SIZE)
+        st = tokenizer_write_byte_hf(tmp);
     if (!st) st = tokenizer_special_ids(tmp, &bos, &eos, &pad);
     if (!st) st = tokenizer_write_generation_config(src[0] ? src : NULL, tmp, tmp);
     if (!st) {
         path_fmt(path, sizeof path, "%s/config.json", tmp);
-        cJSON *cj = hf_config_json(&m->cfg, dtype == ST_BF16 ? "bfloat16" : dtype == ST_F16 ? "float16" : "float32");
+        cJSON *cj = hf_config_json(&m->cfg, dtype == ST_BF16  ? "bfloat16"
+                                            : dtype == ST_F16 ? "float16"
+                                                              : "float32");
         // the tokenizer's ids: MixtralConfig's defaults (bos 1, eos 2) would name real tokens
-        if (bos >= 0) cJSON_AddNumberToObject(cj, "bos_token_id", bos);
-        else cJSON_AddNullToObject(cj, "bos_token_id");
-        if (eos >= 0) cJSON_AddNumberToObject(cj, "eos_token_id", eos);
-        else cJSON_AddNullToObject(cj, "eos_token_id");
+        if (bos >= 0)
+            cJSON_AddNumberToObject(cj, "bos_token_id", bos);
+        else
+            cJSON_AddNullToObject(cj, "bos_token_id");
+        if (eos >= 0)
+            cJSON_AddNumberToObject(cj, "eos_token_id", eos);
+        else
+            cJSON_AddNullToObject(cj, "eos_token_id");
         if (pad >= 0) cJSON_AddNumberToObject(cj, "pad_token_id", pad);
         st = write_json(path, cj);
         cJSON_Delete(cj);

@@ -39,8 +39,8 @@ typedef struct {
 // field is MOE_EIO naming the file and the field.
 typedef struct {
     train_state ts;
-    optim_kind optimizer;  // the optimizer whose moments the folder holds
-    int64_t optimizer_t;   // its update count (<= ts.step)
+    optim_kind optimizer; // the optimizer whose moments the folder holds
+    int64_t optimizer_t;  // its update count (<= ts.step)
 } checkpoint_state;
 
 // Reads folder/trainer_state.json into cs (validated as above).

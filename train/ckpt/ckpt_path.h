@@ -15,7 +15,8 @@
 #define PATH_ARG_MAX 1024 // longest folder argument; leaves room for the names appended
 
 // snprintf for paths.
-__attribute__((format(printf, 3, 4))) static inline void path_fmt(char *buf, size_t n, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static inline void path_fmt(char *buf, size_t n,
+                                                                  const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, n, fmt, ap);
@@ -24,7 +25,8 @@ __attribute__((format(printf, 3, 4))) static inline void path_fmt(char *buf, siz
 
 static inline moe_status check_path_arg(const char *path) {
     if (strlen(path) > PATH_ARG_MAX)
-        return moe_error(MOE_EINVAL, "%.64s...: path longer than %d characters", path, PATH_ARG_MAX);
+        return moe_error(MOE_EINVAL, "%.64s...: path longer than %d characters", path,
+                         PATH_ARG_MAX);
     return MOE_OK;
 }
 

@@ -59,7 +59,8 @@ cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
     // ours, ignored by transformers: what HF's Mixtral block cannot express (DeepSeek-V3's
     // names where it has them)
     cJSON_AddBoolToObject(j, "norm_topk_prob", c->moe.norm_topk_prob);
-    cJSON_AddStringToObject(j, "scoring_func", c->moe.scoring == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
+    cJSON_AddStringToObject(j, "scoring_func",
+                            c->moe.scoring == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
     add_float(j, "routed_scaling_factor", c->moe.route_scale);
     cJSON_AddBoolToObject(j, "router_bias", c->router_bias);
     return j;
@@ -73,8 +74,8 @@ cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
 // anything is allocated (hf_check_sizes).
 
 // An integer field in [lo, hi]. Absent: MOE_OK with *out untouched, unless required.
-static moe_status cj_int(const cJSON *j, const char *path, const char *key, int64_t lo,
-                         int64_t hi, int required, int *out) {
+static moe_status cj_int(const cJSON *j, const char *path, const char *key, int64_t lo, int64_t hi,
+                         int required, int *out) {
     if (!ckpt_json_field(j, key) && !required) return MOE_OK;
     int64_t x = 0;
     moe_status st = ckpt_json_integer(j, path, key, lo, hi, MOE_EINVAL, &x);
@@ -96,8 +97,8 @@ static moe_status cj_num(const cJSON *j, const char *path, const char *key, doub
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
         return moe_error(MOE_EINVAL, "%s: %s must be a finite number", path, key);
     if (!(v->valuedouble > lo && v->valuedouble <= hi))
-        return moe_error(MOE_EINVAL, "%s: %s = %g is outside (%g, %g]", path, key,
-                         v->valuedouble, lo, hi);
+        return moe_error(MOE_EINVAL, "%s: %s = %g is outside (%g, %g]", path, key, v->valuedouble,
+                         lo, hi);
     *out = v->valuedouble;
     return MOE_OK;
 }
@@ -133,7 +134,8 @@ static moe_status cj_rope(const cJSON *j, const char *path, double *theta) {
     moe_status st = cj_num(j, path, "rope_theta", 0, 1e12, theta);
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     if (st || !rp || cJSON_IsNull(rp)) return st;
-    if (!cJSON_IsObject(rp)) return moe_error(MOE_EINVAL, "%s: rope_parameters must be an object", path);
+    if (!cJSON_IsObject(rp))
+        return moe_error(MOE_EINVAL, "%s: rope_parameters must be an object", path);
     static const char *const types[] = {"default", NULL};
     int type = 0;
     double t = *theta;
@@ -141,8 +143,9 @@ static moe_status cj_rope(const cJSON *j, const char *path, double *theta) {
         (st = cj_num(rp, path, "rope_parameters.rope_theta", 0, 1e12, &t)))
         return st;
     if (cJSON_GetObjectItemCaseSensitive(j, "rope_theta") && t != *theta)
-        return moe_error(MOE_EINVAL, "%s: rope_theta = %g and rope_parameters.rope_theta = %g differ",
-                         path, *theta, t);
+        return moe_error(MOE_EINVAL,
+                         "%s: rope_theta = %g and rope_parameters.rope_theta = %g differ", path,
+                         *theta, t);
     *theta = t;
     return MOE_OK;
 }
@@ -151,20 +154,48 @@ static moe_status cj_rope(const cJSON *j, const char *path, double *theta) {
 // below), or one that cannot change what the weights compute here. A field we do not know
 // (a quantization_config, a rope_scaling, ...) may change the model, so it is an error naming
 // it, never silently ignored.
-static const char *const hf_model_fields[] = {
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "num_local_experts", "num_experts_per_tok",
-    "max_position_embeddings", "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters",
-    "tie_word_embeddings", "hidden_act", "sliding_window", "architectures",
-    "norm_topk_prob", "scoring_func", "routed_scaling_factor", "router_bias", // ours
-    NULL};
+static const char *const hf_model_fields[] = {"model_type",
+                                              "vocab_size",
+                                              "hidden_size",
+                                              "intermediate_size",
+                                              "num_hidden_layers",
+                                              "num_attention_heads",
+                                              "num_key_value_heads",
+                                              "num_local_experts",
+                                              "num_experts_per_tok",
+                                              "max_position_embeddings",
+                                              "head_dim",
+                                              "rms_norm_eps",
+                                              "rope_theta",
+                                              "rope_parameters",
+                                              "tie_word_embeddings",
+                                              "hidden_act",
+                                              "sliding_window",
+                                              "architectures",
+                                              "norm_topk_prob",
+                                              "scoring_func",
+                                              "routed_scaling_factor",
+                                              "router_bias", // ours
+                                              NULL};
 // Accepted and not used: training-only hyperparameters (the train config sets training),
 // token ids (tokenizer metadata), storage and bookkeeping fields.
-static const char *const hf_ignored_fields[] = {
-    "attention_dropout", "router_aux_loss_coef", "router_jitter_noise", "output_router_logits",
-    "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
-    "transformers_version", "use_cache", "_name_or_path", "output_attentions",
-    "output_hidden_states", "return_dict", NULL};
+static const char *const hf_ignored_fields[] = {"attention_dropout",
+                                                "router_aux_loss_coef",
+                                                "router_jitter_noise",
+                                                "output_router_logits",
+                                                "initializer_range",
+                                                "bos_token_id",
+                                                "eos_token_id",
+                                                "pad_token_id",
+                                                "torch_dtype",
+                                                "dtype",
+                                                "transformers_version",
+                                                "use_cache",
+                                                "_name_or_path",
+                                                "output_attentions",
+                                                "output_hidden_states",
+                                                "return_dict",
+                                                NULL};
 
 static int in_list(const char *const *list, const char *s) {
     for (; *list; list++)
@@ -177,29 +208,36 @@ static moe_status check_hf_fields(const cJSON *j, const char *path) {
     cJSON_ArrayForEach(f, j) {
         if (in_list(hf_model_fields, f->string)) continue;
         if (!in_list(hf_ignored_fields, f->string))
-            return moe_error(MOE_EINVAL, "%s: field \"%s\" is not understood by moe.c (it may change "
-                             "the model; remove it if it does not apply)", path, f->string);
+            return moe_error(MOE_EINVAL,
+                             "%s: field \"%s\" is not understood by moe.c (it may change "
+                             "the model; remove it if it does not apply)",
+                             path, f->string);
         if (cJSON_IsObject(f) || cJSON_IsArray(f))
-            return moe_error(MOE_EINVAL, "%s: %s must be a number, a string, a boolean or null", path,
-                             f->string);
+            return moe_error(MOE_EINVAL, "%s: %s must be a number, a string, a boolean or null",
+                             path, f->string);
     }
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures"), *a;
     int mixtral = !arch || cJSON_IsNull(arch);
     const cJSON *list = cJSON_IsArray(arch) ? arch : NULL;
-    cJSON_ArrayForEach(a, list) mixtral |= cJSON_IsString(a) && !strcmp(a->valuestring, "MixtralForCausalLM");
-    if (!mixtral) return moe_error(MOE_EINVAL, "%s: architectures does not list MixtralForCausalLM", path);
+    cJSON_ArrayForEach(a, list) mixtral |=
+        cJSON_IsString(a) && !strcmp(a->valuestring, "MixtralForCausalLM");
+    if (!mixtral)
+        return moe_error(MOE_EINVAL, "%s: architectures does not list MixtralForCausalLM", path);
     return MOE_OK;
 }
 
 // The fields of config.json that describe the model.
 static moe_status parse_hf_config(model_config *out, const cJSON *j, const char *path) {
-    static const char *const mixtral[] = {"mixtral", NULL}, *const scoring[] = {"softmax", "sigmoid", NULL},
+    static const char *const mixtral[] = {"mixtral", NULL},
+                             *const scoring[] = {"softmax", "sigmoid", NULL},
                              *const silu[] = {"silu", NULL};
     int type = -1, act = 0, ff = 0, E = 0, k = 0, head_dim = 0, score = 0;
     model_config c = {.max_seq_len = 4096, .rms_norm_eps = 1e-5, .rope_theta = 1e6};
     moe_status st;
-    if ((st = check_hf_fields(j, path)) || (st = cj_enum(j, path, "model_type", mixtral, &type))) return st;
-    if (type < 0) return moe_error(MOE_EINVAL, "%s: model_type is missing (expected \"mixtral\")", path);
+    if ((st = check_hf_fields(j, path)) || (st = cj_enum(j, path, "model_type", mixtral, &type)))
+        return st;
+    if (type < 0)
+        return moe_error(MOE_EINVAL, "%s: model_type is missing (expected \"mixtral\")", path);
     if ((st = cj_int(j, path, "vocab_size", 2, 1 << 24, 1, &c.vocab_size)) ||
         (st = cj_int(j, path, "hidden_size", 1, 65536, 1, &c.d_model)) ||
         (st = cj_int(j, path, "intermediate_size", 1, 1 << 20, 1, &ff)) ||
@@ -218,13 +256,16 @@ static moe_status parse_hf_config(model_config *out, const cJSON *j, const char 
         (st = cj_enum(j, path, "hidden_act", silu, &act)))
         return st;
     if (head_dim && (int64_t)head_dim * c.n_heads != c.d_model)
-        return moe_error(MOE_EINVAL, "%s: head_dim = %d differs from hidden_size / "
-                         "num_attention_heads = %d / %d (not supported)", path, head_dim,
-                         c.d_model, c.n_heads);
+        return moe_error(MOE_EINVAL,
+                         "%s: head_dim = %d differs from hidden_size / "
+                         "num_attention_heads = %d / %d (not supported)",
+                         path, head_dim, c.d_model, c.n_heads);
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
     if (sw && !cJSON_IsNull(sw))
-        return moe_error(MOE_EINVAL, "%s: sliding_window must be null (sliding-window attention is "
-                         "not implemented)", path);
+        return moe_error(MOE_EINVAL,
+                         "%s: sliding_window must be null (sliding-window attention is "
+                         "not implemented)",
+                         path);
     c.moe = moe_config_default(c.d_model, ff, E, k);
     if ((st = cj_bool(j, path, "norm_topk_prob", &c.moe.norm_topk_prob)) ||
         (st = cj_enum(j, path, "scoring_func", scoring, &score)) ||
@@ -255,10 +296,10 @@ moe_status hf_config_check(const char *folder, const model_config *cfg) {
     if (st) return st;
     char msg[1024] = "";
     size_t used = 0;
-#define CHECK(hf_name, ours_name, a, b, fmt)                                                     \
-    if ((a) != (b))                                                                               \
-        used += (size_t)snprintf(msg + used, used < sizeof msg ? sizeof msg - used : 0,           \
-                                 "%s%s = " fmt " (%s = " fmt ")", used ? "; " : "", hf_name, a,   \
+#define CHECK(hf_name, ours_name, a, b, fmt)                                                    \
+    if ((a) != (b))                                                                             \
+        used += (size_t)snprintf(msg + used, used < sizeof msg ? sizeof msg - used : 0,         \
+                                 "%s%s = " fmt " (%s = " fmt ")", used ? "; " : "", hf_name, a, \
                                  ours_name, b);
     CHECK("vocab_size", "model.vocab_size", h.vocab_size, cfg->vocab_size, "%d")
     CHECK("hidden_size", "model.d_model", h.d_model, cfg->d_model, "%d")
@@ -268,12 +309,17 @@ moe_status hf_config_check(const char *folder, const model_config *cfg) {
     CHECK("num_key_value_heads", "model.n_kv_heads", h.n_kv_heads, cfg->n_kv_heads, "%d")
     CHECK("num_local_experts", "model.n_experts", h.moe.n_experts, cfg->moe.n_experts, "%d")
     CHECK("num_experts_per_tok", "model.top_k", h.moe.top_k, cfg->moe.top_k, "%d")
-    CHECK("tie_word_embeddings", "model.tie_embeddings", h.tie_embeddings, cfg->tie_embeddings, "%d")
+    CHECK("tie_word_embeddings", "model.tie_embeddings", h.tie_embeddings, cfg->tie_embeddings,
+          "%d")
     CHECK("rms_norm_eps", "model.rms_norm_eps", h.rms_norm_eps, cfg->rms_norm_eps, "%g")
     CHECK("rope_theta", "model.rope_theta", h.rope_theta, cfg->rope_theta, "%g")
-    CHECK("scoring_func (1 = sigmoid)", "model.scoring", (int)h.moe.scoring, (int)cfg->moe.scoring, "%d")
-    CHECK("routed_scaling_factor", "model.route_scale", h.moe.route_scale, cfg->moe.route_scale, "%g")
+    CHECK("scoring_func (1 = sigmoid)", "model.scoring", (int)h.moe.scoring, (int)cfg->moe.scoring,
+          "%d")
+    CHECK("routed_scaling_factor", "model.route_scale", h.moe.route_scale, cfg->moe.route_scale,
+          "%g")
 #undef CHECK
-    if (used) return moe_error(MOE_EINVAL, "%s/config.json disagrees with the model config: %s", folder, msg);
+    if (used)
+        return moe_error(MOE_EINVAL, "%s/config.json disagrees with the model config: %s", folder,
+                         msg);
     return MOE_OK;
 }

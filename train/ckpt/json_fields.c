@@ -18,8 +18,8 @@ moe_status ckpt_json_integer(const cJSON *j, const char *path, const char *key, 
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
         return moe_error(code, "%s: \"%s\" is missing or not an integer", path, key);
     if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
-        return moe_error(code, "%s: \"%s\" = %.15g is outside [%" PRId64 ", %" PRId64 "]", path, key,
-                         v->valuedouble, lo, hi);
+        return moe_error(code, "%s: \"%s\" = %.15g is outside [%" PRId64 ", %" PRId64 "]", path,
+                         key, v->valuedouble, lo, hi);
     *out = (int64_t)v->valuedouble;
     return MOE_OK;
 }

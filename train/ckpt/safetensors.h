@@ -28,9 +28,9 @@ typedef struct {
 
 typedef struct {
     char path[1024];
-    int n;             // tensors (the __metadata__ entry is not one)
+    int n; // tensors (the __metadata__ entry is not one)
     st_tensor *tensors;
-    uint8_t *data;     // the data section (owned)
+    uint8_t *data; // the data section (owned)
     uint64_t data_size;
 } st_file;
 

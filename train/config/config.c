@@ -52,13 +52,13 @@ typedef enum {
 typedef struct {
     const char *group, *key;
     key_kind kind;
-    size_t off;                     // the field
-    size_t count_off;               // K_STRLIST: the count field
-    int64_t lo, hi;                 // K_INT, K_INT64: [lo, hi]
-    double flo, fhi;                // K_FLOAT
-    int lo_open, hi_open;           // K_FLOAT: the bound is excluded
-    const char *const *names;       // K_ENUM, NULL-terminated
-    int nonempty;                   // K_STRING: "" rejected
+    size_t off;               // the field
+    size_t count_off;         // K_STRLIST: the count field
+    int64_t lo, hi;           // K_INT, K_INT64: [lo, hi]
+    double flo, fhi;          // K_FLOAT
+    int lo_open, hi_open;     // K_FLOAT: the bound is excluded
+    const char *const *names; // K_ENUM, NULL-terminated
+    int nonempty;             // K_STRING: "" rejected
 } key_spec;
 
 static const char *const drop_names[] = {"probs", "position", NULL};
@@ -69,18 +69,23 @@ static const char *const alert_action_names[] = {"warn", "stop", NULL};
 
 // The offset of field f, which must be of type T (a compile error otherwise): what a key
 // kind writes through the offset is the field's type.
-#define OFF(f, T) _Generic(((moe_train_config *)0)->f, T: offsetof(moe_train_config, f))
-#define KINT(g, k, f, a, b) {.group = g, .key = k, .kind = K_INT, .off = OFF(f, int), .lo = (a), .hi = (b)}
-#define KI64(g, k, f, a, b)                                                                 \
-    {.group = g, .key = k, .kind = K_INT64, .off = OFF(f, int64_t), .lo = (a), .hi = (b)}
-#define KFLT(g, k, f, a, ao, b, bo)                                                          \
-    {.group = g, .key = k, .kind = K_FLOAT, .off = OFF(f, double), .flo = (a), .lo_open = (ao), \
-     .fhi = (b), .hi_open = (bo)}
-#define KBOOL(g, k, f) {.group = g, .key = k, .kind = K_BOOL, .off = OFF(f, int)}
-#define KSTR(g, k, f, ne)                                                                   \
-    {.group = g, .key = k, .kind = K_STRING, .off = OFF(f, char *), .nonempty = (ne)}
+#define OFF(f, T) _Generic(((moe_train_config *)0)->f, T : offsetof(moe_train_config, f))
+#define KINT(g, k, f, a, b) \
+    { .group = g, .key = k, .kind = K_INT, .off = OFF(f, int), .lo = (a), .hi = (b) }
+#define KI64(g, k, f, a, b) \
+    { .group = g, .key = k, .kind = K_INT64, .off = OFF(f, int64_t), .lo = (a), .hi = (b) }
+#define KFLT(g, k, f, a, ao, b, bo)                                                                \
+    {                                                                                              \
+        .group = g, .key = k, .kind = K_FLOAT, .off = OFF(f, double), .flo = (a), .lo_open = (ao), \
+        .fhi = (b), .hi_open = (bo)                                                                \
+    }
+#define KBOOL(g, k, f) \
+    { .group = g, .key = k, .kind = K_BOOL, .off = OFF(f, int) }
+#define KSTR(g, k, f, ne) \
+    { .group = g, .key = k, .kind = K_STRING, .off = OFF(f, char *), .nonempty = (ne) }
 // K_ENUM writes the value as an int: enum T must be int-sized (ENUM_FITS_INT below)
-#define KENUM(g, k, f, T, n) {.group = g, .key = k, .kind = K_ENUM, .off = OFF(f, T), .names = (n)}
+#define KENUM(g, k, f, T, n) \
+    { .group = g, .key = k, .kind = K_ENUM, .off = OFF(f, T), .names = (n) }
 #define ENUM_FITS_INT(T) _Static_assert(sizeof(T) == sizeof(int), #T " is written as an int")
 ENUM_FITS_INT(moe_drop_policy);
 ENUM_FITS_INT(moe_scoring);
@@ -127,7 +132,7 @@ static const key_spec specs[] = {
     KINT("train", "grad_accum", grad_accum, 1, 1 << 20),
     KENUM("train", "optimizer", optimizer, optim_kind, optimizer_names),
     KFLT("train", "lr", lr, 0, CLOSED, INFINITY, OPEN),
-    KFLT("train", "min_lr", min_lr, 0, CLOSED, INFINITY, OPEN), // and <= lr
+    KFLT("train", "min_lr", min_lr, 0, CLOSED, INFINITY, OPEN),             // and <= lr
     KI64("train", "warmup_steps", warmup_steps, 0, INT64_C(1000000000000)), // and <= steps
     KENUM("train", "schedule", schedule, schedule_kind, schedule_names),
     KFLT("train", "beta1", beta1, 0, CLOSED, 1, OPEN),
@@ -146,7 +151,10 @@ static const key_spec specs[] = {
     KSTR("data", "train", train_path, 0),
     KSTR("data", "val", val_path, 0),
     KSTR("data", "dir", dir, 1),
-    {.group = "data", .key = "text", .kind = K_STRLIST, .off = offsetof(moe_train_config, text),
+    {.group = "data",
+     .key = "text",
+     .kind = K_STRLIST,
+     .off = offsetof(moe_train_config, text),
      .count_off = OFF(n_text, int)},
     KFLT("data", "val_fraction", val_fraction, 0, OPEN, 0.5, CLOSED),
     KSTR("data", "tokenizer", tokenizer, 0),
@@ -366,10 +374,10 @@ typedef struct {
 } source_text;
 
 typedef struct {
-    const char *path;        // the config file as given (NULL: none)
-    char *main_text;         // its contents (what libconfig parsed)
+    const char *path; // the config file as given (NULL: none)
+    char *main_text;  // its contents (what libconfig parsed)
     char include_dir[MOE_PATH_MAX];
-    source_text *files;      // @included files read back for literal checks
+    source_text *files; // @included files read back for literal checks
     int n_files;
     override_origin *overrides;
     config_t lc;
@@ -577,10 +585,10 @@ enum { SCAN_NEST = 8, SCAN_NAME = 64 };
 
 typedef struct {
     load_ctx *c;
-    const char *set_label;               // a --set snippet: errors name it; no @include
-    size_t total;                        // bytes scanned, an included file each time
-    int depth;                           // { } nesting, for the key names in messages
-    char names[SCAN_NEST][SCAN_NAME];    // the last "name =" at each depth
+    const char *set_label;            // a --set snippet: errors name it; no @include
+    size_t total;                     // bytes scanned, an included file each time
+    int depth;                        // { } nesting, for the key names in messages
+    char names[SCAN_NEST][SCAN_NAME]; // the last "name =" at each depth
 } scan_state;
 
 // "group.key" of the setting being scanned ("" when none).
@@ -630,15 +638,17 @@ static const char *include_open(const char *p) {
 static moe_status scan_text(scan_state *s, const char *label, const char *text, int depth);
 
 // The @include whose name starts at *pp (moved past its closing quote).
-static moe_status scan_include(scan_state *s, const char *label, unsigned *line,
-                               const char **pp, int depth) {
+static moe_status scan_include(scan_state *s, const char *label, unsigned *line, const char **pp,
+                               int depth) {
     const unsigned at = *line;
     char name[MOE_PATH_MAX];
     size_t n = 0;
     const char *p = *pp;
     for (; *p && *p != '"'; p++) {
-        if (*p == '\\' && (p[1] == '\\' || p[1] == '"')) p++;
-        else if (*p == '\\') continue;
+        if (*p == '\\' && (p[1] == '\\' || p[1] == '"'))
+            p++;
+        else if (*p == '\\')
+            continue;
         if (*p == '\n') ++*line;
         if (n + 1 >= sizeof name)
             return moe_error(MOE_EINVAL, "%s:%u: @include: the name is too long (at most %d bytes)",
@@ -756,8 +766,7 @@ static int count_before(const config_setting_t *s, const config_setting_t *targe
 
 // The value of an integer setting as written in the source (not libconfig's, which may
 // have wrapped).
-static moe_status int_value(load_ctx *c, const config_setting_t *s, const char *name,
-                            int64_t *v) {
+static moe_status int_value(load_ctx *c, const config_setting_t *s, const char *name, int64_t *v) {
     const override_origin *o = origin_of(s);
     const char *text;
     unsigned line;
@@ -779,8 +788,8 @@ static moe_status int_value(load_ctx *c, const config_setting_t *s, const char *
     int64_t x = 0;
     int r = truncated ? -1 : parse_int_literal(lit, &x);
     if (r == -1)
-        return bad(c, s, name, "%s%s overflows a 64-bit integer (at most 9223372036854775807)",
-                   lit, truncated ? "..." : "");
+        return bad(c, s, name, "%s%s overflows a 64-bit integer (at most 9223372036854775807)", lit,
+                   truncated ? "..." : "");
     if (r == -2) return bad(c, s, name, "cannot read the integer literal \"%s\"", lit);
     *v = x;
     return MOE_OK;
@@ -848,8 +857,8 @@ static moe_status read_key(load_ctx *c, const key_spec *k, const config_setting_
                 fmt_double(vs, sizeof vs, v);
             fmt_double(lo, sizeof lo, k->flo);
             fmt_double(hi, sizeof hi, k->fhi);
-            return bad(c, s, name, "%s is out of range %c%s, %s%c", vs, k->lo_open ? '(' : '[',
-                       lo, hi, k->hi_open ? ')' : ']');
+            return bad(c, s, name, "%s is out of range %c%s, %s%c", vs, k->lo_open ? '(' : '[', lo,
+                       hi, k->hi_open ? ')' : ']');
         }
         *(double *)field = v;
         return MOE_OK;
@@ -896,7 +905,8 @@ static moe_status read_key(load_ctx *c, const key_spec *k, const config_setting_
             return bad(c, s, name, "has %d entries, at most %d", n, MOE_MAX_TEXT_SOURCES);
         memset(dst, 0, sizeof(char[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX]));
         for (int i = 0; i < n; i++) {
-            const config_setting_t *e = type == CONFIG_TYPE_STRING ? s : config_setting_get_elem(s, (unsigned)i);
+            const config_setting_t *e =
+                type == CONFIG_TYPE_STRING ? s : config_setting_get_elem(s, (unsigned)i);
             char ename[112];
             snprintf(ename, sizeof ename, "%s[%d]", name, i);
             if (config_setting_type(e) != CONFIG_TYPE_STRING)
@@ -990,16 +1000,14 @@ static moe_status inconsistent(const load_ctx *c, const moe_train_config *cfg, i
 // ---- sizes: products of values, bounded in 64 bits -------------------------------------------
 
 // a * b for a, b >= 0, saturating at INT64_MAX (so no product below can wrap).
-static int64_t mul(int64_t a, int64_t b) {
-    return a != 0 && b > INT64_MAX / a ? INT64_MAX : a * b;
-}
+static int64_t mul(int64_t a, int64_t b) { return a != 0 && b > INT64_MAX / a ? INT64_MAX : a * b; }
 
 // A product of config values that sizes a buffer (or a loop), and its bound.
 typedef struct {
-    const char *expr;  // "train.batch_size * train.seq_len"
+    const char *expr; // "train.batch_size * train.seq_len"
     int64_t value, limit;
     const char *limit_text, *why; // "2^24 tokens per micro-batch", why there is a bound
-    int keys[4];       // spec indices of its keys (-1: unused), the first one set locates it
+    int keys[4]; // spec indices of its keys (-1: unused), the first one set locates it
 } size_bound;
 
 // "WHERE: EXPR = VALUE exceeds LIMIT (KEY = V, KEY = V (at WHERE)): WHY", at the first key
@@ -1021,8 +1029,8 @@ static moe_status too_big(const load_ctx *c, const moe_train_config *cfg, const 
         if (w < 0 || (size_t)w >= sizeof keys - len) break;
         len += (size_t)w;
     }
-    return moe_error(MOE_EINVAL, "%s: %s = %" PRId64 " exceeds %s (%s): %s", loc, b->expr,
-                     b->value, b->limit_text, keys, b->why);
+    return moe_error(MOE_EINVAL, "%s: %s = %" PRId64 " exceeds %s (%s): %s", loc, b->expr, b->value,
+                     b->limit_text, keys, b->why);
 }
 
 // What the model (layers/model.c: params_layout, model_create, moe_layer_init) and the
@@ -1032,45 +1040,70 @@ static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
 #define KEY(g, k) spec_index(g, k)
     const int B = KEY("train", "batch_size"), S = KEY("train", "seq_len"),
               k = KEY("model", "top_k"), d = KEY("model", "d_model"), ff = KEY("model", "d_ff"),
-              V = KEY("model", "vocab_size"),
-              L = KEY("model", "n_layers"), E = KEY("model", "n_experts"),
-              G = KEY("train", "grad_accum"), ev = KEY("train", "eval_batches");
+              V = KEY("model", "vocab_size"), L = KEY("model", "n_layers"),
+              E = KEY("model", "n_experts"), G = KEY("train", "grad_accum"),
+              ev = KEY("train", "eval_batches");
 #undef KEY
     const model_config *mc = &cfg->model;
     const int64_t T = mul(cfg->batch_size, cfg->seq_len), wide = mc->moe.d_ff > mc->d_model;
     const size_bound bounds[] = {
-        {"train.batch_size * train.seq_len", T, MOE_CONFIG_MAX_TOKENS,
-         "2^24 tokens per micro-batch", "the model counts a micro-batch's tokens in an int",
+        {"train.batch_size * train.seq_len",
+         T,
+         MOE_CONFIG_MAX_TOKENS,
+         "2^24 tokens per micro-batch",
+         "the model counts a micro-batch's tokens in an int",
          {B, S, -1, -1}},
         {wide ? "train.batch_size * train.seq_len * model.top_k * model.d_ff"
               : "train.batch_size * train.seq_len * model.top_k * model.d_model",
-         mul(mul(T, mc->moe.top_k), wide ? mc->moe.d_ff : mc->d_model), MOE_CONFIG_MAX_DISPATCH,
-         "2^31-1", "the MoE layer indexes its dispatch buffers with an int",
+         mul(mul(T, mc->moe.top_k), wide ? mc->moe.d_ff : mc->d_model),
+         MOE_CONFIG_MAX_DISPATCH,
+         "2^31-1",
+         "the MoE layer indexes its dispatch buffers with an int",
          {B, S, k, wide ? ff : d}},
-        {"train.batch_size * train.seq_len * model.vocab_size", mul(T, mc->vocab_size),
-         MOE_CONFIG_MAX_LOGITS, "2^36 logits per micro-batch",
-         "the model keeps the logits and their gradient", {B, S, V, -1}},
+        {"train.batch_size * train.seq_len * model.vocab_size",
+         mul(T, mc->vocab_size),
+         MOE_CONFIG_MAX_LOGITS,
+         "2^36 logits per micro-batch",
+         "the model keeps the logits and their gradient",
+         {B, S, V, -1}},
         {"model.n_layers * train.batch_size * train.seq_len * model.d_model",
-         mul(mul(mc->n_layers, T), mc->d_model), MOE_CONFIG_MAX_ACTIVATIONS,
-         "2^36 activations", "the model keeps several per layer for the backward pass",
+         mul(mul(mc->n_layers, T), mc->d_model),
+         MOE_CONFIG_MAX_ACTIVATIONS,
+         "2^36 activations",
+         "the model keeps several per layer for the backward pass",
          {L, B, S, d}},
         {"train.grad_accum * model.n_layers * model.n_experts",
-         mul(mul(cfg->grad_accum, mc->n_layers), mc->moe.n_experts), MOE_CONFIG_MAX_COUNTS,
-         "2^26 routing counts", "the trainer keeps every micro-batch's counts of every layer "
-         "and expert", {G, L, E, -1}},
-        {"train.eval_batches * train.batch_size * train.seq_len", mul(cfg->eval_batches, T),
-         MOE_CONFIG_MAX_EVAL_TOKENS, "2^36 tokens per validation pass",
-         "at a million tokens a second one pass would take most of a day", {ev, B, S, -1}},
-        {"model.vocab_size * model.d_model", mul(mc->vocab_size, mc->d_model),
-         MOE_CONFIG_MAX_EMBED, "2^32 embedding weights", "the embedding (and the lm_head) "
-         "is one vocab_size x d_model matrix", {V, d, -1, -1}},
-        {"model.n_layers * model.d_model^2", mul(mul(mc->n_layers, mc->d_model), mc->d_model),
-         MOE_CONFIG_MAX_ATTN_WEIGHTS, "2^34 reals",
-         "the attention weights are up to 4 x n_layers x d_model^2 reals", {L, d, -1, -1}},
+         mul(mul(cfg->grad_accum, mc->n_layers), mc->moe.n_experts),
+         MOE_CONFIG_MAX_COUNTS,
+         "2^26 routing counts",
+         "the trainer keeps every micro-batch's counts of every layer "
+         "and expert",
+         {G, L, E, -1}},
+        {"train.eval_batches * train.batch_size * train.seq_len",
+         mul(cfg->eval_batches, T),
+         MOE_CONFIG_MAX_EVAL_TOKENS,
+         "2^36 tokens per validation pass",
+         "at a million tokens a second one pass would take most of a day",
+         {ev, B, S, -1}},
+        {"model.vocab_size * model.d_model",
+         mul(mc->vocab_size, mc->d_model),
+         MOE_CONFIG_MAX_EMBED,
+         "2^32 embedding weights",
+         "the embedding (and the lm_head) "
+         "is one vocab_size x d_model matrix",
+         {V, d, -1, -1}},
+        {"model.n_layers * model.d_model^2",
+         mul(mul(mc->n_layers, mc->d_model), mc->d_model),
+         MOE_CONFIG_MAX_ATTN_WEIGHTS,
+         "2^34 reals",
+         "the attention weights are up to 4 x n_layers x d_model^2 reals",
+         {L, d, -1, -1}},
         {"model.n_layers * model.n_experts * 3 * model.d_ff * model.d_model",
          mul(mul(mul(mul(mc->n_layers, mc->moe.n_experts), 3), mc->moe.d_ff), mc->d_model),
-         MOE_CONFIG_MAX_EXPERT_WEIGHTS, "2^34 expert weights",
-         "w1, w2 and w3 of every expert of every layer", {L, E, ff, d}},
+         MOE_CONFIG_MAX_EXPERT_WEIGHTS,
+         "2^34 expert weights",
+         "w1, w2 and w3 of every expert of every layer",
+         {L, E, ff, d}},
     };
     for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
         if (bounds[i].value > bounds[i].limit) return too_big(c, cfg, &bounds[i]);
@@ -1104,8 +1137,10 @@ static moe_status check_combinations(load_ctx *c, moe_train_config *cfg) {
                             "head_dim = d_model / n_heads must be an integer");
     if ((m->d_model / m->n_heads) % 2 != 0) {
         char why[160];
-        snprintf(why, sizeof why, "head_dim = d_model / n_heads = %d is odd; RoPE rotates pairs "
-                 "of dimensions, so head_dim must be even", m->d_model / m->n_heads);
+        snprintf(why, sizeof why,
+                 "head_dim = d_model / n_heads = %d is odd; RoPE rotates pairs "
+                 "of dimensions, so head_dim must be even",
+                 m->d_model / m->n_heads);
         return inconsistent(c, cfg, d_model, n_heads, "with", why);
     }
     if (c->at[drop] && m->moe.capacity_factor == 0.0) {
@@ -1173,8 +1208,7 @@ static moe_status apply_set(load_ctx *c, const char *arg, override_origin *o) {
                          sizeof buf - 1);
     strcpy(buf, arg);
     char *eq = strchr(buf, '=');
-    if (!eq)
-        return moe_error(MOE_EINVAL, "--set %s: expected group.key=value", trim(buf));
+    if (!eq) return moe_error(MOE_EINVAL, "--set %s: expected group.key=value", trim(buf));
     *eq = '\0';
     char *full = trim(buf), *value = trim(eq + 1);
     char *dot = strchr(full, '.');
@@ -1219,8 +1253,8 @@ static moe_status apply_set(load_ctx *c, const char *arg, override_origin *o) {
         const char *why = config_error_text(&snip) ? config_error_text(&snip) : "?";
         char quote_hint[MOE_PATH_MAX + 256] = "";
         if (looks_like_bare_word(value))
-            snprintf(quote_hint, sizeof quote_hint, " (strings need double quotes: --set '%s=\"%s\"')",
-                     o->name, value);
+            snprintf(quote_hint, sizeof quote_hint,
+                     " (strings need double quotes: --set '%s=\"%s\"')", o->name, value);
         st = moe_error(MOE_EINVAL, "%s: syntax error: %s in \"%s\"%s", o->label, why, value,
                        quote_hint);
         goto out;
@@ -1441,7 +1475,8 @@ static moe_status check_writable(const moe_train_config *cfg) {
             int v = *(const int *)field, n = 0;
             while (k->names[n]) n++;
             if (v < 0 || v >= n)
-                return moe_error(MOE_EINVAL, "moe_train_config_write: %s.%s = %d is not a valid value",
+                return moe_error(MOE_EINVAL,
+                                 "moe_train_config_write: %s.%s = %d is not a valid value",
                                  k->group, k->key, v);
             break;
         }
@@ -1457,7 +1492,8 @@ static moe_status check_writable(const moe_train_config *cfg) {
                                  k->group, k->key, n);
             for (int j = 0; j < n; j++)
                 if (memchr(field + (size_t)j * MOE_PATH_MAX, '\0', MOE_PATH_MAX) == NULL)
-                    return moe_error(MOE_EINVAL, "moe_train_config_write: %s.%s[%d] is not terminated",
+                    return moe_error(MOE_EINVAL,
+                                     "moe_train_config_write: %s.%s[%d] is not terminated",
                                      k->group, k->key, j);
             break;
         }
@@ -1488,8 +1524,8 @@ moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
         }
         if (k->kind == K_ENUM && k->names == drop_names && cfg->model.moe.capacity_factor == 0.0) {
             // dropless: a drop_policy in the file would be rejected (it has no effect)
-            fprintf(f, "  # %s = \"%s\"; (no effect: capacity_factor = 0 is dropless)\n",
-                    k->key, k->names[cfg->model.moe.drop_policy]);
+            fprintf(f, "  # %s = \"%s\"; (no effect: capacity_factor = 0 is dropless)\n", k->key,
+                    k->names[cfg->model.moe.drop_policy]);
             continue;
         }
         fprintf(f, "  %s = ", k->key);

@@ -83,35 +83,35 @@ typedef struct {
     //   seq_aux_coef    model.moe.seq_aux_coef    >= 0 (0: off), sequence-level aux loss
     //   router_jitter   model.moe.jitter_eps      [0, 1) (0: off), router input noise U(1-j, 1+j)
     model_config model;
-    double init_std;         // > 0
-    double bias_rate;        // >= 0 (0: off): aux-loss-free bias balancing rate
+    double init_std;  // > 0
+    double bias_rate; // >= 0 (0: off): aux-loss-free bias balancing rate
     // the backend the run computes on, by name (layers/backend.h moe_backend_names: "cpu";
     // "cpu-strict" is the test-only strict-memory CPU); --device NAME sets it
     char device[MOE_PATH_MAX];
 
     // ---- train { } ------------------------------------------------------------
-    int64_t seed;            // >= 0
-    int64_t steps;           // [1, 1e12]
-    int batch_size;          // sequences per micro-batch, [1, 1<<20]
-    int seq_len;             // [1, model.max_seq_len]
-    int grad_accum;          // micro-batches per step, [1, 1<<20]
-    optim_kind optimizer;    // "adamw" | "sgd" (optim/optimizer.h)
-    double lr;               // >= 0, finite
-    double min_lr;           // [0, lr]: the cosine schedule ends here
-    int64_t warmup_steps;    // [0, steps]
-    schedule_kind schedule;  // "cosine" | "constant" (optim/optimizer.h)
-    double beta1;            // [0, 1)
-    double beta2;            // [0, 1)
-    double eps;              // > 0
-    double weight_decay;     // >= 0
-    int decay_norms;         // bool; false: RMSNorm weights get no weight decay
-    double grad_clip;        // >= 0 (0 = off)
-    int max_skipped;         // consecutive non-finite steps before stopping, >= 1
-    int threads;             // [0, 1024] (0 = OpenMP's default)
-    int64_t eval_interval;   // steps, >= 0 (0 = never)
-    int eval_batches;        // micro-batches of validation, [1, 1<<20]
+    int64_t seed;                       // >= 0
+    int64_t steps;                      // [1, 1e12]
+    int batch_size;                     // sequences per micro-batch, [1, 1<<20]
+    int seq_len;                        // [1, model.max_seq_len]
+    int grad_accum;                     // micro-batches per step, [1, 1<<20]
+    optim_kind optimizer;               // "adamw" | "sgd" (optim/optimizer.h)
+    double lr;                          // >= 0, finite
+    double min_lr;                      // [0, lr]: the cosine schedule ends here
+    int64_t warmup_steps;               // [0, steps]
+    schedule_kind schedule;             // "cosine" | "constant" (optim/optimizer.h)
+    double beta1;                       // [0, 1)
+    double beta2;                       // [0, 1)
+    double eps;                         // > 0
+    double weight_decay;                // >= 0
+    int decay_norms;                    // bool; false: RMSNorm weights get no weight decay
+    double grad_clip;                   // >= 0 (0 = off)
+    int max_skipped;                    // consecutive non-finite steps before stopping, >= 1
+    int threads;                        // [0, 1024] (0 = OpenMP's default)
+    int64_t eval_interval;              // steps, >= 0 (0 = never)
+    int eval_batches;                   // micro-batches of validation, [1, 1<<20]
     moe_alert_action load_alert_action; // "warn" | "stop": what a load alert does
-    char init_from[MOE_PATH_MAX]; // "" or an HF checkpoint folder (issue #4)
+    char init_from[MOE_PATH_MAX];       // "" or an HF checkpoint folder (issue #4)
 
     // ---- data { } -------------------------------------------------------------
     char train_path[MOE_PATH_MAX]; // "" -> "<dir>/train.bin"
@@ -121,7 +121,7 @@ typedef struct {
     // token files are missing; list of strings
     int n_text;
     char text[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX];
-    double val_fraction;     // (0, 0.5]
+    double val_fraction; // (0, 0.5]
     // a Hugging Face tokenizer folder (its tokenizer.json) that prepares data.text and travels
     // with the checkpoints; "" = the byte tokenizer, or train.init_from's tokenizer
     // when that folder has one (data/tokenizer.h tokenizer_for_run)
@@ -129,7 +129,7 @@ typedef struct {
 
     // ---- log { } --------------------------------------------------------------
     char run_dir[MOE_PATH_MAX]; // key "dir", not ""
-    int64_t interval;        // steps between console lines, >= 1
+    int64_t interval;           // steps between console lines, >= 1
     // The load alert (README "Load alerts"): after a warm-up grace of alert_after steps, a
     // layer alerts when the median of its per-step max/mean load over the last alert_window
     // steps exceeds load_alert, or an expert got no token in all of them. Defaults measured
@@ -140,13 +140,13 @@ typedef struct {
     // 2.0 clears it by 17%. A 20-step window would not: a 10-step skew of 2.0-2.4x in
     // shakespeare's layer 0 (steps 936-945) takes its median to 1.98. A collapsed router sits
     // at E/top_k (4.0 at top-2 of 8, 8.0 at top-1).
-    double load_alert;       // >= 1 (2.0: an expert with twice its share)
-    int64_t alert_after;     // steps of warm-up grace, [0, 1e12]
-    int64_t alert_window;    // steps, [1, 10000]: fewer than W/2 never fire
+    double load_alert;    // >= 1 (2.0: an expert with twice its share)
+    int64_t alert_after;  // steps of warm-up grace, [0, 1e12]
+    int64_t alert_window; // steps, [1, 10000]: fewer than W/2 never fire
 
     // ---- checkpoint { } (issue #4) --------------------------------------------
-    int64_t ckpt_interval;   // key "interval", >= 0 (0 = only at the end)
-    int ckpt_keep;           // key "keep", >= 1
+    int64_t ckpt_interval; // key "interval", >= 0 (0 = only at the end)
+    int ckpt_keep;         // key "keep", >= 1
 
     // where the config came from (for messages)
     char source[MOE_PATH_MAX];

@@ -30,8 +30,10 @@
 #define STATS_COLUMNS 100 // the default tables and prose fit this; --wide: the full tables
 
 static const char *usage =
-    "usage: moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--from STEP] [--wide] [--json]\n"
-    "       moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] [--json]\n"
+    "usage: moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--from STEP] [--wide] "
+    "[--json]\n"
+    "       moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] "
+    "[--json]\n"
     "\n"
     "  Reads RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg.\n"
     "  report      per MoE layer: max/mean load (mean, P95, P99 over steps), CV, hottest and\n"
@@ -87,8 +89,10 @@ long stats_needed_capacity(const long *counts, int rows, int E, int groups_per_r
         double over = 0;
         for (size_t i = 0; i < cells; i++)
             if (counts[i] > n * mid) over += (double)(counts[i] - n * mid);
-        if (over <= allowed) hi = mid;
-        else lo = mid + 1;
+        if (over <= allowed)
+            hi = mid;
+        else
+            lo = mid + 1;
     }
     return lo < 1 ? 1 : lo; // capacity 0 means dropless in the config
 }
@@ -113,13 +117,13 @@ double stats_capacity_factor(long C, long T, int k, int E) {
 
 typedef struct {
     long step;
-    long tokens;   // -1 when absent
-    long capacity; // -1 when absent
-    double routed; // sum of counts
-    double dropped; // NaN when unknown
+    long tokens;                             // -1 when absent
+    long capacity;                           // -1 when absent
+    double routed;                           // sum of counts
+    double dropped;                          // NaN when unknown
     double mom, cv, entropy, aux, z, exch_s; // NaN when null or absent
-    long need_C;    // --capacity: per-group capacity needed for max_drop
-    double need_cf; // its capacity factor
+    long need_C;                             // --capacity: per-group capacity needed for max_drop
+    double need_cf;                          // its capacity factor
 } rec_t;
 
 typedef struct {
@@ -158,7 +162,7 @@ typedef struct {
     int have_metrics;
     long load_partial, metrics_partial; // line numbers of an ignored partial last line
     long tokens_mismatch_line, tokens_seen;
-    long *micro; // [groups][E] the micro_counts of the record being read
+    long *micro;           // [groups][E] the micro_counts of the record being read
     size_t approx_records; // records of a grad_accum > 1 run without micro_counts
 } run_t;
 
@@ -251,8 +255,8 @@ typedef moe_status (*line_fn)(run_t *rd, where_t w, const cJSON *obj);
 // Calls fn for every JSON object line of path. A missing file is an error when required,
 // else *missing = 1. A last line without its newline that does not parse is a partial
 // write of a run in progress: it is skipped and its number stored in *partial.
-static moe_status read_jsonl(run_t *rd, const char *path, int required, line_fn fn,
-                             int *missing, long *partial) {
+static moe_status read_jsonl(run_t *rd, const char *path, int required, line_fn fn, int *missing,
+                             long *partial) {
     *missing = 0;
     *partial = 0;
     FILE *f = fopen(path, "r");
@@ -330,8 +334,8 @@ static moe_status get_micro_counts(run_t *rd, where_t w, const cJSON *mc, const 
         long sum = 0;
         for (i = 0; i < n; i++) sum += rd->micro[(size_t)i * E + e];
         if (sum != counts[e]) {
-            snprintf(what, sizeof what, "sums to %ld for expert %d, but \"counts\" has %ld", sum,
-                     e, counts[e]);
+            snprintf(what, sizeof what, "sums to %ld for expert %d, but \"counts\" has %ld", sum, e,
+                     counts[e]);
             return bad(w, "micro_counts", what);
         }
     }
@@ -345,7 +349,8 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
     if ((st = get_int(w, o, "layer", 1, 0, STATS_MAX_LAYERS - 1, 0, &layer))) return st;
     if (step < rd->from) return MOE_OK; // --from
     if (rd->cfg && layer >= rd->cfg->model.n_layers)
-        return moe_error(MOE_EIO, "%s:%ld: \"layer\" = %ld, but the run has model.n_layers = %d (%s)",
+        return moe_error(MOE_EIO,
+                         "%s:%ld: \"layer\" = %ld, but the run has model.n_layers = %d (%s)",
                          w.path, w.line, layer, rd->cfg->model.n_layers, rd->cfg_path);
     if (rd->E == 0) { // no config: the first record says how many experts there are
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "counts");
@@ -353,7 +358,8 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
         const int n = cJSON_GetArraySize(a);
         if (n < 1 || n > STATS_MAX_EXPERTS) {
             char what[96];
-            snprintf(what, sizeof what, "has %d entries (expected 1..%d experts)", n, STATS_MAX_EXPERTS);
+            snprintf(what, sizeof what, "has %d entries (expected 1..%d experts)", n,
+                     STATS_MAX_EXPERTS);
             return bad(w, "counts", what);
         }
         rd->E = n;
@@ -414,7 +420,8 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
     }
     layer_t *L = &rd->layers[layer];
     if (L->n > 0 && step <= L->r[L->n - 1].step)
-        return moe_error(MOE_EIO, "%s:%ld: step %ld of layer %ld comes after step %ld (steps must increase)",
+        return moe_error(MOE_EIO,
+                         "%s:%ld: step %ld of layer %ld comes after step %ld (steps must increase)",
                          w.path, w.line, step, layer, L->r[L->n - 1].step);
     if (L->n == L->cap) {
         size_t nc = L->cap ? 2 * L->cap : 256;
@@ -469,8 +476,10 @@ static const metric_t *find_metric(const run_t *rd, long step) {
     size_t lo = 0, hi = rd->m_n;
     while (lo < hi) {
         const size_t mid = lo + (hi - lo) / 2;
-        if (rd->m[mid].step < step) lo = mid + 1;
-        else hi = mid;
+        if (rd->m[mid].step < step)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < rd->m_n && rd->m[lo].step == step ? &rd->m[lo] : NULL;
 }
@@ -642,20 +651,26 @@ static moe_status layer_report(const run_t *rd, int l, double *scratch, lstat_t 
 }
 
 static const char *num(char *buf, size_t size, double v, int prec) {
-    if (!isfinite(v)) snprintf(buf, size, "-");
-    else snprintf(buf, size, "%.*f", prec, v);
+    if (!isfinite(v))
+        snprintf(buf, size, "-");
+    else
+        snprintf(buf, size, "%.*f", prec, v);
     return buf;
 }
 
 static const char *sci(char *buf, size_t size, double v) {
-    if (!isfinite(v)) snprintf(buf, size, "-");
-    else snprintf(buf, size, "%.3e", v);
+    if (!isfinite(v))
+        snprintf(buf, size, "-");
+    else
+        snprintf(buf, size, "%.3e", v);
     return buf;
 }
 
 static const char *pct(char *buf, size_t size, double v, int prec) {
-    if (!isfinite(v)) snprintf(buf, size, "-");
-    else snprintf(buf, size, "%.*f%%", prec, 100 * v);
+    if (!isfinite(v))
+        snprintf(buf, size, "-");
+    else
+        snprintf(buf, size, "%.*f%%", prec, 100 * v);
     return buf;
 }
 
@@ -680,8 +695,8 @@ static void alert_messages(const run_t *rd, const lstat_t *s, int kind, char *bu
     else if (kind == 1) {
         char list[256];
         dead_list(list, sizeof list, s);
-        snprintf(buf, size, "layer %d: dead expert%s %s: no tokens in the last %zu steps",
-                 s->layer, s->n_dead > 1 ? "s" : "", list, s->w);
+        snprintf(buf, size, "layer %d: dead expert%s %s: no tokens in the last %zu steps", s->layer,
+                 s->n_dead > 1 ? "s" : "", list, s->w);
     } else
         snprintf(buf, size,
                  "layer %d: drops rising: %s of the assignments dropped in the first %zu steps, "
@@ -724,8 +739,8 @@ static void wrap_line(FILE *out, const char *s, size_t len) {
 
 // Prose (headers, notes, alerts): as formatted with --wide, else every line wrapped to fit
 // STATS_COLUMNS.
-__attribute__((format(printf, 3, 4))) static void prose(const run_t *rd, FILE *out,
-                                                        const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void prose(const run_t *rd, FILE *out, const char *fmt,
+                                                        ...) {
     char buf[8192];
     va_list ap;
     va_start(ap, fmt);
@@ -757,12 +772,15 @@ static void print_json(FILE *out, cJSON *doc) {
 static void add_run_fields(const run_t *rd, cJSON *doc, size_t steps, long first, long last) {
     cJSON_AddStringToObject(doc, "run_dir", rd->dir);
     cJSON_AddNumberToObject(doc, "n_experts", rd->E);
-    cJSON_AddItemToObject(doc, "top_k", rd->cfg ? cJSON_CreateNumber(rd->top_k) : cJSON_CreateNull());
+    cJSON_AddItemToObject(doc, "top_k",
+                          rd->cfg ? cJSON_CreateNumber(rd->top_k) : cJSON_CreateNull());
     cJSON_AddNumberToObject(doc, "steps_logged", (double)steps);
     cJSON_AddNumberToObject(doc, "first_step", (double)first);
     cJSON_AddNumberToObject(doc, "last_step", (double)last);
-    if (rd->from > 0) cJSON_AddNumberToObject(doc, "from_step", (double)rd->from);
-    else cJSON_AddNullToObject(doc, "from_step");
+    if (rd->from > 0)
+        cJSON_AddNumberToObject(doc, "from_step", (double)rd->from);
+    else
+        cJSON_AddNullToObject(doc, "from_step");
     if (rd->have_metrics) {
         cJSON_AddNumberToObject(doc, "metrics_steps", (double)rd->m_n);
         cJSON_AddNumberToObject(doc, "skipped_steps", (double)rd->m_skipped);
@@ -789,11 +807,14 @@ static void print_header(const run_t *rd, FILE *out, size_t steps, long first, l
     char from[64] = "";
     if (rd->from > 0) snprintf(from, sizeof from, " (--from %ld: earlier steps ignored)", rd->from);
     if (rd->have_metrics)
-        prose(rd, out, "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; metrics.jsonl: %zu "
-                       "steps, %ld skipped\n", steps, first, last, from, rd->m_n, rd->m_skipped);
+        prose(rd, out,
+              "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; metrics.jsonl: %zu "
+              "steps, %ld skipped\n",
+              steps, first, last, from, rd->m_n, rd->m_skipped);
     else
-        prose(rd, out, "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; no metrics.jsonl\n",
-              steps, first, last, from);
+        prose(rd, out,
+              "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; no metrics.jsonl\n", steps,
+              first, last, from);
     if (rd->cfg)
         fprintf(out, "  model: %d layers, %d experts, top-%d, capacity_factor %g%s\n",
                 rd->cfg->model.n_layers, rd->E, rd->top_k, rd->cfg->model.moe.capacity_factor,
@@ -847,12 +868,15 @@ static int report(run_t *rd, FILE *out) {
             cJSON_AddNumberToObject(hot, "expert", s->hot);
             cJSON_AddItemToObject(hot, "share", jnum(s->hot_share));
             cJSON_AddItemToObject(o, "dead_experts", cJSON_CreateIntArray(s->dead, s->n_dead));
-            cJSON_AddItemToObject(o, "drop_fraction",
-                                  jpair("first_window", s->drop_first, "last_window", s->drop_last));
+            cJSON_AddItemToObject(
+                o, "drop_fraction",
+                jpair("first_window", s->drop_first, "last_window", s->drop_last));
             cJSON_AddItemToObject(o, "entropy",
                                   jpair("mean", s->ent_mean, "fraction_of_log_e", s->ent_frac));
-            cJSON_AddItemToObject(o, "aux", jpair("first_window", s->aux_first, "last_window", s->aux_last));
-            cJSON_AddItemToObject(o, "z", jpair("first_window", s->z_first, "last_window", s->z_last));
+            cJSON_AddItemToObject(o, "aux",
+                                  jpair("first_window", s->aux_first, "last_window", s->aux_last));
+            cJSON_AddItemToObject(o, "z",
+                                  jpair("first_window", s->z_first, "last_window", s->z_last));
             cJSON_AddItemToObject(o, "exchange_share", jnum(s->exch_share));
             cJSON_AddItemToArray(layers, o);
             const int on[3] = {s->alert_load, s->alert_dead, s->alert_drops};
@@ -884,8 +908,10 @@ static int report(run_t *rd, FILE *out) {
     }
 
     print_header(rd, out, steps, first, last);
-    prose(rd, out, "  window: the first and the last %zu logged steps of each layer (hottest and dead "
-                   "experts: the last); max/mean and CV from the counts\n\n", rd->window);
+    prose(rd, out,
+          "  window: the first and the last %zu logged steps of each layer (hottest and dead "
+          "experts: the last); max/mean and CV from the counts\n\n",
+          rd->window);
     if (!rd->wide) { // STATS_COLUMNS: the rest with --wide
         fprintf(out, "%-5s %6s | %-29s | %-5s | %-10s | %-15s | %-7s | %s\n", "", "",
                 "max/mean load", "cv", "hottest", "drop fraction", "entropy", "dead");
@@ -902,22 +928,28 @@ static int report(run_t *rd, FILE *out) {
                     pct(b[6], 40, s->drop_first, 2), pct(b[7], 40, s->drop_last, 2),
                     num(b[8], 40, s->ent_frac, 3), s->n_dead);
         }
-        prose(rd, out, "  dead last: experts without a token in the last window (the alerts name "
-                       "them); --wide adds the aux and z loss trends, the entropy in nats and the "
-                       "exchange share\n");
+        prose(rd, out,
+              "  dead last: experts without a token in the last window (the alerts name "
+              "them); --wide adds the aux and z loss trends, the entropy in nats and the "
+              "exchange share\n");
     } else {
-        fprintf(out, "%-5s %6s | %-30s | %-5s | %-13s | %-15s | %-13s | %-19s | %-19s | %-8s | %s\n",
-                "", "", "max/mean load", "cv", "hottest expert", "drop fraction", "router entropy",
+        fprintf(out,
+                "%-5s %6s | %-30s | %-5s | %-13s | %-15s | %-13s | %-19s | %-19s | %-8s | %s\n", "",
+                "", "max/mean load", "cv", "hottest expert", "drop fraction", "router entropy",
                 "aux loss", "z loss", "exchange", "dead experts");
-        fprintf(out, "%-5s %6s | %6s %6s %6s %8s | %5s | %6s %6s | %7s %7s | %5s %7s | %9s %9s | %9s %9s | %8s | %s\n",
-                "layer", "steps", "mean", "p95", "p99", "med-last", "mean", "expert", "share", "first",
-                "last", "nats", "/log E", "first", "last", "first", "last", "share", "(last window)");
+        fprintf(out,
+                "%-5s %6s | %6s %6s %6s %8s | %5s | %6s %6s | %7s %7s | %5s %7s | %9s %9s | %9s "
+                "%9s | %8s | %s\n",
+                "layer", "steps", "mean", "p95", "p99", "med-last", "mean", "expert", "share",
+                "first", "last", "nats", "/log E", "first", "last", "first", "last", "share",
+                "(last window)");
         for (int i = 0; i < nl; i++) {
             const lstat_t *s = &ls[i];
             char b[16][40], dead[256];
             dead_list(dead, sizeof dead, s);
             fprintf(out,
-                    "%5d %6zu | %6s %6s %6s %8s | %5s | %6d %6s | %7s %7s | %5s %7s | %9s %9s | %9s %9s | %8s | %s\n",
+                    "%5d %6zu | %6s %6s %6s %8s | %5s | %6d %6s | %7s %7s | %5s %7s | %9s %9s | "
+                    "%9s %9s | %8s | %s\n",
                     s->layer, s->n, num(b[0], 40, s->mom_mean, 3), num(b[1], 40, s->mom_p95, 3),
                     num(b[2], 40, s->mom_p99, 3), num(b[3], 40, s->mom_med_last, 3),
                     num(b[4], 40, s->cv_mean, 3), s->hot, pct(b[5], 40, s->hot_share, 1),
@@ -1017,7 +1049,7 @@ typedef struct {
     size_t n;
     need_t p99, worst;
     long worst_step;
-    double drop; // the run's drop fraction over all its steps
+    double drop;          // the run's drop fraction over all its steps
     long logged_capacity; // capacity field of the last record, -1 absent
 } lcap_t;
 
@@ -1097,8 +1129,8 @@ static int capacity_report(run_t *rd, FILE *out) {
         cJSON_AddNumberToObject(doc, "n_layers", rd->cfg->model.n_layers);
         size_t fwd, bwd;
         row_bytes_of(rd, &fwd, &bwd);
-        cJSON_AddNumberToObject(doc, "row_bytes", (double)fwd);           // per layer
-        cJSON_AddNumberToObject(doc, "row_bytes_backward", (double)bwd);  // once, shared
+        cJSON_AddNumberToObject(doc, "row_bytes", (double)fwd);          // per layer
+        cJSON_AddNumberToObject(doc, "row_bytes_backward", (double)bwd); // once, shared
         cJSON *jc = cJSON_AddObjectToObject(doc, "current");
         cJSON_AddNumberToObject(jc, "capacity_factor", cur_cf);
         cJSON_AddNumberToObject(jc, "capacity", (double)cur_C);
@@ -1126,25 +1158,32 @@ static int capacity_report(run_t *rd, FILE *out) {
         print_json(out, doc);
     } else {
         print_header(rd, out, steps, first, last);
-        prose(rd, out, "  capacity needed per step: the smallest C with at most %g%% of the step's "
-                       "assignments beyond C (max_drop %g)\n", 100 * rd->max_drop, rd->max_drop);
-        prose(rd, out, "  micro-batch: T = %ld tokens (batch_size %d x seq_len %d), grad_accum %d; "
-                       "cf = C*E/(T*k), C = ceil(T*k/E * cf)\n",
-                T, rd->cfg->batch_size, rd->cfg->seq_len, rd->groups);
+        prose(rd, out,
+              "  capacity needed per step: the smallest C with at most %g%% of the step's "
+              "assignments beyond C (max_drop %g)\n",
+              100 * rd->max_drop, rd->max_drop);
+        prose(rd, out,
+              "  micro-batch: T = %ld tokens (batch_size %d x seq_len %d), grad_accum %d; "
+              "cf = C*E/(T*k), C = ceil(T*k/E * cf)\n",
+              T, rd->cfg->batch_size, rd->cfg->seq_len, rd->groups);
         if (approx) prose(rd, out, "  note: %s\n", note);
         if (tok_note[0]) prose(rd, out, "  note: %s\n", tok_note);
         size_t fwd, bwd;
         row_bytes_of(rd, &fwd, &bwd);
-        prose(rd, out, "  expert buffers: rows = E*C; per layer rows * (2*d_model + 3*d_ff) * 4 = rows * "
-                       "%zu (fp32 forward, kept for the backward), + rows * %zu once (the backward "
-                       "scratch the layers share)\n", fwd, bwd);
-        prose(rd, out, "  cf below: the shortest decimal capacity_factor that gives that C (P99: C of the "
-                       "99th percentile of the per-step factors; exact values in --json)\n");
+        prose(rd, out,
+              "  expert buffers: rows = E*C; per layer rows * (2*d_model + 3*d_ff) * 4 = rows * "
+              "%zu (fp32 forward, kept for the backward), + rows * %zu once (the backward "
+              "scratch the layers share)\n",
+              fwd, bwd);
+        prose(rd, out,
+              "  cf below: the shortest decimal capacity_factor that gives that C (P99: C of the "
+              "99th percentile of the per-step factors; exact values in --json)\n");
         if (cur_cf > 0)
-            prose(rd, out, "  current: capacity_factor %g -> C = %ld per expert per micro-batch, %.0f rows, "
-                           "%.3f MiB per layer, %.3f MiB for %d layers\n\n",
-                    cur_cf, cur_C, cur.rows, mib(cur.bytes_layer), mib(cur.bytes_all),
-                    rd->cfg->model.n_layers);
+            prose(rd, out,
+                  "  current: capacity_factor %g -> C = %ld per expert per micro-batch, %.0f rows, "
+                  "%.3f MiB per layer, %.3f MiB for %d layers\n\n",
+                  cur_cf, cur_C, cur.rows, mib(cur.bytes_layer), mib(cur.bytes_all),
+                  rd->cfg->model.n_layers);
         else
             prose(rd, out, "  current: capacity_factor 0 (dropless)\n\n");
         if (!rd->wide) { // STATS_COLUMNS: rows and the memory of all layers with --wide
@@ -1157,8 +1196,8 @@ static int capacity_report(run_t *rd, FILE *out) {
                 char d[32];
                 fprintf(out, "%5d %6zu | %8.*f %6ld %9.3f | %8.*f %6ld %9.3f %7ld | %s\n", c->layer,
                         c->n, c->p99.decimals, c->p99.cf_short, c->p99.C, mib(c->p99.bytes_layer),
-                        c->worst.decimals, c->worst.cf_short, c->worst.C,
-                        mib(c->worst.bytes_layer), c->worst_step, pct(d, sizeof d, c->drop, 2));
+                        c->worst.decimals, c->worst.cf_short, c->worst.C, mib(c->worst.bytes_layer),
+                        c->worst_step, pct(d, sizeof d, c->drop, 2));
             }
         } else {
             fprintf(out, "%-5s %6s | %-43s | %-51s | %s\n", "", "", "needed on the P99 step",
@@ -1166,28 +1205,32 @@ static int capacity_report(run_t *rd, FILE *out) {
             char all[32]; // all layers' forward rows and the shared backward scratch
             snprintf(all, sizeof all, "MiB %dL", rd->cfg->model.n_layers);
             fprintf(out, "%-5s %6s | %8s %6s %7s %9s %8s | %8s %6s %7s %9s %8s %7s | %s\n", "layer",
-                    "steps", "cf", "C", "rows", "MiB/layer", all, "cf", "C", "rows", "MiB/layer", all,
-                    "step", "drop fraction");
+                    "steps", "cf", "C", "rows", "MiB/layer", all, "cf", "C", "rows", "MiB/layer",
+                    all, "step", "drop fraction");
             for (int i = 0; i < nl; i++) {
                 const lcap_t *c = &lc[i];
                 char d[32];
-                fprintf(out, "%5d %6zu | %8.*f %6ld %7.0f %9.3f %8.3f | %8.*f %6ld %7.0f %9.3f %8.3f %7ld | %s\n",
+                fprintf(out,
+                        "%5d %6zu | %8.*f %6ld %7.0f %9.3f %8.3f | %8.*f %6ld %7.0f %9.3f %8.3f "
+                        "%7ld | %s\n",
                         c->layer, c->n, c->p99.decimals, c->p99.cf_short, c->p99.C, c->p99.rows,
                         mib(c->p99.bytes_layer), mib(c->p99.bytes_all), c->worst.decimals,
-                        c->worst.cf_short, c->worst.C, c->worst.rows,
-                        mib(c->worst.bytes_layer), mib(c->worst.bytes_all), c->worst_step,
-                        pct(d, sizeof d, c->drop, 2));
+                        c->worst.cf_short, c->worst.C, c->worst.rows, mib(c->worst.bytes_layer),
+                        mib(c->worst.bytes_all), c->worst_step, pct(d, sizeof d, c->drop, 2));
             }
         }
-        prose(rd, out, "\nrun (one capacity_factor for every layer: the largest of the layers above):\n");
-        prose(rd, out, "  P99 step:   capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
-                       "layer, %.3f MiB for %d layers\n",
-                rp99.decimals, rp99.cf_short, run_p99_layer, rp99.C, rp99.rows, mib(rp99.bytes_layer),
-                mib(rp99.bytes_all), rd->cfg->model.n_layers);
-        prose(rd, out, "  worst step: capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
-                       "layer, %.3f MiB for %d layers\n",
-                rworst.decimals, rworst.cf_short, run_worst_layer, rworst.C, rworst.rows, mib(rworst.bytes_layer),
-                mib(rworst.bytes_all), rd->cfg->model.n_layers);
+        prose(rd, out,
+              "\nrun (one capacity_factor for every layer: the largest of the layers above):\n");
+        prose(rd, out,
+              "  P99 step:   capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
+              "layer, %.3f MiB for %d layers\n",
+              rp99.decimals, rp99.cf_short, run_p99_layer, rp99.C, rp99.rows, mib(rp99.bytes_layer),
+              mib(rp99.bytes_all), rd->cfg->model.n_layers);
+        prose(rd, out,
+              "  worst step: capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
+              "layer, %.3f MiB for %d layers\n",
+              rworst.decimals, rworst.cf_short, run_worst_layer, rworst.C, rworst.rows,
+              mib(rworst.bytes_layer), mib(rworst.bytes_all), rd->cfg->model.n_layers);
     }
     free(scratch);
     free(lc);
@@ -1226,8 +1269,12 @@ __attribute__((format(printf, 2, 3))) static int usage_error(FILE *err, const ch
 }
 
 int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
-    run_t rd = {.only_layer = -1, .window = STATS_DEFAULT_WINDOW, .alert = STATS_DEFAULT_ALERT,
-                .max_drop = STATS_DEFAULT_MAX_DROP, .groups = 1, .top_k = 1};
+    run_t rd = {.only_layer = -1,
+                .window = STATS_DEFAULT_WINDOW,
+                .alert = STATS_DEFAULT_ALERT,
+                .max_drop = STATS_DEFAULT_MAX_DROP,
+                .groups = 1,
+                .top_k = 1};
     int report_opt = 0, max_drop_opt = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1253,8 +1300,7 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
             continue;
         }
         const int known = !strcmp(a, "--layer") || !strcmp(a, "--window") ||
-                          !strcmp(a, "--alert") || !strcmp(a, "--max-drop") ||
-                          !strcmp(a, "--from");
+                          !strcmp(a, "--alert") || !strcmp(a, "--max-drop") || !strcmp(a, "--from");
         if (!known) return usage_error(err, "unknown option '%s'", a);
         if (!v) return usage_error(err, "'%s' needs a value", a);
         i++;
@@ -1284,9 +1330,9 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
     }
     if (!rd.dir) return usage_error(err, "a RUN_DIR is required");
     if (rd.capacity && report_opt)
-        return usage_error(err, "--window and --alert are options of the report, not of --capacity");
-    if (!rd.capacity && max_drop_opt)
-        return usage_error(err, "--max-drop needs --capacity");
+        return usage_error(err,
+                           "--window and --alert are options of the report, not of --capacity");
+    if (!rd.capacity && max_drop_opt) return usage_error(err, "--max-drop needs --capacity");
 
     int rc;
     if (load_run(&rd, err)) {
