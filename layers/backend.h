@@ -67,6 +67,8 @@ typedef enum {
 
 // Options of moe_backend_create; zero-initialised means "the defaults".
 typedef struct {
+    int procs_per_node; // processes sharing this node's cores (mpirun ranks): the automatic
+                        // thread count is divided among them (0 or 1: none)
     int threads; // CPU: worker threads, 0 = automatic (OMP_NUM_THREADS, else cores capped by the
                  // cgroup CPU quota); other backends ignore it
 } moe_backend_options;

@@ -60,7 +60,12 @@ moe_status moe_comm_world(moe_comm **out);
 // The one-rank communicator (tests; what moe_comm_world gives outside mpirun).
 moe_status moe_comm_single(moe_comm **out);
 
-// The ranks an mpirun launch says this process has (OMPI_COMM_WORLD_SIZE, PMI_SIZE), or 1.
+// The ranks an mpirun launch says this process has (OMPI_COMM_WORLD_SIZE, PMI_SIZE), or 1,
+// and this process's rank in it (OMPI_COMM_WORLD_RANK, PMI_RANK), or 0: what a program may
+// decide before the world exists (who deletes a run directory). moe_launch_local_size: the
+// ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), or 1.
 int moe_launch_size(void);
+int moe_launch_rank(void);
+int moe_launch_local_size(void);
 
 #endif

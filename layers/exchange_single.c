@@ -62,14 +62,29 @@ moe_status moe_comm_single(moe_comm **out) {
     return MOE_OK;
 }
 
-int moe_launch_size(void) {
-    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+// The first of the variables that holds an integer >= lo, else fallback.
+static int launch_var(const char *const *vars, int n_vars, int lo, int fallback) {
+    for (int i = 0; i < n_vars; i++) {
         const char *v = getenv(vars[i]);
         if (v && *v) {
             int n = atoi(v);
-            if (n >= 1) return n;
+            if (n >= lo) return n;
         }
     }
-    return 1;
+    return fallback;
+}
+
+int moe_launch_size(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
+    return launch_var(vars, 3, 1, 1);
+}
+
+int moe_launch_rank(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+    return launch_var(vars, 3, 0, 0);
+}
+
+int moe_launch_local_size(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"};
+    return launch_var(vars, 2, 1, 1);
 }

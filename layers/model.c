@@ -381,6 +381,36 @@ void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp) {
         edp->allreduce_sum_real(edp, m->be, m->grads + m->n_dense, m->n_params - m->n_dense);
 }
 
+moe_status model_gather(model *m, const real *local, real *full) {
+    const size_t n_exp = m->n_params - m->n_dense, R = m->ep ? (size_t)m->ep->size : 1;
+    const model_config *c = &m->cfg;
+    real *mine = malloc((m->n_params + 1) * sizeof(real)),
+         *all = malloc((R * n_exp + 1) * sizeof(real));
+    if (!mine || !all) {
+        free(mine), free(all);
+        return moe_error(MOE_ENOMEM, "model: out of memory gathering the experts");
+    }
+    m->be->copy_to_host(m->be, mine, local, m->n_params * sizeof(real));
+    if (m->ep)
+        m->ep->allgather(m->ep, all, mine + m->n_dense, n_exp * sizeof(real));
+    else
+        memcpy(all, mine + m->n_dense, n_exp * sizeof(real));
+    memcpy(full, mine, m->n_dense * sizeof(real)); // the dense part: the same layout
+    params_offsets of, ol;
+    params_layout(&of, c, c->moe.n_experts, NULL);
+    params_layout(&ol, c, m->E_local, NULL);
+    const size_t E = c->moe.n_experts, El = m->E_local, d = c->d_model, ff = c->moe.d_ff;
+    const size_t blk[2] = {2 * ff * d, d * ff}, fo[2] = {of.w13, of.w2};
+    const size_t lo[2] = {ol.w13 - m->n_dense, ol.w2 - m->n_dense};
+    for (int w = 0; w < 2; w++) // w13, then w2: layer l's experts of rank r are contiguous
+        for (size_t l = 0; l < (size_t)c->n_layers; l++)
+            for (size_t r = 0; r < R; r++)
+                memcpy(full + fo[w] + (l * E + r * El) * blk[w],
+                       all + r * n_exp + lo[w] + l * El * blk[w], El * blk[w] * sizeof(real));
+    free(mine), free(all);
+    return MOE_OK;
+}
+
 double model_grad_sum_squares(model *m) {
     double dense, experts;
     m->be->sum_squares(m->be, &dense, m->grads, m->n_dense);

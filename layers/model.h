@@ -165,6 +165,10 @@ void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp);
 // dense part is whole on every rank (after model_reduce_grads), the experts' summed over the
 // EP group. Collective over m->ep.
 double model_grad_sum_squares(model *m);
+// A buffer in this model's layout (local: params, or an optimizer moment; device) in the whole
+// model's layout (all E experts, model_param_count(cfg) reals, host) on every rank of the EP
+// group (an allgather of the experts). For checkpoints under expert parallelism.
+moe_status model_gather(model *m, const real *local, real *full);
 
 // Device memory: parameters, gradients, and everything else (activations, MoE buffers,
 // scratch, KV cache, RoPE tables), in bytes.

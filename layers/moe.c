@@ -219,7 +219,9 @@ static moe_status create_exchange_buffers(moe_layer *L) {
     }
     L->send_rows = calloc(2 * R * El + 2 * R + El + 1, sizeof(int));
     L->to_expert = calloc(2 * R * El, sizeof(moe_row_chunk));
-    if (!L->send_rows || !L->to_expert) return moe_error(MOE_ENOMEM, "moe: out of host memory");
+    L->sent_bytes = calloc(R, sizeof(long));
+    if (!L->send_rows || !L->to_expert || !L->sent_bytes)
+        return moe_error(MOE_ENOMEM, "moe: out of host memory");
     L->recv_rows = L->send_rows + R;
     L->send_counts = L->recv_rows + R;
     L->recv_counts = L->send_counts + R * El;
@@ -318,6 +320,7 @@ void moe_layer_free(moe_layer *L) {
     }
     free(L->send_rows);
     free(L->to_expert);
+    free(L->sent_bytes);
     if (L->owns_bwd) {
         moe_backward_scratch_free(L->bwd);
         free(L->bwd);
@@ -408,6 +411,21 @@ static void plan_exchange(moe_layer *L, const int *offsets) {
     L->exchange_rows = (long)offsets[L->cfg.n_experts] + at;
 }
 
+void moe_layer_exchange_reset(moe_layer *L) {
+    if (L->sent_bytes) memset(L->sent_bytes, 0, (size_t)L->ep_size * sizeof(long));
+    L->received_rows = 0, L->exchange_s = 0;
+}
+
+// One all-to-all-v of rows of d reals over the layer's group, counted in its statistics.
+static void exchange_rows(moe_layer *L, void *recv, const int *recv_rows, const void *send,
+                          const int *send_rows) {
+    const size_t row = (size_t)L->cfg.d_model * sizeof(real);
+    const double w0 = L->ep->wait_s;
+    L->ep->alltoallv_rows(L->ep, L->be, recv, recv_rows, send, send_rows, row);
+    L->exchange_s += L->ep->wait_s - w0;
+    for (int j = 0; j < L->ep_size; j++) L->sent_bytes[j] += (long)send_rows[j] * (long)row;
+}
+
 // Dispatch: xp = the kept rows in expert order (rows for expert e contiguous), the rows this
 // rank sends. One rank: the experts read xp itself. Expert parallelism: each rank's rows go
 // to the rank holding their experts, and are regrouped by local expert there (xe).
@@ -420,7 +438,8 @@ static void dispatch(moe_layer *L, const real *inp, const int *offsets) {
         return;
     }
     plan_exchange(L, offsets);
-    L->ep->alltoallv_rows(L->ep, be, L->xr, L->recv_rows, L->xp, L->send_rows, d * sizeof(real));
+    exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows);
+    L->received_rows += L->expert_rows;
     be->moe_copy_chunks(be, L->xe, L->xr, L->to_expert, L->ep_size * L->E_local, d);
 }
 
@@ -442,8 +461,7 @@ static void combine(moe_layer *L, real *out, int T) {
     if (L->ep) {
         be->moe_copy_chunks(be, L->xr, L->ye_local, L->to_source, L->ep_size * L->E_local,
                             c->d_model);
-        L->ep->alltoallv_rows(L->ep, be, L->ye, L->send_rows, L->xr, L->recv_rows,
-                              c->d_model * sizeof(real));
+        exchange_rows(L, L->ye, L->send_rows, L->xr, L->recv_rows);
     }
     be->moe_combine_forward(be, out, L->ye, L->weights, L->assign_row, T, c->top_k, c->d_model);
 }
@@ -502,8 +520,7 @@ static void combine_backward_exchange(moe_layer *L) {
     moe_backend *be = L->be;
     moe_backward_scratch *s = L->bwd;
     const int d = L->cfg.d_model;
-    L->ep->alltoallv_rows(L->ep, be, s->dstage, L->recv_rows, s->dye, L->send_rows,
-                          d * sizeof(real));
+    exchange_rows(L, s->dstage, L->recv_rows, s->dye, L->send_rows);
     be->moe_copy_chunks(be, s->dye_e, s->dstage, L->to_expert, L->ep_size * L->E_local, d);
 }
 
@@ -530,8 +547,7 @@ static void dispatch_backward(moe_layer *L, real *dinp, int T) {
     if (L->ep) {
         be->moe_copy_chunks(be, s->dstage, s->dxe, L->to_source, L->ep_size * L->E_local,
                             c->d_model);
-        L->ep->alltoallv_rows(L->ep, be, s->dxp, L->send_rows, s->dstage, L->recv_rows,
-                              c->d_model * sizeof(real));
+        exchange_rows(L, s->dxp, L->send_rows, s->dstage, L->recv_rows);
     }
     be->moe_unpermute_add(be, dinp, s->dxp, L->assign_row, T, c->top_k, c->d_model);
 }

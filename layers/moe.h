@@ -144,7 +144,12 @@ typedef struct {
     const int *expert_offsets;            // the experts' row offsets of the last forward (host)
     int expert_rows;                      // rows the local experts computed
     long exchange_rows;                   // rows sent + received by the last forward's exchanges
-    int last_tokens;                      // T of the last forward
+    // the exchanges since moe_layer_exchange_reset (host): bytes this rank sent to each rank
+    // of the group (itself included), rows its experts received, seconds spent in them
+    long *sent_bytes; // [R]
+    long received_rows;
+    double exchange_s;
+    int last_tokens; // T of the last forward
     // forward activations (device memory of the backend), shapes for T tokens, N = T*k rows
     // sent and N_exp rows computed by the local experts (one rank: the same rows)
     real *logits;    // [T, E]
@@ -217,6 +222,9 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
 // dinp [T, d] += dL/dinp, grads += dL/dweights, where
 // L = sum(out * dout) + dloss * (L_aux + L_seq + L_z); dloss scales the router losses
 // (1 for a single micro-batch, 1/n under gradient accumulation over n).
+// Zeroes the exchange statistics (sent_bytes, received_rows, exchange_s), e.g. per step.
+void moe_layer_exchange_reset(moe_layer *L);
+
 moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads, const real *dout,
                               const real *inp, const moe_weights *w, double dloss);
 

@@ -111,7 +111,12 @@ moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt,
     be->state = s;
     be->host_memory = !strict;
     s->strict = strict;
-    s->threads = moe_cpu_threads(opt ? opt->threads : 0);
+    int threads = opt ? opt->threads : 0;
+    if (threads == 0 && opt && opt->procs_per_node > 1) { // ranks share the node's cores
+        threads = moe_cpu_threads(0) / opt->procs_per_node;
+        if (threads < 1) threads = 1;
+    }
+    s->threads = moe_cpu_threads(threads);
     *out = be;
     return MOE_OK;
 }
