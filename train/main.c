@@ -440,8 +440,10 @@ static int cmd_train(int argc, char **argv) {
                       "  --overwrite  (delete its logs and checkpoints and start over)\n"
                       "  --set 'log.dir=\"NEW_DIR\"'  (train into another directory)",
                       cfg->run_dir, what, cfg->run_dir);
-        if (trainer_clear_run_dir(cfg->run_dir)) moe_fatal("%s", moe_last_error());
-        printf("--overwrite: deleted the logs and checkpoints of %s\n", cfg->run_dir);
+        if (moe_launch_rank() == 0) { // one rank deletes (the others wait in trainer_run)
+            if (trainer_clear_run_dir(cfg->run_dir)) moe_fatal("%s", moe_last_error());
+            printf("--overwrite: deleted the logs and checkpoints of %s\n", cfg->run_dir);
+        }
     }
     trainer_result res;
     moe_status st = trainer_run(cfg, resume, NULL, &res);
@@ -595,14 +597,12 @@ int main(int argc, char **argv) {
         if (rc) return rc;
         if (help) return show_help(c);
     }
-    // Expert parallelism reaches the layers and the model (layers/exchange.h, tests/
-    // test_model_ep.c) but not yet the commands: R processes would each train alone and
-    // write the same run directory.
+    // Under mpirun only `moe train` runs on several ranks (expert parallelism); the other
+    // commands would each do the same work and write the same files.
     const int ranks = moe_launch_size();
-    if (ranks > 1)
-        moe_fatal("%s: started as one of %d ranks (mpirun), but the moe commands run on one "
-                  "process for now (expert parallelism reaches the MoE layer and the model, "
-                  "not yet the trainer): run it without mpirun",
+    if (ranks > 1 && strcmp(name, "train"))
+        moe_fatal("%s: started as one of %d ranks (mpirun), but only moe train runs on several "
+                  "ranks (expert parallelism): run it without mpirun",
                   name, ranks);
     return c->run(argc - 2, argv + 2);
 }

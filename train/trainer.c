@@ -4,6 +4,7 @@
 #include "train/trainer.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -742,6 +743,10 @@ typedef struct {
     double step_tps[TPS_WINDOW];
     int64_t n_tps;
     trainer_result res;
+    // expert parallelism (DESIGN.md §4): the world, this rank's EP group and the ranks that
+    // hold the same experts; one rank: a world of 1, ep and edp NULL
+    moe_comm *world, *ep, *edp;
+    int rank, R;
 } trainer;
 
 // What one step computed, for its logs.
@@ -755,15 +760,46 @@ typedef struct {
 
 static moe_status out_of_memory(void) { return moe_error(MOE_ENOMEM, "trainer: out of memory"); }
 
+// The groups of expert parallelism: EP groups of parallel.ep_size consecutive ranks, and the
+// expert-data-parallel groups of the ranks with the same place in theirs (same experts).
+static moe_status trainer_open_groups(trainer *t) {
+    const moe_train_config *cfg = t->cfg;
+    const int R = t->R, E = cfg->model.moe.n_experts, ep = cfg->ep_size ? cfg->ep_size : R;
+    if (R % ep || E % ep)
+        return moe_error(MOE_EINVAL,
+                         "parallel.ep_size = %d must divide the %d ranks and "
+                         "model.n_experts = %d",
+                         ep, R, E);
+    if (R == 1) return MOE_OK;
+    moe_status st = t->world->split(t->world, t->rank / ep, t->rank, &t->ep);
+    if (!st) st = t->world->split(t->world, t->rank % ep, t->rank, &t->edp);
+    return st;
+}
+
+// The token files; rank 0 prepares them from data.text when they are missing, the other ranks
+// read them once it has (and fail when it did).
+static moe_status trainer_open_data(trainer *t) {
+    moe_status st = t->rank == 0 ? open_data(t->cfg, &t->train, &t->val) : MOE_OK;
+    if (t->R == 1) return st;
+    long code = st;
+    t->world->broadcast(t->world, &code, sizeof code, 0);
+    if (code) return t->rank ? moe_error((moe_status)code, "rank 0 could not open the data") : st;
+    return t->rank ? open_data(t->cfg, &t->train, &t->val) : MOE_OK;
+}
+
 // The backend, the data, the model at its initialisation, the optimizer and the loader.
 static moe_status trainer_open_model(trainer *t) {
     const moe_train_config *cfg = t->cfg;
-    const moe_backend_options bo = {.threads = cfg->threads};
-    moe_status st = moe_backend_create(&t->be, cfg->device, &bo);
-    if (st) return name_key(st, "model.device", cfg->device);
-    if ((st = open_data(cfg, &t->train, &t->val))) return st;
+    const moe_backend_options bo = {.threads = cfg->threads,
+                                    .procs_per_node = moe_launch_local_size()};
+    moe_status st = trainer_open_groups(t);
+    if (st) return st;
+    if ((st = moe_backend_create(&t->be, cfg->device, &bo)))
+        return name_key(st, "model.device", cfg->device);
+    if ((st = trainer_open_data(t))) return st;
     const model_config mc = trainer_model_config(cfg);
-    if ((st = model_create(&t->m, t->be, &mc, cfg->batch_size, cfg->seq_len))) return st;
+    if ((st = model_create_parallel(&t->m, t->be, &mc, cfg->batch_size, cfg->seq_len, t->ep)))
+        return st;
     model_init_weights(&t->m, (uint64_t)cfg->seed, cfg->init_std);
     // weight decay on matrices; RMSNorm weights only with train.decay_norms
     t->regions = malloc((size_t)t->m.n_tensors * sizeof *t->regions);
@@ -784,7 +820,7 @@ static moe_status trainer_open_model(trainer *t) {
     if ((st = optimizer_create(&t->opt, t->be, &oc, t->m.n_params, t->regions, t->m.n_tensors)))
         return st;
     return data_loader_init(&t->loader, &t->train, cfg->batch_size, cfg->seq_len,
-                            (uint64_t)cfg->seed, 0, 1);
+                            (uint64_t)cfg->seed, t->rank, t->R);
 }
 
 // Continues from a checkpoint of this run: parameters, optimizer, step, data order, skip
@@ -801,6 +837,7 @@ static moe_status trainer_resume(trainer *t) {
     printf("resumed from %s at step %lld\n", t->resume, (long long)t->start_step);
     warn_schedule_change(cfg, t->resume, t->start_step);
     // the logs continue from the checkpoint: records of later steps are dropped
+    if (t->rank) return MOE_OK; // rank 0 writes the logs
     if ((st = jsonl_keep_until(cfg->run_dir, "metrics.jsonl", t->start_step))) return st;
     return jsonl_keep_until(cfg->run_dir, "expert_load.jsonl", t->start_step);
 }
@@ -825,7 +862,7 @@ static moe_status trainer_alloc(trainer *t) {
     t->targets = malloc(t->T * sizeof(int));
     sl->routed = malloc((size_t)L * E * sizeof(long));
     sl->kept = malloc((size_t)L * E * sizeof(long));
-    sl->micro_routed = malloc((size_t)t->cfg->grad_accum * L * E * sizeof(long));
+    sl->micro_routed = malloc((size_t)t->cfg->grad_accum * t->R * L * E * sizeof(long));
     sl->entropy = malloc((size_t)L * sizeof(double));
     sl->aux = malloc((size_t)L * sizeof(double));
     sl->seq_aux = malloc((size_t)L * sizeof(double));
@@ -862,6 +899,13 @@ static void trainer_print_header(const trainer *t) {
     print_header(cfg, &t->m.cfg, t->m.n_params, t->m.n_dense, &mem, NULL, data_line, t->be);
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
+    if (t->R > 1) // the figures above are rank 0's: its experts and buffers
+        printf("expert parallelism: %d ranks (%s), groups of %d: each rank holds experts %d..%d "
+               "of %d and trains on its own %d x %d tokens x %d micro-batches; memory and "
+               "parameters above are per rank\n",
+               t->R, t->world->name, t->m.ep ? t->m.ep->size : 1, t->m.expert0,
+               t->m.expert0 + t->m.E_local - 1, t->E, cfg->batch_size, cfg->seq_len,
+               cfg->grad_accum);
 }
 
 // Everything up to the first step: model, optimizer, data, where the run starts (a
@@ -878,8 +922,11 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
     else if (cfg->init_from[0])
         st = trainer_init_from(t);
     if (st) return st;
-    if ((st = jsonl_open(&t->metrics, cfg->run_dir, "metrics.jsonl", resume != NULL)) ||
-        (st = jsonl_open(&t->load_log, cfg->run_dir, "expert_load.jsonl", resume != NULL)))
+    const char *log_dir = t->rank ? "/dev" : cfg->run_dir; // rank 0 writes the logs
+    if ((st = jsonl_open(&t->metrics, log_dir, t->rank ? "null" : "metrics.jsonl",
+                         resume != NULL)) ||
+        (st = jsonl_open(&t->load_log, log_dir, t->rank ? "null" : "expert_load.jsonl",
+                         resume != NULL)))
         return st;
     t->L = t->m.cfg.n_layers, t->E = t->m.cfg.moe.n_experts;
     t->T = (size_t)cfg->batch_size * (size_t)cfg->seq_len;
@@ -895,23 +942,55 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
 static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     const moe_train_config *cfg = t->cfg;
     moe_status st;
+    // R ranks x grad_accum micro-batches are one rank's R x grad_accum: rank r's micro-batch
+    // g is micro-batch g R + r of that (its data block and its jitter noise)
+    const int n_micro = cfg->grad_accum * t->R;
     s->finite = 1;
     for (int micro = 0; micro < cfg->grad_accum; micro++) {
         data_loader_next(&t->loader, t->inputs, t->targets);
-        t->m.noise_key = trainer_noise_key((uint64_t)cfg->seed, s->step, micro);
+        t->m.noise_key = trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
         st = model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len, 1);
-        if (st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z))) {
+        long bad = st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z));
+        if (t->R > 1) t->world->allreduce_sum_long(t->world, &bad, 1); // one rank's NaN: all
+        if (bad) {
             s->finite = 0;
             return MOE_OK;
         }
         if (st) return st;
         step_load_add(&t->sl, &t->m);
-        s->ce += t->m.ce / cfg->grad_accum;
-        s->aux += t->m.aux / cfg->grad_accum;
-        s->z += t->m.z / cfg->grad_accum;
-        if ((st = model_backward(&t->m, 1.0 / cfg->grad_accum))) return st;
+        s->ce += t->m.ce / n_micro;
+        s->aux += t->m.aux / n_micro;
+        s->z += t->m.z / n_micro;
+        if ((st = model_backward(&t->m, 1.0 / n_micro))) return st;
     }
     return MOE_OK;
+}
+
+// Expert parallelism, after the micro-batches: gradients summed (dense over the world, experts
+// over the ranks holding the same ones), the losses and the load statistics summed over the
+// world, the micro-batch counts gathered in the single-rank order (g R + r).
+static void trainer_reduce_step(trainer *t, step_result *s) {
+    moe_comm *w = t->world;
+    step_load *sl = &t->sl;
+    const int L = t->L, E = t->E, G = t->cfg->grad_accum, R = t->R;
+    model_reduce_grads(&t->m, w, t->edp);
+    double loss[3] = {s->ce, s->aux, s->z};
+    w->allreduce_sum_double(w, loss, 3);
+    s->ce = loss[0], s->aux = loss[1], s->z = loss[2];
+    w->allreduce_sum_long(w, sl->routed, (size_t)L * E);
+    w->allreduce_sum_long(w, sl->kept, (size_t)L * E);
+    double *sums[4] = {sl->entropy, sl->aux, sl->seq_aux, sl->z};
+    for (int i = 0; i < 4; i++) w->allreduce_sum_double(w, sums[i], (size_t)L);
+    const size_t block = (size_t)G * L * E; // [G][L][E] per rank -> [G R][L][E]
+    long *all = malloc((size_t)R * block * sizeof(long));
+    if (!all) moe_fatal("trainer: out of memory");
+    w->allgather(w, all, sl->micro_routed, block * sizeof(long));
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++)
+            memcpy(sl->micro_routed + ((size_t)g * R + r) * L * E,
+                   all + (size_t)r * block + (size_t)g * L * E, (size_t)L * E * sizeof(long));
+    free(all);
+    sl->micro = G * R;
 }
 
 // The gradients of one step and their norm (the update is trainer_update's).
@@ -922,6 +1001,7 @@ static moe_status trainer_step(trainer *t, step_result *s) {
                        h && h->schedule_steps ? h->schedule_steps : cfg->steps, s->step);
     model_zero_grads(&t->m);
     step_load_reset(&t->sl, t->L, t->E);
+    for (int l = 0; l < t->L && t->R > 1; l++) moe_layer_exchange_reset(&t->m.moe[l]);
     moe_status st = trainer_micro_batches(t, s);
     if (st) return st;
     if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
@@ -931,8 +1011,8 @@ static moe_status trainer_step(trainer *t, step_result *s) {
                               t->m.g.w2 + (size_t)(t->L - 1) * t->E * mc->d_model * mc->moe.d_ff,
                               &nan_value, sizeof nan_value);
     }
-    double ss = 0;
-    t->be->sum_squares(t->be, &ss, t->m.grads, t->m.n_params);
+    if (t->R > 1) trainer_reduce_step(t, s);
+    const double ss = model_grad_sum_squares(&t->m); // each expert once
     s->grad_norm = sqrt(ss), s->loss = s->ce + s->aux + s->z;
     return MOE_OK;
 }
@@ -987,6 +1067,41 @@ static void trainer_update(trainer *t, step_result *s, double t0) {
     t->res.steps_done = s->step + 1;
 }
 
+// Layer l's exchanges in the step, from every rank (collective): exchange_bytes = the bytes
+// that crossed between ranks, exchange_s = the longest time a rank spent in them; per rank its
+// time (the straggler signal: a rank that waits long waits for a hot one), the rows its
+// experts received, and the R x R matrix of bytes rank i sent to rank j.
+static void trainer_log_exchange(trainer *t, int l, cJSON *rec) {
+    const moe_layer *L = &t->m.moe[l];
+    const int R = t->R, ep = L->ep_size, group0 = t->rank / ep * ep;
+    double *mine = calloc((size_t)R + 2, sizeof(double)),
+           *all = malloc((size_t)R * (R + 2) * sizeof(double));
+    if (!mine || !all) moe_fatal("trainer: out of memory");
+    for (int j = 0; j < ep; j++) mine[group0 + j] = (double)L->sent_bytes[j];
+    mine[R] = (double)L->received_rows, mine[R + 1] = L->exchange_s;
+    t->world->allgather(t->world, all, mine, (size_t)(R + 2) * sizeof(double));
+    double crossed = 0, longest = 0;
+    cJSON *matrix = cJSON_CreateArray(), *rows = cJSON_CreateArray(), *wait = cJSON_CreateArray();
+    for (int i = 0; i < R; i++) {
+        const double *r = all + (size_t)i * (R + 2);
+        cJSON *row = cJSON_CreateArray();
+        for (int j = 0; j < R; j++) {
+            cJSON_AddItemToArray(row, cJSON_CreateNumber(r[j]));
+            if (j != i) crossed += r[j];
+        }
+        cJSON_AddItemToArray(matrix, row);
+        cJSON_AddItemToArray(rows, cJSON_CreateNumber(r[R]));
+        cJSON_AddItemToArray(wait, cJSON_CreateNumber(r[R + 1]));
+        longest = r[R + 1] > longest ? r[R + 1] : longest;
+    }
+    cJSON_AddNumberToObject(rec, "exchange_bytes", crossed);
+    cJSON_AddNumberToObject(rec, "exchange_s", longest);
+    cJSON_AddItemToObject(rec, "exchange_wait_s", wait);
+    cJSON_AddItemToObject(rec, "received_rows", rows);
+    cJSON_AddItemToObject(rec, "exchange_matrix", matrix);
+    free(mine), free(all);
+}
+
 // Layer l's expert_load.jsonl record of the step.
 static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, double mom, double cv,
                                     long dropped) {
@@ -1031,8 +1146,12 @@ static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, dou
     cJSON_AddNumberToObject(rec, "logit_std", ms->logit_std);
     cJSON_AddNumberToObject(rec, "logit_max_abs", ms->logit_max_abs);
     cJSON_AddNumberToObject(rec, "lse_mean", ms->lse_mean);
-    cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
-    cJSON_AddNumberToObject(rec, "exchange_s", 0);
+    if (t->R > 1)
+        trainer_log_exchange(t, l, rec);
+    else {
+        cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
+        cJSON_AddNumberToObject(rec, "exchange_s", 0);
+    }
     return jsonl_write(&t->load_log, rec);
 }
 
@@ -1060,7 +1179,7 @@ static moe_status trainer_log_load(trainer *t, step_result *s) {
         if ((st = trainer_log_layer(t, s, l, mom, cv, dropped))) return st;
     }
     s->drop_frac = routed_sum > 0 ? drop_sum / routed_sum : 0;
-    s->tok_per_s = (double)t->T * t->cfg->grad_accum / s->dt;
+    s->tok_per_s = (double)t->T * t->cfg->grad_accum * t->R / s->dt; // all ranks' tokens
     for (size_t i = 0; i < (size_t)L * E; i++)
         t->res.routed[i] += t->sl.routed[i], t->res.kept[i] += t->sl.kept[i];
     for (int l = 0; l < L; l++) t->res.last_stats[l] = t->m.moe_stats[l];
@@ -1187,6 +1306,45 @@ static void trainer_print_step(trainer *t, const step_result *s) {
 }
 
 // A checkpoint every checkpoint.interval steps and at the end.
+// Under expert parallelism rank 0 saves the whole model (every expert, gathered) with its
+// optimizer state: the checkpoint is the HF folder one rank would write, and resumes under
+// any number of ranks (tensors are found by name). Every rank returns rank 0's status.
+static moe_status trainer_save_gathered(trainer *t, const train_state *ts, uint64_t shard) {
+    const size_t n_all = model_param_count(&t->m.cfg);
+    const int adam = t->opt.m != NULL;
+    real *host = malloc((adam ? 3 : 1) * n_all * sizeof(real));
+    if (!host) moe_fatal("trainer: out of memory");
+    real *bufs[3] = {t->m.params, t->opt.m, t->opt.v};
+    moe_status st = MOE_OK;
+    for (int i = 0; i < (adam ? 3 : 1) && !st; i++)
+        st = model_gather(&t->m, bufs[i], host + i * n_all);
+    if (!st && t->rank == 0) {
+        model full;
+        optimizer fo;
+        const optim_region all = {0, n_all, 1};
+        if (!(st = model_create_inference(&full, t->be, &t->m.cfg, 1, 1)) &&
+            !(st = optimizer_create(&fo, t->be, &t->opt.cfg, n_all, &all, 1))) {
+            t->be->copy_to_device(t->be, full.params, host, n_all * sizeof(real));
+            if (full.router_bias)
+                t->be->copy_on_device(t->be, full.router_bias, t->m.router_bias,
+                                      (size_t)t->L * t->E * sizeof(real));
+            if (adam) {
+                t->be->copy_to_device(t->be, fo.m, host + n_all, n_all * sizeof(real));
+                t->be->copy_to_device(t->be, fo.v, host + 2 * n_all, n_all * sizeof(real));
+            }
+            fo.t = t->opt.t;
+            st = checkpoint_save(t->ckpt_root, &full, &fo, ts, t->cfg, t->cfg->ckpt_keep, shard);
+            optimizer_destroy(&fo);
+        }
+        model_destroy(&full);
+    }
+    free(host);
+    long code = st;
+    t->world->broadcast(t->world, &code, sizeof code, 0);
+    if (code && t->rank) return moe_error((moe_status)code, "rank 0 could not save the checkpoint");
+    return st;
+}
+
 static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     if (!checkpoint_due(t->cfg, t->hooks, step)) return MOE_OK;
     train_state ts = {
@@ -1194,15 +1352,27 @@ static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     data_loader_get_state(&ts.loader, &t->loader);
     const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
     uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
-    moe_status st =
-        checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg, t->cfg->ckpt_keep, shard);
+    moe_status st = t->R > 1 ? trainer_save_gathered(t, &ts, shard)
+                             : checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg,
+                                               t->cfg->ckpt_keep, shard);
     if (st) return st;
     printf("checkpoint: %s/step_%08lld\n", t->ckpt_root, (long long)step + 1);
     return MOE_OK;
 }
 
+// Test-only (tests/train/ep_parity.py): MOE_TEST_KILL="RANK:STEP" kills that rank with
+// SIGKILL at the start of that step (1-based), as a crashed machine would.
+static void test_kill(const trainer *t, int64_t step) {
+    const char *spec = getenv("MOE_TEST_KILL");
+    int rank;
+    long long at;
+    if (spec && sscanf(spec, "%d:%lld", &rank, &at) == 2 && rank == t->rank && at == step + 1)
+        raise(SIGKILL);
+}
+
 // One step, from the gradients to its logs, alerts and checkpoint.
 static moe_status trainer_run_step(trainer *t, int64_t step) {
+    test_kill(t, step);
     const double t0 = now_s();
     step_result s = {.step = step};
     moe_status st = trainer_step(t, &s);
@@ -1253,6 +1423,10 @@ static moe_status trainer_close(trainer *t, moe_status st, trainer_result *resul
     optimizer_destroy(&t->opt);
     model_destroy(&t->m);
     moe_backend_destroy(t->be);
+    if (t->ep) t->ep->destroy(t->ep);
+    if (t->edp) t->edp->destroy(t->edp);
+    // a failed run keeps the world: the caller's moe_fatal ends every rank (MPI_Abort)
+    if (t->world && (!st || t->R == 1)) t->world->destroy(t->world);
     token_file_free(&t->train);
     token_file_free(&t->val);
     return st;
@@ -1274,6 +1448,50 @@ static moe_status write_run_config(const moe_train_config *cfg) {
     return file_close_checked(f, path); // a full disk shows here at the latest
 }
 
+// Every rank must train the same run: the resolved configs (as config.cfg writes them) are
+// hashed and compared; a rank whose config differs from rank 0's is named.
+static moe_status trainer_same_config(trainer *t, const moe_train_config *cfg) {
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f || moe_train_config_write(cfg, f) || fclose(f)) moe_fatal("trainer: out of memory");
+    uint64_t h = 1469598103934665603ull; // FNV-1a over the text
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
+    free(text);
+    uint64_t *all = malloc((size_t)t->R * sizeof *all);
+    if (!all) moe_fatal("trainer: out of memory");
+    t->world->allgather(t->world, all, &h, sizeof h);
+    int differs = 0;
+    for (int r = 1; r < t->R && !differs; r++)
+        if (all[r] != all[0]) differs = r;
+    free(all);
+    if (differs)
+        return moe_error(MOE_EINVAL,
+                         "the ranks were given different configs: rank %d's resolved "
+                         "config differs from rank 0's (the same file and --set on every rank)",
+                         differs);
+    return MOE_OK;
+}
+
+// The world of the run (mpirun's ranks, else one), then the run directory and its config.cfg
+// from rank 0, which the others wait for (they see rank 0's status). The other ranks print
+// nothing (their stdout is /dev/null); their errors still go to stderr, prefixed by the rank.
+static moe_status trainer_open_run_dir(trainer *t, const moe_train_config *cfg) {
+    moe_status st = moe_comm_world(&t->world);
+    if (st) return st;
+    t->rank = t->world->rank, t->R = t->world->size;
+    if (t->rank && !freopen("/dev/null", "w", stdout))
+        return moe_error(MOE_EIO, "rank %d: cannot silence stdout", t->rank);
+    if (t->R > 1 && (st = trainer_same_config(t, cfg))) return st;
+    if (t->rank == 0) st = file_make_dirs(cfg->run_dir);
+    if (t->rank == 0 && !st) st = write_run_config(cfg);
+    long code = st;
+    t->world->broadcast(t->world, &code, sizeof code, 0);
+    if (code && t->rank)
+        return moe_error((moe_status)code, "rank 0 could not create %s", cfg->run_dir);
+    return st;
+}
+
 moe_status trainer_run(const moe_train_config *cfg, const char *resume, const trainer_hooks *hooks,
                        trainer_result *result) {
     trainer_result empty = {0};
@@ -1291,9 +1509,12 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume, const tr
             return MOE_OK;
         }
     }
-    if ((st = file_make_dirs(cfg->run_dir)) || (st = write_run_config(cfg))) return st;
     trainer *t = calloc(1, sizeof *t);
     if (!t) return out_of_memory();
+    if ((st = trainer_open_run_dir(t, cfg))) {
+        free(t);
+        return st;
+    }
     st = trainer_open(t, cfg, resume, hooks);
     for (int64_t step = t->start_step; !st && step < cfg->steps; step++) {
         if (hooks && hooks->stop_after > 0 && step - t->start_step >= hooks->stop_after) break;

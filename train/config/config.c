@@ -95,7 +95,8 @@ ENUM_FITS_INT(moe_alert_action);
 #define OPEN 1
 #define CLOSED 0
 
-static const char *const group_names[] = {"model", "train", "data", "log", "checkpoint"};
+static const char *const group_names[] = {"model", "train",      "data",
+                                          "log",   "checkpoint", "parallel"};
 #define N_GROUPS ((int)(sizeof group_names / sizeof group_names[0]))
 
 // In the order `moe_train_config_write` writes (config.h lists the fields in it).
@@ -167,6 +168,8 @@ static const key_spec specs[] = {
 
     KI64("checkpoint", "interval", ckpt_interval, 0, INT64_MAX),
     KINT("checkpoint", "keep", ckpt_keep, 1, INT_MAX),
+
+    KINT("parallel", "ep_size", ep_size, 0, 4096), // and divides the ranks and n_experts
 };
 #define N_SPECS ((int)(sizeof specs / sizeof specs[0]))
 
@@ -230,6 +233,7 @@ void moe_train_config_default(moe_train_config *cfg) {
 
     cfg->ckpt_interval = 0;
     cfg->ckpt_keep = 2;
+    cfg->ep_size = 0; // all the ranks of the run
 }
 
 static int spec_index(const char *group, const char *key) {

@@ -148,6 +148,12 @@ typedef struct {
     int64_t ckpt_interval; // key "interval", >= 0 (0 = only at the end)
     int ckpt_keep;         // key "keep", >= 1
 
+    // ---- parallel { } (expert parallelism, DESIGN.md §4) ----------------------
+    // ranks per expert-parallel group: each holds n_experts / ep_size experts; 0 = all the
+    // ranks of the run (mpirun -np R). Must divide R and n_experts; the R / ep_size groups
+    // hold replicas of the same experts (expert data parallelism). [0, 4096]
+    int ep_size;
+
     // where the config came from (for messages)
     char source[MOE_PATH_MAX];
 } moe_train_config;
