@@ -1347,8 +1347,11 @@ static moe_status trainer_save_gathered(trainer *t, const train_state *ts, uint6
 
 static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     if (!checkpoint_due(t->cfg, t->hooks, step)) return MOE_OK;
-    train_state ts = {
-        .step = step + 1, .skipped = t->res.skipped, .consecutive_skips = t->consecutive_skips};
+    train_state ts = {.step = step + 1,
+                      .skipped = t->res.skipped,
+                      .consecutive_skips = t->consecutive_skips,
+                      .world_size = t->R,
+                      .ep_size = t->m.ep ? t->m.ep->size : 1};
     data_loader_get_state(&ts.loader, &t->loader);
     const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
     uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;

@@ -251,8 +251,10 @@ static void case_state(void) {
                 "{\"seed\": \"1\", \"epoch\": \"0\", \"position\": \"10\", \"n_windows\": \"9\", "
                 "\"seq_len\": \"8\"}}",
                 "position");
-    state_error("world size > 1 refused by a one-process build", ck, "world",
-                "{\"size\": 2, \"ep_size\": 1}", "size");
+    state_error("an ep_size that does not divide the world refused", ck, "world",
+                "{\"size\": 4, \"ep_size\": 3}", "ep_size");
+    state_error("an ep_size beyond the world refused", ck, "world", "{\"size\": 2, \"ep_size\": 4}",
+                "ep_size");
     state_error("unknown format version refused", ck, "version", "2", "\"version\"");
 
     // resuming with another optimizer: refused, naming both

@@ -519,8 +519,8 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     ADD_U64(ld, "seq_len", ts->loader.seq_len);
 #undef ADD_U64
     cJSON *world = cJSON_AddObjectToObject(state, "world");
-    cJSON_AddNumberToObject(world, "size", 1);
-    cJSON_AddNumberToObject(world, "ep_size", 1);
+    cJSON_AddNumberToObject(world, "size", (double)(ts->world_size > 0 ? ts->world_size : 1));
+    cJSON_AddNumberToObject(world, "ep_size", (double)(ts->ep_size > 0 ? ts->ep_size : 1));
     if (!(cfg_text = config_text(cfg))) {
         st = moe_error(MOE_ENOMEM, "checkpoint: cannot format the config");
         goto done;
@@ -666,9 +666,13 @@ static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const ch
     // the optimizer counts the updates it made: never more than the steps
     if ((st = st_int64(o, file, "optimizer.t", 0, ts->step, &cs->optimizer_t))) return st;
     const cJSON *world_obj = cJSON_GetObjectItemCaseSensitive(state, "world");
-    if ((st = st_int64(world_obj, file, "world.size", 1, 1, &world)) ||
-        (st = st_int64(world_obj, file, "world.ep_size", 1, 1, &ep)))
-        return st; // expert parallelism comes later: one process wrote it
+    if ((st = st_int64(world_obj, file, "world.size", 1, 65536, &world)) ||
+        (st = st_int64(world_obj, file, "world.ep_size", 1, world, &ep)))
+        return st;
+    if (world % ep)
+        return moe_error(MOE_EIO, "%s: \"world.ep_size\" %lld does not divide \"world.size\" %lld",
+                         file, (long long)ep, (long long)world);
+    ts->world_size = world, ts->ep_size = ep;
     const cJSON *ld = cJSON_GetObjectItemCaseSensitive(
         cJSON_GetObjectItemCaseSensitive(state, "rng"), "data_loader");
     data_loader_state *l = &ts->loader;

@@ -31,6 +31,9 @@ typedef struct {
     int64_t skipped;           // non-finite steps skipped in all
     int64_t consecutive_skips; // at the moment of the save
     data_loader_state loader;  // the data order (the loader's RNG)
+    // the world that saved it (informational: a checkpoint holds every expert, gathered under
+    // expert parallelism, and resumes under any world); 0 is read as 1
+    int64_t world_size, ep_size;
 } train_state;
 
 #define CHECKPOINT_SHARD_BYTES ((uint64_t)1 << 30)
