@@ -312,6 +312,11 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
 
 moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg, int max_pos,
                                   int max_chunk) {
+    return model_create_inference_parallel(m, be, cfg, max_pos, max_chunk, NULL);
+}
+
+moe_status model_create_inference_parallel(model *m, moe_backend *be, const model_config *cfg,
+                                           int max_pos, int max_chunk, moe_comm *ep) {
     if (max_pos < 1 || max_chunk < 1 || max_chunk > max_pos) {
         memset(m, 0, sizeof *m);
         return moe_error(MOE_EINVAL, "model: %d positions with chunks of %d tokens is invalid",
@@ -321,7 +326,7 @@ moe_status model_create_inference(model *m, moe_backend *be, const model_config 
                  KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = cfg->vocab_size,
                  R = sizeof(real);
     // one MoE layer's buffers serve every layer: nothing is kept for a backward
-    moe_status st = create_common(m, be, cfg, NULL, max_pos, 1, max_chunk, 1);
+    moe_status st = create_common(m, be, cfg, ep, max_pos, 1, max_chunk, 1);
     if (st) {
         model_destroy(m);
         return st;

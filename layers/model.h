@@ -134,6 +134,10 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
 // activations kept for a backward.
 moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg, int max_pos,
                                   int max_chunk);
+// The same holding the experts of rank r of the EP group ep (as model_create_parallel): the
+// ranks of ep must make the same model_infer calls (each on its own tokens).
+moe_status model_create_inference_parallel(model *m, moe_backend *be, const model_config *cfg,
+                                           int max_pos, int max_chunk, moe_comm *ep);
 
 // Inference on one sequence: tokens (host [n]) sit at positions pos0..pos0+n-1; their k/v are
 // appended to the KV cache, which must already hold positions 0..pos0-1. Dropless MoE.

@@ -10,6 +10,11 @@
 #include "layers/rng.h"
 
 moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk) {
+    return infer_load_parallel(m, be, NULL, ckpt, max_pos, max_chunk);
+}
+
+moe_status infer_load_parallel(model *m, moe_backend *be, moe_comm *ep, const char *ckpt,
+                               int max_pos, int max_chunk) {
     char folder[2048];
     moe_status st = checkpoint_resolve(folder, sizeof folder, ckpt);
     if (st) return st;
@@ -18,7 +23,7 @@ moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, 
     if ((st = hf_check_sizes(folder, &cfg))) return st; // before allocating from config.json
     if (max_pos <= 0 || max_pos > cfg.max_seq_len) max_pos = cfg.max_seq_len;
     if (max_chunk > max_pos) max_chunk = max_pos;
-    if ((st = model_create_inference(m, be, &cfg, max_pos, max_chunk))) return st;
+    if ((st = model_create_inference_parallel(m, be, &cfg, max_pos, max_chunk, ep))) return st;
     if ((st = hf_load_weights(m, folder))) model_destroy(m);
     return st;
 }
@@ -72,8 +77,14 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
     moe_backend *be = m->be;
     moe_status st = MOE_OK;
     double sum = 0;
-    for (long w = 0; w < windows && !st; w++) {
-        const uint32_t *win = tf->tokens + (size_t)w * seq_len;
+    // expert parallelism: rank r takes windows r, r+R, ...; every rank makes the same number
+    // of forwards (the MoE layers exchange rows), a rank past the end repeats window 0 and
+    // does not count it
+    const int R = m->ep ? m->ep->size : 1, rank = m->ep ? m->ep->rank : 0;
+    const long rounds = (windows + R - 1) / R;
+    for (long k = 0; k < rounds && !st; k++) {
+        const long w = k * R + rank, counted = w < windows;
+        const uint32_t *win = tf->tokens + (size_t)(counted ? w : 0) * seq_len;
         for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t + 1]; // the targets
         be->copy_to_device(be, m->targets, inputs, (size_t)seq_len * sizeof(int));
         for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t];
@@ -82,7 +93,13 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
         double window_sum;
         be->cross_entropy_forward(be, m->losses, m->logits, m->targets, seq_len, V);
         be->sum(be, &window_sum, m->losses, (size_t)seq_len);
-        sum += window_sum;
+        if (counted) sum += window_sum;
+        long bad_rank = !isfinite(window_sum); // all ranks stop together
+        if (m->ep) m->ep->allreduce_sum_long(m->ep, &bad_rank, 1);
+        if (bad_rank && isfinite(window_sum)) {
+            st = moe_error(MOE_ENUMERIC, "eval: another rank's logits are not finite");
+            break;
+        }
         if (!isfinite(window_sum) || (w == 0 && logits_npy)) {
             if (!logits && !(logits = malloc((size_t)seq_len * V * sizeof(real)))) {
                 st = moe_error(MOE_ENOMEM, "eval: out of memory");
@@ -101,6 +118,7 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
         if (w == 0 && logits_npy) st = npy_write_f32(logits_npy, logits, seq_len, V);
     }
     free(inputs), free(logits);
+    if (m->ep) m->ep->allreduce_sum_double(m->ep, &sum, 1);
     *n_tokens = windows * seq_len;
     *loss = sum / (double)*n_tokens;
     if (!st && !isfinite(*loss)) // finite logits give a finite loss; never print nan

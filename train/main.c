@@ -171,9 +171,16 @@ static int cmd_eval(int argc, char **argv) {
     if (!ckpt || !data) return usage_error("eval", usage_eval, "--ckpt and --data are required");
     token_file tf;
     if (token_file_read(&tf, data)) moe_fatal("%s", moe_last_error());
-    moe_backend *be = open_device(device);
+    // under mpirun the experts spread over the ranks; rank 0 prints
+    moe_comm *world;
+    if (moe_comm_world(&world)) moe_fatal("%s", moe_last_error());
+    if (world->rank && !freopen("/dev/null", "w", stdout)) moe_fatal("cannot silence stdout");
+    moe_backend_options bo = {.procs_per_node = moe_launch_local_size()};
+    moe_backend *be;
+    if (moe_backend_create(&be, device, &bo)) moe_fatal("--device: %s", moe_last_error());
     model m;
-    if (infer_load(&m, be, ckpt, seq_len, seq_len)) moe_fatal("%s", moe_last_error());
+    if (infer_load_parallel(&m, be, world->size > 1 ? world : NULL, ckpt, seq_len, seq_len))
+        moe_fatal("%s", moe_last_error());
     double loss;
     long n;
     if (infer_eval(&m, &tf, seq_len, max_windows, logits, &loss, &n))
@@ -189,6 +196,7 @@ static int cmd_eval(int argc, char **argv) {
     model_destroy(&m);
     moe_backend_destroy(be);
     token_file_free(&tf);
+    world->destroy(world);
     return 0;
 }
 
@@ -597,12 +605,12 @@ int main(int argc, char **argv) {
         if (rc) return rc;
         if (help) return show_help(c);
     }
-    // Under mpirun only `moe train` runs on several ranks (expert parallelism); the other
-    // commands would each do the same work and write the same files.
+    // Under mpirun only `moe train` and `moe eval` run on several ranks (expert parallelism);
+    // the other commands would each do the same work and write the same files.
     const int ranks = moe_launch_size();
-    if (ranks > 1 && strcmp(name, "train"))
-        moe_fatal("%s: started as one of %d ranks (mpirun), but only moe train runs on several "
-                  "ranks (expert parallelism): run it without mpirun",
+    if (ranks > 1 && strcmp(name, "train") && strcmp(name, "eval"))
+        moe_fatal("%s: started as one of %d ranks (mpirun), but only moe train and moe eval run "
+                  "on several ranks (expert parallelism): run it without mpirun",
                   name, ranks);
     return c->run(argc - 2, argv + 2);
 }

@@ -136,6 +136,22 @@ checkpoint = { interval = %d; keep = 5; };
         fails += not ok
         print("  %s  a 4-rank checkpoint at step 3 resumed on %d rank(s) (grad_accum %d): steps 4-5 "
               "within %.2e of the 4-rank run" % ("ok  " if ok else "FAIL", R, G, d))
+    # moe eval under mpirun: the experts spread over the ranks, the windows too (a rank past
+    # the end repeats a window it does not count): the loss of one rank
+    ck = os.path.join(work, "run_resume_full", "ckpt", "step_00000005")
+    val = os.path.join(work, "data", "val.bin")
+    evals = {}
+    for R in (1, 2, 4):
+        cmd = ([moe] if R == 1 else mpirun + ["-np", str(R), moe]) + ["eval", "--ckpt", ck, "--data", val, "--seq-len", "32"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        evals[R] = float(r.stdout.split()[1]) if r.returncode == 0 and r.stdout.startswith("loss ") else float("nan")
+    for R in (2, 4):
+        d = abs(evals[R] - evals[1]) / evals[1]
+        ok = d <= TOL
+        fails += not ok
+        print("  %s  moe eval on %d ranks: loss %.6f, one rank %.6f (relative %.1e)" %
+              ("ok  " if ok else "FAIL", R, evals[R], evals[1], d))
+
     # failure: a rank killed mid-run, a rank on the fatal path, configs that differ by rank
     import time
     base = cfg("fail", "", "sgd", 1, steps=50, ckpt=0)
