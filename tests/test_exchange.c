@@ -34,10 +34,13 @@ static double now(void) {
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-int main(void) {
+// argv[1] (optional): the most rows a rank sends a peer (default 200; scripts/bench_ep uses
+// large ones for the all-to-all bandwidth).
+int main(int argc, char **argv) {
     moe_comm *world = ep_world();
     moe_backend *be = test_backend();
-    const int R = world->size, me = world->rank, d = 64, max_rows = 200;
+    const int R = world->size, me = world->rank, d = 64;
+    const int max_rows = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : 200;
     if (me == 0) printf("exchange %s, %d rank(s), backend %s\n", world->name, R, be->name);
 
     // the per-peer counts, exchanged as the MoE layer does (alltoall of ints)
