@@ -152,6 +152,37 @@ checkpoint = { interval = %d; keep = 5; };
         print("  %s  moe eval on %d ranks: loss %.6f, one rank %.6f (relative %.1e)" %
               ("ok  " if ok else "FAIL", R, evals[R], evals[1], d))
 
+    # the 4-rank checkpoint in Hugging Face transformers (when a venv has it: install_hf*.sh)
+    hf_py = next((p for p in [os.environ.get("MOE_HF_PYTHON", ""), "/opt/moe-hf5/bin/python",
+                              "/opt/moe-hf/bin/python"] if p and os.access(p, os.X_OK)), None)
+    if hf_py:
+        npy = os.path.join(work, "ep4_logits.npy")
+        subprocess.run([moe, "eval", "--ckpt", ck, "--data", val, "--seq-len", "32", "--max-windows",
+                        "1", "--logits", npy], check=True, capture_output=True)
+        code = """
+import struct, sys, numpy as np, torch
+from transformers import MixtralForCausalLM
+b = open(sys.argv[2], "rb").read()
+dt = struct.unpack("<I", b[12:16])[0]
+toks = np.frombuffer(b[32:32 + 32 * dt], dtype=np.uint16 if dt == 2 else np.uint32).astype(np.int64)
+m = MixtralForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32).eval()
+with torch.no_grad():
+    hf = m(torch.tensor(toks)[None]).logits[0].double().numpy()
+ours = np.load(sys.argv[3]).astype(np.float64)
+print(np.linalg.norm(hf - ours) / np.linalg.norm(hf))
+"""
+        r = subprocess.run([hf_py, "-c", code, ck, val, npy], capture_output=True, text=True)
+        try:
+            d = float(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            d = float("inf")
+        ok = d <= 1e-4
+        fails += not ok
+        print("  %s  transformers (%s) loads the 4-rank checkpoint: logits within %.1e of moe eval%s" %
+              ("ok  " if ok else "FAIL", hf_py, d, "" if ok else "\n" + r.stderr[-1500:]))
+    else:
+        print("  skip  transformers: no venv (scripts/install_hf5.sh)")
+
     # failure: a rank killed mid-run, a rank on the fatal path, configs that differ by rank
     import time
     base = cfg("fail", "", "sgd", 1, steps=50, ckpt=0)
