@@ -1146,9 +1146,10 @@ static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, dou
     cJSON_AddNumberToObject(rec, "logit_std", ms->logit_std);
     cJSON_AddNumberToObject(rec, "logit_max_abs", ms->logit_max_abs);
     cJSON_AddNumberToObject(rec, "lse_mean", ms->lse_mean);
-    if (t->R > 1)
+    if (t->R > 1) {
+        cJSON_AddNumberToObject(rec, "ranks", t->R); // micro_counts: grad_accum x ranks groups
         trainer_log_exchange(t, l, rec);
-    else {
+    } else {
         cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
         cJSON_AddNumberToObject(rec, "exchange_s", 0);
     }

@@ -113,6 +113,18 @@ checkpoint = { interval = %d; keep = 5; };
         print("  %s  R=%d ep=%d %-18s %s: losses %.2e, weights %.2e (worst tensor), %d dropped" %
               ("ok  " if ok else "FAIL", R, ep or R, name, opt, dl, dw, drops))
 
+    # moe stats --capacity reads an EP run: grad_accum x ranks capacity groups per step
+    r = subprocess.run([moe, "stats", os.path.join(work, "run_capacity_position_ep"), "--capacity", "--json"],
+                       capture_output=True, text=True)
+    try:
+        groups = json.loads(r.stdout)["grad_accum"]
+    except (ValueError, KeyError):
+        groups = None
+    ok = r.returncode == 0 and groups == 4
+    fails += not ok
+    print("  %s  moe stats --capacity on the 4-rank run: %s capacity groups per step (1 x 4 ranks)%s" %
+          ("ok  " if ok else "FAIL", groups, "" if ok else "\n" + r.stderr[-800:]))
+
     # resume: 4 ranks for 3 steps with a checkpoint at 3, then steps 4-5 on 2 and on 1 rank
     name = "resume"
     full = cfg(name + "_full", "capacity_factor = 1.0;", "sgd", 1, steps=5, ckpt=3)

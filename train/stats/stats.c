@@ -152,7 +152,8 @@ typedef struct {
     moe_train_config *cfg; // NULL without config.cfg
     int E;
     long T_group;
-    int groups, top_k;
+    int groups, top_k; // groups: capacity groups per step, grad_accum x the run's ranks
+    int ranks;         // the ranks of an expert-parallel run ("ranks" in its records), 0: one
     layer_t *layers;
     int n_layers; // slots: 1 + the largest layer index seen
     long *tmp;    // [E]
@@ -317,8 +318,8 @@ static moe_status get_micro_counts(run_t *rd, where_t w, const cJSON *mc, const 
     char what[128];
     if (!cJSON_IsArray(mc)) return bad(w, "micro_counts", "is not an array");
     if (cJSON_GetArraySize(mc) != n) {
-        snprintf(what, sizeof what, "has %d entries, expected train.grad_accum = %d",
-                 cJSON_GetArraySize(mc), n);
+        snprintf(what, sizeof what, "has %d entries, expected train.grad_accum%s = %d",
+                 cJSON_GetArraySize(mc), rd->ranks ? " x ranks" : "", n);
         return bad(w, "micro_counts", what);
     }
     if (!rd->micro && !(rd->micro = malloc((size_t)n * E * sizeof *rd->micro)))
@@ -392,6 +393,13 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
         double d = 0;
         for (int e = 0; e < E; e++) d += (double)(counts[e] - kept[e]);
         r.dropped = d;
+    }
+    const cJSON *rk = cJSON_GetObjectItemCaseSensitive(o, "ranks"); // expert parallelism
+    if (rk) {
+        long ranks;
+        if ((st = get_int(w, o, "ranks", 1, 1, 65536, 0, &ranks))) return st;
+        if (rd->ranks && ranks != rd->ranks) return bad(w, "ranks", "changes within the run");
+        if (!rd->ranks) rd->ranks = (int)ranks, rd->groups *= (int)ranks; // grad_accum x ranks
     }
     if (rd->capacity) {
         const cJSON *mc = cJSON_GetObjectItemCaseSensitive(o, "micro_counts");
