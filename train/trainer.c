@@ -1516,6 +1516,8 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume, const tr
     trainer *t = calloc(1, sizeof *t);
     if (!t) return out_of_memory();
     if ((st = trainer_open_run_dir(t, cfg))) {
+        // one rank: nothing to keep; several: the caller's moe_fatal ends them all (MPI_Abort)
+        if (t->world && t->R == 1) t->world->destroy(t->world);
         free(t);
         return st;
     }
