@@ -1,5 +1,6 @@
 // Backends by name: the registry of layers/backend.h. Each backend's constructor is listed
 // once here; nothing else in the program names an implementation.
+#include <stdio.h>
 #include <string.h>
 
 #include "layers/backend.h"
@@ -20,7 +21,14 @@ static const struct {
     {"cpu-strict", create_cpu_strict}, // test-only: host access to backend memory faults
 };
 
-const char *moe_backend_names(void) { return "cpu, cpu-strict"; }
+const char *moe_backend_names(void) {
+    static char names[128];
+    if (!names[0])
+        for (size_t i = 0, at = 0; i < sizeof backends / sizeof backends[0]; i++)
+            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                                   backends[i].name);
+    return names;
+}
 
 moe_status moe_backend_create(moe_backend **out, const char *name, const moe_backend_options *opt) {
     *out = NULL;

@@ -408,7 +408,6 @@ static void plan_exchange(moe_layer *L, const int *offsets) {
     }
     L->expert_offsets = L->local_offsets;
     L->expert_rows = at;
-    L->exchange_rows = (long)offsets[L->cfg.n_experts] + at;
 }
 
 void moe_layer_exchange_reset(moe_layer *L) {

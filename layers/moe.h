@@ -143,7 +143,6 @@ typedef struct {
     int *local_offsets;                   // [E_local + 1] grouped rows of the local experts
     const int *expert_offsets;            // the experts' row offsets of the last forward (host)
     int expert_rows;                      // rows the local experts computed
-    long exchange_rows;                   // rows sent + received by the last forward's exchanges
     // the exchanges since moe_layer_exchange_reset (host): bytes this rank sent to each rank
     // of the group (itself included), rows its experts received, seconds spent in them
     long *sent_bytes; // [R]

@@ -139,10 +139,12 @@ static double number_arg(const char *opt, const char *text, double lo, double hi
     return v;
 }
 
-// The backend named by --device (automatic threads), or exit naming the backends there are.
+// The backend named by --device (automatic threads, shared by the mpirun ranks of this node),
+// or exit naming the backends there are.
 static moe_backend *open_device(const char *name) {
+    const moe_backend_options bo = {.procs_per_node = moe_launch_local_size()};
     moe_backend *be;
-    if (moe_backend_create(&be, name, NULL)) moe_fatal("--device: %s", moe_last_error());
+    if (moe_backend_create(&be, name, &bo)) moe_fatal("--device: %s", moe_last_error());
     return be;
 }
 
@@ -175,9 +177,7 @@ static int cmd_eval(int argc, char **argv) {
     moe_comm *world;
     if (moe_comm_world(&world)) moe_fatal("%s", moe_last_error());
     if (world->rank && !freopen("/dev/null", "w", stdout)) moe_fatal("cannot silence stdout");
-    moe_backend_options bo = {.procs_per_node = moe_launch_local_size()};
-    moe_backend *be;
-    if (moe_backend_create(&be, device, &bo)) moe_fatal("--device: %s", moe_last_error());
+    moe_backend *be = open_device(device);
     model m;
     if (infer_load_parallel(&m, be, world->size > 1 ? world : NULL, ckpt, seq_len, seq_len))
         moe_fatal("%s", moe_last_error());

@@ -776,14 +776,21 @@ static moe_status trainer_open_groups(trainer *t) {
     return st;
 }
 
+// What rank 0 alone did (st: its status; the others pass MOE_OK) becomes every rank's outcome:
+// the others fail with "rank 0 could not <what>" when it failed. One rank: st.
+static moe_status rank0_status(const trainer *t, moe_status st, const char *what) {
+    if (t->R == 1) return st;
+    long code = st;
+    t->world->broadcast(t->world, &code, sizeof code, 0);
+    if (code && t->rank) return moe_error((moe_status)code, "rank 0 could not %s", what);
+    return st;
+}
+
 // The token files; rank 0 prepares them from data.text when they are missing, the other ranks
 // read them once it has (and fail when it did).
 static moe_status trainer_open_data(trainer *t) {
     moe_status st = t->rank == 0 ? open_data(t->cfg, &t->train, &t->val) : MOE_OK;
-    if (t->R == 1) return st;
-    long code = st;
-    t->world->broadcast(t->world, &code, sizeof code, 0);
-    if (code) return t->rank ? moe_error((moe_status)code, "rank 0 could not open the data") : st;
+    if ((st = rank0_status(t, st, "open the data"))) return st;
     return t->rank ? open_data(t->cfg, &t->train, &t->val) : MOE_OK;
 }
 
@@ -1340,10 +1347,7 @@ static moe_status trainer_save_gathered(trainer *t, const train_state *ts, uint6
         model_destroy(&full);
     }
     free(host);
-    long code = st;
-    t->world->broadcast(t->world, &code, sizeof code, 0);
-    if (code && t->rank) return moe_error((moe_status)code, "rank 0 could not save the checkpoint");
-    return st;
+    return rank0_status(t, st, "save the checkpoint");
 }
 
 static moe_status trainer_checkpoint(trainer *t, int64_t step) {
@@ -1489,11 +1493,7 @@ static moe_status trainer_open_run_dir(trainer *t, const moe_train_config *cfg) 
     if (t->R > 1 && (st = trainer_same_config(t, cfg))) return st;
     if (t->rank == 0) st = file_make_dirs(cfg->run_dir);
     if (t->rank == 0 && !st) st = write_run_config(cfg);
-    long code = st;
-    t->world->broadcast(t->world, &code, sizeof code, 0);
-    if (code && t->rank)
-        return moe_error((moe_status)code, "rank 0 could not create %s", cfg->run_dir);
-    return st;
+    return rank0_status(t, st, "create the run directory (log.dir)");
 }
 
 moe_status trainer_run(const moe_train_config *cfg, const char *resume, const trainer_hooks *hooks,

@@ -95,7 +95,6 @@ checkpoint = { interval = %d; keep = 5; };
              ("ep_half_bias", "capacity_factor = 1.0; bias_rate = 0.001;", "sgd", 4, 2),
              ("adamw", "capacity_factor = 1.0;", "adamw", 2, 0)]
     for name, extra, opt, R, ep in cases:
-        extra_ep = extra
         one = cfg(name + "_one", extra, opt, R)
         par = cfg(name + "_ep", extra, opt, 1)
         train(one, 1)
