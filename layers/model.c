@@ -104,12 +104,12 @@ static moe_weights layer_moe_weights(const model_params *p, const model_config *
 }
 
 static void add_tensor(model_tensor *tab, int *n, const char *name, size_t offset, int rows,
-                       int cols, int layer, int is_norm, int is_expert) {
+                       int cols, int layer, int is_norm, int expert) {
     model_tensor *t = &tab[(*n)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->offset = offset;
     t->rows = rows, t->cols = cols, t->layer = layer;
-    t->is_norm = is_norm, t->is_expert = is_expert;
+    t->is_norm = is_norm, t->is_expert = expert >= 0, t->expert = expert;
 }
 
 // Tensors of a model holding El experts per layer.
@@ -128,22 +128,22 @@ static void build_tensor_table(model_tensor *tab, const model_config *c, int El,
               Q = (H + 2 * KV) * hd, E = c->moe.n_experts, ff = c->moe.d_ff;
     char name[96];
     int n = 0;
-    add_tensor(tab, &n, "model.embed_tokens.weight", o.embed, V, d, -1, 0, 0);
+    add_tensor(tab, &n, "model.embed_tokens.weight", o.embed, V, d, -1, 0, -1);
     for (int l = 0; l < c->n_layers; l++) {
         const size_t wqkv = o.wqkv + (size_t)l * Q * d, gate = o.router + (size_t)l * E * d;
 #define LNAME(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
         add_tensor(tab, &n, LNAME("input_layernorm.weight"), o.attn_norm + (size_t)l * d, d, 0, l,
-                   1, 0);
-        add_tensor(tab, &n, LNAME("self_attn.q_proj.weight"), wqkv, H * hd, d, l, 0, 0);
+                   1, -1);
+        add_tensor(tab, &n, LNAME("self_attn.q_proj.weight"), wqkv, H * hd, d, l, 0, -1);
         add_tensor(tab, &n, LNAME("self_attn.k_proj.weight"), wqkv + (size_t)H * hd * d, KV * hd, d,
-                   l, 0, 0);
+                   l, 0, -1);
         add_tensor(tab, &n, LNAME("self_attn.v_proj.weight"), wqkv + (size_t)(H + KV) * hd * d,
-                   KV * hd, d, l, 0, 0);
+                   KV * hd, d, l, 0, -1);
         add_tensor(tab, &n, LNAME("self_attn.o_proj.weight"), o.wo + (size_t)l * d * H * hd, d,
-                   H * hd, l, 0, 0);
+                   H * hd, l, 0, -1);
         add_tensor(tab, &n, LNAME("post_attention_layernorm.weight"), o.moe_norm + (size_t)l * d, d,
-                   0, l, 1, 0);
-        add_tensor(tab, &n, LNAME("block_sparse_moe.gate.weight"), gate, E, d, l, 0, 0);
+                   0, l, 1, -1);
+        add_tensor(tab, &n, LNAME("block_sparse_moe.gate.weight"), gate, E, d, l, 0, -1);
 #undef LNAME
         for (int jl = 0; jl < El; jl++) {
             const int j = e0 + jl; // the global expert index of the HF name
@@ -151,17 +151,17 @@ static void build_tensor_table(model_tensor *tab, const model_config *c, int El,
                          w2 = o.w2 + ((size_t)l * El + jl) * d * ff;
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l,
                      j);
-            add_tensor(tab, &n, name, w13, ff, d, l, 0, 1);
+            add_tensor(tab, &n, name, w13, ff, d, l, 0, j);
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l,
                      j);
-            add_tensor(tab, &n, name, w2, d, ff, l, 0, 1);
+            add_tensor(tab, &n, name, w2, d, ff, l, 0, j);
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l,
                      j);
-            add_tensor(tab, &n, name, w13 + (size_t)ff * d, ff, d, l, 0, 1);
+            add_tensor(tab, &n, name, w13 + (size_t)ff * d, ff, d, l, 0, j);
         }
     }
-    add_tensor(tab, &n, "model.norm.weight", o.final_norm, d, 0, -1, 1, 0);
-    if (!c->tie_embeddings) add_tensor(tab, &n, "lm_head.weight", o.lm_head, V, d, -1, 0, 0);
+    add_tensor(tab, &n, "model.norm.weight", o.final_norm, d, 0, -1, 1, -1);
+    if (!c->tie_embeddings) add_tensor(tab, &n, "lm_head.weight", o.lm_head, V, d, -1, 0, -1);
 }
 
 model_tensor *model_tensor_table(const model_config *cfg) {
@@ -384,36 +384,6 @@ void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp) {
     if (world && world->size > 1) world->allreduce_sum_real(world, m->be, m->grads, m->n_dense);
     if (edp && edp->size > 1)
         edp->allreduce_sum_real(edp, m->be, m->grads + m->n_dense, m->n_params - m->n_dense);
-}
-
-moe_status model_gather(model *m, const real *local, real *full) {
-    const size_t n_exp = m->n_params - m->n_dense, R = m->ep ? (size_t)m->ep->size : 1;
-    const model_config *c = &m->cfg;
-    real *mine = malloc((m->n_params + 1) * sizeof(real)),
-         *all = malloc((R * n_exp + 1) * sizeof(real));
-    if (!mine || !all) {
-        free(mine), free(all);
-        return moe_error(MOE_ENOMEM, "model: out of memory gathering the experts");
-    }
-    m->be->copy_to_host(m->be, mine, local, m->n_params * sizeof(real));
-    if (m->ep)
-        m->ep->allgather(m->ep, all, mine + m->n_dense, n_exp * sizeof(real));
-    else
-        memcpy(all, mine + m->n_dense, n_exp * sizeof(real));
-    memcpy(full, mine, m->n_dense * sizeof(real)); // the dense part: the same layout
-    params_offsets of, ol;
-    params_layout(&of, c, c->moe.n_experts, NULL);
-    params_layout(&ol, c, m->E_local, NULL);
-    const size_t E = c->moe.n_experts, El = m->E_local, d = c->d_model, ff = c->moe.d_ff;
-    const size_t blk[2] = {2 * ff * d, d * ff}, fo[2] = {of.w13, of.w2};
-    const size_t lo[2] = {ol.w13 - m->n_dense, ol.w2 - m->n_dense};
-    for (int w = 0; w < 2; w++) // w13, then w2: layer l's experts of rank r are contiguous
-        for (size_t l = 0; l < (size_t)c->n_layers; l++)
-            for (size_t r = 0; r < R; r++)
-                memcpy(full + fo[w] + (l * E + r * El) * blk[w],
-                       all + r * n_exp + lo[w] + l * El * blk[w], El * blk[w] * sizeof(real));
-    free(mine), free(all);
-    return MOE_OK;
 }
 
 double model_grad_sum_squares(model *m) {

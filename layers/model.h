@@ -58,6 +58,7 @@ typedef struct {
     int layer;      // -1 for embed, final norm, lm_head
     int is_norm;    // RMSNorm weight (no weight decay by default)
     int is_expert;  // expert weight
+    int expert;     // its global expert index (the one in the HF name); -1 when dense
 } model_tensor;
 
 // The tensor table of a model of this config: model_tensor_count entries in HF order
@@ -169,10 +170,6 @@ void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp);
 // dense part is whole on every rank (after model_reduce_grads), the experts' summed over the
 // EP group. Collective over m->ep.
 double model_grad_sum_squares(model *m);
-// A buffer in this model's layout (local: params, or an optimizer moment; device) in the whole
-// model's layout (all E experts, model_param_count(cfg) reals, host) on every rank of the EP
-// group (an allgather of the experts). For checkpoints under expert parallelism.
-moe_status model_gather(model *m, const real *local, real *full);
 
 // Device memory: parameters, gradients, and everything else (activations, MoE buffers,
 // scratch, KV cache, RoPE tables), in bytes.

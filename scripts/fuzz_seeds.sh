@@ -52,7 +52,7 @@ seed() { # seed TARGET NAME FILE
 }
 rm -f "$corpus"/*/seed_*
 seed safetensors f32_model "$ckpt/model-00001-of-00001.safetensors"
-seed safetensors f32_exp_avg_sq "$ckpt/optimizer-exp_avg_sq.safetensors"
+seed safetensors f32_exp_avg_sq "$ckpt/optimizer-exp_avg_sq-00001-of-00001.safetensors"
 seed safetensors bf16_export "$work/export/model-00001-of-00001.safetensors"
 seed token_file u16_train "$work/prep/train.bin"
 seed token_file u16_val "$work/prep/val.bin"

@@ -1313,43 +1313,9 @@ static void trainer_print_step(trainer *t, const step_result *s) {
     trainer_print_alerts(t); // warn ("stop" acted in trainer_alerts, on every step)
 }
 
-// A checkpoint every checkpoint.interval steps and at the end.
-// Under expert parallelism rank 0 saves the whole model (every expert, gathered) with its
-// optimizer state: the checkpoint is the HF folder one rank would write, and resumes under
-// any number of ranks (tensors are found by name). Every rank returns rank 0's status.
-static moe_status trainer_save_gathered(trainer *t, const train_state *ts, uint64_t shard) {
-    const size_t n_all = model_param_count(&t->m.cfg);
-    const int adam = t->opt.m != NULL;
-    real *host = malloc((adam ? 3 : 1) * n_all * sizeof(real));
-    if (!host) moe_fatal("trainer: out of memory");
-    real *bufs[3] = {t->m.params, t->opt.m, t->opt.v};
-    moe_status st = MOE_OK;
-    for (int i = 0; i < (adam ? 3 : 1) && !st; i++)
-        st = model_gather(&t->m, bufs[i], host + i * n_all);
-    if (!st && t->rank == 0) {
-        model full;
-        optimizer fo;
-        const optim_region all = {0, n_all, 1};
-        if (!(st = model_create_inference(&full, t->be, &t->m.cfg, 1, 1)) &&
-            !(st = optimizer_create(&fo, t->be, &t->opt.cfg, n_all, &all, 1))) {
-            t->be->copy_to_device(t->be, full.params, host, n_all * sizeof(real));
-            if (full.router_bias)
-                t->be->copy_on_device(t->be, full.router_bias, t->m.router_bias,
-                                      (size_t)t->L * t->E * sizeof(real));
-            if (adam) {
-                t->be->copy_to_device(t->be, fo.m, host + n_all, n_all * sizeof(real));
-                t->be->copy_to_device(t->be, fo.v, host + 2 * n_all, n_all * sizeof(real));
-            }
-            fo.t = t->opt.t;
-            st = checkpoint_save(t->ckpt_root, &full, &fo, ts, t->cfg, t->cfg->ckpt_keep, shard);
-            optimizer_destroy(&fo);
-        }
-        model_destroy(&full);
-    }
-    free(host);
-    return rank0_status(t, st, "save the checkpoint");
-}
-
+// A checkpoint every checkpoint.interval steps and at the end. Under expert parallelism the
+// save is collective: the ranks of the first EP group write their experts' shards, rank 0 the
+// rest (train/ckpt/checkpoint.h); every rank returns the same status.
 static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     if (!checkpoint_due(t->cfg, t->hooks, step)) return MOE_OK;
     train_state ts = {.step = step + 1,
@@ -1360,9 +1326,8 @@ static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     data_loader_get_state(&ts.loader, &t->loader);
     const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
     uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
-    moe_status st = t->R > 1 ? trainer_save_gathered(t, &ts, shard)
-                             : checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg,
-                                               t->cfg->ckpt_keep, shard);
+    moe_status st = checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg, t->cfg->ckpt_keep,
+                                    shard, t->R > 1 ? t->world : NULL);
     if (st) return st;
     printf("checkpoint: %s/step_%08lld\n", t->ckpt_root, (long long)step + 1);
     return MOE_OK;

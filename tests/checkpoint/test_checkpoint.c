@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,7 @@ static void round_trip(void) {
     char root[300];
     snprintf(root, sizeof root, "%s/rt_ckpt", work);
     // 8 KiB shards: the 2-layer model is spread over many files
-    moe_status st = checkpoint_save(root, &a, &oa, &ts, &c, 2, 8192);
+    moe_status st = checkpoint_save(root, &a, &oa, &ts, &c, 2, 8192, NULL);
     check_true("save succeeds", st == MOE_OK);
     char path[400];
     snprintf(path, sizeof path, "%s/step_00000017/model-00002-of-", root);
@@ -123,9 +124,13 @@ static void round_trip(void) {
                !memcmp(&back.loader, &ts.loader, sizeof ts.loader));
 
     // damage: one byte of a shard -> CRC mismatch naming the file
-    snprintf(path, sizeof path, "%s/step_00000017/model-00001-of-", root);
     char shard[400];
-    snprintf(shard, sizeof shard, "%s/step_00000017/%s", root, "optimizer-exp_avg.safetensors");
+    glob_t g;
+    snprintf(path, sizeof path, "%s/step_00000017/optimizer-exp_avg-00001-of-*.safetensors", root);
+    check_true("the first moment shard beside the first model shard",
+               glob(path, 0, NULL, &g) == 0 && g.gl_pathc == 1);
+    snprintf(shard, sizeof shard, "%s", g.gl_pathc ? g.gl_pathv[0] : path);
+    globfree(&g);
     f = fopen(shard, "r+b");
     fseek(f, -1, SEEK_END);
     int last = fgetc(f);
@@ -139,7 +144,7 @@ static void round_trip(void) {
     st = checkpoint_load(path, &b, &ob, &back);
     check_true("CRC mismatch refused, naming the file",
                st == MOE_EIO && strstr(moe_last_error(), "CRC32 mismatch") &&
-                   strstr(moe_last_error(), "optimizer-exp_avg.safetensors"));
+                   strstr(moe_last_error(), "optimizer-exp_avg-00001-of-"));
     printf("    -> %s\n", moe_last_error());
 
     optimizer_destroy(&oa), optimizer_destroy(&ob);

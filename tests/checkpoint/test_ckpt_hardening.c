@@ -50,11 +50,19 @@ static void make_checkpoint(const char *name, optim_kind kind, char *folder, siz
     optimizer o;
     optimizer_create(&o, m.be, &oc, m.n_params, &all, 1);
     o.t = 3;
+    if (o.m) { // moments as after a few steps: not zero, so a load that drops them shows
+        real *h = malloc(m.n_params * sizeof(real));
+        for (size_t i = 0; i < m.n_params; i++) h[i] = (real)(1e-3 * ((i * 7919) % 1000) - 0.5);
+        m.be->copy_to_device(m.be, o.m, h, m.n_params * sizeof(real));
+        for (size_t i = 0; i < m.n_params; i++) h[i] = h[i] * h[i];
+        m.be->copy_to_device(m.be, o.v, h, m.n_params * sizeof(real));
+        free(h);
+    }
     train_state ts = {.step = 3,
                       .loader = {.seed = 1, .position = 2, .n_windows = 9, .seq_len = 8}};
     char root[200];
     snprintf(root, sizeof root, "%s/%s", work, name);
-    if (checkpoint_save(root, &m, &o, &ts, &tc, 2, CHECKPOINT_SHARD_BYTES))
+    if (checkpoint_save(root, &m, &o, &ts, &tc, 2, CHECKPOINT_SHARD_BYTES, NULL))
         printf("save: %s\n", moe_last_error());
     snprintf(folder, n, "%s/step_00000003", root);
     optimizer_destroy(&o);
@@ -155,6 +163,40 @@ static void damage_last_byte(const char *path) {
     fclose(f);
 }
 
+// The AdamW moments that a and b load into a fresh model are equal (and not all zero).
+static int same_moments(const char *a, const char *b) {
+    model_config mc = small_config();
+    optim_config oc = {OPTIM_ADAMW, 0.9, 0.95, 1e-8, 0.1};
+    real *host[2][2] = {{0}};
+    size_t n = 0;
+    int ok = 1;
+    for (int k = 0; k < 2; k++) {
+        model m;
+        optimizer o;
+        train_state ts;
+        model_create(&m, test_backend(), &mc, 1, 8);
+        n = m.n_params;
+        optim_region all = {0, n, 1};
+        optimizer_create(&o, m.be, &oc, n, &all, 1);
+        moe_status st = checkpoint_load(k ? b : a, &m, &o, &ts);
+        if (st) printf("    -> %s\n", moe_last_error());
+        ok &= st == MOE_OK;
+        for (int i = 0; i < 2; i++) {
+            host[k][i] = malloc(n * sizeof(real));
+            m.be->copy_to_host(m.be, host[k][i], i ? o.v : o.m, n * sizeof(real));
+        }
+        optimizer_destroy(&o);
+        model_destroy(&m);
+    }
+    double norm = 0;
+    for (int i = 0; i < 2; i++) {
+        ok &= !memcmp(host[0][i], host[1][i], n * sizeof(real));
+        for (size_t e = 0; e < n; e++) norm += fabs(host[0][i][e]);
+        free(host[0][i]), free(host[1][i]);
+    }
+    return ok && norm > 0;
+}
+
 static void case_integrity(void) {
     char ck[300], dir[300], path[400];
     make_checkpoint("int_src", OPTIM_ADAMW, ck, sizeof ck);
@@ -195,10 +237,37 @@ static void case_integrity(void) {
     copy_folder(ck, "int_moments", dir, sizeof dir);
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     j = read_json_file(path);
-    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "crc32"), "optimizer-exp_avg.safetensors");
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "crc32"),
+                               "optimizer-exp_avg-00001-of-00001.safetensors");
     write_json_file(path, j);
     expect_load_error("the moments must be covered too (AdamW)", dir, MOE_EIO,
-                      "optimizer-exp_avg.safetensors", "no CRC32");
+                      "optimizer-exp_avg-00001-of-00001.safetensors", "no CRC32");
+
+    copy_folder(ck, "int_nomoment", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/optimizer-exp_avg_sq-00001-of-00001.safetensors", dir);
+    unlink(path);
+    expect_load_error("a missing moment shard is refused, named", dir, MOE_EIO,
+                      "optimizer-exp_avg_sq-00001-of-00001.safetensors", NULL);
+
+    // checkpoints from before the per-shard moments hold one optimizer-exp_avg.safetensors
+    copy_folder(ck, "int_old_moments", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    j = read_json_file(path);
+    cJSON *crcs = cJSON_GetObjectItem(j, "crc32");
+    for (int i = 0; i < 2; i++) {
+        const char *pre = i ? "optimizer-exp_avg_sq" : "optimizer-exp_avg";
+        char from[600], to[600], key[96];
+        snprintf(key, sizeof key, "%s-00001-of-00001.safetensors", pre);
+        snprintf(from, sizeof from, "%s/%s", dir, key);
+        snprintf(to, sizeof to, "%s/%s.safetensors", dir, pre);
+        check_true("renamed to the single moment file", rename(from, to) == 0);
+        cJSON *crc = cJSON_DetachItemFromObject(crcs, key);
+        snprintf(key, sizeof key, "%s.safetensors", pre);
+        cJSON_AddItemToObject(crcs, key, crc);
+    }
+    write_json_file(path, j);
+    check_true("the single moment files of older checkpoints load, equal to the shards",
+               same_moments(ck, dir));
 
     copy_folder(ck, "int_nostate", dir, sizeof dir);
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);

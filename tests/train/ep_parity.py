@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Expert parallelism against one rank (DESIGN.md §4): `moe train` under mpirun -np R with
 grad_accum G against one process with grad_accum G*R, on the same data and seed, for 5 steps.
-Compares every step's loss (metrics.jsonl) and every tensor of the final checkpoint (the one
-rank 0 writes with all experts gathered), and prints the largest relative differences.
+Compares every step's loss (metrics.jsonl) and every tensor of the final checkpoint (each rank
+of the first EP group writes its experts' shard, rank 0 the dense tensors), and prints the
+largest relative differences.
 
   ep_parity.py MOE MPIRUN_ARGS... -- WORKDIR
 
@@ -11,7 +12,9 @@ happen), the aux-loss-free bias; SGD (the bar: 1e-6 on losses and weights) and o
 case (reported: AdamW's first step maps g to g/(|g|+eps), which turns last-bit differences of
 gradients that cancel to ~1e-8 into ~1e-4 weight differences; its losses stay within 1e-5).
 Then a checkpoint of 4 ranks resumes on 2 ranks and on 1 rank: the next losses equal those
-of the uninterrupted 4-rank run.
+of the uninterrupted 4-rank run; its layout (one shard per writer) is checked, AdamW's
+per-rank moments resume exactly on 4 ranks, and a write failing on one rank fails every rank
+and keeps the previous checkpoint.
 """
 import json
 import os
@@ -147,6 +150,69 @@ checkpoint = { interval = %d; keep = 5; };
         fails += not ok
         print("  %s  a 4-rank checkpoint at step 3 resumed on %d rank(s) (grad_accum %d): steps 4-5 "
               "within %.2e of the 4-rank run" % ("ok  " if ok else "FAIL", R, G, d))
+    # the 4-rank checkpoint: the writers' files (rank r's experts in file r + 1, rank 0's with the
+    # dense tensors), named by the index; the ep_size = 2 run of 4 ranks has 2 writers
+    def layout_ok(folder, writers, experts_per_writer):
+        index = json.load(open(os.path.join(folder, "model.safetensors.index.json")))["weight_map"]
+        want = {}
+        for name in index:
+            e = int(name.split(".experts.")[1].split(".")[0]) if ".experts." in name else 0
+            want[name] = "model-%05d-of-%05d.safetensors" % (e // experts_per_writer + 1, writers)
+        tensors = set(k for k in read_st(folder) if "e_score_correction_bias" not in k)  # router_bias file
+        return index == want and tensors == set(index)
+    for folder, writers, what in [(ckpt3, 4, "4 ranks, ep_size 4"),
+                                  (os.path.join(work, "run_ep_half_bias_ep", "ckpt", "step_00000005"), 2,
+                                   "4 ranks, ep_size 2")]:
+        ok = layout_ok(folder, writers, 8 // writers)
+        fails += not ok
+        print("  %s  checkpoint of %s: one shard per writer of experts (rank 0's with the dense tensors), "
+              "%d shards in the index" % ("ok  " if ok else "FAIL", what, writers))
+
+    # AdamW: a 4-rank checkpoint (moments written by each rank) resumes on the same 4 ranks
+    # exactly, and on 2 ranks within the AdamW bar
+    full = cfg("adam_full", "capacity_factor = 1.0;", "adamw", 1, steps=5, ckpt=3)
+    train(full, 4)
+    ref = losses(os.path.join(work, "run_adam_full"))
+    ck_a = os.path.join(work, "run_adam_full", "ckpt", "step_00000003")
+    moments = sorted(f for f in os.listdir(ck_a) if f.startswith("optimizer-"))
+    ok = moments == ["optimizer-exp_avg%s-%05d-of-00004.safetensors" % (sq, i) for sq in ("", "_sq")
+                     for i in range(1, 5)]
+    fails += not ok
+    print("  %s  AdamW moments: one shard per model shard (%d files)" % ("ok  " if ok else "FAIL", len(moments)))
+    for R, G, bar in [(4, 1, 0.0), (2, 2, 1e-5)]:
+        tag = "adam_on_%d" % R
+        path = cfg(tag, "capacity_factor = 1.0;", "adamw", G, steps=5, ckpt=0)
+        run = os.path.join(work, "run_" + tag)
+        os.makedirs(os.path.join(run, "ckpt"))
+        shutil.copytree(ck_a, os.path.join(run, "ckpt", "step_00000003"))
+        with open(os.path.join(run, "ckpt", "latest"), "w") as f:
+            f.write("step_00000003\n")
+        for f in ("metrics.jsonl", "expert_load.jsonl"):
+            shutil.copy(os.path.join(work, "run_adam_full", f), run)
+        train(path, R, "--resume", run)
+        got = losses(run)
+        d = max(abs(a - b) / abs(a) for a, b in zip(got[3:], ref[3:]))
+        ok = len(got) == 5 and d <= bar
+        fails += not ok
+        print("  %s  AdamW: the 4-rank checkpoint at step 3 resumed on %d ranks: steps 4-5 within %.2e "
+              "(bar %.0e)" % ("ok  " if ok else "FAIL", R, d, bar))
+
+    # a write failing on one rank (rank 2, second save): every rank exits non-zero naming it,
+    # and the first checkpoint stays the latest, intact
+    fpath = cfg("save_fail", "", "sgd", 1, steps=4, ckpt=2)
+    r = subprocess.run(mpirun + ["-x", "MOE_TEST_SAVE_FAIL=2:2", "-np", "4", moe, "train", fpath],
+                       capture_output=True, text=True, timeout=120)
+    froot = os.path.join(work, "run_save_fail", "ckpt")
+    latest = open(os.path.join(froot, "latest")).read().strip() if os.path.exists(os.path.join(froot, "latest")) else None
+    ev = subprocess.run([moe, "eval", "--ckpt", os.path.join(froot, "latest"), "--data",
+                         os.path.join(work, "data", "val.bin"), "--seq-len", "32", "--max-windows", "1"],
+                        capture_output=True, text=True)
+    ok = (r.returncode != 0 and "rank 2: checkpoint: a write failure injected on rank 2" in r.stdout + r.stderr
+          and latest == "step_00000002" and ev.returncode == 0 and sorted(os.listdir(froot)) == ["latest", "step_00000002"])
+    fails += not ok
+    print("  %s  a checkpoint write failing on rank 2: exit %d on all ranks, latest = %s, still loads%s" %
+          ("ok  " if ok else "FAIL", r.returncode, latest, "" if ok else "\n" + (r.stdout + r.stderr)[-1500:] + ev.stderr))
+
     # moe eval under mpirun: the experts spread over the ranks, the windows too (a rank past
     # the end repeats a window it does not count): the loss of one rank
     ck = os.path.join(work, "run_resume_full", "ckpt", "step_00000005")

@@ -8,6 +8,7 @@
 #include "data/tokenizer.h" // the tokenizer files checkpoints and exports carry
 #include "train/ckpt/ckpt_path.h"
 #include "train/ckpt/json_fields.h"
+#include "train/ckpt/shards.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -39,14 +40,6 @@ static moe_status fsync_path(const char *path) {
     close(fd);
     if (rc != 0) return moe_error(MOE_EIO, "%s: fsync failed: %s", path, strerror(errno));
     return MOE_OK;
-}
-
-static moe_status write_json(const char *path, cJSON *obj) {
-    char *text = cJSON_Print(obj);
-    if (!text) return moe_error(MOE_ENOMEM, "%s: cannot format JSON", path);
-    moe_status st = file_write_synced(path, text, strlen(text));
-    free(text);
-    return st;
 }
 
 // Removes a folder of plain files (a checkpoint), then the folder.
@@ -83,22 +76,41 @@ static void crash_point(const char *point) {
 
 // ---- weights ------------------------------------------------------------------------
 
+// The prefixes of AdamW's moment shards (shards.h).
+#define MOMENTS "optimizer-exp_avg"
+#define MOMENTS_SQ "optimizer-exp_avg_sq"
+
 // The file of each tensor: from model.safetensors.index.json, else model.safetensors.
 typedef struct {
     cJSON *index; // NULL when single-file
     int n_files;
-    char names[64][256];
-    st_file files[64];
-    int loaded[64];
-    int headers_only; // st_read_header: names and shapes, no data
+    char (*names)[256]; // [WEIGHT_FILES_MAX] each
+    st_file *files;
+    int *loaded;
+    int headers_only;        // st_read_header: names and shapes, no data
+    const char *file_prefix; // NULL: the index's files; else theirs with it for "model"
 } weight_source;
 
-static moe_status source_open(weight_source *ws, const char *folder) {
+// one file per writer of an expert-parallel save (and its moments): EP sizes up to ~300
+#define WEIGHT_FILES_MAX 1024
+
+static moe_status source_init(weight_source *ws) {
     memset(ws, 0, sizeof *ws);
+    ws->names = malloc(WEIGHT_FILES_MAX * sizeof *ws->names);
+    ws->files = malloc(WEIGHT_FILES_MAX * sizeof *ws->files);
+    ws->loaded = calloc(WEIGHT_FILES_MAX, sizeof *ws->loaded);
+    if (!ws->names || !ws->files || !ws->loaded)
+        return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
+    return MOE_OK;
+}
+
+static moe_status source_open(weight_source *ws, const char *folder) {
+    moe_status st = source_init(ws);
+    if (st) return st;
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
     if (access(path, F_OK) == 0) {
-        moe_status st = file_read_json_object(path, SMALL_FILE_MAX, &ws->index);
+        st = file_read_json_object(path, SMALL_FILE_MAX, &ws->index);
         if (st) return st;
         if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(ws->index, "weight_map")))
             return moe_error(MOE_EIO, "%s: no \"weight_map\" object", path);
@@ -117,6 +129,7 @@ static void source_close(weight_source *ws) {
     for (int i = 0; i < ws->n_files; i++)
         if (ws->loaded[i]) st_free(&ws->files[i]);
     cJSON_Delete(ws->index);
+    free(ws->names), free(ws->files), free(ws->loaded);
 }
 
 // The safetensors file holding `name` (read on first use).
@@ -138,12 +151,23 @@ static moe_status source_file(st_file **out, weight_source *ws, const char *fold
                              "is not in the folder",
                              folder, file, name);
     }
+    char mapped[256];
+    if (ws->file_prefix) {
+        if (strncmp(file, "model-", 6) || snprintf(mapped, sizeof mapped, "%s%s", ws->file_prefix,
+                                                   file + 5) >= (int)sizeof mapped)
+            return moe_error(MOE_EIO,
+                             "%s/model.safetensors.index.json: file '%s' of tensor '%s' is "
+                             "not a model-* shard (no %s shard to match it)",
+                             folder, file, name, ws->file_prefix);
+        file = mapped;
+    }
     for (int i = 0; i < ws->n_files; i++)
         if (!strcmp(ws->names[i], file)) {
             *out = &ws->files[i];
             return MOE_OK;
         }
-    if (ws->n_files == 64) return moe_error(MOE_EIO, "%s: more than 64 weight files", folder);
+    if (ws->n_files == WEIGHT_FILES_MAX)
+        return moe_error(MOE_EIO, "%s: more than %d weight files", folder, WEIGHT_FILES_MAX);
     int i = ws->n_files++;
     snprintf(ws->names[i], sizeof ws->names[i], "%s", file);
     char path[PATH_BUF];
@@ -167,18 +191,21 @@ static moe_status check_finite(const real *x, size_t n, const char *file, const 
     return MOE_OK;
 }
 
-// Copies the n tensors of tab into host (a buffer laid out like m->params), from the files
-// in folder whose names are prefix + HF name. host NULL: only checks that every tensor is
-// there with its shape, reading the headers alone.
+// Copies the n tensors of tab into host (a buffer laid out like m->params), from
+// folder/single_file when not NULL, else from the files the index names (model-*) under
+// file_prefix instead of "model" (the moment shards of write_tensors). host NULL: only checks
+// that every tensor is there with its shape, reading the headers alone.
 static moe_status load_tensors(real *host, const model_tensor *tab, int n, const char *folder,
-                               const char *single_file, const char *prefix) {
+                               const char *single_file, const char *file_prefix) {
     weight_source ws;
     moe_status st = MOE_OK;
     if (single_file) {
-        memset(&ws, 0, sizeof ws);
         char path[PATH_BUF];
         path_fmt(path, sizeof path, "%s/%s", folder, single_file);
-        if ((st = st_read(&ws.files[0], path))) return st;
+        if ((st = source_init(&ws)) || (st = st_read(&ws.files[0], path))) {
+            source_close(&ws);
+            return st;
+        }
         ws.loaded[0] = 1;
         ws.n_files = 1;
     } else if ((st = source_open(&ws, folder))) {
@@ -186,10 +213,10 @@ static moe_status load_tensors(real *host, const model_tensor *tab, int n, const
         return st;
     }
     ws.headers_only = host == NULL;
+    ws.file_prefix = file_prefix;
     for (int i = 0; i < n && !st; i++) {
         const model_tensor *t = &tab[i];
-        char name[320];
-        snprintf(name, sizeof name, "%s%s", prefix, t->name);
+        const char *name = t->name;
         st_file *f = &ws.files[0];
         if (!single_file && (st = source_file(&f, &ws, folder, name))) break;
         const st_tensor *s = st_find(f, name);
@@ -274,7 +301,7 @@ static moe_status load_bias(model *m, const char *folder) {
 static moe_status load_weights(model *m, const char *folder) {
     real *host = malloc(m->n_params * sizeof(real));
     if (!host) return moe_error(MOE_ENOMEM, "cannot allocate %zu parameters", m->n_params);
-    moe_status st = load_tensors(host, m->tensors, m->n_tensors, folder, NULL, "");
+    moe_status st = load_tensors(host, m->tensors, m->n_tensors, folder, NULL, NULL);
     if (!st) m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
     free(host);
     char path[PATH_BUF];
@@ -310,80 +337,6 @@ moe_status hf_load_weights(model *m, const char *folder) {
                          folder);
     moe_status st = checkpoint_verify(folder);
     return st ? st : load_weights(m, folder);
-}
-
-// Writes the tensors of host (laid out like m->params) as shards of at most max_bytes (a
-// tensor larger than that gets a shard of its own) plus the index; appends the file names
-// to files (a cJSON array) when not NULL.
-static moe_status write_shards(const char *folder, const model *m, const real *host, st_dtype dtype,
-                               uint64_t max_bytes, cJSON *files) {
-    const int n = m->n_tensors;
-    int *shard_of = malloc((size_t)n * sizeof(int)), n_shards = 0;
-    st_entry *entries = malloc((size_t)n * sizeof(st_entry));
-    if (!shard_of || !entries) {
-        free(shard_of), free(entries);
-        return moe_error(MOE_ENOMEM, "out of memory");
-    }
-    uint64_t in_shard = 0, total = 0;
-    for (int i = 0; i < n; i++) {
-        const model_tensor *t = &m->tensors[i];
-        uint64_t bytes = (uint64_t)t->rows * (t->cols ? t->cols : 1) * st_dtype_size(dtype);
-        if (i == 0 || (in_shard > 0 && in_shard + bytes > max_bytes)) n_shards++, in_shard = 0;
-        shard_of[i] = n_shards - 1;
-        in_shard += bytes, total += bytes;
-        entries[i] = (st_entry){.name = t->name,
-                                .data = host + t->offset,
-                                .ndim = t->cols ? 2 : 1,
-                                .shape = {t->rows, t->cols}};
-    }
-    cJSON *index = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *map = cJSON_CreateObject();
-    cJSON_AddNumberToObject(meta, "total_size", (double)total);
-    cJSON_AddItemToObject(index, "metadata", meta);
-    cJSON_AddItemToObject(index, "weight_map", map);
-    moe_status st = MOE_OK;
-    for (int s = 0, first = 0; s < n_shards && !st; s++) {
-        int last = first;
-        while (last < n && shard_of[last] == s) last++;
-        char name[64], path[PATH_BUF];
-        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        path_fmt(path, sizeof path, "%s/%s", folder, name);
-        st = st_write(path, entries + first, last - first, dtype);
-        for (int i = first; i < last; i++) cJSON_AddStringToObject(map, m->tensors[i].name, name);
-        if (files) cJSON_AddItemToArray(files, cJSON_CreateString(name));
-        first = last;
-    }
-    if (!st) {
-        char path[PATH_BUF];
-        path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
-        st = write_json(path, index);
-        if (files) cJSON_AddItemToArray(files, cJSON_CreateString("model.safetensors.index.json"));
-    }
-    cJSON_Delete(index);
-    free(shard_of), free(entries);
-    return st;
-}
-
-static moe_status write_moments(const char *folder, const char *file, const model *m,
-                                const real *host) {
-    st_entry *entries = malloc((size_t)m->n_tensors * sizeof(st_entry));
-    char(*names)[320] = malloc((size_t)m->n_tensors * sizeof *names);
-    if (!entries || !names) {
-        free(entries), free(names);
-        return moe_error(MOE_ENOMEM, "out of memory");
-    }
-    for (int i = 0; i < m->n_tensors; i++) {
-        const model_tensor *t = &m->tensors[i];
-        snprintf(names[i], sizeof names[i], "%s", t->name);
-        entries[i] = (st_entry){.name = names[i],
-                                .data = host + t->offset,
-                                .ndim = t->cols ? 2 : 1,
-                                .shape = {t->rows, t->cols}};
-    }
-    char path[PATH_BUF];
-    path_fmt(path, sizeof path, "%s/%s", folder, file);
-    moe_status st = st_write(path, entries, m->n_tensors, ST_F32);
-    free(entries), free(names);
-    return st;
 }
 
 // ---- save -----------------------------------------------------------------------------
@@ -429,65 +382,121 @@ static char *config_text(const moe_train_config *cfg) {
     return buf;
 }
 
-moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimizer *opt,
-                           const train_state *ts, const moe_train_config *cfg, int keep,
-                           uint64_t max_shard_bytes) {
-    save_count++;
-    if (check_path_arg(ckpt_root)) return MOE_EINVAL;
-    char tmp[PATH_BUF], final[PATH_BUF], path[PATH_BUF];
-    moe_status st = file_make_dirs(ckpt_root);
-    if (st) return st;
-    path_fmt(final, sizeof final, "%s/step_%08lld", ckpt_root, (long long)ts->step);
-    path_fmt(tmp, sizeof tmp, "%s.tmp", final);
-    if ((st = fresh_folder(tmp))) return st;
+// ---- agreement between the ranks of a save ---------------------------------------
 
-    real *host = malloc(m->n_params * sizeof(real));
-    cJSON *files = cJSON_CreateArray(), *state = NULL;
-    char *cfg_text = NULL;
-    if (!host) {
-        st = moe_error(MOE_ENOMEM, "checkpoint: cannot allocate %zu parameters", m->n_params);
-        goto done;
+// What each rank reports after a phase of a collective save: its status (with its message)
+// and the files it wrote with their CRC32s.
+#define REPORT_MSG 400
+typedef struct {
+    char name[64];
+    char crc[12]; // 8 hex digits
+} file_crc;
+
+typedef struct {
+    int status;
+    int n_files;
+    char msg[REPORT_MSG];
+} report_head;
+
+// Every rank's report, on every rank: status st and the CRC32s of the files it names (in
+// folder). Returns the first failure in rank order (a failure elsewhere becomes
+// "rank R: <its message>" here), else MOE_OK with *all [size][1 + max_files] blocks (free it).
+static moe_status gather_reports(moe_comm *world, moe_status st, const char *folder,
+                                 const cJSON *files, int max_files, void **all) {
+    const size_t block = sizeof(report_head) + (size_t)max_files * sizeof(file_crc);
+    const int R = world ? world->size : 1;
+    char *mine = calloc(1, block), *every = calloc((size_t)R, block);
+    if (!mine || !every) moe_fatal("checkpoint: out of memory");
+    report_head *h = (report_head *)mine;
+    file_crc *crcs = (file_crc *)(mine + sizeof *h);
+    const cJSON *f;
+    cJSON_ArrayForEach(f, (st ? NULL : files)) {
+        char path[PATH_BUF];
+        uint32_t crc;
+        path_fmt(path, sizeof path, "%s/%s", folder, f->valuestring);
+        if (h->n_files == max_files)
+            st = moe_error(MOE_EINVAL, "checkpoint: more than %d files from one rank", max_files);
+        else if (!(st = file_crc32(path, &crc))) {
+            snprintf(crcs[h->n_files].name, sizeof crcs->name, "%s", f->valuestring);
+            snprintf(crcs[h->n_files++].crc, sizeof crcs->crc, "%08" PRIx32, crc);
+        }
+        if (st) break;
     }
+    h->status = st;
+    if (st) snprintf(h->msg, sizeof h->msg, "%s", moe_last_error());
+    if (world)
+        world->allgather(world, every, mine, block);
+    else
+        memcpy(every, mine, block);
+    free(mine);
+    for (int r = 0; r < R; r++) {
+        const report_head *o = (const report_head *)(every + (size_t)r * block);
+        if (!o->status) continue;
+        moe_status code = (moe_status)o->status;
+        if (!world || r != world->rank) moe_error(code, "rank %d: %s", r, o->msg);
+        free(every);
+        return code;
+    }
+    *all = every;
+    return MOE_OK;
+}
+
+// ---- save -----------------------------------------------------------------------------
+
+// The files every writer writes: its model shards and, with AdamW, its moment shards.
+static moe_status write_tensors(const char *folder, const shard_plan *plan, int w, const model *m,
+                                const optimizer *opt, cJSON *files) {
+    real *host = malloc(m->n_params * sizeof(real));
+    if (!host)
+        return moe_error(MOE_ENOMEM, "checkpoint: cannot allocate %zu parameters", m->n_params);
+    m->be->copy_to_host(m->be, host, m->params, m->n_params * sizeof(real));
+    moe_status st = shard_write(folder, plan, w, m, host, "model", ST_F32, files);
+    crash_point("model_written");
+    for (int i = 0; i < 2 && !st && opt && opt->m; i++) {
+        m->be->copy_to_host(m->be, host, i ? opt->v : opt->m, m->n_params * sizeof(real));
+        st = shard_write(folder, plan, w, m, host, i ? MOMENTS_SQ : MOMENTS, ST_F32, files);
+    }
+    free(host);
+    return st;
+}
+
+// What only rank 0 writes besides its tensors: config.json, the index, the selection bias and
+// the run's tokenizer.
+static moe_status write_rank0_files(const char *tmp, const model *m, const shard_plan *plan,
+                                    const moe_train_config *cfg, cJSON *files) {
+    char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/config.json", tmp);
     cJSON *cj = hf_config_json(&m->cfg, "float32");
-    st = write_json(path, cj);
+    moe_status st = ckpt_json_write(path, cj);
     cJSON_Delete(cj);
-    if (st) goto done;
+    if (st || (st = shard_write_index(tmp, plan))) return st;
     cJSON_AddItemToArray(files, cJSON_CreateString("config.json"));
-    m->be->copy_to_host(m->be, host, m->params, m->n_params * sizeof(real));
-    if ((st = write_shards(tmp, m, host, ST_F32, max_shard_bytes, files))) goto done;
-    crash_point("model_written");
-    if (opt && opt->m) {
-        m->be->copy_to_host(m->be, host, opt->m, m->n_params * sizeof(real));
-        if ((st = write_moments(tmp, "optimizer-exp_avg.safetensors", m, host))) goto done;
-        m->be->copy_to_host(m->be, host, opt->v, m->n_params * sizeof(real));
-        if ((st = write_moments(tmp, "optimizer-exp_avg_sq.safetensors", m, host))) goto done;
-        cJSON_AddItemToArray(files, cJSON_CreateString("optimizer-exp_avg.safetensors"));
-        cJSON_AddItemToArray(files, cJSON_CreateString("optimizer-exp_avg_sq.safetensors"));
-    }
+    cJSON_AddItemToArray(files, cJSON_CreateString("model.safetensors.index.json"));
     if (m->router_bias) {
-        if ((st = write_bias(tmp, m))) goto done;
+        if ((st = write_bias(tmp, m))) return st;
         cJSON_AddItemToArray(files, cJSON_CreateString(BIAS_FILE));
     }
     // the run's tokenizer travels with the weights (the trainer's open_data makes the same
     // choice): its files, else the byte tokenizer's for a vocabulary of 256; CRC'd like the rest
-    {
-        char tok[PATH_BUF];
-        st = tokenizer_for_run(tok, sizeof tok, cfg->tokenizer, cfg->init_from, NULL);
-        if (st) goto done;
-        if (tok[0])
-            st = tokenizer_copy_hf(tok, tmp, NULL);
-        else if (m->cfg.vocab_size == BYTE_VOCAB_SIZE)
-            st = tokenizer_write_byte_hf(tmp);
-        if (st) goto done;
-        for (const char *const *name = tokenizer_hf_files; *name; name++) {
-            path_fmt(path, sizeof path, "%s/%s", tmp, *name);
-            if (access(path, F_OK) == 0) cJSON_AddItemToArray(files, cJSON_CreateString(*name));
-        }
+    char tok[PATH_BUF];
+    if ((st = tokenizer_for_run(tok, sizeof tok, cfg->tokenizer, cfg->init_from, NULL))) return st;
+    if (tok[0])
+        st = tokenizer_copy_hf(tok, tmp, NULL);
+    else if (m->cfg.vocab_size == BYTE_VOCAB_SIZE)
+        st = tokenizer_write_byte_hf(tmp);
+    for (const char *const *name = tokenizer_hf_files; *name && !st; name++) {
+        path_fmt(path, sizeof path, "%s/%s", tmp, *name);
+        if (access(path, F_OK) == 0) cJSON_AddItemToArray(files, cJSON_CreateString(*name));
     }
+    return st;
+}
 
-    // trainer_state.json: everything else, and the CRC32 of every other file
-    state = cJSON_CreateObject();
+// trainer_state.json: everything else, and the CRC32 of every other file (the reports of
+// all R ranks, blocks of 1 + max_files).
+static moe_status write_state(const char *tmp, const optimizer *opt, const train_state *ts,
+                              const moe_train_config *cfg, const void *reports, int R,
+                              int max_files) {
+    cJSON *state = cJSON_CreateObject();
     cJSON_AddStringToObject(state, "format", "moe.c trainer state");
     cJSON_AddNumberToObject(state, "version", 1);
     cJSON_AddNumberToObject(state, "step", (double)ts->step);
@@ -521,28 +530,34 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     cJSON *world = cJSON_AddObjectToObject(state, "world");
     cJSON_AddNumberToObject(world, "size", (double)(ts->world_size > 0 ? ts->world_size : 1));
     cJSON_AddNumberToObject(world, "ep_size", (double)(ts->ep_size > 0 ? ts->ep_size : 1));
-    if (!(cfg_text = config_text(cfg))) {
-        st = moe_error(MOE_ENOMEM, "checkpoint: cannot format the config");
-        goto done;
-    }
-    cJSON_AddStringToObject(state, "config", cfg_text);
+    char *cfg_text = config_text(cfg);
+    moe_status st =
+        cfg_text ? MOE_OK : moe_error(MOE_ENOMEM, "checkpoint: cannot format the config");
+    if (cfg_text) cJSON_AddStringToObject(state, "config", cfg_text);
     cJSON *crcs = cJSON_AddObjectToObject(state, "crc32");
-    cJSON *f;
-    cJSON_ArrayForEach(f, files) {
-        uint32_t crc;
-        path_fmt(path, sizeof path, "%s/%s", tmp, f->valuestring);
-        if ((st = file_crc32(path, &crc))) goto done;
-        snprintf(num, sizeof num, "%08" PRIx32, crc);
-        cJSON_AddStringToObject(crcs, f->valuestring, num);
+    const size_t block = sizeof(report_head) + (size_t)max_files * sizeof(file_crc);
+    for (int r = 0; r < R; r++) {
+        const char *b = (const char *)reports + (size_t)r * block;
+        const report_head *h = (const report_head *)b;
+        const file_crc *fc = (const file_crc *)(b + sizeof *h);
+        for (int i = 0; i < h->n_files; i++) cJSON_AddStringToObject(crcs, fc[i].name, fc[i].crc);
     }
+    char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/trainer_state.json", tmp);
-    if ((st = write_json(path, state))) goto done;
+    if (!st) st = ckpt_json_write(path, state);
+    free(cfg_text);
+    cJSON_Delete(state);
+    return st;
+}
 
-    // publish: folder, then `latest`
-    if ((st = fsync_path(tmp))) goto done;
+// Renames the complete tmp folder to final (the same step may exist: a run resumed from an
+// earlier step, in place), then points `latest` at it, then prunes.
+static moe_status publish(const char *ckpt_root, const char *tmp, const char *final, int64_t step,
+                          int keep) {
+    moe_status st = fsync_path(tmp);
+    if (st) return st;
     crash_point("before_rename");
-    // A checkpoint of the same step can exist (a run resumed from an earlier step, in place)
-    // and `latest` may name it: swap the two folders atomically so that name is never
+    // `latest` may name the existing folder: swap the two atomically so that name is never
     // missing, then delete the old one. Without RENAME_EXCHANGE (some filesystems), replace.
     struct stat sb;
     if (stat(final, &sb) == 0) {
@@ -550,37 +565,86 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
             remove_folder(tmp);
         } else {
             remove_folder(final);
-            if (rename(tmp, final) != 0) {
-                st = moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
-                goto done;
-            }
+            if (rename(tmp, final) != 0)
+                return moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, final,
+                                 strerror(errno));
         }
     } else if (rename(tmp, final) != 0) {
-        st = moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
-        goto done;
+        return moe_error(MOE_EIO, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
     }
-    if ((st = fsync_path(ckpt_root))) goto done;
+    if ((st = fsync_path(ckpt_root))) return st;
     crash_point("after_rename");
     char latest[PATH_BUF], latest_tmp[PATH_BUF + 8], line[32];
     path_fmt(latest, sizeof latest, "%s/latest", ckpt_root);
     path_fmt(latest_tmp, sizeof latest_tmp, "%s.tmp", latest);
-    snprintf(line, sizeof line, "step_%08lld\n", (long long)ts->step);
-    if ((st = file_write_synced(latest_tmp, line, strlen(line)))) goto done;
+    snprintf(line, sizeof line, "step_%08lld\n", (long long)step);
+    if ((st = file_write_synced(latest_tmp, line, strlen(line)))) return st;
     crash_point("latest_written");
-    if (rename(latest_tmp, latest) != 0) {
-        st = moe_error(MOE_EIO, "%s: cannot rename: %s", latest_tmp, strerror(errno));
-        goto done;
-    }
-    if ((st = fsync_path(ckpt_root))) goto done;
+    if (rename(latest_tmp, latest) != 0)
+        return moe_error(MOE_EIO, "%s: cannot rename: %s", latest_tmp, strerror(errno));
+    if ((st = fsync_path(ckpt_root))) return st;
     crash_point("before_prune");
     prune(ckpt_root, keep);
+    return MOE_OK;
+}
 
-done:
-    free(host);
-    free(cfg_text);
+// Test-only: MOE_TEST_SAVE_FAIL="R:N" makes rank R's tensor writing fail in this process's
+// N-th save (a full disk on one node), to check that every rank returns its error and the
+// previous checkpoint stays.
+static moe_status test_save_fail(moe_comm *world) {
+    const char *spec = getenv("MOE_TEST_SAVE_FAIL");
+    int r, nth;
+    if (spec && world && sscanf(spec, "%d:%d", &r, &nth) == 2 && r == world->rank &&
+        nth == save_count)
+        return moe_error(MOE_EIO, "checkpoint: a write failure injected on rank %d", r);
+    return MOE_OK;
+}
+
+moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimizer *opt,
+                           const train_state *ts, const moe_train_config *cfg, int keep,
+                           uint64_t max_shard_bytes, moe_comm *world) {
+    save_count++;
+    const int rank = world ? world->rank : 0, R = world ? world->size : 1;
+    char tmp[PATH_BUF] = "", final[PATH_BUF];
+    shard_plan plan;
+    void *reports = NULL;
+    // phase 1: rank 0 makes the folder, every rank its plan
+    moe_status st = shard_plan_make(&plan, &m->cfg, m->E_local, ST_F32, max_shard_bytes);
+    const int w = rank < plan.n_writers ? rank : -1, max_files = 3 * plan.max_per_writer + 16;
+    if (!st && w >= 0 && m->expert0 != w * m->E_local)
+        st = moe_error(MOE_EINVAL, "checkpoint: rank %d holds experts from %d, not %d", rank,
+                       m->expert0, w * m->E_local);
+    if (!st && !(st = check_path_arg(ckpt_root))) {
+        path_fmt(final, sizeof final, "%s/step_%08lld", ckpt_root, (long long)ts->step);
+        path_fmt(tmp, sizeof tmp, "%s.tmp", final);
+        if (rank == 0 && !(st = file_make_dirs(ckpt_root))) st = fresh_folder(tmp);
+    }
+    if ((st = gather_reports(world, st, NULL, NULL, max_files, &reports))) goto done;
+    free(reports), reports = NULL;
+    // phase 2: every writer its tensors, rank 0 the rest
+    cJSON *files = cJSON_CreateArray();
+    if (w >= 0) st = test_save_fail(world);
+    if (!st && w >= 0) st = write_tensors(tmp, &plan, w, m, opt, files);
+    if (!st && rank == 0) st = write_rank0_files(tmp, m, &plan, cfg, files);
+    st = gather_reports(world, st, tmp, files, max_files, &reports);
     cJSON_Delete(files);
-    cJSON_Delete(state);
-    if (st) remove_folder(tmp);
+    // phase 3: rank 0 writes trainer_state.json and publishes; every rank learns how it went
+    // (after a failed phase 2 every rank already has the same error)
+    const moe_status written = st;
+    if (!st && rank == 0 && !(st = write_state(tmp, opt, ts, cfg, reports, R, max_files)))
+        st = publish(ckpt_root, tmp, final, ts->step, keep);
+    if (world && !written) {
+        free(reports), reports = NULL;
+        moe_status agreed = gather_reports(world, st, NULL, NULL, 0, &reports);
+        st = st ? st : agreed;
+    }
+done:
+    if (st && rank == 0 && tmp[0]) remove_folder(tmp);
+    // every rank has the same status here; after a failure, wait for rank 0's clean-up
+    // before anyone returns (a rank's fatal path MPI_Aborts the others)
+    if (st && world) world->barrier(world);
+    free(reports);
+    shard_plan_free(&plan);
     return st;
 }
 
@@ -740,6 +804,33 @@ static int add_required(char (*names)[256], int n, int cap, const char *name) {
     return n;
 }
 
+// The moment files of AdamW (or whenever there): the single files of older checkpoints, else
+// one of each prefix per model shard of the index's weight_map.
+static int required_moments(char (*names)[256], int n, int cap, const char *folder,
+                            const cJSON *map, optim_kind kind) {
+    char path[PATH_BUF], name[256];
+    static const char *const prefix[2] = {MOMENTS, MOMENTS_SQ};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s.safetensors", prefix[i]);
+        path_fmt(path, sizeof path, "%s/%s", folder, name);
+        if (access(path, F_OK) == 0) {
+            n = add_required(names, n, cap, name);
+            continue;
+        }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, map) {
+            if (strncmp(e->valuestring, "model-", 6) ||
+                snprintf(name, sizeof name, "%s%s", prefix[i], e->valuestring + 5) >=
+                    (int)sizeof name)
+                continue; // not a shard of ours (weight_map names were checked < 256)
+            path_fmt(path, sizeof path, "%s/%s", folder, name);
+            if (kind == OPTIM_ADAMW || access(path, F_OK) == 0)
+                n = add_required(names, n, cap, name);
+        }
+    }
+    return n;
+}
+
 // The files a checkpoint must hold, from what the folder itself says: config.json, the index
 // and every shard it names, the bias file when config.json has router_bias, the optimizer
 // moments for AdamW or whenever present.
@@ -766,13 +857,9 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
     if (!st && !(st = file_read_json_object(path, SMALL_FILE_MAX, &config)) &&
         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(config, "router_bias")))
         n = add_required(names, n, cap, BIAS_FILE);
-    static const char *const optional[] = {BIAS_FILE, "optimizer-exp_avg.safetensors",
-                                           "optimizer-exp_avg_sq.safetensors"};
-    for (int i = 0; i < 3 && !st; i++) {
-        path_fmt(path, sizeof path, "%s/%s", folder, optional[i]);
-        if (access(path, F_OK) == 0 || (i > 0 && kind == OPTIM_ADAMW))
-            n = add_required(names, n, cap, optional[i]);
-    }
+    path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
+    if (!st && access(path, F_OK) == 0) n = add_required(names, n, cap, BIAS_FILE);
+    if (!st) n = required_moments(names, n, cap, folder, map, kind);
     if (!st && n == cap)
         st = moe_error(MOE_EIO, "%s: more than %d files to verify", folder, cap - 1);
     cJSON_Delete(index);
@@ -781,7 +868,7 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
     return st;
 }
 
-#define VERIFY_MAX_FILES 256
+#define VERIFY_MAX_FILES 1024
 
 // checkpoint_verify, also giving the validated state (trainer_state.json is read once).
 static moe_status verify(checkpoint_state *cs, const char *folder) {
@@ -842,12 +929,24 @@ moe_status hf_check_sizes(const char *folder, const model_config *cfg) {
                          folder, need, cfg->n_layers, cfg->moe.n_experts, have);
     model_tensor *tab = model_tensor_table(cfg);
     if (!tab) return moe_error(MOE_ENOMEM, "out of memory");
-    st = load_tensors(NULL, tab, (int)need, folder, NULL, "");
+    st = load_tensors(NULL, tab, (int)need, folder, NULL, NULL);
     free(tab);
     return st;
 }
 
 // ---- load -------------------------------------------------------------------------------
+
+// One AdamW moment of m's tensors into host: from its shards (PREFIX-0000F-of-0000N, beside
+// the model's), or from the single PREFIX.safetensors of checkpoints before expert-parallel
+// saves.
+static moe_status load_moments(real *host, const model *m, const char *folder, const char *prefix) {
+    char single[96], path[PATH_BUF];
+    snprintf(single, sizeof single, "%s.safetensors", prefix);
+    path_fmt(path, sizeof path, "%s/%s", folder, single);
+    if (access(path, F_OK) == 0)
+        return load_tensors(host, m->tensors, m->n_tensors, folder, single, NULL);
+    return load_tensors(host, m->tensors, m->n_tensors, folder, NULL, prefix);
+}
 
 moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts) {
     char folder[PATH_BUF];
@@ -869,12 +968,9 @@ moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_sta
     if (opt && opt->m) {
         if (!(host = malloc(m->n_params * sizeof(real))))
             return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
-        if (!(st = load_tensors(host, m->tensors, m->n_tensors, folder,
-                                "optimizer-exp_avg.safetensors", "")))
-            m->be->copy_to_device(m->be, opt->m, host, m->n_params * sizeof(real));
-        if (!st && !(st = load_tensors(host, m->tensors, m->n_tensors, folder,
-                                       "optimizer-exp_avg_sq.safetensors", "")))
-            m->be->copy_to_device(m->be, opt->v, host, m->n_params * sizeof(real));
+        for (int i = 0; i < 2 && !st; i++)
+            if (!(st = load_moments(host, m, folder, i ? MOMENTS_SQ : MOMENTS)))
+                m->be->copy_to_device(m->be, i ? opt->v : opt->m, host, m->n_params * sizeof(real));
         free(host);
         if (st) return st;
     }
@@ -922,12 +1018,16 @@ moe_status hf_export_from(const char *out_folder, const char *src_folder, const 
         else
             cJSON_AddNullToObject(cj, "eos_token_id");
         if (pad >= 0) cJSON_AddNumberToObject(cj, "pad_token_id", pad);
-        st = write_json(path, cj);
+        st = ckpt_json_write(path, cj);
         cJSON_Delete(cj);
     }
     if (!st) {
         m->be->copy_to_host(m->be, host, m->params, m->n_params * sizeof(real));
-        st = write_shards(tmp, m, host, dtype, max_shard_bytes, NULL);
+        shard_plan plan;
+        if (!(st = shard_plan_make(&plan, &m->cfg, m->E_local, dtype, max_shard_bytes)) &&
+            !(st = shard_write(tmp, &plan, 0, m, host, "model", dtype, NULL)))
+            st = shard_write_index(tmp, &plan);
+        shard_plan_free(&plan);
     }
     if (!st && m->router_bias) st = write_bias(tmp, m);
     if (!st) st = fsync_path(tmp);

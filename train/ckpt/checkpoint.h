@@ -4,8 +4,9 @@
 //     config.json                              HF MixtralConfig
 //     model-00001-of-0000N.safetensors ...     HF tensor names, fp32
 //     model.safetensors.index.json             {"metadata": {"total_size"}, "weight_map"}
-//     optimizer-exp_avg.safetensors            AdamW moments, by the same names (AdamW only)
-//     optimizer-exp_avg_sq.safetensors
+//     optimizer-exp_avg-00001-of-0000N.safetensors ...   AdamW moments of the tensors of
+//     optimizer-exp_avg_sq-00001-of-0000N.safetensors ... model-00001-of-0000N (AdamW only;
+//                                              older checkpoints: one optimizer-exp_avg.safetensors)
 //     trainer_state.json                       step, schedule, loader/RNG state, skipped
 //                                              steps, world layout, resolved config, CRC32s
 //   RUN/ckpt/latest                            "step_00000100\n"
@@ -13,6 +14,13 @@
 // A save writes step_N.tmp/, fsyncs every file and the folder, renames it to step_N/, fsyncs
 // the parent, then replaces `latest` by write-temp-and-rename; only then are checkpoints
 // beyond `keep` deleted. A crash at any moment leaves the previous checkpoint loadable.
+//
+// Under expert parallelism the save is collective (train/ckpt/shards.h): each process of the
+// first EP group writes the shards of its experts (and their moments), rank 0 also the dense
+// tensors, config.json, the index and, once every rank has reported its files' CRC32s,
+// trainer_state.json; then it publishes. The folder is the one a single process writes (HF
+// loads it unchanged; any world whose ep_size divides n_experts resumes from it: tensors are
+// found by name). The run directory must be on a filesystem every rank sees.
 #ifndef MOE_CHECKPOINT_H
 #define MOE_CHECKPOINT_H
 
@@ -31,8 +39,8 @@ typedef struct {
     int64_t skipped;           // non-finite steps skipped in all
     int64_t consecutive_skips; // at the moment of the save
     data_loader_state loader;  // the data order (the loader's RNG)
-    // the world that saved it (informational: a checkpoint holds every expert, gathered under
-    // expert parallelism, and resumes under any world); 0 is read as 1
+    // the world that saved it (informational: a checkpoint holds every expert and resumes
+    // under any world); 0 is read as 1
     int64_t world_size, ep_size;
 } train_state;
 
@@ -57,10 +65,13 @@ moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder);
 // file otherwise. A folder without trainer_state.json (an HF folder) is not checked here.
 moe_status checkpoint_verify(const char *folder);
 
-// Saves into ckpt_root/step_%08lld (see above). opt may be NULL (no moment files).
+// Saves into ckpt_root/step_%08lld (see above). opt may be NULL (no moment files). world
+// NULL: one process; else collective over world (every rank calls it; the model of world rank
+// r < E / E_local holds experts r*E_local.., as the trainer's first EP group does), and every
+// rank returns the same status (a failing rank's message, "rank R: ..." on the others).
 moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimizer *opt,
                            const train_state *ts, const moe_train_config *cfg, int keep,
-                           uint64_t max_shard_bytes);
+                           uint64_t max_shard_bytes, moe_comm *world);
 
 // Resolves `path`: a step folder, or a `latest` file naming one (relative to its folder).
 moe_status checkpoint_resolve(char *folder, size_t n, const char *path);

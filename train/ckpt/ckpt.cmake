@@ -3,4 +3,5 @@
 moe_component(moe_ckpt
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint.c ${CMAKE_CURRENT_LIST_DIR}/hf_config.c
           ${CMAKE_CURRENT_LIST_DIR}/json_fields.c ${CMAKE_CURRENT_LIST_DIR}/safetensors.c
+          ${CMAKE_CURRENT_LIST_DIR}/shards.c
   LINK moe_layers moe_optim moe_data moe_train_config PkgConfig::CJSON)

@@ -3,7 +3,10 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "data/files.h"
 
 // The field of obj that `key` names ("optimizer.t": obj is the optimizer object).
 const cJSON *ckpt_json_field(const cJSON *obj, const char *key) {
@@ -22,4 +25,12 @@ moe_status ckpt_json_integer(const cJSON *j, const char *path, const char *key, 
                          key, v->valuedouble, lo, hi);
     *out = (int64_t)v->valuedouble;
     return MOE_OK;
+}
+
+moe_status ckpt_json_write(const char *path, const cJSON *obj) {
+    char *text = cJSON_Print(obj);
+    if (!text) return moe_error(MOE_ENOMEM, "%s: cannot format JSON", path);
+    moe_status st = file_write_synced(path, text, strlen(text));
+    free(text);
+    return st;
 }

@@ -1,5 +1,6 @@
 // Checked fields of a parsed JSON object: the readers of config.json (hf_config.c) and of
-// trainer_state.json (checkpoint.c) refuse a field of the wrong type or range by name.
+// trainer_state.json (checkpoint.c) refuse a field of the wrong type or range by name; and the
+// one writer of the JSON files of a checkpoint.
 #ifndef MOE_CKPT_JSON_FIELDS_H
 #define MOE_CKPT_JSON_FIELDS_H
 
@@ -16,5 +17,8 @@ const cJSON *ckpt_json_field(const cJSON *obj, const char *key);
 // whose message names path and key.
 moe_status ckpt_json_integer(const cJSON *j, const char *path, const char *key, int64_t lo,
                              int64_t hi, moe_status code, int64_t *out);
+
+// Writes obj, formatted, to path and fsyncs it (MOE_EIO naming path; MOE_ENOMEM).
+moe_status ckpt_json_write(const char *path, const cJSON *obj);
 
 #endif
