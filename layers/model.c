@@ -394,6 +394,11 @@ double model_grad_sum_squares(model *m) {
     return dense + experts;
 }
 
+void model_set_capacity_factor(model *m, double capacity_factor) {
+    m->cfg.moe.capacity_factor = capacity_factor;
+    for (int l = 0; l < m->n_moe; l++) m->moe[l].cfg.capacity_factor = capacity_factor;
+}
+
 void model_zero_grads(model *m) {
     if (m->grads) m->be->zero(m->be, m->grads, m->n_params * sizeof(real));
 }

@@ -162,6 +162,10 @@ moe_status model_backward(model *m, double loss_scale);
 
 void model_zero_grads(model *m);
 
+// Sets the MoE layers' capacity factor (the next forwards use it; 0: dropless). The expert
+// buffers hold the dropless bound, so any factor fits.
+void model_set_capacity_factor(model *m, double capacity_factor);
+
 // Expert parallelism, after the backward of a step's micro-batches: the dense gradients summed
 // over all ranks (world), the expert gradients over the ranks that hold the same experts
 // (edp; NULL or one rank: nothing). SUM only: the loss scale already divides by the ranks.

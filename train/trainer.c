@@ -3,6 +3,8 @@
 
 #include "train/trainer.h"
 
+#include "train/capacity.h"
+
 #include <dirent.h>
 #include <signal.h>
 #include <errno.h>
@@ -747,6 +749,7 @@ typedef struct {
     // hold the same experts; one rank: a world of 1, ep and edp NULL
     moe_comm *world, *ep, *edp;
     int rank, R;
+    capacity_ctl cap; // model.capacity_factor's schedule or auto (train/capacity.h)
 } trainer;
 
 // What one step computed, for its logs.
@@ -756,6 +759,9 @@ typedef struct {
     int finite; // the forward of every micro-batch was finite
     double dt, tok_per_s, worst_mom, drop_frac, val_loss;
     int worst_layer, evaluated;
+    double capacity_factor;     // the step's
+    int capacity_decided;       // auto: this step ended a window
+    capacity_decision capacity; // its decision
 } step_result;
 
 static moe_status out_of_memory(void) { return moe_error(MOE_ENOMEM, "trainer: out of memory"); }
@@ -830,6 +836,25 @@ static moe_status trainer_open_model(trainer *t) {
                             (uint64_t)cfg->seed, t->rank, t->R);
 }
 
+// Auto capacity continues where the checkpoint was: its factor and its window's needs.
+static moe_status trainer_resume_capacity(trainer *t, const capacity_state *c) {
+    if (t->cap.plan.mode != CAPACITY_AUTO) return MOE_OK;
+    if (!c->present) {
+        printf("note: %s has no auto capacity state (its run did not use capacity_factor = "
+               "\"auto\"): auto capacity starts at %.4g with an empty window\n",
+               t->resume, t->cap.factor);
+        return MOE_OK;
+    }
+    if (c->L != t->L || c->n >= t->cap.plan.window)
+        return moe_error(MOE_EINVAL,
+                         "%s: its auto capacity window (%lld steps of %d layers) does not fit "
+                         "model.capacity_window = %lld with %d layers",
+                         t->resume, (long long)c->n, c->L, (long long)t->cap.plan.window, t->L);
+    t->cap.factor = c->factor, t->cap.n = c->n;
+    memcpy(t->cap.need, c->need, (size_t)c->n * c->L * sizeof *c->need);
+    return MOE_OK;
+}
+
 // Continues from a checkpoint of this run: parameters, optimizer, step, data order, skip
 // counts; the logs keep the records up to its step.
 static moe_status trainer_resume(trainer *t) {
@@ -837,7 +862,9 @@ static moe_status trainer_resume(trainer *t) {
     train_state ts;
     moe_status st;
     if ((st = checkpoint_load(t->resume, &t->m, &t->opt, &ts))) return st;
-    if ((st = data_loader_set_state(&t->loader, &ts.loader))) return st;
+    st = trainer_resume_capacity(t, &ts.capacity);
+    free(ts.capacity.need);
+    if (st || (st = data_loader_set_state(&t->loader, &ts.loader))) return st;
     t->start_step = ts.step, t->res.skipped = ts.skipped,
     t->consecutive_skips = ts.consecutive_skips;
     t->res.steps_done = t->start_step;
@@ -923,6 +950,9 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
     t->res.last_val_loss = NAN;
     moe_status st;
     if ((st = trainer_open_model(t))) return st;
+    t->L = t->m.cfg.n_layers, t->E = t->m.cfg.moe.n_experts;
+    if ((st = capacity_ctl_init(&t->cap, &cfg->capacity, cfg->model.moe.capacity_factor, t->L)))
+        return st;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/ckpt", cfg->run_dir);
     if (resume)
         st = trainer_resume(t);
@@ -935,7 +965,6 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
         (st = jsonl_open(&t->load_log, log_dir, t->rank ? "null" : "expert_load.jsonl",
                          resume != NULL)))
         return st;
-    t->L = t->m.cfg.n_layers, t->E = t->m.cfg.moe.n_experts;
     t->T = (size_t)cfg->batch_size * (size_t)cfg->seq_len;
     if ((st = trainer_alloc(t))) return st;
     trainer_print_header(t);
@@ -1006,6 +1035,8 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     const trainer_hooks *h = t->hooks;
     s->lr = lr_at_step(cfg->schedule, cfg->lr, cfg->min_lr, cfg->warmup_steps,
                        h && h->schedule_steps ? h->schedule_steps : cfg->steps, s->step);
+    s->capacity_factor = capacity_ctl_factor(&t->cap, cfg->model.moe.capacity_factor, s->step);
+    model_set_capacity_factor(&t->m, s->capacity_factor);
     model_zero_grads(&t->m);
     step_load_reset(&t->sl, t->L, t->E);
     for (int l = 0; l < t->L && t->R > 1; l++) moe_layer_exchange_reset(&t->m.moe[l]);
@@ -1072,6 +1103,31 @@ static void trainer_update(trainer *t, step_result *s, double t0) {
     if (t->res.steps_done == 0) t->res.first_loss = s->loss;
     t->res.last_loss = s->loss;
     t->res.steps_done = s->step + 1;
+}
+
+// Auto capacity, after a finite step: each layer's need from its micro-batches' counts
+// (every rank has the same gathered counts); at a window's end the factor of the next steps.
+static void trainer_capacity(trainer *t, step_result *s) {
+    if (t->cap.plan.mode != CAPACITY_AUTO) return;
+    const int L = t->L, E = t->E, G = t->sl.micro;
+    double *need = malloc((size_t)L * sizeof *need);
+    long *counts = malloc((size_t)G * E * sizeof *counts);
+    if (!need || !counts) moe_fatal("trainer: out of memory");
+    for (int l = 0; l < L; l++) {
+        for (int g = 0; g < G; g++)
+            memcpy(counts + (size_t)g * E, t->sl.micro_routed + ((size_t)g * L + l) * E,
+                   (size_t)E * sizeof *counts);
+        need[l] = capacity_needed_factor(counts, G, E, (long)t->T, t->cfg->model.moe.top_k,
+                                         t->cap.plan.max_drop);
+    }
+    s->capacity_decided = capacity_ctl_observe(&t->cap, need, s->step, &s->capacity);
+    // the same inputs give the same decision on every rank; rank 0's is the one kept anyway
+    if (s->capacity_decided && t->R > 1)
+        t->world->broadcast(t->world, &t->cap.factor, sizeof t->cap.factor, 0);
+    if (s->capacity_decided && t->rank == 0 && s->capacity.new_factor != s->capacity.old_factor)
+        printf("capacity: step %lld: capacity_factor %.4g -> %.4g (%s)\n", (long long)s->step + 1,
+               s->capacity.old_factor, t->cap.factor, s->capacity.why);
+    free(need), free(counts);
 }
 
 // Layer l's exchanges in the step, from every rank (collective): exchange_bytes = the bytes
@@ -1225,6 +1281,16 @@ static moe_status trainer_log_metrics(trainer *t, const step_result *s) {
     cJSON_AddNumberToObject(rec, "drop_frac", s->drop_frac);
     cJSON_AddNumberToObject(rec, "skipped_total", (double)t->res.skipped);
     if (s->evaluated) cJSON_AddNumberToObject(rec, "val_loss", s->val_loss);
+    cJSON_AddNumberToObject(rec, "capacity_factor", s->capacity_factor);
+    if (s->capacity_decided) {
+        const capacity_decision *d = &s->capacity;
+        cJSON *c = cJSON_AddObjectToObject(rec, "capacity_decision");
+        cJSON_AddNumberToObject(c, "old", d->old_factor);
+        cJSON_AddNumberToObject(c, "new", d->new_factor);
+        cJSON_AddNumberToObject(c, "p99_need", d->p99);
+        cJSON_AddNumberToObject(c, "layer", d->p99_layer);
+        cJSON_AddStringToObject(c, "why", d->why);
+    }
     return jsonl_write(&t->metrics, rec);
 }
 
@@ -1322,7 +1388,12 @@ static moe_status trainer_checkpoint(trainer *t, int64_t step) {
                       .skipped = t->res.skipped,
                       .consecutive_skips = t->consecutive_skips,
                       .world_size = t->R,
-                      .ep_size = t->m.ep ? t->m.ep->size : 1};
+                      .ep_size = t->m.ep ? t->m.ep->size : 1,
+                      .capacity = {.present = t->cap.plan.mode == CAPACITY_AUTO,
+                                   .factor = t->cap.factor,
+                                   .n = t->cap.n,
+                                   .L = t->L,
+                                   .need = t->cap.need}};
     data_loader_get_state(&ts.loader, &t->loader);
     const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
     uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
@@ -1352,6 +1423,7 @@ static moe_status trainer_run_step(trainer *t, int64_t step) {
     if (st) return st;
     if (!step_is_finite(&s)) return trainer_skip(t, &s);
     trainer_update(t, &s, t0);
+    trainer_capacity(t, &s);
     if ((st = trainer_log_load(t, &s)) || (st = trainer_validate(t, &s)) ||
         (st = trainer_log_metrics(t, &s)) || (st = trainer_alerts(t, step)))
         return st;
@@ -1392,6 +1464,7 @@ static moe_status trainer_close(trainer *t, moe_status st, trainer_result *resul
         free(sl->seq_aux), free(sl->z);
     free(t->alerts);
     alert_window_free(&t->aw);
+    capacity_ctl_free(&t->cap);
     data_loader_free(&t->loader);
     optimizer_destroy(&t->opt);
     model_destroy(&t->m);

@@ -989,6 +989,57 @@ typedef struct {
     void (*fn)(void);
 } test_case;
 
+// model.capacity_factor as a schedule or "auto", with auto's keys (train/capacity.h).
+static void case_capacity(void) {
+    static moe_train_config a, b;
+    if (ACCEPT("capacity_sched.cfg",
+               "model = {\n  capacity_factor = ((0, 2.0), (100, 1), (5000000000L, 1.5));\n};\n",
+               &a)) {
+        const capacity_plan *p = &a.capacity;
+        CHECK(p->mode == CAPACITY_SCHEDULE && p->n_points == 3 && p->step[1] == 100 &&
+              p->factor[1] == 1.0 && p->step[2] == INT64_C(5000000000) &&
+              a.model.moe.capacity_factor == 2.0);
+        FILE *f = fopen("capacity_sched_rt.cfg", "w");
+        CHECK(f && moe_train_config_write(&a, f) == MOE_OK);
+        if (f) fclose(f);
+        if (ACCEPT("capacity_sched_rt.cfg", NULL, &b)) CHECK(same_config(&a, &b));
+    }
+    if (ACCEPT("capacity_auto.cfg",
+               "model = {\n  capacity_factor = \"auto\";\n  max_drop = 0.02;\n"
+               "  capacity_window = 50;\n  capacity_max = 3;\n};\n",
+               &a)) {
+        const capacity_plan *p = &a.capacity;
+        CHECK(p->mode == CAPACITY_AUTO && p->max_drop == 0.02 && p->window == 50 && p->min == 1.0 &&
+              p->max == 3.0 && p->max_change == 1.25 &&
+              a.model.moe.capacity_factor == 3.0); // starts at the upper bound
+        FILE *f = fopen("capacity_auto_rt.cfg", "w");
+        CHECK(f && moe_train_config_write(&a, f) == MOE_OK);
+        if (f) fclose(f);
+        if (ACCEPT("capacity_auto_rt.cfg", NULL, &b)) CHECK(same_config(&a, &b));
+    }
+    REJECT(
+        "capacity_1.cfg", "model = {\n  capacity_factor = ((0, 2.0), (0, 1.0));\n};\n",
+        "=capacity_1.cfg:2: model.capacity_factor[1]: steps must be >= 0 and increase (0 after 0)");
+    REJECT("capacity_2.cfg", "model = {\n  capacity_factor = ((0, 2.0), (10, 0.0));\n};\n",
+           "capacity_2.cfg:2: model.capacity_factor[1]: a scheduled factor must be > 0");
+    REJECT("capacity_3.cfg", "model = {\n  capacity_factor = ((0, 2.0, 3), (10, 1.0));\n};\n",
+           "capacity_3.cfg:2: model.capacity_factor[0]: expected a (step, factor) pair");
+    REJECT("capacity_4.cfg", "model = {\n  capacity_factor = ((0.5, 2.0));\n};\n",
+           "model.capacity_factor[0]: the step must be an integer");
+    REJECT("capacity_5.cfg", "model = {\n  capacity_factor = \"automatic\";\n};\n",
+           "capacity_5.cfg:2: model.capacity_factor: \"automatic\" is not \"auto\"");
+    REJECT("capacity_6.cfg", "model = {\n  capacity_factor = 1.25;\n  capacity_window = 10;\n};\n",
+           "capacity_6.cfg:3: model.capacity_window is set but model.capacity_factor is not "
+           "\"auto\"");
+    REJECT("capacity_7.cfg",
+           "model = {\n  capacity_factor = \"auto\";\n  capacity_min = 2.5;\n};\n",
+           "capacity_7.cfg:3: model.capacity_min = 2.5 exceeds model.capacity_max = 2 (default)");
+    REJECT("capacity_8.cfg", "model = {\n  capacity_factor = ();\n};\n",
+           "capacity_8.cfg:2: model.capacity_factor: a schedule needs 1 to 64");
+    REJECT("capacity_9.cfg", "model = {\n  capacity_factor = \"auto\";\n  max_drop = 1.0;\n};\n",
+           "=capacity_9.cfg:3: model.max_drop: 1 is out of range (0, 1)");
+}
+
 static const test_case cases[] = {
     {"defaults", case_defaults},
     {"full", case_full},
@@ -1011,6 +1062,7 @@ static const test_case cases[] = {
     {"include_limits", case_include_limits},
     {"size_limits", case_size_limits},
     {"nul_string", case_nul_string},
+    {"capacity", case_capacity},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 

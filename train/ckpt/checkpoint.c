@@ -530,6 +530,15 @@ static moe_status write_state(const char *tmp, const optimizer *opt, const train
     cJSON *world = cJSON_AddObjectToObject(state, "world");
     cJSON_AddNumberToObject(world, "size", (double)(ts->world_size > 0 ? ts->world_size : 1));
     cJSON_AddNumberToObject(world, "ep_size", (double)(ts->ep_size > 0 ? ts->ep_size : 1));
+    if (ts->capacity.present) {
+        const capacity_state *cap = &ts->capacity;
+        cJSON *c = cJSON_AddObjectToObject(state, "capacity");
+        cJSON_AddNumberToObject(c, "factor", cap->factor);
+        cJSON_AddNumberToObject(c, "layers", cap->L);
+        cJSON *w = cJSON_AddArrayToObject(c, "window_need");
+        for (int64_t i = 0; i < cap->n; i++)
+            cJSON_AddItemToArray(w, cJSON_CreateDoubleArray(cap->need + i * cap->L, cap->L));
+    }
     char *cfg_text = config_text(cfg);
     moe_status st =
         cfg_text ? MOE_OK : moe_error(MOE_ENOMEM, "checkpoint: cannot format the config");
@@ -708,6 +717,47 @@ static moe_status st_u64(const cJSON *obj, const char *file, const char *key, ui
     return MOE_OK;
 }
 
+// "capacity" (auto capacity runs only): {"factor", "layers", "window_need": [[L numbers]...]}
+static moe_status parse_capacity(capacity_state *cap, const cJSON *c, const char *file) {
+    memset(cap, 0, sizeof *cap);
+    if (!c) return MOE_OK;
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "factor"),
+                *w = cJSON_GetObjectItemCaseSensitive(c, "window_need");
+    int64_t L;
+    moe_status st = st_int64(c, file, "capacity.layers", 1, 1024, &L);
+    if (st) return st;
+    if (!cJSON_IsNumber(f) || !(f->valuedouble > 0) || !isfinite(f->valuedouble))
+        return moe_error(MOE_EIO, "%s: \"capacity.factor\" is not a positive number", file);
+    if (!cJSON_IsArray(w) || cJSON_GetArraySize(w) > 1000000)
+        return moe_error(MOE_EIO, "%s: \"capacity.window_need\" is not an array (of at most 1e6)",
+                         file);
+    const int n = cJSON_GetArraySize(w);
+    double *need = malloc(((size_t)n * (size_t)L + 1) * sizeof *need);
+    if (!need) return moe_error(MOE_ENOMEM, "%s: out of memory", file);
+    int i = 0;
+    const cJSON *row;
+    cJSON_ArrayForEach(row, w) {
+        const cJSON *x;
+        int j = 0;
+        if (!cJSON_IsArray(row) || cJSON_GetArraySize(row) != L) break;
+        cJSON_ArrayForEach(x, row) {
+            if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) || !isfinite(x->valuedouble)) break;
+            need[(size_t)i * L + j++] = x->valuedouble;
+        }
+        if (j != L) break;
+        i++;
+    }
+    if (i != n) {
+        free(need);
+        return moe_error(MOE_EIO,
+                         "%s: \"capacity.window_need\"[%d] is not %lld finite numbers >= 0", file,
+                         i, (long long)L);
+    }
+    *cap =
+        (capacity_state){.present = 1, .factor = f->valuedouble, .n = n, .L = (int)L, .need = need};
+    return MOE_OK;
+}
+
 static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const char *file) {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(state, "format");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "moe.c trainer state"))
@@ -752,7 +802,7 @@ static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const ch
                          file, l->position, l->n_windows);
     if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(state, "crc32")))
         return moe_error(MOE_EIO, "%s: no \"crc32\" object", file);
-    return MOE_OK;
+    return parse_capacity(&ts->capacity, cJSON_GetObjectItemCaseSensitive(state, "capacity"), file);
 }
 
 // folder/trainer_state.json, parsed into *json and validated into *cs.
@@ -762,13 +812,19 @@ static moe_status read_state(cJSON **json, checkpoint_state *cs, const char *fol
     path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
     moe_status st = file_read_json_object(file, SMALL_FILE_MAX, json);
     if (!st && (st = parse_state(cs, *json, file))) cJSON_Delete(*json), *json = NULL;
-    return st;
+    return st; // (parse_state frees what it allocated when it fails)
+}
+
+static void capacity_state_free(capacity_state *c) {
+    free(c->need);
+    c->need = NULL;
 }
 
 moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder) {
     cJSON *state;
     moe_status st = read_state(&state, cs, folder);
     cJSON_Delete(state);
+    if (!st) capacity_state_free(&cs->ts.capacity); // (checkpoint.h: no needs from here)
     return st;
 }
 
@@ -893,12 +949,15 @@ static moe_status verify(checkpoint_state *cs, const char *folder) {
     }
     free(names);
     cJSON_Delete(state);
+    if (st) capacity_state_free(&cs->ts.capacity);
     return st;
 }
 
 moe_status checkpoint_verify(const char *folder) {
     checkpoint_state cs;
-    return verify(&cs, folder);
+    moe_status st = verify(&cs, folder);
+    if (!st) capacity_state_free(&cs.ts.capacity);
+    return st;
 }
 
 // ---- sizes before allocation -------------------------------------------------------------
@@ -948,20 +1007,18 @@ static moe_status load_moments(real *host, const model *m, const char *folder, c
     return load_tensors(host, m->tensors, m->n_tensors, folder, NULL, prefix);
 }
 
-moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts) {
-    char folder[PATH_BUF];
-    moe_status st = checkpoint_resolve(folder, sizeof folder, path);
-    if (st) return st;
-    checkpoint_state cs;
+// checkpoint_load after verify: weights, moments, optimizer count.
+static moe_status load_verified(const char *folder, checkpoint_state *cs, model *m,
+                                optimizer *opt) {
     real *host = NULL;
-    if ((st = verify(&cs, folder))) return st;
-    if (opt && opt->cfg.kind != cs.optimizer)
+    moe_status st;
+    if (opt && opt->cfg.kind != cs->optimizer)
         return moe_error(
             MOE_EINVAL,
             "%s/trainer_state.json: the checkpoint was trained with %s, "
             "the config says train.optimizer = \"%s\" (switching optimizers on resume "
             "is not supported: use train.init_from to start a new run from the weights)",
-            folder, cs.optimizer == OPTIM_SGD ? "sgd" : "adamw",
+            folder, cs->optimizer == OPTIM_SGD ? "sgd" : "adamw",
             opt->cfg.kind == OPTIM_SGD ? "sgd" : "adamw");
     if ((st = hf_config_check(folder, &m->cfg))) return st;
     if ((st = load_weights(m, folder))) return st;
@@ -974,9 +1031,22 @@ moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_sta
         free(host);
         if (st) return st;
     }
-    if (opt) opt->t = cs.optimizer_t;
-    if (ts) *ts = cs.ts;
+    if (opt) opt->t = cs->optimizer_t;
     return MOE_OK;
+}
+
+moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts) {
+    char folder[PATH_BUF];
+    moe_status st = checkpoint_resolve(folder, sizeof folder, path);
+    if (st) return st;
+    checkpoint_state cs;
+    if ((st = verify(&cs, folder))) return st;
+    st = load_verified(folder, &cs, m, opt);
+    if (!st && ts)
+        *ts = cs.ts; // the capacity needs go with it
+    else
+        capacity_state_free(&cs.ts.capacity);
+    return st;
 }
 
 // ---- export ---------------------------------------------------------------------------

@@ -33,6 +33,16 @@
 #include "train/ckpt/safetensors.h"
 #include "train/config/config.h"
 
+// Auto capacity's state (train/capacity.h): the factor in force and the needs of the
+// window's steps so far. Saving: need is borrowed. Loading: malloc'd when present (free it).
+typedef struct {
+    int present;   // the run had model.capacity_factor = "auto"
+    double factor; // > 0
+    int64_t n;     // steps of the current window, < its length
+    int L;         // layers (need is [n][L])
+    double *need;  // >= 0, finite
+} capacity_state;
+
 // Everything besides tensors that an exact resume needs.
 typedef struct {
     int64_t step;              // updates done
@@ -42,6 +52,7 @@ typedef struct {
     // the world that saved it (informational: a checkpoint holds every expert and resumes
     // under any world); 0 is read as 1
     int64_t world_size, ep_size;
+    capacity_state capacity;
 } train_state;
 
 #define CHECKPOINT_SHARD_BYTES ((uint64_t)1 << 30)

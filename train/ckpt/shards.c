@@ -22,8 +22,8 @@ moe_status shard_plan_make(shard_plan *p, const model_config *cfg, int E_local, 
     memset(p, 0, sizeof *p);
     const int E = cfg->moe.n_experts;
     if (E_local < 1 || E % E_local)
-        return moe_error(MOE_EINVAL, "checkpoint: %d experts per process do not divide %d",
-                         E_local, E);
+        return moe_error(MOE_EINVAL, "checkpoint: %d experts per process do not divide %d", E_local,
+                         E);
     p->n = (int)model_tensor_count(cfg);
     p->n_writers = E / E_local;
     p->tab = model_tensor_table(cfg);
@@ -77,8 +77,7 @@ moe_status shard_write(const char *folder, const shard_plan *p, int w, const mod
         if (t->expert >= 0 && (t->expert < m->expert0 || t->expert >= m->expert0 + m->E_local))
             continue;
         if (j == m->n_tensors || strcmp(m->tensors[j].name, t->name))
-            st = moe_error(MOE_EINVAL, "checkpoint: the model's tensor %d is not '%s'", j,
-                           t->name);
+            st = moe_error(MOE_EINVAL, "checkpoint: the model's tensor %d is not '%s'", j, t->name);
         else if (p->writer[p->file[i]] != w && t->expert >= 0)
             st = moe_error(MOE_EINVAL, "checkpoint: writer %d does not write '%s'", w, t->name);
         else

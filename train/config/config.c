@@ -40,13 +40,14 @@ _Static_assert(MOE_DROP_PROBS == 0 && MOE_DROP_POSITION == 1,
 // ---- the schema ---------------------------------------------------------------------
 
 typedef enum {
-    K_INT,     // int field, integer setting
-    K_INT64,   // int64_t field, integer setting
-    K_FLOAT,   // double field, float or integer setting
-    K_BOOL,    // int field (0/1), true/false
-    K_STRING,  // char[MOE_PATH_MAX] field
-    K_ENUM,    // enum field (int-sized), a string from `names` (the value is its index)
-    K_STRLIST, // data.text: char[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX] + int count
+    K_INT,      // int field, integer setting
+    K_INT64,    // int64_t field, integer setting
+    K_FLOAT,    // double field, float or integer setting
+    K_BOOL,     // int field (0/1), true/false
+    K_STRING,   // char[MOE_PATH_MAX] field
+    K_ENUM,     // enum field (int-sized), a string from `names` (the value is its index)
+    K_STRLIST,  // data.text: char[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX] + int count
+    K_CAPACITY, // model.capacity_factor: capacity_plan + model.moe.capacity_factor
 } key_kind;
 
 typedef struct {
@@ -114,7 +115,15 @@ static const key_spec specs[] = {
     KFLT("model", "rms_norm_eps", model.rms_norm_eps, 0, OPEN, 1, OPEN),
     KBOOL("model", "tie_embeddings", model.tie_embeddings),
     KBOOL("model", "norm_topk_prob", model.moe.norm_topk_prob),
-    KFLT("model", "capacity_factor", model.moe.capacity_factor, 0, CLOSED, INFINITY, OPEN),
+    {.group = "model",
+     .key = "capacity_factor",
+     .kind = K_CAPACITY,
+     .off = OFF(capacity, capacity_plan)},
+    KFLT("model", "max_drop", capacity.max_drop, 0, OPEN, 1, OPEN),
+    KI64("model", "capacity_window", capacity.window, 1, INT64_C(1000000000)),
+    KFLT("model", "capacity_min", capacity.min, 0, OPEN, INFINITY, OPEN),
+    KFLT("model", "capacity_max", capacity.max, 0, OPEN, INFINITY, OPEN),
+    KFLT("model", "capacity_max_change", capacity.max_change, 1, CLOSED, INFINITY, OPEN),
     KENUM("model", "drop_policy", model.moe.drop_policy, moe_drop_policy, drop_names),
     KFLT("model", "aux_coef", model.moe.aux_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "z_coef", model.moe.z_coef, 0, CLOSED, INFINITY, OPEN),
@@ -195,6 +204,12 @@ void moe_train_config_default(moe_train_config *cfg) {
     e->drop_policy = d.drop_policy, e->aux_coef = d.aux_coef, e->z_coef = d.z_coef;
     e->scoring = d.scoring, e->route_scale = d.route_scale, e->seq_aux_coef = d.seq_aux_coef;
     e->jitter_eps = d.jitter_eps;
+    cfg->capacity = (capacity_plan){.mode = CAPACITY_FIXED,
+                                    .max_drop = 0.01,
+                                    .window = 100,
+                                    .min = 1.0,
+                                    .max = 2.0,
+                                    .max_change = 1.25};
     cfg->bias_rate = 0.0;
     cfg->init_std = 0.02;
     snprintf(cfg->device, sizeof cfg->device, "cpu");
@@ -759,7 +774,7 @@ static int same_file(const char *a, const char *b) {
 // then the target is the k-th "name =" on that line.
 static int count_before(const config_setting_t *s, const config_setting_t *target, int *k) {
     if (s == target) return 1;
-    if (s->name && s->line == target->line && strcmp(s->name, target->name) == 0 &&
+    if (s->name && target->name && s->line == target->line && strcmp(s->name, target->name) == 0 &&
         same_file(s->file, target->file))
         ++*k;
     if (config_setting_is_aggregate(s))
@@ -814,6 +829,91 @@ static moe_status read_string(load_ctx *c, const config_setting_t *s, const char
     if (nonempty && len == 0) return bad(c, s, name, "must not be empty");
     memset(dst, 0, MOE_PATH_MAX);
     memcpy(dst, v, len);
+    return MOE_OK;
+}
+
+static moe_status read_key(load_ctx *c, const key_spec *k, const config_setting_t *s,
+                           moe_train_config *cfg);
+
+// A number of a setting (int or float) into *v; MOE_EINVAL naming it otherwise. An integer
+// of a named setting is read from its literal (int_value); of a list element, as libconfig
+// gives it.
+static moe_status number_value(load_ctx *c, const config_setting_t *s, const char *name,
+                               double *v) {
+    int type = config_setting_type(s);
+    if (type == CONFIG_TYPE_FLOAT) {
+        *v = config_setting_get_float(s);
+        return MOE_OK;
+    }
+    if (type != CONFIG_TYPE_INT && type != CONFIG_TYPE_INT64)
+        return bad(c, s, name, "expected a number, got %s", type_name(type));
+    if (!s->name) {
+        *v = (double)config_setting_get_int64(s);
+        return MOE_OK;
+    }
+    int64_t i;
+    moe_status st = int_value(c, s, name, &i);
+    *v = (double)i;
+    return st;
+}
+
+// model.capacity_factor: a number >= 0 (0: dropless), "auto", or a schedule
+// ((step, factor), ...) with steps >= 0 strictly increasing and factors > 0.
+static moe_status read_capacity(load_ctx *c, const config_setting_t *s, const char *name,
+                                moe_train_config *cfg) {
+    capacity_plan *p = &cfg->capacity;
+    const int type = config_setting_type(s);
+    moe_status st;
+    if (type == CONFIG_TYPE_STRING) {
+        if (strcmp(config_setting_get_string(s), "auto"))
+            return bad(c, s, name,
+                       "\"%.64s\" is not \"auto\" (or give a number, or a schedule "
+                       "((step, factor), ...))",
+                       config_setting_get_string(s));
+        p->mode = CAPACITY_AUTO;
+        return MOE_OK;
+    }
+    if (type != CONFIG_TYPE_LIST && type != CONFIG_TYPE_ARRAY) { // one number, read as such
+        static const key_spec one =
+            KFLT("model", "capacity_factor", model.moe.capacity_factor, 0, CLOSED, INFINITY, OPEN);
+        p->mode = CAPACITY_FIXED, p->n_points = 0;
+        return read_key(c, &one, s, cfg);
+    }
+    const int n = config_setting_length(s);
+    if (n < 1 || n > MOE_CAPACITY_MAX_POINTS)
+        return bad(c, s, name, "a schedule needs 1 to %d (step, factor) points, got %d",
+                   MOE_CAPACITY_MAX_POINTS, n);
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *pt = config_setting_get_elem(s, (unsigned)i);
+        char ename[128];
+        snprintf(ename, sizeof ename, "%s[%d]", name, i);
+        const int pt_type = config_setting_type(pt);
+        if ((pt_type != CONFIG_TYPE_LIST && pt_type != CONFIG_TYPE_ARRAY) ||
+            config_setting_length(pt) != 2)
+            return bad(c, pt, ename, "expected a (step, factor) pair");
+        const config_setting_t *ss = config_setting_get_elem(pt, 0),
+                               *fs = config_setting_get_elem(pt, 1);
+        int64_t step;
+        double f;
+        if (config_setting_type(ss) != CONFIG_TYPE_INT &&
+            config_setting_type(ss) != CONFIG_TYPE_INT64)
+            return bad(c, ss, ename, "the step must be an integer");
+        // (a list element has no name for int_value's literal check: libconfig wraps a step
+        // above 2147483647 unless written with an L suffix, which the docs say)
+        step = config_setting_get_int64(ss);
+        if ((st = number_value(c, fs, ename, &f))) return st;
+        if (step < 0 || (i > 0 && step <= p->step[i - 1]))
+            return bad(c, ss, ename,
+                       "steps must be >= 0 and increase (%" PRId64 " after %" PRId64 ")", step,
+                       i ? p->step[i - 1] : 0);
+        if (!(f > 0) || !isfinite(f))
+            return bad(c, fs, ename,
+                       "a scheduled factor must be > 0 and finite (dropless is 0 "
+                       "alone)");
+        p->step[i] = step, p->factor[i] = f;
+    }
+    p->mode = CAPACITY_SCHEDULE, p->n_points = n;
+    cfg->model.moe.capacity_factor = p->factor[0]; // held before the first point
     return MOE_OK;
 }
 
@@ -921,6 +1021,7 @@ static moe_status read_key(load_ctx *c, const key_spec *k, const config_setting_
         *count = n;
         return MOE_OK;
     }
+    case K_CAPACITY: return read_capacity(c, s, name, cfg);
     }
     return moe_error(MOE_EINVAL, "%s: internal error: unknown key kind", name);
 }
@@ -1147,6 +1248,24 @@ static moe_status check_combinations(load_ctx *c, moe_train_config *cfg) {
                  m->d_model / m->n_heads);
         return inconsistent(c, cfg, d_model, n_heads, "with", why);
     }
+    const capacity_plan *cap = &cfg->capacity;
+    static const char *const auto_keys[] = {"max_drop", "capacity_window", "capacity_min",
+                                            "capacity_max", "capacity_max_change"};
+    for (int i = 0; i < 5 && cap->mode != CAPACITY_AUTO; i++) {
+        const int ki = spec_index("model", auto_keys[i]);
+        if (!c->at[ki]) continue;
+        char loc[MOE_PATH_MAX + 96];
+        where(c, c->at[ki], loc, sizeof loc);
+        return moe_error(MOE_EINVAL,
+                         "%s: model.%s is set but model.capacity_factor is not \"auto\": it has "
+                         "no effect (set capacity_factor = \"auto\", or remove it)",
+                         loc, auto_keys[i]);
+    }
+    if (cap->mode == CAPACITY_AUTO && cap->min > cap->max)
+        return inconsistent(c, cfg, spec_index("model", "capacity_min"),
+                            spec_index("model", "capacity_max"), "exceeds",
+                            "auto capacity keeps the factor within [capacity_min, capacity_max]");
+    if (cap->mode == CAPACITY_AUTO) m->moe.capacity_factor = cap->max; // young router: wide
     if (c->at[drop] && m->moe.capacity_factor == 0.0) {
         char loc[MOE_PATH_MAX + 96];
         where(c, c->at[drop], loc, sizeof loc);
@@ -1504,12 +1623,42 @@ static moe_status check_writable(const moe_train_config *cfg) {
         default: break;
         }
     }
+    const capacity_plan *cap = &cfg->capacity;
+    if (cap->mode < CAPACITY_FIXED || cap->mode > CAPACITY_AUTO ||
+        (cap->mode == CAPACITY_SCHEDULE &&
+         (cap->n_points < 1 || cap->n_points > MOE_CAPACITY_MAX_POINTS)))
+        return moe_error(MOE_EINVAL, "moe_train_config_write: model.capacity_factor: bad plan");
     if (cfg->model.moe.capacity_factor == 0.0 && cfg->model.moe.drop_policy != MOE_DROP_PROBS)
         return moe_error(MOE_EINVAL,
                          "moe_train_config_write: model.drop_policy = \"%s\" with "
                          "model.capacity_factor = 0 (dropless) would not load back",
                          drop_names[cfg->model.moe.drop_policy]);
     return MOE_OK;
+}
+
+static void write_float(FILE *f, double x) {
+    char v[40];
+    fmt_double(v, sizeof v, x);
+    fprintf(f, "%s%s", v, strpbrk(v, ".e") ? "" : ".0"); // stays a float for libconfig
+}
+
+// model.capacity_factor as read_capacity reads it: a number, "auto" or the schedule.
+static void write_capacity(FILE *f, const moe_train_config *cfg) {
+    const capacity_plan *p = &cfg->capacity;
+    if (p->mode == CAPACITY_AUTO) {
+        fputs("\"auto\"", f);
+    } else if (p->mode == CAPACITY_SCHEDULE) {
+        fputc('(', f);
+        for (int i = 0; i < p->n_points; i++) {
+            fprintf(f, "%s(%" PRId64 "%s, ", i ? ", " : "", p->step[i],
+                    p->step[i] > INT_MAX ? "L" : "");
+            write_float(f, p->factor[i]);
+            fputc(')', f);
+        }
+        fputc(')', f);
+    } else {
+        write_float(f, cfg->model.moe.capacity_factor);
+    }
 }
 
 moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
@@ -1526,6 +1675,16 @@ moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
             fprintf(f, "%s = {\n", k->group);
             open = k->group;
         }
+        if (k->kind != K_CAPACITY && k->off >= OFF(capacity, capacity_plan) &&
+            k->off < OFF(capacity, capacity_plan) + sizeof(capacity_plan) &&
+            cfg->capacity.mode != CAPACITY_AUTO) {
+            // auto's keys: in the file they would be rejected (they have no effect)
+            if (k->off == OFF(capacity.max_drop, double))
+                fputs("  # max_drop, capacity_window, capacity_min, capacity_max, "
+                      "capacity_max_change: with capacity_factor = \"auto\" only\n",
+                      f);
+            continue;
+        }
         if (k->kind == K_ENUM && k->names == drop_names && cfg->model.moe.capacity_factor == 0.0) {
             // dropless: a drop_policy in the file would be rejected (it has no effect)
             fprintf(f, "  # %s = \"%s\"; (no effect: capacity_factor = 0 is dropless)\n", k->key,
@@ -1540,12 +1699,7 @@ moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
             fprintf(f, "%" PRId64 "%s", v, v < INT_MIN || v > INT_MAX ? "L" : "");
             break;
         }
-        case K_FLOAT: {
-            char v[40];
-            fmt_double(v, sizeof v, *(const double *)field);
-            fprintf(f, "%s%s", v, strpbrk(v, ".e") ? "" : ".0"); // stays a float for libconfig
-            break;
-        }
+        case K_FLOAT: write_float(f, *(const double *)field); break;
         case K_BOOL: fputs(*(const int *)field ? "true" : "false", f); break;
         case K_STRING: write_string(f, field); break;
         case K_ENUM: write_string(f, k->names[*(const int *)field]); break;
@@ -1559,6 +1713,7 @@ moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
             fputs(n ? " ]" : "]", f);
             break;
         }
+        case K_CAPACITY: write_capacity(f, cfg); break;
         }
         fputs(";\n", f);
     }

@@ -13,7 +13,7 @@ if(MOE_BUILD_TESTS)
     defaults full int_for_float int64 set roundtrip include
     unknown_key unknown_group wrong_type out_of_range int_overflow inconsistent
     bad_enum syntax_error missing_file bad_set
-    unbounded_input include_limits size_limits nul_string)
+    unbounded_input include_limits size_limits nul_string capacity)
   set(MOE_CONFIG_TESTS config_case_list)
   add_test(NAME config_case_list COMMAND test_config --check-list ${MOE_CONFIG_CASES})
   foreach(case ${MOE_CONFIG_CASES})

@@ -16,6 +16,24 @@
 #include "optim/optimizer.h"
 
 #define MOE_PATH_MAX 1024
+#define MOE_CAPACITY_MAX_POINTS 64
+
+// How model.capacity_factor moves during training (train/capacity.h applies it).
+typedef enum {
+    CAPACITY_FIXED = 0,    // one number
+    CAPACITY_SCHEDULE = 1, // (step, factor) points, linear in between, held outside
+    CAPACITY_AUTO = 2,     // follows the router: the P99 step's need over each window
+} capacity_mode;
+
+typedef struct {
+    capacity_mode mode;
+    int n_points;                           // SCHEDULE: [1, MOE_CAPACITY_MAX_POINTS]
+    int64_t step[MOE_CAPACITY_MAX_POINTS];  // strictly increasing, >= 0
+    double factor[MOE_CAPACITY_MAX_POINTS]; // > 0, finite
+    double max_drop;                        // AUTO (and its keys' defaults otherwise)
+    int64_t window;
+    double min, max, max_change;
+} capacity_plan;
 #define MOE_MAX_TEXT_SOURCES 32
 
 // What a config may read (issue 8). The config file and every file it @includes must be a
@@ -74,7 +92,16 @@ typedef struct {
     //   rms_norm_eps    model.rms_norm_eps        (0, 1)
     //   tie_embeddings  model.tie_embeddings      bool
     //   norm_topk_prob  model.moe.norm_topk_prob  bool
-    //   capacity_factor model.moe.capacity_factor >= 0, finite (0: dropless)
+    //   capacity_factor model.moe.capacity_factor >= 0, finite (0: dropless); or a schedule
+    //                   ((step, factor), ...) (capacity.mode CAPACITY_SCHEDULE: steps >= 0
+    //                   increasing, factors > 0); or "auto" (CAPACITY_AUTO, the keys below)
+    //   max_drop        capacity.max_drop         (0, 1): auto's drop bound on the P99 step
+    //   capacity_window capacity.window           [1, 1e9] steps per auto decision
+    //   capacity_min    capacity.min              (0, inf): auto's lower bound
+    //   capacity_max    capacity.max              [capacity_min, inf): its upper bound and
+    //                                             the factor it starts from
+    //   capacity_max_change capacity.max_change   [1, inf): the most one decision multiplies
+    //                                             or divides the factor by
     //   drop_policy     model.moe.drop_policy     "probs" | "position"; DESIGN.md §3.3
     //   aux_coef        model.moe.aux_coef        >= 0
     //   z_coef          model.moe.z_coef          >= 0
@@ -83,6 +110,9 @@ typedef struct {
     //   seq_aux_coef    model.moe.seq_aux_coef    >= 0 (0: off), sequence-level aux loss
     //   router_jitter   model.moe.jitter_eps      [0, 1) (0: off), router input noise U(1-j, 1+j)
     model_config model;
+    // model.capacity_factor beyond one number: a schedule of (step, factor) points or "auto"
+    // (train/capacity.h); model.moe.capacity_factor then holds the factor of step 0
+    capacity_plan capacity;
     double init_std;  // > 0
     double bias_rate; // >= 0 (0: off): aux-loss-free bias balancing rate
     // the backend the run computes on, by name (layers/backend.h moe_backend_names: "cpu";

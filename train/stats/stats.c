@@ -34,6 +34,7 @@ static const char *usage =
     "[--json]\n"
     "       moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] "
     "[--json]\n"
+    "       moe stats RUN_DIR --watch [--interval S] [--count N] [--capacity] [options]\n"
     "\n"
     "  Reads RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg.\n"
     "  report      per MoE layer: max/mean load (mean, P95, P99 over steps), CV, hottest and\n"
@@ -50,7 +51,9 @@ static const char *usage =
     "  --wide      the full tables (more than 100 columns): with the report, the aux and z\n"
     "              loss trends, the entropy in nats, the exchange share and the dead experts'\n"
     "              indexes; with --capacity, rows and the memory of all layers\n"
-    "  --json      one JSON document instead of the tables\n";
+    "  --json      one JSON document instead of the tables\n"
+    "  --watch     redraw the report (or --capacity) every --interval S seconds (default 2)\n"
+    "              while the run writes its logs, until its last step (or --count N times)\n";
 
 // ---- numbers ------------------------------------------------------------------------
 
@@ -160,6 +163,8 @@ typedef struct {
     metric_t *m;
     size_t m_n, m_cap;
     long m_skipped;
+    double last_cf; // capacity_factor of the latest metrics record (schedule/auto), NAN: none
+    long last_cf_step;
     int have_metrics;
     long load_partial, metrics_partial; // line numbers of an ignored partial last line
     long tokens_mismatch_line, tokens_seen;
@@ -464,6 +469,9 @@ static moe_status on_metrics_record(run_t *rd, where_t w, const cJSON *o) {
         rd->m_skipped++;
         m.step_s = NAN;
     }
+    const cJSON *cf = cJSON_GetObjectItemCaseSensitive(o, "capacity_factor");
+    if (cJSON_IsNumber(cf) && m.step > rd->last_cf_step)
+        rd->last_cf = cf->valuedouble, rd->last_cf_step = m.step;
     if (rd->m_n == rd->m_cap) {
         size_t nc = rd->m_cap ? 2 * rd->m_cap : 256;
         metric_t *nm = realloc(rd->m, nc * sizeof *nm);
@@ -823,7 +831,14 @@ static void print_header(const run_t *rd, FILE *out, size_t steps, long first, l
         prose(rd, out,
               "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; no metrics.jsonl\n", steps,
               first, last, from);
-    if (rd->cfg)
+    if (rd->cfg && rd->cfg->capacity.mode != CAPACITY_FIXED)
+        fprintf(out,
+                "  model: %d layers, %d experts, top-%d, capacity_factor %s: %.4g at step %ld\n",
+                rd->cfg->model.n_layers, rd->E, rd->top_k,
+                rd->cfg->capacity.mode == CAPACITY_AUTO ? "auto" : "scheduled",
+                isnan(rd->last_cf) ? rd->cfg->model.moe.capacity_factor : rd->last_cf,
+                rd->last_cf_step);
+    else if (rd->cfg)
         fprintf(out, "  model: %d layers, %d experts, top-%d, capacity_factor %g%s\n",
                 rd->cfg->model.n_layers, rd->E, rd->top_k, rd->cfg->model.moe.capacity_factor,
                 rd->cfg->model.moe.capacity_factor > 0 ? "" : " (dropless)");
@@ -1104,7 +1119,8 @@ static int capacity_report(run_t *rd, FILE *out) {
     }
     const need_t rp99 = need_at(rd, run_p99, stats_capacity_of(run_p99, T, k, E));
     const need_t rworst = need_at(rd, run_worst, stats_capacity_of(run_worst, T, k, E));
-    const double cur_cf = rd->cfg->model.moe.capacity_factor;
+    // a schedule or auto: the factor of the latest step logged
+    const double cur_cf = isnan(rd->last_cf) ? rd->cfg->model.moe.capacity_factor : rd->last_cf;
     const long cur_C = stats_capacity_of(cur_cf, T, k, E);
     const need_t cur = need_at(rd, cur_cf, cur_C);
     // Runs since micro_counts was logged are exact; older logs of grad_accum > 1 runs only
@@ -1278,12 +1294,15 @@ __attribute__((format(printf, 2, 3))) static int usage_error(FILE *err, const ch
 
 int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
     run_t rd = {.only_layer = -1,
+                .last_cf = NAN,
                 .window = STATS_DEFAULT_WINDOW,
                 .alert = STATS_DEFAULT_ALERT,
                 .max_drop = STATS_DEFAULT_MAX_DROP,
                 .groups = 1,
                 .top_k = 1};
     int report_opt = 0, max_drop_opt = 0;
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--watch")) return stats_watch(argc, argv, out, err);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

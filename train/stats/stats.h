@@ -6,6 +6,9 @@
 //       dead experts of the last window, drop fraction in the first and the last window,
 //       router entropy, aux/z trend, exchange share of step time; then the alerts.
 //   moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] [--json]
+//   moe stats RUN_DIR --watch [--interval S] [--count N] [options of the two above, no --json]
+//       the report (or --capacity) redrawn every S seconds while a run writes its logs, until
+//       the run logged its last step (watch.c)
 //       per MoE layer: the capacity factor that would have dropped at most F of the
 //       assignments on the P99 step and on the worst step, and the expert buffers it needs.
 //
@@ -26,6 +29,9 @@ int stats_main(int argc, char **argv);
 
 // stats_main writing to `out` (the report) and `err` (errors and notes).
 int stats_cli(int argc, char **argv, FILE *out, FILE *err);
+
+// --watch (watch.c): stats_cli's arguments with --watch, --interval S and --count N.
+int stats_watch(int argc, char **argv, FILE *out, FILE *err);
 
 // numpy.percentile(a, p) with its default method ('linear'), a sorted ascending, n >= 1,
 // p in [0, 100]; evaluated in the same order as numpy so that results agree to the last bit.

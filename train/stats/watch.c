@@ -1,0 +1,119 @@
+// `moe stats --watch RUN_DIR [--interval S] [--count N] [report options]`: the report (or
+// --capacity) redrawn every S seconds (default 2) while a run writes its logs, until the run
+// has logged its last step (train.steps of RUN_DIR/config.cfg), N refreshes, or Ctrl-C. On a
+// terminal each refresh clears the screen; otherwise refreshes follow each other, separated
+// by their header line. A run directory without logs yet is waited for.
+#define _GNU_SOURCE // open_memstream, nanosleep
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "train/config/config.h"
+#include "train/stats/stats.h"
+
+// The step of the last complete line of path (0: none yet).
+static long last_logged_step(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[1 << 16];
+    long step = 0, s;
+    while (fgets(line, sizeof line, f)) {
+        const size_t n = strlen(line);
+        const char *k = strstr(line, "\"step\":");
+        if (n && line[n - 1] == '\n' && k && sscanf(k + 7, "%ld", &s) == 1) step = s;
+    }
+    fclose(f);
+    return step;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+int stats_watch(int argc, char **argv, FILE *out, FILE *err) {
+    double interval = 2;
+    long count = LONG_MAX;
+    char **rest = calloc((size_t)argc + 1, sizeof *rest);
+    const char *dir = NULL;
+    int n = 0;
+    if (!rest) return 1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(a, "--watch")) continue;
+        if (!strcmp(a, "--interval") || !strcmp(a, "--count")) {
+            const double x = v ? strtod(v, &end) : NAN;
+            if (!v || end == v || *end || !(x > 0) || x > 86400 ||
+                (!strcmp(a, "--count") && x != floor(x))) {
+                fprintf(err, "moe stats: %s '%s': expected %s\n", a, v ? v : "",
+                        strcmp(a, "--count") ? "seconds in (0, 86400]" : "an integer >= 1");
+                free(rest);
+                return 2;
+            }
+            if (!strcmp(a, "--count"))
+                count = (long)x;
+            else
+                interval = x;
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--json")) {
+            fprintf(err, "moe stats: --watch draws tables; --json is for one report\n");
+            free(rest);
+            return 2;
+        }
+        if (a[0] != '-' && !dir) dir = a;
+        rest[n++] = argv[i];
+    }
+    if (!dir) {
+        fprintf(err, "moe stats: --watch needs a RUN_DIR\n");
+        free(rest);
+        return 2;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.cfg", dir);
+    moe_train_config cfg;
+    long steps = 0; // 0: unknown until config.cfg exists
+    const int tty = isatty(fileno(out));
+    int rc = 0;
+    for (long k = 0; k < count; k++) {
+        if (!steps && moe_train_config_load(&cfg, path, 0, NULL) == MOE_OK) steps = (long)cfg.steps;
+        snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+        const long step = last_logged_step(path);
+        snprintf(path, sizeof path, "%s/config.cfg", dir);
+        char *text = NULL, *etext = NULL;
+        size_t len = 0, elen = 0;
+        FILE *mo = open_memstream(&text, &len), *me = open_memstream(&etext, &elen);
+        if (!mo || !me) {
+            fprintf(err, "moe stats: out of memory\n");
+            rc = 1;
+            break;
+        }
+        rc = step ? stats_cli(n, rest, mo, me) : 1;
+        fclose(mo), fclose(me);
+        char when[32];
+        const time_t now = time(NULL);
+        strftime(when, sizeof when, "%H:%M:%S", localtime(&now));
+        if (tty) fputs("\033[H\033[2J", out);
+        fprintf(out, "moe stats --watch %s: %s, step %ld/%ld, every %g s (Ctrl-C to stop)\n\n", dir,
+                when, step, steps, interval);
+        if (!step)
+            fprintf(out, "waiting for %s/metrics.jsonl\n", dir);
+        else
+            fputs(rc ? etext : text, out);
+        fflush(out);
+        free(text), free(etext);
+        if (step && rc == 2) break; // a usage error: no point in redrawing it
+        if (steps && step >= steps) break; // the run logged its last step
+        if (k + 1 < count) sleep_s(interval);
+    }
+    free(rest);
+    return rc;
+}
