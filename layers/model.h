@@ -79,6 +79,10 @@ typedef struct {
     size_t n_params;      // reals in the parameter buffer
     size_t n_dense;       // the first n_dense reals are dense, the rest expert weights
     real *params, *grads; // device buffers, n_params each
+    // dtype bf16 (cfg.moe.dtype): the parameters rounded to bf16 [n_params], what every GEMM
+    // reads; refreshed from params at each training forward and at the start of each inference
+    // sequence (pos0 = 0), so it can never be stale (NULL in fp32)
+    moe_bf16 *params16;
     model_params p, g;    // views
     int n_tensors;
     model_tensor *tensors; // host table, HF names
@@ -94,6 +98,12 @@ typedef struct {
     real *qkv;             // [L, T, Q]   after RoPE
     real *lse;             // [L, B, H, S]  log-sum-exp of each query row's attention scores
     real *attn_out;        // [L, T, H*hd]
+    // bf16: n1, qkv and attn_out are kept in bf16 instead (the fp32 buffers above hold one
+    // layer, [T, ...], the work space of the layer being computed):
+    moe_bf16 *n1_16, *qkv16, *ao16; // [L, T, d], [L, T, Q], [L, T, H*hd]
+    moe_bf16 *xf16;                 // [T, d]   the lm_head's input
+    moe_bf16 *g16; // bf16 work space: training, an output gradient rounded for its two GEMMs
+                   // [T max(V, Q, d, H*hd)]; inference, a GEMM input [chunk max(Q, d, H*hd)]
     real *h;               // [L, T, d]   after the attention residual
     real *n2, *rstd2;      // [L, T, d], [L, T]   MoE RMSNorm
     real *moe_out;         // [T, d]
@@ -174,7 +184,11 @@ double model_grad_sum_squares(model *m);
 // group (an allgather of the experts). For checkpoints under expert parallelism.
 moe_status model_gather(model *m, const real *local, real *full);
 
-// Device memory: parameters, gradients, and everything else (activations, MoE buffers,
+// dtype bf16: params16 = bf16(params) (model_forward and model_infer at pos0 = 0 do it
+// themselves; exposed for tests and benchmarks). No-op in fp32.
+void model_refresh_bf16(model *m);
+
+// Device memory: parameters (with their bf16 copy in bf16), gradients, and everything else (activations, MoE buffers,
 // scratch, KV cache, RoPE tables), in bytes.
 void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations);
 
