@@ -305,10 +305,8 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
         g = g > d ? g : d;
         g = g > H * hd ? g : H * hd;
         buffer_spec b16[] = {
-            {(void **)&m->n1_16, L * T * d * B16},
-            {(void **)&m->qkv16, L * T * Q * B16},
-            {(void **)&m->ao16, L * T * H * hd * B16},
-            {(void **)&m->xf16, T * d * B16},
+            {(void **)&m->n1_16, L * T * d * B16},     {(void **)&m->qkv16, L * T * Q * B16},
+            {(void **)&m->ao16, L * T * H * hd * B16}, {(void **)&m->xf16, T * d * B16},
             {(void **)&m->g16, T * g * B16},
         };
         if ((st = alloc_all(m, b16, sizeof b16 / sizeof b16[0]))) {
@@ -409,13 +407,13 @@ moe_status model_create_inference_parallel(model *m, moe_backend *be, const mode
 
 void model_destroy(model *m) {
     if (m->be) {
-        void *bufs[] = {m->params,  m->grads,    m->rope_cos,  m->rope_sin,   m->tokens,
-                        m->targets, m->x,        m->n1,        m->rstd1,      m->qkv,
-                        m->lse,     m->attn_out, m->h,         m->n2,         m->rstd2,
-                        m->moe_out, m->xf,       m->rstdf,     m->logits,     m->losses,
-                        m->dx,      m->dn,       m->dattn_out, m->dqkv,       m->attn_scratch,
+        void *bufs[] = {m->params,  m->grads,    m->rope_cos,  m->rope_sin,    m->tokens,
+                        m->targets, m->x,        m->n1,        m->rstd1,       m->qkv,
+                        m->lse,     m->attn_out, m->h,         m->n2,          m->rstd2,
+                        m->moe_out, m->xf,       m->rstdf,     m->logits,      m->losses,
+                        m->dx,      m->dn,       m->dattn_out, m->dqkv,        m->attn_scratch,
                         m->dlogits, m->k_cache,  m->v_cache,   m->router_bias, m->params16,
-                        m->n1_16,   m->qkv16,    m->ao16,      m->xf16,       m->g16};
+                        m->n1_16,   m->qkv16,    m->ao16,      m->xf16,        m->g16};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) m->be->free(m->be, bufs[i]);
     }
@@ -657,8 +655,7 @@ moe_status model_backward(model *m, double loss_scale) {
         real *xl = m->x + l * Td, *n1 = m->n1 + lk * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
         real *qkv = m->qkv + lk * T * Q, *ao = m->attn_out + lk * T * H * hd;
         const real *lse = m->lse + (size_t)l * B * H * S;
-        const moe_bf16 *n1_16 = at16(m->n1_16, l * Td),
-                       *qkv16 = at16(m->qkv16, (size_t)l * T * Q),
+        const moe_bf16 *n1_16 = at16(m->n1_16, l * Td), *qkv16 = at16(m->qkv16, (size_t)l * T * Q),
                        *ao16 = at16(m->ao16, (size_t)l * T * H * hd);
         // x_{l+1} = h + MoE(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
         moe_weights w = layer_weights(m, l), gw = layer_moe_weights(&m->g, c, m->E_local, l, NULL);

@@ -83,7 +83,7 @@ typedef struct {
     // reads; refreshed from params at each training forward and at the start of each inference
     // sequence (pos0 = 0), so it can never be stale (NULL in fp32)
     moe_bf16 *params16;
-    model_params p, g;    // views
+    model_params p, g; // views
     int n_tensors;
     model_tensor *tensors; // host table, HF names
 
@@ -102,15 +102,15 @@ typedef struct {
     // layer, [T, ...], the work space of the layer being computed):
     moe_bf16 *n1_16, *qkv16, *ao16; // [L, T, d], [L, T, Q], [L, T, H*hd]
     moe_bf16 *xf16;                 // [T, d]   the lm_head's input
-    moe_bf16 *g16; // bf16 work space: training, an output gradient rounded for its two GEMMs
-                   // [T max(V, Q, d, H*hd)]; inference, a GEMM input [chunk max(Q, d, H*hd)]
-    real *h;               // [L, T, d]   after the attention residual
-    real *n2, *rstd2;      // [L, T, d], [L, T]   MoE RMSNorm
-    real *moe_out;         // [T, d]
-    real *xf, *rstdf;      // [T, d], [T]
-    real *logits;          // [T, V]
-    real *losses;          // [T]
-    moe_layer *moe;        // [n_moe]: L for training, 1 shared by every layer for inference
+    moe_bf16 *g16;    // bf16 work space: training, an output gradient rounded for its two GEMMs
+                      // [T max(V, Q, d, H*hd)]; inference, a GEMM input [chunk max(Q, d, H*hd)]
+    real *h;          // [L, T, d]   after the attention residual
+    real *n2, *rstd2; // [L, T, d], [L, T]   MoE RMSNorm
+    real *moe_out;    // [T, d]
+    real *xf, *rstdf; // [T, d], [T]
+    real *logits;     // [T, V]
+    real *losses;     // [T]
+    moe_layer *moe;   // [n_moe]: L for training, 1 shared by every layer for inference
     int n_moe;
     moe_stats *moe_stats; // [L] of the last forward
     // backward scratch

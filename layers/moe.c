@@ -21,6 +21,7 @@ moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k) {
         .route_scale = 1.0,
         .seq_aux_coef = 0.0,
         .jitter_eps = 0.0,
+        .dtype = MOE_DTYPE_F32,
     };
     return c;
 }
@@ -197,7 +198,7 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
 
 void moe_backward_scratch_free(moe_backward_scratch *s) {
     if (s->be) {
-        void *bufs[] = {s->dlogits, s->dweights, s->dye, s->dact,
+        void *bufs[] = {s->dlogits, s->dweights, s->dye,    s->dact,
                         s->dh13,    s->dxe,      s->dstage, s->g16};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) s->be->free(s->be, bufs[i]);
@@ -575,16 +576,14 @@ static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_w
     const int *offsets = L->expert_offsets;
     if (L->cfg.dtype == MOE_DTYPE_BF16) { // each output gradient rounded once, for two GEMMs
         be->to_bf16(be, s->g16, s->dye_e, (size_t)N * d);
-        be->expert_matmul_backward_weight_bf16(be, grads->w2, s->g16, L->act16, offsets, E, d,
-                                               ff);
-        be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16, offsets, E, d, ff,
-                                              0);
+        be->expert_matmul_backward_weight_bf16(be, grads->w2, s->g16, L->act16, offsets, E, d, ff);
+        be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16, offsets, E, d, ff, 0);
         be->swiglu_backward(be, s->dh13, s->dact, L->h13, N, ff);
         be->to_bf16(be, s->g16, s->dh13, (size_t)N * 2 * ff);
-        be->expert_matmul_backward_weight_bf16(be, grads->w13, s->g16, L->xe16, offsets, E,
-                                               2 * ff, d);
-        be->expert_matmul_backward_input_bf16(be, s->dxe, s->g16, w->w13_16, offsets, E, 2 * ff,
-                                              d, 0);
+        be->expert_matmul_backward_weight_bf16(be, grads->w13, s->g16, L->xe16, offsets, E, 2 * ff,
+                                               d);
+        be->expert_matmul_backward_input_bf16(be, s->dxe, s->g16, w->w13_16, offsets, E, 2 * ff, d,
+                                              0);
         return;
     }
     be->expert_matmul_backward_weight(be, grads->w2, s->dye_e, L->act, offsets, E, d, ff);

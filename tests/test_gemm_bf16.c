@@ -103,9 +103,9 @@ static void test_conversions(void) {
 // ---- GEMMs ---------------------------------------------------------------------------
 
 typedef struct {
-    float *f;     // [n] the fp32 values (host)
-    uint16_t *h;  // [n] their bf16 (host, rounded here with the shared helper)
-    moe_bf16 *d;  // [n] device copy of h
+    float *f;    // [n] the fp32 values (host)
+    uint16_t *h; // [n] their bf16 (host, rounded here with the shared helper)
+    moe_bf16 *d; // [n] device copy of h
     size_t n;
 } operand;
 
@@ -118,15 +118,13 @@ static operand make_operand(size_t n, double scale) {
     be->copy_to_device(be, o.d, o.h, n * 2);
     return o;
 }
-static void free_operand(operand *o) {
-    free(o->f), free(o->h), be->free(be, o->d);
-}
+static void free_operand(operand *o) { free(o->f), free(o->h), be->free(be, o->d); }
 static double rnd(const operand *o, size_t i) { return moe_bf16_to_f32(o->h[i]); }
 
 // Compares got [n] (host) with the references: want_f the GEMM of the unrounded fp32 values
 // (double), want_r of the rounded ones, mag the sums of |products|.
-static void compare(const char *what, const float *got, const double *want_f,
-                    const double *want_r, const double *mag, size_t n) {
+static void compare(const char *what, const float *got, const double *want_f, const double *want_r,
+                    const double *mag, size_t n) {
     double *g = malloc(n * sizeof *g);
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -180,7 +178,8 @@ static void test_experts(const int *rows, int E, int n_out, int n_in) {
     int offsets[16] = {0};
     for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + rows[e];
     const int N = offsets[E];
-    operand x = make_operand((size_t)N * n_in, 1.0), w = make_operand((size_t)E * n_out * n_in, 0.02),
+    operand x = make_operand((size_t)N * n_in, 1.0),
+            w = make_operand((size_t)E * n_out * n_in, 0.02),
             dy = make_operand((size_t)N * n_out, 0.1);
     const size_t ny = (size_t)N * n_out, nx = (size_t)N * n_in, nw = (size_t)E * n_out * n_in;
     size_t nmax = ny > nx ? ny : nx;

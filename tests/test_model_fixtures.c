@@ -156,7 +156,8 @@ static void run_fixture(const char *path) {
         norms[s] = sqrt(ss);
         optimizer_step(&opt, m.params, m.grads, lr, clip_scale(norms[s], clip));
     }
-    check_rel("5 step losses", losses, fixture_get(&fx, "step_loss", steps)->data, steps, tol_steps);
+    check_rel("5 step losses", losses, fixture_get(&fx, "step_loss", steps)->data, steps,
+              tol_steps);
     check_rel("5 step grad norms", norms, fixture_get(&fx, "step_grad_norm", steps)->data, steps,
               tol_steps);
     check_all_tensors(&m, m.params, &fx, "final.", tol_steps);

@@ -33,8 +33,8 @@ static void cpu_zero(moe_backend *be, void *ptr, size_t bytes) {
 static const char *cpu_describe(moe_backend *be) {
     cpu_state *s = state_of(be);
     const char *blas = openblas_get_config();
-    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s); threads: %d; %s%s",
-             blas ? blas : "OpenBLAS", moe_blas_kernel(), s->threads, s->bf16_line,
+    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s); %s; threads: %d%s",
+             blas ? blas : "OpenBLAS", moe_blas_kernel(), s->bf16_line, s->threads,
              s->strict ? "; strict memory (test mode, slow)" : "");
     return s->line;
 }

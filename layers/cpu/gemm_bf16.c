@@ -96,11 +96,11 @@ moe_status cpu_bf16_select(cpu_state *s) {
     const char *why = hw ? (s->sbgemm ? "forced by MOE_BF16_GEMM" : "this OpenBLAS has no sbgemm")
                          : "no AVX512-BF16/AMX";
     if (s->bf16_native)
-        snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native via OpenBLAS sbgemm%s",
-                 hw ? "" : " (forced; no AVX512-BF16/AMX: slow)");
+        snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (OpenBLAS sbgemm%s)",
+                 hw ? "" : "; forced, no AVX512-BF16/AMX: slow");
     else
         snprintf(s->bf16_line, sizeof s->bf16_line,
-                 "bf16: emulated (%s): operands widened to fp32 for sgemm", why);
+                 "bf16: emulated (%s: operands widened to fp32 for sgemm)", why);
     return MOE_OK;
 }
 
