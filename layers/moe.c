@@ -244,6 +244,21 @@ static moe_status create_exchange_buffers(moe_layer *L) {
     return MOE_OK;
 }
 
+// bf16: the fp32 xp, xe and act are read only by the bf16 rounding right after the kernel
+// that writes them (the backward reads xe16 and act16), so they need no memory of their own
+// per layer: the backward scratch's dxp, dxe and dact (same shapes) hold them in the forward,
+// which never overlaps a backward. Frees the layer's own.
+static void stage_in_scratch(moe_layer *L) {
+    moe_backend *be = L->be;
+    const size_t N = (size_t)L->max_tokens * L->cfg.top_k, Ne = L->max_expert_rows,
+                 d = L->cfg.d_model, ff = L->cfg.d_ff, R = sizeof(real);
+    be->free(be, L->act), L->bytes -= Ne * ff * R;
+    be->free(be, L->xp), L->bytes -= N * d * R;
+    if (L->ep) be->free(be, L->xe), L->bytes -= Ne * d * R;
+    L->act = L->bwd->dact, L->xp = L->bwd->dxp, L->xe = L->bwd->dxe; // one rank: dxp == dxe
+    L->staged_in_bwd = 1;
+}
+
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
                             const moe_layer_shape *shape) {
     memset(L, 0, sizeof *L);
@@ -315,6 +330,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
         L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
     }
+    if (cfg->dtype == MOE_DTYPE_BF16 && L->bwd) stage_in_scratch(L);
     L->host_readback = calloc(1, readback_bytes((int)E));
     L->host_kept = calloc(E, I);
     if (!L->host_readback || !L->host_kept) {
@@ -338,10 +354,11 @@ void moe_layer_free(moe_layer *L) {
                         L->assign_row, L->row_token, L->scratch,  L->readback,   L->xp,
                         L->h13,        L->act,       L->ye,       L->xr,         L->router_in16,
                         L->xe16,       L->act16};
+        if (L->staged_in_bwd) bufs[14] = bufs[16] = NULL; // xp, act: the scratch's
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
         if (L->xr) { // expert parallelism: the experts' rows are their own buffers
-            if (L->xe) L->be->free(L->be, L->xe);
+            if (L->xe && !L->staged_in_bwd) L->be->free(L->be, L->xe);
             if (L->ye_local) L->be->free(L->be, L->ye_local);
         }
     }

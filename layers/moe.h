@@ -190,6 +190,8 @@ typedef struct {
     // backward scratch: views of the (possibly shared) moe_backward_scratch
     moe_backward_scratch *bwd;
     int owns_bwd;
+    int staged_in_bwd; // bf16 with a backward scratch: xp, xe and act (fp32 only between a
+                       // kernel and its bf16 rounding) live in bwd's dxp, dxe and dact
     real *dlogits, *dweights, *dye, *dact, *dh13, *dxp;
     // host copies
     void *host_readback; // the readback, copied once per forward
