@@ -9,7 +9,8 @@
 //     bf16-ROUNDED operands within 1e-5 * sum_k |a_ik b_kj| (what fp32 accumulation in any
 //     summation order guarantees), which fails if an operand is rounded twice, an
 //     accumulation runs in bf16 or a transpose is wrong.
-// Both CPU paths run: emulated always, native (cblas_sbgemm) when the OpenBLAS loaded has it.
+// Both CPU paths run: emulated always, native (cblas_sbgemm) when the OpenBLAS loaded has it
+// (test_gemm_bf16_standin: a stand-in sbgemm, tests/sbgemm_standin.c).
 // MOE_TEST_DEVICE=cpu-strict runs the same on strict memory.
 #include <math.h>
 #include <stdio.h>
@@ -263,7 +264,9 @@ static void test_gemms(const char *path) {
     test_experts(many, 12, 24, 17);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    // --require-native: the native path must run (test_gemm_bf16_standin links a stand-in)
+    const int require_native = argc > 1 && !strcmp(argv[1], "--require-native");
     be = test_backend();
     rng_seed(&rng, 20261201);
     printf("backend: %s\n", be->describe(be));
@@ -275,6 +278,8 @@ int main(void) {
             test_gemms("native (cblas_sbgemm)");
         else
             printf("-- native path: not run, the OpenBLAS loaded has no cblas_sbgemm\n");
+        check_true("native path ran (--require-native)",
+                   !require_native || ((cpu_state *)be->state)->bf16_native);
     } else {
         test_gemms(be->name);
     }
