@@ -6,6 +6,11 @@
 // run, so the ratio is the cost of everything that is not an expert GEMM (router,
 // dispatch, permute, SwiGLU, combine, losses). Threads: OMP_NUM_THREADS /
 // OPENBLAS_NUM_THREADS from the environment (scripts/bench_moe_layer sets both).
+//
+// --dtype bf16: the layer in bf16 (bf16 GEMM operands, fp32 accumulation; the bf16 copy of
+// the weights made once, as a model does per forward) against the same expert GEMMs through
+// the backend's bf16 grouped kernels (six calls, one per GEMM kind over all experts, on the
+// layer's bf16 operands: the path describe() names, native sbgemm or emulated).
 #define _POSIX_C_SOURCE 200809L // clock_gettime
 #include <cblas.h>
 #include <math.h>
@@ -76,8 +81,24 @@ static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float 
     }
 }
 
+// The bf16 expert GEMMs: the layer's six grouped GEMMs through the backend's bf16 kernels, on
+// the layer's bf16 inputs (xe16, act16) and its output gradients rounded once (dye16, dh13_16).
+static void expert_gemms_bf16(moe_backend *be, const moe_layer *L, const moe_weights *w,
+                              const moe_weights *g, const moe_bf16 *dye16,
+                              const moe_bf16 *dh13_16) {
+    const int *off = L->host_counts + L->cfg.n_experts, E = L->cfg.n_experts, d = L->cfg.d_model,
+              ff = L->cfg.d_ff;
+    be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16, off, E, 2 * ff, d);
+    be->expert_matmul_forward_bf16(be, L->ye, L->act16, w->w2_16, off, E, d, ff);
+    be->expert_matmul_backward_weight_bf16(be, g->w2, dye16, L->act16, off, E, d, ff);
+    be->expert_matmul_backward_input_bf16(be, L->dact, dye16, w->w2_16, off, E, d, ff, 0);
+    be->expert_matmul_backward_weight_bf16(be, g->w13, dh13_16, L->xe16, off, E, 2 * ff, d);
+    be->expert_matmul_backward_input_bf16(be, L->dxp, dh13_16, w->w13_16, off, E, 2 * ff, d, 0);
+}
+
 int main(int argc, char **argv) {
     int T = 4096, d = 512, ff = 1408, E = 8, k = 2, reps = 7, warmup = 2, json = 0;
+    moe_dtype dtype = MOE_DTYPE_F32;
     for (int i = 1; i < argc; i++) {
         int more = i + 1 < argc;
         if (!strcmp(argv[i], "--T") && more)
@@ -96,13 +117,19 @@ int main(int argc, char **argv) {
             warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json"))
             json = 1;
+        else if (!strcmp(argv[i], "--dtype") && more && !strcmp(argv[i + 1], "bf16"))
+            dtype = MOE_DTYPE_BF16, i++;
+        else if (!strcmp(argv[i], "--dtype") && more && !strcmp(argv[i + 1], "fp32"))
+            dtype = MOE_DTYPE_F32, i++;
         else
             moe_fatal("bench_moe_layer: unknown argument '%s' (--T --d --ff --E --k --reps "
-                      "--warmup --json)",
+                      "--warmup --json --dtype fp32|bf16)",
                       argv[i]);
     }
     if (reps < 1 || reps > 1000) moe_fatal("bench_moe_layer: --reps must be in [1, 1000]");
     moe_config cfg = moe_config_default(d, ff, E, k);
+    cfg.dtype = dtype;
+    const int bf16 = dtype == MOE_DTYPE_BF16;
     moe_backend *be;
     if (moe_backend_create(&be, "cpu", NULL)) moe_fatal("%s", moe_last_error());
     moe_layer L;
@@ -119,6 +146,17 @@ int main(int argc, char **argv) {
     fill_normal(params, nw, 0.02f, &seed);
     fill_normal(x, nx, 1, &seed);
     fill_normal(dout, nx, 1, &seed);
+    // bf16: the weights' bf16 copy, and the expert output gradients' for the GEMM baseline
+    const size_t N = (size_t)T * k;
+    moe_bf16 *params16 = bf16 ? malloc(nw * sizeof(moe_bf16)) : NULL,
+             *dye16 = bf16 ? malloc(N * d * sizeof(moe_bf16)) : NULL,
+             *dh13_16 = bf16 ? malloc(N * 2 * ff * sizeof(moe_bf16)) : NULL;
+    if (bf16) {
+        be->to_bf16(be, params16, params, nw);
+        w.gate16 = params16 + (w.gate - params);
+        w.w13_16 = params16 + (w.w13 - params);
+        w.w2_16 = params16 + (w.w2 - params);
+    }
 
     double *t_layer = malloc(reps * sizeof(double)), *t_gemm = malloc(reps * sizeof(double));
     moe_stats st = {0};
@@ -128,24 +166,37 @@ int main(int argc, char **argv) {
         if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
         double t1 = now();
         // the same expert GEMMs on the layer's own buffers and row counts
-        expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact, L.dh13,
-                     L.dxp, w.w13, w.w2, g.w13, g.w2);
-        double t2 = now();
-        if (i >= warmup) t_layer[i - warmup] = t1 - t0, t_gemm[i - warmup] = t2 - t1;
+        double tg = t1, t2;
+        if (bf16) {
+            const size_t rows = (size_t)L.host_counts[2 * E]; // offsets[E]
+            be->to_bf16(be, dye16, L.dye, rows * d);
+            be->to_bf16(be, dh13_16, L.dh13, rows * 2 * ff);
+            tg = now(); // the roundings are not GEMM time
+            expert_gemms_bf16(be, &L, &w, &g, dye16, dh13_16);
+            t2 = now();
+        } else {
+            expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact,
+                         L.dh13, L.dxp, w.w13, w.w2, g.w13, g.w2);
+            t2 = now();
+        }
+        if (i >= warmup) t_layer[i - warmup] = t1 - t0, t_gemm[i - warmup] = t2 - tg;
     }
     double ml = median(t_layer, reps), mg = median(t_gemm, reps);
     double flops = 9.0 * 2.0 * (double)T * k * d * ff; // dropless: N = T*k rows
+    const char *path = bf16 ? ((cpu_state *)be->state)->bf16_line : "fp32";
     if (json)
-        printf("{\"impl\":\"moe.c\",\"T\":%d,\"d\":%d,\"ff\":%d,\"E\":%d,\"k\":%d,"
-               "\"layer_median_s\":%.6f,\"gemm_median_s\":%.6f,\"R_layer\":%.4f,"
-               "\"gemm_gflops\":%.2f,\"max_over_mean\":%.4f,\"blas_kernel\":\"%s\"}\n",
-               T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-9, st.max_over_mean,
-               moe_blas_kernel());
+        printf("{\"impl\":\"moe.c\",\"dtype\":\"%s\",\"T\":%d,\"d\":%d,\"ff\":%d,\"E\":%d,"
+               "\"k\":%d,\"layer_median_s\":%.6f,\"gemm_median_s\":%.6f,\"R_layer\":%.4f,"
+               "\"gemm_gflops\":%.2f,\"max_over_mean\":%.4f,\"blas_kernel\":\"%s\","
+               "\"gemm_path\":\"%s\"}\n",
+               bf16 ? "bf16" : "fp32", T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-9,
+               st.max_over_mean, moe_blas_kernel(), path);
     else
-        printf("T=%d d=%d ff=%d E=%d k=%d: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
-               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, OpenBLAS kernels %s\n",
-               T, d, ff, E, k, ml, mg, flops / mg * 1e-9, ml / mg, st.max_over_mean,
-               moe_blas_kernel());
+        printf("T=%d d=%d ff=%d E=%d k=%d %s: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
+               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, OpenBLAS kernels %s; %s\n",
+               T, d, ff, E, k, bf16 ? "bf16" : "fp32", ml, mg, flops / mg * 1e-9, ml / mg,
+               st.max_over_mean, moe_blas_kernel(), path);
+    free(params16), free(dye16), free(dh13_16);
     moe_layer_free(&L);
     free(params), free(grads), free(x), free(dout), free(y), free(dx), free(t_layer), free(t_gemm);
     moe_backend_destroy(be);

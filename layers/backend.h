@@ -47,6 +47,16 @@ typedef enum {
 
 typedef struct moe_backend moe_backend;
 
+// bf16 storage (DESIGN.md §5b): the upper 16 bits of an IEEE fp32 (1 sign, 8 exponent, 7
+// mantissa bits). Only the conversion kernels and the *_bf16 GEMMs read or write it.
+typedef uint16_t moe_bf16;
+
+// The precision of a model's GEMMs: fp32, or bf16 operands with fp32 accumulation.
+typedef enum {
+    MOE_DTYPE_F32 = 0,
+    MOE_DTYPE_BF16 = 1,
+} moe_dtype;
+
 // One block of rows for moe_copy_chunks.
 typedef struct {
     int src, dst, rows;
@@ -112,6 +122,36 @@ struct moe_backend {
     void (*expert_matmul_backward_weight)(moe_backend *be, real *dweight, const real *dout,
                                           const real *inp, const int *offsets, int n_experts,
                                           int n_out, int n_in);
+
+    // ---- bf16 mixed precision (DESIGN.md §5b) -------------------------------
+    // Twins of the four GEMMs above, same arguments and shapes, with the operands in bf16 and
+    // the output (and beta's accumulation, dweight's +=) in fp32: every product of two bf16
+    // values is exact in fp32 and the sums run in fp32 (cuBLAS: cublasGemmEx with
+    // CUDA_R_16BF inputs, CUDA_R_32F output and CUBLAS_COMPUTE_32F). The reduction order over
+    // kd is the library's (OpenBLAS blocks kd; a GPU splits it over tiles), so results agree
+    // with an fp32 GEMM on the same bf16 values to fp32 rounding of a kd-term sum, and with
+    // the fp32 GEMM on the unrounded values to bf16 rounding of the operands (~2^-9 relative).
+    //   c [m,n] fp32; a [m,kd] (or [kd,m]) bf16; b [kd,n] (or [n,kd]) bf16
+    void (*matmul_bf16)(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16 *b, int m,
+                        int n, int kd, int trans_a, int trans_b, real beta);
+    // out [N, n_out] fp32; inp [N, n_in] bf16; weight [E, n_out, n_in] bf16
+    void (*expert_matmul_forward_bf16)(moe_backend *be, real *out, const moe_bf16 *inp,
+                                       const moe_bf16 *weight, const int *offsets, int n_experts,
+                                       int n_out, int n_in);
+    // dinp [N, n_in] fp32 (= or +=); dout [N, n_out] bf16; weight [E, n_out, n_in] bf16
+    void (*expert_matmul_backward_input_bf16)(moe_backend *be, real *dinp, const moe_bf16 *dout,
+                                              const moe_bf16 *weight, const int *offsets,
+                                              int n_experts, int n_out, int n_in, int accumulate);
+    // dweight [E, n_out, n_in] fp32 +=; dout [N, n_out] bf16; inp [N, n_in] bf16
+    void (*expert_matmul_backward_weight_bf16)(moe_backend *be, real *dweight, const moe_bf16 *dout,
+                                               const moe_bf16 *inp, const int *offsets,
+                                               int n_experts, int n_out, int n_in);
+    // out[i] = bf16(in[i]), round to nearest, ties to even; NaN stays NaN (quiet, sign kept),
+    // +-Inf stay, finite values beyond bf16's range round to +-Inf, fp32 subnormals round
+    // like any other value (to bf16 subnormals or zero).      out [n] bf16; in [n] fp32
+    void (*to_bf16)(moe_backend *be, moe_bf16 *out, const real *in, size_t n);
+    // out[i] = in[i] widened to fp32 (exact).                   out [n] fp32; in [n] bf16
+    void (*from_bf16)(moe_backend *be, real *out, const moe_bf16 *in, size_t n);
 
     // ---- router ----------------------------------------------------------
     // Scores: softmax p = softmax(z), or sigmoid s = sigmoid(z); probs s' = the per-token

@@ -103,6 +103,22 @@ static moe_weights layer_moe_weights(const model_params *p, const model_config *
     return w;
 }
 
+// A parameter's bf16 copy: the same offset in params16.
+static const moe_bf16 *shadow(const model *m, const real *w) {
+    return m->params16 + (w - m->params);
+}
+
+// base + off, or NULL for a buffer that this precision does not have (no arithmetic on NULL).
+static moe_bf16 *at16(moe_bf16 *base, size_t off) { return base ? base + off : NULL; }
+
+// Layer l's MoE weights in the model's precision (the bf16 copies too in bf16).
+static moe_weights layer_weights(const model *m, int l) {
+    moe_weights w = layer_moe_weights(&m->p, &m->cfg, m->E_local, l, m->router_bias);
+    if (m->params16)
+        w.gate16 = shadow(m, w.gate), w.w13_16 = shadow(m, w.w13), w.w2_16 = shadow(m, w.w2);
+    return w;
+}
+
 static void add_tensor(model_tensor *tab, int *n, const char *name, size_t offset, int rows,
                        int cols, int layer, int is_norm, int expert) {
     model_tensor *t = &tab[(*n)++];
@@ -219,6 +235,10 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
         if ((st = alloc_all(m, &bias, 1))) return st;
     }
     params_views(&m->p, m->params, cfg, m->E_local);
+    if (cfg->moe.dtype == MOE_DTYPE_BF16) {
+        buffer_spec shadow16 = {(void **)&m->params16, m->n_params * sizeof(moe_bf16)};
+        if ((st = alloc_all(m, &shadow16, 1))) return st;
+    }
 
     // tensor table: 1 + per layer 7 + 3 E_local, + final norm + lm_head
     m->n_tensors = (int)tensor_count(cfg, m->E_local);
@@ -277,16 +297,33 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
     m->training = 1;
     m->max_batch = max_batch, m->max_seq = max_seq;
     m->attn_scratch_size = be->attention_scratch_size(be, (int)S);
+    // bf16 keeps n1, qkv and attn_out of every layer in bf16, and one layer's in fp32
+    const size_t Lk = m->params16 ? 1 : L;
+    if (m->params16) {
+        const size_t B16 = sizeof(moe_bf16);
+        size_t g = V > Q ? V : Q;
+        g = g > d ? g : d;
+        g = g > H * hd ? g : H * hd;
+        buffer_spec b16[] = {
+            {(void **)&m->n1_16, L * T * d * B16},     {(void **)&m->qkv16, L * T * Q * B16},
+            {(void **)&m->ao16, L * T * H * hd * B16}, {(void **)&m->xf16, T * d * B16},
+            {(void **)&m->g16, T * g * B16},
+        };
+        if ((st = alloc_all(m, b16, sizeof b16 / sizeof b16[0]))) {
+            model_destroy(m);
+            return st;
+        }
+    }
     buffer_spec specs[] = {
         {(void **)&m->grads, m->n_params * R},
         {(void **)&m->tokens, T * sizeof(int)},
         {(void **)&m->targets, T * sizeof(int)},
         {(void **)&m->x, (L + 1) * T * d * R},
-        {(void **)&m->n1, L * T * d * R},
+        {(void **)&m->n1, Lk * T * d * R},
         {(void **)&m->rstd1, L * T * R},
-        {(void **)&m->qkv, L * T * Q * R},
+        {(void **)&m->qkv, Lk * T * Q * R},
         {(void **)&m->lse, L * B * H * S * R},
-        {(void **)&m->attn_out, L * T * H * hd * R},
+        {(void **)&m->attn_out, Lk * T * H * hd * R},
         {(void **)&m->h, L * T * d * R},
         {(void **)&m->n2, L * T * d * R},
         {(void **)&m->rstd2, L * T * R},
@@ -356,17 +393,27 @@ moe_status model_create_inference_parallel(model *m, moe_backend *be, const mode
         model_destroy(m);
         return st;
     }
+    if (m->params16) { // the bf16 GEMM inputs of one chunk
+        size_t g = Q > d ? Q : d;
+        g = g > H * hd ? g : H * hd;
+        buffer_spec b16 = {(void **)&m->g16, C * g * sizeof(moe_bf16)};
+        if ((st = alloc_all(m, &b16, 1))) {
+            model_destroy(m);
+            return st;
+        }
+    }
     return MOE_OK;
 }
 
 void model_destroy(model *m) {
     if (m->be) {
-        void *bufs[] = {m->params,  m->grads,    m->rope_cos,  m->rope_sin,   m->tokens,
-                        m->targets, m->x,        m->n1,        m->rstd1,      m->qkv,
-                        m->lse,     m->attn_out, m->h,         m->n2,         m->rstd2,
-                        m->moe_out, m->xf,       m->rstdf,     m->logits,     m->losses,
-                        m->dx,      m->dn,       m->dattn_out, m->dqkv,       m->attn_scratch,
-                        m->dlogits, m->k_cache,  m->v_cache,   m->router_bias};
+        void *bufs[] = {m->params,  m->grads,    m->rope_cos,  m->rope_sin,    m->tokens,
+                        m->targets, m->x,        m->n1,        m->rstd1,       m->qkv,
+                        m->lse,     m->attn_out, m->h,         m->n2,          m->rstd2,
+                        m->moe_out, m->xf,       m->rstdf,     m->logits,      m->losses,
+                        m->dx,      m->dn,       m->dattn_out, m->dqkv,        m->attn_scratch,
+                        m->dlogits, m->k_cache,  m->v_cache,   m->router_bias, m->params16,
+                        m->n1_16,   m->qkv16,    m->ao16,      m->xf16,        m->g16};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) m->be->free(m->be, bufs[i]);
     }
@@ -460,6 +507,47 @@ static moe_status check_ids(const int *ids, size_t n, int V, const char *what) {
     return MOE_OK;
 }
 
+void model_refresh_bf16(model *m) {
+    if (m->params16) m->be->to_bf16(m->be, m->params16, m->params, m->n_params);
+}
+
+// y [T, n_out] = x [T, n_in] W^T for a weight W [n_out, n_in] of the model, in its precision.
+// bf16: x is rounded into x16 (which the backward reads when it is a kept buffer) and the
+// GEMM reads W's bf16 copy; accumulation and y stay fp32.
+static void linear_forward(model *m, real *y, const real *x, moe_bf16 *x16, const real *W, int T,
+                           int n_out, int n_in) {
+    moe_backend *be = m->be;
+    if (!m->params16) {
+        be->matmul(be, y, x, W, T, n_out, n_in, 0, 1, 0);
+        return;
+    }
+    be->to_bf16(be, x16, x, (size_t)T * n_in);
+    be->matmul_bf16(be, y, x16, shadow(m, W), T, n_out, n_in, 0, 1, 0);
+}
+
+// Its backward: dx [T, n_in] = dy W (written), dW += dy^T x. fp32 reads x, bf16 the x16 of
+// the forward and dy rounded once (into g16) for both GEMMs.
+static void linear_backward(model *m, real *dx, real *dW, const real *dy, const real *x,
+                            const moe_bf16 *x16, const real *W, int T, int n_out, int n_in) {
+    moe_backend *be = m->be;
+    if (!m->params16) {
+        be->matmul(be, dx, dy, W, T, n_in, n_out, 0, 0, 0);
+        be->matmul(be, dW, dy, x, n_out, n_in, T, 1, 0, 1);
+        return;
+    }
+    be->to_bf16(be, m->g16, dy, (size_t)T * n_out);
+    be->matmul_bf16(be, dx, m->g16, shadow(m, W), T, n_in, n_out, 0, 0, 0);
+    be->matmul_bf16(be, dW, m->g16, x16, n_out, n_in, T, 1, 0, 1);
+}
+
+// bf16: q, k and v rounded to bf16 (kept in q16), as a GPU's attention reads them; the CPU's
+// attention then runs in fp32 on the rounded values. fp32: nothing.
+static void round_qkv(model *m, real *qkv, moe_bf16 *q16, size_t n) {
+    if (!m->params16) return;
+    m->be->to_bf16(m->be, q16, qkv, n);
+    m->be->from_bf16(m->be, qkv, q16, n);
+}
+
 moe_status model_forward(model *m, const int *tokens, const int *targets, int B, int S,
                          int training) {
     const model_config *c = &m->cfg;
@@ -476,25 +564,30 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     m->B = B, m->S = S;
     be->copy_to_device(be, m->tokens, tokens, (size_t)T * sizeof(int));
     if (targets) be->copy_to_device(be, m->targets, targets, (size_t)T * sizeof(int));
+    model_refresh_bf16(m); // the weights may have changed since the last forward
 
     be->embedding_forward(be, m->x, m->tokens, m->p.embed, T, d);
     m->aux = m->z = 0;
+    const size_t Td = (size_t)T * d;
     for (int l = 0; l < L; l++) {
-        const size_t Td = (size_t)T * d;
-        real *xl = m->x + l * Td, *n1 = m->n1 + l * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
-        real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
+        const size_t lk = m->params16 ? 0 : (size_t)l; // bf16: one layer of fp32 work space
+        real *xl = m->x + l * Td, *n1 = m->n1 + lk * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
+        real *qkv = m->qkv + lk * T * Q, *ao = m->attn_out + lk * T * H * hd;
         real *lse = m->lse + (size_t)l * B * H * S;
+        moe_bf16 *n1_16 = at16(m->n1_16, l * Td), *qkv16 = at16(m->qkv16, (size_t)l * T * Q),
+                 *ao16 = at16(m->ao16, (size_t)l * T * H * hd);
         be->rmsnorm_forward(be, n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T,
                             d, (real)c->rms_norm_eps);
-        be->matmul(be, qkv, n1, m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0, 1, 0);
+        linear_forward(m, qkv, n1, n1_16, m->p.wqkv + (size_t)l * Q * d, T, Q, d);
         be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
+        round_qkv(m, qkv, qkv16, (size_t)T * Q);
         be->attention_forward(be, ao, lse, qkv, B, S, H, KV, hd, m->attn_scratch,
                               m->attn_scratch_size);
-        be->matmul(be, h, ao, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0, 1, 0);
+        linear_forward(m, h, ao, ao16, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
         be->add(be, h, h, xl, Td);
         be->rmsnorm_forward(be, n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T,
                             d, (real)c->rms_norm_eps);
-        moe_weights w = layer_moe_weights(&m->p, c, m->E_local, l, m->router_bias);
+        moe_weights w = layer_weights(m, l);
         m->moe[l].noise_key = m->noise_key ^ (0xD1B54A32D192ED03ull * (uint64_t)(l + 1));
         st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, S, training, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
@@ -504,7 +597,7 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     }
     be->rmsnorm_forward(be, m->xf, m->rstdf, m->x + (size_t)L * T * d, m->p.final_norm, T, d,
                         (real)c->rms_norm_eps);
-    be->matmul(be, m->logits, m->xf, m->p.lm_head, T, V, d, 0, 1, 0);
+    linear_forward(m, m->logits, m->xf, m->xf16, m->p.lm_head, T, V, d);
 
     m->ce = 0;
     if (targets) {
@@ -526,34 +619,39 @@ moe_status model_backward(model *m, double loss_scale) {
 
     // logits = xf lm_head^T; CE is a mean over T tokens
     be->cross_entropy_backward(be, m->dlogits, m->logits, m->targets, T, V, (real)(loss_scale / T));
-    be->matmul(be, m->dn, m->dlogits, m->p.lm_head, T, d, V, 0, 0, 0); // dxf = dlogits lm_head
-    be->matmul(be, m->g.lm_head, m->dlogits, m->xf, V, d, T, 1, 0, 1); // dlm += dlogits^T xf
+    // dxf = dlogits lm_head, dlm += dlogits^T xf
+    linear_backward(m, m->dn, m->g.lm_head, m->dlogits, m->xf, m->xf16, m->p.lm_head, T, V, d);
     be->zero(be, m->dx, Td * sizeof(real));
     be->rmsnorm_backward(be, m->dx, m->g.final_norm, m->dn, m->x + (size_t)L * Td, m->p.final_norm,
                          m->rstdf, T, d);
 
     for (int l = L - 1; l >= 0; l--) {
-        real *xl = m->x + l * Td, *n1 = m->n1 + l * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
-        real *qkv = m->qkv + (size_t)l * T * Q, *ao = m->attn_out + (size_t)l * T * H * hd;
+        const size_t lk = m->params16 ? 0 : (size_t)l;
+        real *xl = m->x + l * Td, *n1 = m->n1 + lk * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
+        real *qkv = m->qkv + lk * T * Q, *ao = m->attn_out + lk * T * H * hd;
         const real *lse = m->lse + (size_t)l * B * H * S;
+        const moe_bf16 *n1_16 = at16(m->n1_16, l * Td), *qkv16 = at16(m->qkv16, (size_t)l * T * Q),
+                       *ao16 = at16(m->ao16, (size_t)l * T * H * hd);
         // x_{l+1} = h + MoE(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
-        moe_weights w = layer_moe_weights(&m->p, c, m->E_local, l, m->router_bias),
-                    gw = layer_moe_weights(&m->g, c, m->E_local, l, NULL);
+        moe_weights w = layer_weights(m, l), gw = layer_moe_weights(&m->g, c, m->E_local, l, NULL);
         be->zero(be, m->dn, Td * sizeof(real));
         moe_status st = moe_layer_backward(&m->moe[l], m->dn, &gw, m->dx, n2, &w, loss_scale);
         if (st) return moe_error_context(st, "layer %d", l);
         be->rmsnorm_backward(be, m->dx, m->g.moe_norm + (size_t)l * d, m->dn, h,
                              m->p.moe_norm + (size_t)l * d, m->rstd2 + (size_t)l * T, T, d);
         // h = x_l + attn_out wo^T: dx becomes dL/dx_l
-        const real *wo = m->p.wo + (size_t)l * d * H * hd;
-        be->matmul(be, m->dattn_out, m->dx, wo, T, H * hd, d, 0, 0, 0);
-        be->matmul(be, m->g.wo + (size_t)l * d * H * hd, m->dx, ao, d, H * hd, T, 1, 0, 1);
+        linear_backward(m, m->dattn_out, m->g.wo + (size_t)l * d * H * hd, m->dx, ao, ao16,
+                        m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
+        if (m->params16) { // the attention's inputs and output back from their bf16 copies
+            be->from_bf16(be, qkv, qkv16, (size_t)T * Q);
+            be->from_bf16(be, ao, ao16, (size_t)T * H * hd);
+        }
         be->attention_backward(be, m->dqkv, m->dattn_out, qkv, ao, lse, B, S, H, KV, hd,
                                m->attn_scratch, m->attn_scratch_size);
         be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd,
                  1);
-        be->matmul(be, m->dn, m->dqkv, m->p.wqkv + (size_t)l * Q * d, T, d, Q, 0, 0, 0);
-        be->matmul(be, m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, Q, d, T, 1, 0, 1);
+        linear_backward(m, m->dn, m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, n1_16,
+                        m->p.wqkv + (size_t)l * Q * d, T, Q, d);
         be->rmsnorm_backward(be, m->dx, m->g.attn_norm + (size_t)l * d, m->dn, xl,
                              m->p.attn_norm + (size_t)l * d, m->rstd1 + (size_t)l * T, T, d);
     }
@@ -577,23 +675,25 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
     const size_t nd = (size_t)n * d, cache = (size_t)m->max_pos * KV * hd;
     const real eps = (real)c->rms_norm_eps;
     be->copy_to_device(be, m->tokens, tokens, (size_t)n * sizeof(int));
+    if (pos0 == 0) model_refresh_bf16(m); // a new sequence: the weights may have been loaded
     be->embedding_forward(be, m->x, m->tokens, m->p.embed, n, d);
     for (int l = 0; l < L; l++) {
         real *kc = m->k_cache + l * cache, *vc = m->v_cache + l * cache;
         // x += Attn(RMSNorm(x)) over the cache
         be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.attn_norm + (size_t)l * d, n, d, eps);
-        be->matmul(be, m->qkv, m->n1, m->p.wqkv + (size_t)l * Q * d, n, Q, d, 0, 1, 0);
+        linear_forward(m, m->qkv, m->n1, m->g16, m->p.wqkv + (size_t)l * Q * d, n, Q, d);
         be->rope(be, m->qkv, m->qkv, m->rope_cos, m->rope_sin, n, n, pos0, H + KV, H + 2 * KV, hd,
                  0);
+        round_qkv(m, m->qkv, m->g16, (size_t)n * Q);
         be->kv_cache_append(be, kc, vc, m->qkv, n, pos0, H, KV, hd);
         be->attention_cached_forward(be, m->attn_out, m->attn_scratch, m->qkv, kc, vc, n, pos0, H,
                                      KV, hd);
-        be->matmul(be, m->moe_out, m->attn_out, m->p.wo + (size_t)l * d * H * hd, n, d, H * hd, 0,
-                   1, 0);
+        linear_forward(m, m->moe_out, m->attn_out, m->g16, m->p.wo + (size_t)l * d * H * hd, n, d,
+                       H * hd);
         be->add(be, m->x, m->x, m->moe_out, nd);
         // x += MoE(RMSNorm(x)), dropless
         be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);
-        moe_weights w = layer_moe_weights(&m->p, c, m->E_local, l, m->router_bias);
+        moe_weights w = layer_weights(m, l);
         st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, n, 0, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         for (int e = 0; e < c->moe.n_experts; e++)
@@ -601,12 +701,12 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
         be->add(be, m->x, m->x, m->moe_out, nd);
     }
     be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.final_norm, n, d, eps);
-    be->matmul(be, m->logits, m->n1, m->p.lm_head, n, V, d, 0, 1, 0);
+    linear_forward(m, m->logits, m->n1, m->g16, m->p.lm_head, n, V, d);
     return MOE_OK;
 }
 
 void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations) {
-    *params = m->n_params * sizeof(real);
+    *params = m->n_params * (sizeof(real) + (m->params16 ? sizeof(moe_bf16) : 0));
     *grads = m->grads ? m->n_params * sizeof(real) : 0;
     size_t moe = 0;
     for (int l = 0; l < m->n_moe; l++) moe += m->moe[l].bytes;

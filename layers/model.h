@@ -80,7 +80,11 @@ typedef struct {
     size_t n_params;      // reals in the parameter buffer
     size_t n_dense;       // the first n_dense reals are dense, the rest expert weights
     real *params, *grads; // device buffers, n_params each
-    model_params p, g;    // views
+    // dtype bf16 (cfg.moe.dtype): the parameters rounded to bf16 [n_params], what every GEMM
+    // reads; refreshed from params at each training forward and at the start of each inference
+    // sequence (pos0 = 0), so it can never be stale (NULL in fp32)
+    moe_bf16 *params16;
+    model_params p, g; // views
     int n_tensors;
     model_tensor *tensors; // host table, HF names
 
@@ -95,13 +99,19 @@ typedef struct {
     real *qkv;             // [L, T, Q]   after RoPE
     real *lse;             // [L, B, H, S]  log-sum-exp of each query row's attention scores
     real *attn_out;        // [L, T, H*hd]
-    real *h;               // [L, T, d]   after the attention residual
-    real *n2, *rstd2;      // [L, T, d], [L, T]   MoE RMSNorm
-    real *moe_out;         // [T, d]
-    real *xf, *rstdf;      // [T, d], [T]
-    real *logits;          // [T, V]
-    real *losses;          // [T]
-    moe_layer *moe;        // [n_moe]: L for training, 1 shared by every layer for inference
+    // bf16: n1, qkv and attn_out are kept in bf16 instead (the fp32 buffers above hold one
+    // layer, [T, ...], the work space of the layer being computed):
+    moe_bf16 *n1_16, *qkv16, *ao16; // [L, T, d], [L, T, Q], [L, T, H*hd]
+    moe_bf16 *xf16;                 // [T, d]   the lm_head's input
+    moe_bf16 *g16;    // bf16 work space: training, an output gradient rounded for its two GEMMs
+                      // [T max(V, Q, d, H*hd)]; inference, a GEMM input [chunk max(Q, d, H*hd)]
+    real *h;          // [L, T, d]   after the attention residual
+    real *n2, *rstd2; // [L, T, d], [L, T]   MoE RMSNorm
+    real *moe_out;    // [T, d]
+    real *xf, *rstdf; // [T, d], [T]
+    real *logits;     // [T, V]
+    real *losses;     // [T]
+    moe_layer *moe;   // [n_moe]: L for training, 1 shared by every layer for inference
     int n_moe;
     moe_stats *moe_stats; // [L] of the last forward
     // backward scratch
@@ -175,7 +185,11 @@ void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp);
 // EP group. Collective over m->ep.
 double model_grad_sum_squares(model *m);
 
-// Device memory: parameters, gradients, and everything else (activations, MoE buffers,
+// dtype bf16: params16 = bf16(params) (model_forward and model_infer at pos0 = 0 do it
+// themselves; exposed for tests and benchmarks). No-op in fp32.
+void model_refresh_bf16(model *m);
+
+// Device memory: parameters (with their bf16 copy in bf16), gradients, and everything else (activations, MoE buffers,
 // scratch, KV cache, RoPE tables), in bytes.
 void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations);
 

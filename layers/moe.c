@@ -21,6 +21,7 @@ moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k) {
         .route_scale = 1.0,
         .seq_aux_coef = 0.0,
         .jitter_eps = 0.0,
+        .dtype = MOE_DTYPE_F32,
     };
     return c;
 }
@@ -58,6 +59,8 @@ moe_status moe_config_check(const moe_config *cfg) {
                          cfg->seq_aux_coef);
     if (!(cfg->jitter_eps >= 0 && cfg->jitter_eps < 1))
         return moe_error(MOE_EINVAL, "moe: jitter_eps=%g must be in [0, 1)", cfg->jitter_eps);
+    if (cfg->dtype != MOE_DTYPE_F32 && cfg->dtype != MOE_DTYPE_BF16)
+        return moe_error(MOE_EINVAL, "moe: dtype=%d is neither fp32 nor bf16", (int)cfg->dtype);
     return MOE_OK;
 }
 
@@ -179,13 +182,24 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
     const size_t n_specs = sizeof specs / sizeof specs[0] - (ep ? 0 : 3);
     if ((st = alloc_specs(be, specs, n_specs, &s->bytes))) return st;
     s->be = be;
+    if (cfg->dtype == MOE_DTYPE_BF16) {
+        size_t g = T * E;
+        g = g > 2 * Ne * ff ? g : 2 * Ne * ff;
+        g = g > Ne * d ? g : Ne * d;
+        buffer_spec g16 = {(void **)&s->g16, g * sizeof(moe_bf16)};
+        if ((st = alloc_specs(be, &g16, 1, &s->bytes))) {
+            moe_backward_scratch_free(s);
+            return st;
+        }
+    }
     if (!ep) s->dye_e = s->dye, s->dxp = s->dxe; // one rank: the experts' rows are its own
     return MOE_OK;
 }
 
 void moe_backward_scratch_free(moe_backward_scratch *s) {
     if (s->be) {
-        void *bufs[] = {s->dlogits, s->dweights, s->dye, s->dact, s->dh13, s->dxe, s->dstage};
+        void *bufs[] = {s->dlogits, s->dweights, s->dye,    s->dact,
+                        s->dh13,    s->dxe,      s->dstage, s->g16};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) s->be->free(s->be, bufs[i]);
         if (s->dstage) s->be->free(s->be, s->dye_e), s->be->free(s->be, s->dxp); // EP's own
@@ -230,6 +244,21 @@ static moe_status create_exchange_buffers(moe_layer *L) {
     return MOE_OK;
 }
 
+// bf16: the fp32 xp, xe and act are read only by the bf16 rounding right after the kernel
+// that writes them (the backward reads xe16 and act16), so they need no memory of their own
+// per layer: the backward scratch's dxp, dxe and dact (same shapes) hold them in the forward,
+// which never overlaps a backward. Frees the layer's own.
+static void stage_in_scratch(moe_layer *L) {
+    moe_backend *be = L->be;
+    const size_t N = (size_t)L->max_tokens * L->cfg.top_k, Ne = L->max_expert_rows,
+                 d = L->cfg.d_model, ff = L->cfg.d_ff, R = sizeof(real);
+    be->free(be, L->act), L->bytes -= Ne * ff * R;
+    be->free(be, L->xp), L->bytes -= N * d * R;
+    if (L->ep) be->free(be, L->xe), L->bytes -= Ne * d * R;
+    L->act = L->bwd->dact, L->xp = L->bwd->dxp, L->xe = L->bwd->dxe; // one rank: dxp == dxe
+    L->staged_in_bwd = 1;
+}
+
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
                             const moe_layer_shape *shape) {
     memset(L, 0, sizeof *L);
@@ -267,6 +296,18 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->counts = L->readback;
     L->losses = (real *)((char *)L->readback + readback_loss_offset((int)E));
     L->xe = L->xp, L->ye_local = L->ye; // one rank: the exchange is the identity
+    if (cfg->dtype == MOE_DTYPE_BF16) {
+        const size_t B = sizeof(moe_bf16);
+        buffer_spec b16[] = {
+            {(void **)&L->router_in16, T * d * B},
+            {(void **)&L->xe16, Ne * d * B},
+            {(void **)&L->act16, Ne * ff * B},
+        };
+        if ((st = alloc_specs(be, b16, 3, &L->bytes))) {
+            moe_layer_free(L);
+            return st;
+        }
+    }
     if (L->ep && (st = create_exchange_buffers(L))) {
         moe_layer_free(L);
         return st;
@@ -289,6 +330,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
         L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
     }
+    if (cfg->dtype == MOE_DTYPE_BF16 && L->bwd) stage_in_scratch(L);
     L->host_readback = calloc(1, readback_bytes((int)E));
     L->host_kept = calloc(E, I);
     if (!L->host_readback || !L->host_kept) {
@@ -310,11 +352,13 @@ void moe_layer_free(moe_layer *L) {
         void *bufs[] = {L->logits,     L->probs,     L->scores,   L->seq_counts, L->jitter,
                         L->router_in,  L->lse,       L->topk_idx, L->weights,    L->keep,
                         L->assign_row, L->row_token, L->scratch,  L->readback,   L->xp,
-                        L->h13,        L->act,       L->ye,       L->xr};
+                        L->h13,        L->act,       L->ye,       L->xr,         L->router_in16,
+                        L->xe16,       L->act16};
+        if (L->staged_in_bwd) bufs[14] = bufs[16] = NULL; // xp, act: the scratch's
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
         if (L->xr) { // expert parallelism: the experts' rows are their own buffers
-            if (L->xe) L->be->free(L->be, L->xe);
+            if (L->xe && !L->staged_in_bwd) L->be->free(L->be, L->xe);
             if (L->ye_local) L->be->free(L->be, L->ye_local);
         }
     }
@@ -337,6 +381,9 @@ static moe_status check_call(const moe_layer *L, const void *a, const void *b, c
     if (!L->be) return moe_error(MOE_EINVAL, "moe: layer is not initialised");
     if (!a || !b || !w || !w->gate || !w->w13 || !w->w2)
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument");
+    if (L->cfg.dtype == MOE_DTYPE_BF16 && (!w->gate16 || !w->w13_16 || !w->w2_16))
+        return moe_error(MOE_EINVAL, "moe: dtype bf16 needs the bf16 weights (gate16, w13_16, "
+                                     "w2_16)");
     if (T < 1 || T > L->max_tokens)
         return moe_error(MOE_EINVAL, "moe: T=%d tokens outside [1, max_tokens=%d]", T,
                          L->max_tokens);
@@ -361,7 +408,12 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
         be->mul(be, L->router_in, inp, u, (size_t)T * d, 0);
         router_in = L->router_in;
     }
-    be->matmul(be, L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
+    if (L->cfg.dtype == MOE_DTYPE_BF16) { // bf16 operands, fp32 logits
+        be->to_bf16(be, L->router_in16, router_in, (size_t)T * d);
+        be->matmul_bf16(be, L->logits, L->router_in16, w->gate16, T, E, d, 0, 1, 0);
+    } else {
+        be->matmul(be, L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
+    }
     be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias, T,
                     E, k, c->scoring, c->norm_topk_prob, (real)c->route_scale);
     be->moe_dispatch_counts(be, L->counts, L->topk_idx, T, k, E);
@@ -446,9 +498,18 @@ static void dispatch(moe_layer *L, const real *inp, const int *offsets) {
 static void experts(moe_layer *L, const moe_weights *w) {
     moe_backend *be = L->be;
     const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
-    be->expert_matmul_forward(be, L->h13, L->xe, w->w13, L->expert_offsets, E, 2 * ff, d);
+    const int *offsets = L->expert_offsets;
+    if (L->cfg.dtype == MOE_DTYPE_BF16) { // the GEMM inputs rounded to bf16 and kept so
+        be->to_bf16(be, L->xe16, L->xe, (size_t)N * d);
+        be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16, offsets, E, 2 * ff, d);
+        be->swiglu_forward(be, L->act, L->h13, N, ff);
+        be->to_bf16(be, L->act16, L->act, (size_t)N * ff);
+        be->expert_matmul_forward_bf16(be, L->ye_local, L->act16, w->w2_16, offsets, E, d, ff);
+        return;
+    }
+    be->expert_matmul_forward(be, L->h13, L->xe, w->w13, offsets, E, 2 * ff, d);
     be->swiglu_forward(be, L->act, L->h13, N, ff);
-    be->expert_matmul_forward(be, L->ye_local, L->act, w->w2, L->expert_offsets, E, d, ff);
+    be->expert_matmul_forward(be, L->ye_local, L->act, w->w2, offsets, E, d, ff);
 }
 
 // Combine: out[t] = sum_j weights[t,j] ye[row(t,j)], on the token's own rank: under expert
@@ -530,6 +591,18 @@ static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_w
     moe_backward_scratch *s = L->bwd;
     const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
     const int *offsets = L->expert_offsets;
+    if (L->cfg.dtype == MOE_DTYPE_BF16) { // each output gradient rounded once, for two GEMMs
+        be->to_bf16(be, s->g16, s->dye_e, (size_t)N * d);
+        be->expert_matmul_backward_weight_bf16(be, grads->w2, s->g16, L->act16, offsets, E, d, ff);
+        be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16, offsets, E, d, ff, 0);
+        be->swiglu_backward(be, s->dh13, s->dact, L->h13, N, ff);
+        be->to_bf16(be, s->g16, s->dh13, (size_t)N * 2 * ff);
+        be->expert_matmul_backward_weight_bf16(be, grads->w13, s->g16, L->xe16, offsets, E, 2 * ff,
+                                               d);
+        be->expert_matmul_backward_input_bf16(be, s->dxe, s->g16, w->w13_16, offsets, E, 2 * ff, d,
+                                              0);
+        return;
+    }
     be->expert_matmul_backward_weight(be, grads->w2, s->dye_e, L->act, offsets, E, d, ff);
     be->expert_matmul_backward_input(be, s->dact, s->dye_e, w->w2, offsets, E, d, ff, 0);
     be->swiglu_backward(be, s->dh13, s->dact, L->h13, N, ff);
@@ -564,13 +637,20 @@ static void route_backward(moe_layer *L, real *dinp, const moe_weights *grads, c
                         c->scoring, c->norm_topk_prob, (real)c->route_scale, (real)c->aux_coef,
                         (real)c->seq_aux_coef, (real)c->z_coef, (real)dloss);
     const real *router_in = L->jittered ? L->router_in : inp;
-    be->matmul(be, grads->gate, s->dlogits, router_in, E, d, T, 1, 0, 1);
-    if (L->jittered) { // x_r = inp * u: dinp += (dlogits gate) * u
-        const real *u = L->jitter_override ? L->jitter_override : L->jitter;
-        be->matmul(be, s->dxp, s->dlogits, w->gate, T, d, E, 0, 0, 0); // dxp is free again
-        be->mul(be, dinp, s->dxp, u, (size_t)T * d, 1);
+    // dgate += dlogits^T router_in; dx_r (+)= dlogits gate, straight into dinp without jitter
+    real *dxr = L->jittered ? s->dxp : dinp; // dxp is free again
+    const real beta = L->jittered ? 0 : 1;
+    if (c->dtype == MOE_DTYPE_BF16) {
+        be->to_bf16(be, s->g16, s->dlogits, (size_t)T * E);
+        be->matmul_bf16(be, grads->gate, s->g16, L->router_in16, E, d, T, 1, 0, 1);
+        be->matmul_bf16(be, dxr, s->g16, w->gate16, T, d, E, 0, 0, beta);
     } else {
-        be->matmul(be, dinp, s->dlogits, w->gate, T, d, E, 0, 0, 1);
+        be->matmul(be, grads->gate, s->dlogits, router_in, E, d, T, 1, 0, 1);
+        be->matmul(be, dxr, s->dlogits, w->gate, T, d, E, 0, 0, beta);
+    }
+    if (L->jittered) { // x_r = inp * u: dinp += dx_r * u
+        const real *u = L->jitter_override ? L->jitter_override : L->jitter;
+        be->mul(be, dinp, s->dxp, u, (size_t)T * d, 1);
     }
 }
 

@@ -28,6 +28,8 @@ typedef struct {
     double route_scale;  // > 0, multiplies the combine weights (DeepSeek-V3's scaling)
     double seq_aux_coef; // >= 0, sequence-level aux loss (DeepSeek-V3), 0 = off
     double jitter_eps;   // [0, 1): router input x * U(1-eps, 1+eps) in training, 0 = off
+    moe_dtype dtype;     // GEMM precision (DESIGN.md §5b): fp32 (default) or bf16 operands
+                         // with fp32 accumulation; routing, losses and SwiGLU stay fp32
 } moe_config;
 
 // Defaults: Mixtral routing, dropless, aux 0.01, z 0.001.
@@ -50,6 +52,9 @@ typedef struct {
     real *w13;  // [E, 2*ff, d]  gate (w1) and up (w3) projections, stacked
     real *w2;   // [E, d, ff]    down projection
     real *bias; // [E] or NULL   aux-loss-free balancing bias: selection only, not trained
+    // bf16 copies of gate, w13 and w2, same shapes (dtype bf16: what the GEMMs read; the
+    // owner refreshes them from the fp32 weights); NULL in fp32 and in gradient views
+    const moe_bf16 *gate16, *w13_16, *w2_16;
 } moe_weights;
 
 // Number of reals in one layer's weights, in the order gate, w13, w2.
@@ -104,6 +109,8 @@ typedef struct {
     real *dh13;     // [N_exp, 2ff]
     real *dxe;      // [N_exp, d]   gradient of the experts' input rows
     real *dxp;      // [N_send, d]  the same, back on the sending side (== dxe with one rank)
+    moe_bf16 *g16;  // bf16: [max(T E, N_exp 2ff, N_exp d)] an output gradient, rounded to bf16
+                    // as the operand of the next two GEMMs (NULL in fp32)
     size_t bytes;
 } moe_backward_scratch;
 
@@ -176,9 +183,15 @@ typedef struct {
     real *act;      // [N_exp, ff] silu(h1) * h3
     real *ye_local; // [N_exp, d] the local experts' outputs (one rank: == ye)
     real *ye;       // [N, d]  the expert outputs of this rank's rows, back for the combine
+    // bf16 (cfg.dtype): the GEMM inputs saved for the weight gradients, rounded to bf16
+    moe_bf16 *router_in16; // [T, d]       what the router saw
+    moe_bf16 *xe16;        // [N_exp, d]   the experts' input rows
+    moe_bf16 *act16;       // [N_exp, ff]  silu(h1) * h3
     // backward scratch: views of the (possibly shared) moe_backward_scratch
     moe_backward_scratch *bwd;
     int owns_bwd;
+    int staged_in_bwd; // bf16 with a backward scratch: xp, xe and act (fp32 only between a
+                       // kernel and its bf16 rounding) live in bwd's dxp, dxe and dact
     real *dlogits, *dweights, *dye, *dact, *dh13, *dxp;
     // host copies
     void *host_readback; // the readback, copied once per forward

@@ -11,6 +11,8 @@ static void die_status(const char *what, moe_status st) {
     exit(1);
 }
 
+moe_dtype moe_case_dtype = MOE_DTYPE_F32;
+
 static void *dev_alloc(size_t bytes) {
     void *p = test_backend()->alloc(test_backend(), bytes);
     if (!p) {
@@ -35,6 +37,12 @@ static void alloc_case(moe_case *c) {
     c->dev_grads = dev_alloc(nw * sizeof(real));
     moe_weights_view(&c->dev_w, c->dev_params, &c->cfg);
     moe_weights_view(&c->dev_g, c->dev_grads, &c->cfg);
+    if (c->cfg.dtype == MOE_DTYPE_BF16) { // the bf16 copies at the fp32 weights' offsets
+        c->dev_params16 = dev_alloc(nw * sizeof(moe_bf16));
+        c->dev_w.gate16 = c->dev_params16 + (c->dev_w.gate - c->dev_params);
+        c->dev_w.w13_16 = c->dev_params16 + (c->dev_w.w13 - c->dev_params);
+        c->dev_w.w2_16 = c->dev_params16 + (c->dev_w.w2 - c->dev_params);
+    }
     c->dev_x = dev_alloc(nx * sizeof(real));
     c->dev_dout = dev_alloc(nx * sizeof(real));
     c->dev_y = dev_alloc(nx * sizeof(real));
@@ -72,6 +80,7 @@ void moe_case_from_fixture(moe_case *c, const fixture *fx) {
     if ((t = fixture_find(fx, "seq_aux_coef"))) c->cfg.seq_aux_coef = t->data[0];
     if ((t = fixture_find(fx, "jitter_eps"))) c->cfg.jitter_eps = t->data[0];
     if ((t = fixture_find(fx, "seq_len"))) c->seq_len = (int)t->data[0];
+    c->cfg.dtype = moe_case_dtype;
     alloc_case(c);
     if ((t = fixture_find(fx, "bias"))) {
         c->bias = calloc((size_t)E, sizeof(real));
@@ -133,6 +142,7 @@ void moe_case_free(moe_case *c) {
                    c->dev_y,      c->dev_dx,    c->dev_bias, c->dev_jitter};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) be->free(be, dev[i]);
+    if (c->dev_params16) be->free(be, c->dev_params16);
     free(c->topk_idx);
     free(c->assign_row);
     free(c->weights);
@@ -147,6 +157,8 @@ static void upload_inputs(moe_case *c, int T) {
     const size_t E = c->cfg.n_experts;
     be->copy_to_device(be, c->dev_x, c->x, (size_t)T * c->cfg.d_model * sizeof(real));
     be->copy_to_device(be, c->dev_params, c->params, moe_weights_count(&c->cfg) * sizeof(real));
+    if (c->dev_params16)
+        be->to_bf16(be, c->dev_params16, c->dev_params, moe_weights_count(&c->cfg));
     if (c->w.bias) {
         if (!c->dev_bias) c->dev_bias = dev_alloc(E * sizeof(real));
         be->copy_to_device(be, c->dev_bias, c->w.bias, E * sizeof(real));

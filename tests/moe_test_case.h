@@ -25,12 +25,18 @@ typedef struct {
     // backend memory: what the layer reads and writes (dev_w and dev_g view dev_params and
     // dev_grads; dev_w.bias is dev_bias when w.bias is set)
     real *dev_params, *dev_grads, *dev_x, *dev_dout, *dev_y, *dev_dx, *dev_bias, *dev_jitter;
+    moe_bf16 *dev_params16; // bf16 (cfg.dtype): the weights rounded, viewed by dev_w's *16
     moe_weights dev_w, dev_g;
     // host copies of the layer's routing buffers after the last forward of the case
     int *topk_idx, *assign_row; // [T, k]
     real *probs, *scores;       // [T, E]
     real *weights;              // [T, k]
 } moe_case;
+
+// The GEMM precision of the cases made from fixtures (moe_case_from_fixture): fp32 unless a
+// test sets it. A bf16 case keeps the bf16 copy of its weights (dev_params16), refreshed from
+// the fp32 ones at every upload.
+extern moe_dtype moe_case_dtype;
 
 // Reads config and inputs (x, gate, w1, w2, w3, dout) from the fixture.
 void moe_case_from_fixture(moe_case *c, const fixture *fx);

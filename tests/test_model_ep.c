@@ -46,6 +46,8 @@ static double compare(const model *got, const double *g, const model *want, cons
     return norm > 0 ? sqrt(diff / norm) : sqrt(diff);
 }
 
+// cfg.moe.dtype bf16: both models in bf16 (the rows travel in fp32): the same bound holds
+// (measured 5e-8 to 9e-8 on 2 and 4 ranks; fp32's 4e-7)
 static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg, int B, int S,
                 const char *title) {
     const int T = B * S;
@@ -93,8 +95,10 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
     double *all = malloc(2 * (size_t)world->size * sizeof(double));
     world->allgather(world, all, mine, sizeof mine);
     for (int j = 0; j < 2 * world->size; j++) worst[j % 2] = fmax(worst[j % 2], all[j]);
-    check_true("EP model: losses (ce, aux, z), dense and expert gradients within 1e-6",
-               worst[0] <= TOL && g1n > 0 && !missing);
+    char what[128];
+    snprintf(what, sizeof what,
+             "EP model %s: losses (ce, aux, z), dense and expert gradients within %g", title, TOL);
+    check_true(what, worst[0] <= TOL && g1n > 0 && !missing);
     if (world->rank == 0)
         printf("R=%d ep=%d %-26s relative difference %.2e (losses, dense, experts), %.2e "
                "(worst tensor), ce %.4f\n",
@@ -194,6 +198,9 @@ int main(void) {
         if (world->split(world, world->rank / ep_sizes[s], world->rank, &ep)) return 1;
         cfg.moe.capacity_factor = 0;
         run(world, ep, be, cfg, 2, 12, "dropless");
+        cfg.moe.dtype = MOE_DTYPE_BF16; // rows travel in fp32 either way
+        run(world, ep, be, cfg, 2, 12, "dropless, bf16");
+        cfg.moe.dtype = MOE_DTYPE_F32;
         cfg.moe.capacity_factor = 1.0;
         run(world, ep, be, cfg, 2, 12, "capacity 1.0, probs");
         cfg.router_bias = 1, cfg.tie_embeddings = 1;

@@ -10,17 +10,18 @@
 #include "layers/rng.h"
 
 moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk) {
-    return infer_load_parallel(m, be, NULL, ckpt, max_pos, max_chunk);
+    return infer_load_parallel(m, be, NULL, ckpt, max_pos, max_chunk, MOE_DTYPE_F32);
 }
 
 moe_status infer_load_parallel(model *m, moe_backend *be, moe_comm *ep, const char *ckpt,
-                               int max_pos, int max_chunk) {
+                               int max_pos, int max_chunk, moe_dtype dtype) {
     char folder[2048];
     moe_status st = checkpoint_resolve(folder, sizeof folder, ckpt);
     if (st) return st;
     model_config cfg;
     if ((st = hf_config_read(&cfg, folder))) return st;
     if ((st = hf_check_sizes(folder, &cfg))) return st; // before allocating from config.json
+    cfg.moe.dtype = dtype;
     if (max_pos <= 0 || max_pos > cfg.max_seq_len) max_pos = cfg.max_seq_len;
     if (max_chunk > max_pos) max_chunk = max_pos;
     if ((st = model_create_inference_parallel(m, be, &cfg, max_pos, max_chunk, ep))) return st;

@@ -13,9 +13,10 @@
 // max_position_embeddings) and chunks of at most max_chunk tokens, on backend be (the model
 // uses it, the caller still owns it).
 moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk);
-// The same with the experts spread over the ranks of ep (mpirun -np R moe eval).
+// The same with the experts spread over the ranks of ep (mpirun -np R moe eval; NULL: one
+// rank) and the GEMMs in dtype (moe eval/generate --dtype; the weights load in fp32 either way).
 moe_status infer_load_parallel(model *m, moe_backend *be, moe_comm *ep, const char *ckpt,
-                               int max_pos, int max_chunk);
+                               int max_pos, int max_chunk, moe_dtype dtype);
 
 // Mean cross-entropy over the windows of tf: window i = tokens [i*S, i*S + S], inputs its
 // first S, targets its last S (at most max_windows windows; 0 = all). If logits_npy is not

@@ -76,7 +76,7 @@ static const char *usage_train =
 static const char *usage_eval =
     "usage: moe eval --ckpt DIR --data FILE.bin [--seq-len S] [--max-windows N] [--logits "
     "OUT.npy]\n"
-    "                [--device NAME]\n"
+    "                [--device NAME] [--dtype fp32|bf16]\n"
     "\n"
     "  The mean cross-entropy of the model's next-token predictions, in nats per token, over\n"
     "  non-overlapping windows of S tokens of the token file (dropless), its perplexity, and\n"
@@ -86,11 +86,13 @@ static const char *usage_eval =
     "  --seq-len S       the window (default 128)\n"
     "  --max-windows N   at most N windows (default 0: all)\n"
     "  --logits OUT.npy  write the first window's logits [S, vocab] as float32 .npy\n"
-    "  --device NAME     the backend to compute on (default cpu)\n";
+    "  --device NAME     the backend to compute on (default cpu)\n"
+    "  --dtype D         fp32 (default) or bf16: bf16 GEMM operands, fp32 accumulation\n";
 
 static const char *usage_generate =
     "usage: moe generate --ckpt DIR --prompt TEXT [-n N] [--temperature T] [--top-k K]\n"
     "                    [--top-p P] [--seed S] [--prefill-chunk C] [--stats] [--device NAME]\n"
+    "                    [--dtype fp32|bf16]\n"
     "\n"
     "  Prefills the prompt, then decodes N tokens one at a time with a KV cache. The\n"
     "  tokenizer is the checkpoint's tokenizer.json (run through scripts/hf_tokenizer.py),\n"
@@ -105,7 +107,8 @@ static const char *usage_generate =
     "  --seed S           the sampling seed (default 1): the same seed gives the same text\n"
     "  --prefill-chunk C  prefill the prompt C tokens at a time (default 64)\n"
     "  --stats            print the expert hits per layer while decoding\n"
-    "  --device NAME      the backend to compute on (default cpu)\n";
+    "  --device NAME      the backend to compute on (default cpu)\n"
+    "  --dtype D          fp32 (default) or bf16: bf16 GEMM operands, fp32 accumulation\n";
 
 static const char *usage_export =
     "usage: moe export --ckpt DIR --out DIR [--dtype f32|bf16|f16] [--device NAME]\n"
@@ -148,10 +151,25 @@ static moe_backend *open_device(const char *name) {
     return be;
 }
 
+// --dtype of eval and generate: the GEMM precision (DESIGN.md §5b).
+static moe_dtype dtype_arg(const char *v) {
+    if (!strcmp(v, "fp32")) return MOE_DTYPE_F32;
+    if (!strcmp(v, "bf16")) return MOE_DTYPE_BF16;
+    moe_fatal("--dtype '%s': expected fp32 or bf16", v);
+}
+
+// What eval and generate print first (on stderr: their stdout is the result) in bf16.
+static void say_precision(const char *cmd, moe_dtype dtype, moe_backend *be) {
+    if (dtype == MOE_DTYPE_BF16)
+        fprintf(stderr, "moe %s: precision bf16 (bf16 GEMM operands, fp32 accumulation); %s\n", cmd,
+                be->describe(be));
+}
+
 static int cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *logits = NULL, *device = "cpu";
     int seq_len = 128;
     long max_windows = 0;
+    moe_dtype dtype = MOE_DTYPE_F32;
     for (int i = 0; i < argc; i += 2) { // every option takes a value
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage_error("eval", usage_eval, "'%s' needs a value", a);
@@ -163,6 +181,8 @@ static int cmd_eval(int argc, char **argv) {
             logits = v;
         else if (!strcmp(a, "--device"))
             device = v;
+        else if (!strcmp(a, "--dtype"))
+            dtype = dtype_arg(v);
         else if (!strcmp(a, "--seq-len"))
             seq_len = (int)number_arg(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--max-windows"))
@@ -179,7 +199,8 @@ static int cmd_eval(int argc, char **argv) {
     if (world->rank && !freopen("/dev/null", "w", stdout)) moe_fatal("cannot silence stdout");
     moe_backend *be = open_device(device);
     model m;
-    if (infer_load_parallel(&m, be, world->size > 1 ? world : NULL, ckpt, seq_len, seq_len))
+    say_precision("eval", dtype, be);
+    if (infer_load_parallel(&m, be, world->size > 1 ? world : NULL, ckpt, seq_len, seq_len, dtype))
         moe_fatal("%s", moe_last_error());
     double loss;
     long n;
@@ -203,6 +224,7 @@ static int cmd_eval(int argc, char **argv) {
 static int cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *device = "cpu";
     int n_new = 200, stats = 0;
+    moe_dtype dtype = MOE_DTYPE_F32;
     sampling s = {.temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 1, .prefill_chunk = 64};
     for (int i = 0; i < argc; i += 2) { // options with a value step by 2, --stats by 1
         const char *a = argv[i];
@@ -219,6 +241,8 @@ static int cmd_generate(int argc, char **argv) {
             prompt = v;
         else if (!strcmp(a, "--device"))
             device = v;
+        else if (!strcmp(a, "--dtype"))
+            dtype = dtype_arg(v);
         else if (!strcmp(a, "-n"))
             n_new = (int)number_arg(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--temperature"))
@@ -246,7 +270,8 @@ static int cmd_generate(int argc, char **argv) {
     moe_backend *be = open_device(device);
     model m;
     // the KV cache holds what this call needs (at most max_position_embeddings)
-    if (infer_load(&m, be, ckpt, n_prompt + n_new, s.prefill_chunk))
+    say_precision("generate", dtype, be);
+    if (infer_load_parallel(&m, be, NULL, ckpt, n_prompt + n_new, s.prefill_chunk, dtype))
         moe_fatal("%s", moe_last_error());
     if (!hf_tok && m.cfg.vocab_size < 256)
         moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",

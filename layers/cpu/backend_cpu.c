@@ -33,8 +33,8 @@ static void cpu_zero(moe_backend *be, void *ptr, size_t bytes) {
 static const char *cpu_describe(moe_backend *be) {
     cpu_state *s = state_of(be);
     const char *blas = openblas_get_config();
-    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s); threads: %d%s",
-             blas ? blas : "OpenBLAS", moe_blas_kernel(), s->threads,
+    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s); %s; threads: %d%s",
+             blas ? blas : "OpenBLAS", moe_blas_kernel(), s->bf16_line, s->threads,
              s->strict ? "; strict memory (test mode, slow)" : "");
     return s->line;
 }
@@ -45,6 +45,7 @@ int cpu_backend_set_threads(moe_backend *be, int requested) {
 
 static void cpu_destroy(moe_backend *be) {
     cpu_strict_release(be);
+    free(state_of(be)->bf16_ws);
     free(be->state);
     free(be);
 }
@@ -62,6 +63,12 @@ static const moe_backend cpu_table = {
     .expert_matmul_forward = cpu_expert_matmul_forward,
     .expert_matmul_backward_input = cpu_expert_matmul_backward_input,
     .expert_matmul_backward_weight = cpu_expert_matmul_backward_weight,
+    .matmul_bf16 = cpu_matmul_bf16,
+    .expert_matmul_forward_bf16 = cpu_expert_matmul_forward_bf16,
+    .expert_matmul_backward_input_bf16 = cpu_expert_matmul_backward_input_bf16,
+    .expert_matmul_backward_weight_bf16 = cpu_expert_matmul_backward_weight_bf16,
+    .to_bf16 = cpu_to_bf16,
+    .from_bf16 = cpu_from_bf16,
     .router_topk = cpu_router_topk,
     .moe_dispatch_counts = cpu_moe_dispatch_counts,
     .moe_seq_counts = cpu_moe_seq_counts,
@@ -111,6 +118,12 @@ moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt,
     be->state = s;
     be->host_memory = !strict;
     s->strict = strict;
+    moe_status st = cpu_bf16_select(s);
+    if (st) {
+        free(be);
+        free(s);
+        return st;
+    }
     int threads = opt ? opt->threads : 0;
     if (threads == 0 && opt && opt->procs_per_node > 1) { // ranks share the node's cores
         threads = moe_cpu_threads(0) / opt->procs_per_node;

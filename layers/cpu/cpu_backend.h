@@ -19,7 +19,13 @@ typedef struct cpu_state {
     int depth;           // strict: nesting of open kernel scopes (unprotected while > 0)
     cpu_region *regions; // strict: the live allocations
     int n_regions, cap_regions;
-    char line[160]; // describe()
+    char line[256]; // describe()
+    // bf16 GEMMs (layers/cpu/gemm_bf16.c)
+    void (*sbgemm)(void); // OpenBLAS's cblas_sbgemm when the loaded library exports it
+    int bf16_native;      // 1: the *_bf16 GEMMs call sbgemm; 0: widen to fp32, then sgemm
+    char bf16_line[96];   // the path, for describe()
+    real *bf16_ws;        // the emulated path's widening workspace (host), bf16_ws_n reals
+    size_t bf16_ws_n;
 } cpu_state;
 
 // "cpu" (strict = 0) and the test-only "cpu-strict" (strict = 1): every allocation is its own
@@ -35,6 +41,15 @@ int moe_cpu_threads(int requested);
 // Changes a CPU backend's thread count (tests: a kernel gives the same bits on 1 and 2 threads);
 // returns what moe_cpu_threads(requested) applied.
 int cpu_backend_set_threads(moe_backend *be, int requested);
+// bf16 GEMM path (layers/cpu/gemm_bf16.c): picks native (cblas_sbgemm) or emulated for a new
+// backend's state from the CPU, the OpenBLAS loaded and MOE_BF16_GEMM; MOE_EINVAL for a bad
+// MOE_BF16_GEMM or a forced native path without sbgemm.
+moe_status cpu_bf16_select(cpu_state *s);
+// 1 when the CPU has AVX512-BF16 or AMX-BF16 (CPUID).
+int cpu_has_bf16_instructions(void);
+// Tests: native = 1 selects sbgemm (returns 0, changing nothing, when there is none), 0 the
+// emulated path; returns 1 when applied.
+int cpu_backend_set_bf16_gemm(moe_backend *be, int native);
 // The OpenBLAS kernel family in use ("Haswell", "SkylakeX", "Cooperlake", ...): OpenBLAS picks
 // it for the CPU when it loads, unless OPENBLAS_CORETYPE names one. It sets the sgemm rate (on
 // the AVX-512 machine here: 250 GFLOP/s with Haswell's AVX2 kernels, 450-470 with AVX-512), so

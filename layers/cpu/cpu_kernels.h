@@ -32,6 +32,21 @@ void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const rea
                                        const real *inp, const int *offsets, int n_experts,
                                        int n_out, int n_in);
 
+// gemm_bf16.c
+void cpu_matmul_bf16(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16 *b, int m, int n,
+                     int kd, int trans_a, int trans_b, real beta);
+void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *inp,
+                                    const moe_bf16 *weight, const int *offsets, int n_experts,
+                                    int n_out, int n_in);
+void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
+                                           const moe_bf16 *weight, const int *offsets,
+                                           int n_experts, int n_out, int n_in, int accumulate);
+void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
+                                            const moe_bf16 *inp, const int *offsets, int n_experts,
+                                            int n_out, int n_in);
+void cpu_to_bf16(moe_backend *be, moe_bf16 *out, const real *in, size_t n);
+void cpu_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n);
+
 // router.c
 void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
                      real *weights, const real *logits, const real *bias, int T, int E, int k,

@@ -155,6 +155,7 @@ static void check_defaults(const moe_train_config *c) {
     CHECK(c->eval_interval == 100);
     CHECK(c->eval_batches == 8);
     CHECK(c->load_alert_action == 0);
+    CHECK(c->model.moe.dtype == MOE_DTYPE_F32);
     CHECK(strcmp(c->init_from, "") == 0);
     CHECK(strcmp(c->train_path, "") == 0);
     CHECK(strcmp(c->val_path, "") == 0);
@@ -238,6 +239,7 @@ static const char *full_text = "# every key, none at its default\n"
                                "  eval_interval = 0;\n"
                                "  eval_batches = 4;\n"
                                "  load_alert_action = \"stop\";\n"
+                               "  dtype = \"bf16\";\n"
                                "  init_from = \"hf/mixtral-tiny\";\n"
                                "};\n"
                                "data = {\n"
@@ -301,6 +303,7 @@ static void case_full(void) {
     CHECK(c.eval_interval == 0);
     CHECK(c.eval_batches == 4);
     CHECK(c.load_alert_action == 1);
+    CHECK(c.model.moe.dtype == MOE_DTYPE_BF16);
     CHECK(strcmp(c.init_from, "hf/mixtral-tiny") == 0);
     CHECK(strcmp(c.train_path, "tok/train.bin") == 0);
     CHECK(strcmp(c.val_path, "tok/val.bin") == 0);
@@ -718,6 +721,8 @@ static void case_bad_enum(void) {
     REJECT(
         "bad_enum_3.cfg", "train = {\n  schedule = \"linear\";\n};\n",
         "=bad_enum_3.cfg:2: train.schedule: \"linear\" is not one of \"cosine\" or \"constant\"");
+    REJECT("bad_enum_4.cfg", "train = {\n  seed = 3;\n  dtype = \"fp16\";\n};\n",
+           "=bad_enum_4.cfg:3: train.dtype: \"fp16\" is not one of \"fp32\" or \"bf16\"");
 }
 
 static void case_syntax_error(void) {

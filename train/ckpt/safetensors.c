@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "train/ckpt/safetensors.h"
+#include "layers/bf16.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -62,14 +63,9 @@ static float bits_f32(uint32_t b) {
     return x;
 }
 
-uint16_t f32_to_bf16(float x) {
-    uint32_t b = f32_bits(x);
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((b >> 16) | 0x0040u); // quiet NaN
-    b += 0x7FFFu + ((b >> 16) & 1u); // round to nearest even; overflows to inf correctly
-    return (uint16_t)(b >> 16);
-}
-
-float bf16_to_f32(uint16_t x) { return bits_f32((uint32_t)x << 16); }
+// One rounding for the whole program: layers/bf16.h (the conversion kernels use it too).
+uint16_t f32_to_bf16(float x) { return moe_f32_to_bf16(x); }
+float bf16_to_f32(uint16_t x) { return moe_bf16_to_f32(x); }
 
 uint16_t f32_to_f16(float x) {
     uint32_t b = f32_bits(x);

@@ -67,6 +67,7 @@ static const char *const optimizer_names[] = {"adamw", "sgd", NULL};
 static const char *const schedule_names[] = {"cosine", "constant", NULL};
 static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
 static const char *const alert_action_names[] = {"warn", "stop", NULL};
+static const char *const dtype_names[] = {"fp32", "bf16", NULL}; // moe_dtype's order
 
 // The offset of field f, which must be of type T (a compile error otherwise): what a key
 // kind writes through the offset is the field's type.
@@ -93,6 +94,8 @@ ENUM_FITS_INT(moe_scoring);
 ENUM_FITS_INT(optim_kind);
 ENUM_FITS_INT(schedule_kind);
 ENUM_FITS_INT(moe_alert_action);
+ENUM_FITS_INT(moe_dtype);
+_Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "train.dtype: fp32 -> 0, bf16 -> 1");
 #define OPEN 1
 #define CLOSED 0
 
@@ -153,6 +156,7 @@ static const key_spec specs[] = {
     KFLT("train", "grad_clip", grad_clip, 0, CLOSED, INFINITY, OPEN),
     KINT("train", "max_skipped", max_skipped, 1, INT_MAX),
     KINT("train", "threads", threads, 0, 1024),
+    KENUM("train", "dtype", model.moe.dtype, moe_dtype, dtype_names),
     KI64("train", "eval_interval", eval_interval, 0, INT64_MAX),
     KINT("train", "eval_batches", eval_batches, 1, 1 << 20),
     KENUM("train", "load_alert_action", load_alert_action, moe_alert_action, alert_action_names),
@@ -204,6 +208,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     e->drop_policy = d.drop_policy, e->aux_coef = d.aux_coef, e->z_coef = d.z_coef;
     e->scoring = d.scoring, e->route_scale = d.route_scale, e->seq_aux_coef = d.seq_aux_coef;
     e->jitter_eps = d.jitter_eps;
+    e->dtype = d.dtype; // fp32
     cfg->capacity = (capacity_plan){.mode = CAPACITY_FIXED,
                                     .max_drop = 0.01,
                                     .window = 100,

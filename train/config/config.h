@@ -120,24 +120,26 @@ typedef struct {
     char device[MOE_PATH_MAX];
 
     // ---- train { } ------------------------------------------------------------
-    int64_t seed;                       // >= 0
-    int64_t steps;                      // [1, 1e12]
-    int batch_size;                     // sequences per micro-batch, [1, 1<<20]
-    int seq_len;                        // [1, model.max_seq_len]
-    int grad_accum;                     // micro-batches per step, [1, 1<<20]
-    optim_kind optimizer;               // "adamw" | "sgd" (optim/optimizer.h)
-    double lr;                          // >= 0, finite
-    double min_lr;                      // [0, lr]: the cosine schedule ends here
-    int64_t warmup_steps;               // [0, steps]
-    schedule_kind schedule;             // "cosine" | "constant" (optim/optimizer.h)
-    double beta1;                       // [0, 1)
-    double beta2;                       // [0, 1)
-    double eps;                         // > 0
-    double weight_decay;                // >= 0
-    int decay_norms;                    // bool; false: RMSNorm weights get no weight decay
-    double grad_clip;                   // >= 0 (0 = off)
-    int max_skipped;                    // consecutive non-finite steps before stopping, >= 1
-    int threads;                        // [0, 1024] (0 = OpenMP's default)
+    int64_t seed;           // >= 0
+    int64_t steps;          // [1, 1e12]
+    int batch_size;         // sequences per micro-batch, [1, 1<<20]
+    int seq_len;            // [1, model.max_seq_len]
+    int grad_accum;         // micro-batches per step, [1, 1<<20]
+    optim_kind optimizer;   // "adamw" | "sgd" (optim/optimizer.h)
+    double lr;              // >= 0, finite
+    double min_lr;          // [0, lr]: the cosine schedule ends here
+    int64_t warmup_steps;   // [0, steps]
+    schedule_kind schedule; // "cosine" | "constant" (optim/optimizer.h)
+    double beta1;           // [0, 1)
+    double beta2;           // [0, 1)
+    double eps;             // > 0
+    double weight_decay;    // >= 0
+    int decay_norms;        // bool; false: RMSNorm weights get no weight decay
+    double grad_clip;       // >= 0 (0 = off)
+    int max_skipped;        // consecutive non-finite steps before stopping, >= 1
+    int threads;            // [0, 1024] (0 = OpenMP's default)
+    // train.dtype, "fp32" (default) | "bf16": the GEMM precision, stored in model.moe.dtype
+    // (bf16 operands, fp32 accumulation, fp32 master weights and optimizer; DESIGN.md §5b)
     int64_t eval_interval;              // steps, >= 0 (0 = never)
     int eval_batches;                   // micro-batches of validation, [1, 1<<20]
     moe_alert_action load_alert_action; // "warn" | "stop": what a load alert does

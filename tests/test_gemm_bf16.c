@@ -1,0 +1,288 @@
+// The bf16 kernels of the backend (layers/backend.h, DESIGN.md §5b) against references
+// computed here in double:
+//   - to_bf16 / from_bf16 on hand-picked bit patterns: ties to even, NaN, Inf, overflow,
+//     subnormals, signed zero; widening is exact;
+//   - matmul_bf16 and the three grouped expert GEMMs on odd sizes, every transpose, beta 0/1,
+//     an expert with no rows, random data of the model's scale (weights N(0, 0.02),
+//     activations N(0, 1)): (a) against fp32 math on the UNROUNDED operands within 1e-2
+//     relative (the bf16 contract), and (b) elementwise against a double GEMM of the
+//     bf16-ROUNDED operands within 1e-5 * sum_k |a_ik b_kj| (what fp32 accumulation in any
+//     summation order guarantees), which fails if an operand is rounded twice, an
+//     accumulation runs in bf16 or a transpose is wrong.
+// Both CPU paths run: emulated always, native (cblas_sbgemm) when the OpenBLAS loaded has it
+// (test_gemm_bf16_standin: a stand-in sbgemm, tests/sbgemm_standin.c).
+// MOE_TEST_DEVICE=cpu-strict runs the same on strict memory.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/bf16.h"
+#include "layers/cpu/cpu_backend.h"
+#include "test_backend.h"
+#include "test_util.h"
+
+static moe_backend *be;
+static test_rng rng;
+
+static float bits_f(uint32_t b) {
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+// ---- conversions ------------------------------------------------------------------------
+
+static void test_conversions(void) {
+    static const struct {
+        uint32_t in;
+        uint16_t want;
+        const char *what;
+    } cases[] = {
+        {0x3F800000u, 0x3F80, "1.0 exact"},
+        {0x3F808000u, 0x3F80, "1 + 2^-8: tie, even stays down"},
+        {0x3F818000u, 0x3F82, "1 + 3*2^-8: tie, odd rounds up"},
+        {0x3F808001u, 0x3F81, "just above a tie rounds up"},
+        {0x3F807FFFu, 0x3F80, "just below a tie rounds down"},
+        {0xBF818000u, 0xBF82, "negative tie to even"},
+        {0x7F800000u, 0x7F80, "+Inf"},
+        {0xFF800000u, 0xFF80, "-Inf"},
+        {0x7F7FFFFFu, 0x7F80, "FLT_MAX overflows to +Inf"},
+        {0x7F7F7FFFu, 0x7F7F, "largest value that stays finite"},
+        {0x7FC00000u, 0x7FC0, "quiet NaN"},
+        {0x7F800001u, 0x7FC0, "signalling NaN with a low payload: stays NaN, quiet"},
+        {0xFFFFFFFFu, 0xFFFF, "negative NaN keeps its sign"},
+        {0x00000000u, 0x0000, "+0"},
+        {0x80000000u, 0x8000, "-0"},
+        {0x00010000u, 0x0001, "smallest bf16 subnormal exact"},
+        {0x00008000u, 0x0000, "subnormal tie to even (down to 0)"},
+        {0x00018000u, 0x0002, "subnormal tie to even (up)"},
+        {0x00008001u, 0x0001, "subnormal above a tie"},
+        {0x007FFFFFu, 0x0080, "largest fp32 subnormal rounds to the smallest normal"},
+        {0x80008001u, 0x8001, "negative subnormal"},
+    };
+    const int n = (int)(sizeof cases / sizeof cases[0]);
+    float in[32];
+    uint16_t out[32];
+    float back[32];
+    for (int i = 0; i < n; i++) in[i] = bits_f(cases[i].in);
+    float *d_in = be->alloc(be, sizeof in);
+    moe_bf16 *d_out = be->alloc(be, sizeof out);
+    float *d_back = be->alloc(be, sizeof back);
+    be->copy_to_device(be, d_in, in, sizeof in);
+    be->to_bf16(be, d_out, d_in, (size_t)n);
+    be->from_bf16(be, d_back, d_out, (size_t)n);
+    be->copy_to_host(be, out, d_out, sizeof out);
+    be->copy_to_host(be, back, d_back, sizeof back);
+    for (int i = 0; i < n; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "to_bf16(0x%08X) = 0x%04X, want 0x%04X: %s", cases[i].in,
+                 out[i], cases[i].want, cases[i].what);
+        check_true(what, out[i] == cases[i].want);
+        uint32_t b;
+        memcpy(&b, &back[i], 4);
+        snprintf(what, sizeof what, "from_bf16(0x%04X) widens exactly", out[i]);
+        check_true(what, b == (uint32_t)out[i] << 16);
+    }
+    be->free(be, d_in), be->free(be, d_out), be->free(be, d_back);
+    // the host helper is the same function the kernels use: spot-check it on random values
+    // against a rounding written differently (nearest of the two neighbours, ties to even)
+    for (int i = 0; i < 100000; i++) {
+        const float x = (float)(rng_normal(&rng) * pow(2.0, (int)(rng_uniform(&rng) * 60) - 30));
+        uint32_t b;
+        memcpy(&b, &x, 4);
+        const uint32_t lo = b & 0xFFFF0000u, hi = lo + 0x10000u;
+        const double dlo = fabs((double)bits_f(lo) - x), dhi = fabs((double)bits_f(hi) - x);
+        const uint32_t want = dlo < dhi ? lo : dhi < dlo ? hi : ((lo >> 16) & 1) ? hi : lo;
+        if (moe_f32_to_bf16(x) != (uint16_t)(want >> 16)) {
+            check_true("random value rounds to the nearest bf16, ties to even", 0);
+            break;
+        }
+    }
+}
+
+// ---- GEMMs ---------------------------------------------------------------------------
+
+typedef struct {
+    float *f;    // [n] the fp32 values (host)
+    uint16_t *h; // [n] their bf16 (host, rounded here with the shared helper)
+    moe_bf16 *d; // [n] device copy of h
+    size_t n;
+} operand;
+
+static operand make_operand(size_t n, double scale) {
+    operand o = {malloc(n * 4 + 4), malloc(n * 2 + 2), be->alloc(be, n * 2 + 2), n};
+    for (size_t i = 0; i < n; i++) {
+        o.f[i] = (float)(scale * rng_normal(&rng));
+        o.h[i] = moe_f32_to_bf16(o.f[i]);
+    }
+    be->copy_to_device(be, o.d, o.h, n * 2);
+    return o;
+}
+static void free_operand(operand *o) { free(o->f), free(o->h), be->free(be, o->d); }
+static double rnd(const operand *o, size_t i) { return moe_bf16_to_f32(o->h[i]); }
+
+// Compares got [n] (host) with the references: want_f the GEMM of the unrounded fp32 values
+// (double), want_r of the rounded ones, mag the sums of |products|.
+static void compare(const char *what, const float *got, const double *want_f, const double *want_r,
+                    const double *mag, size_t n) {
+    double *g = malloc(n * sizeof *g);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        g[i] = got[i];
+        if (!(fabs(got[i] - want_r[i]) <= 1e-5 * mag[i] + 1e-30)) bad++;
+    }
+    char w[200];
+    snprintf(w, sizeof w, "%s: vs fp32 math on unrounded operands", what);
+    check_rel(w, g, want_f, n, 1e-2);
+    snprintf(w, sizeof w, "%s: every element within fp32 accumulation of the bf16 GEMM (%d bad)",
+             what, bad);
+    check_true(w, bad == 0);
+    free(g);
+}
+
+static void test_matmul(int m, int n, int kd, int ta, int tb, float beta) {
+    operand a = make_operand((size_t)m * kd, 1.0), b = make_operand((size_t)kd * n, 0.02);
+    const size_t mn = (size_t)m * n;
+    float *c0 = malloc(mn * 4), *c = malloc(mn * 4);
+    double *wf = malloc(mn * 8), *wr = malloc(mn * 8), *mag = malloc(mn * 8);
+    for (size_t i = 0; i < mn; i++) c0[i] = (float)rng_normal(&rng);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double sf = 0, sr = 0, sm = 0;
+            for (int p = 0; p < kd; p++) {
+                const size_t ia = ta ? (size_t)p * m + i : (size_t)i * kd + p;
+                const size_t ib = tb ? (size_t)j * kd + p : (size_t)p * n + j;
+                sf += (double)a.f[ia] * b.f[ib];
+                sr += rnd(&a, ia) * rnd(&b, ib);
+                sm += fabs(rnd(&a, ia) * rnd(&b, ib));
+            }
+            const size_t o = (size_t)i * n + j;
+            wf[o] = sf + beta * c0[o], wr[o] = sr + beta * c0[o];
+            mag[o] = sm + fabs(beta * c0[o]);
+        }
+    float *dc = be->alloc(be, mn * 4);
+    be->copy_to_device(be, dc, c0, mn * 4);
+    be->matmul_bf16(be, dc, a.d, b.d, m, n, kd, ta, tb, beta);
+    be->copy_to_host(be, c, dc, mn * 4);
+    char what[120];
+    snprintf(what, sizeof what, "matmul_bf16 %dx%dx%d trans %d%d beta %g", m, n, kd, ta, tb,
+             (double)beta);
+    compare(what, c, wf, wr, mag, mn);
+    be->free(be, dc);
+    free(c0), free(c), free(wf), free(wr), free(mag);
+    free_operand(&a), free_operand(&b);
+}
+
+// The three grouped GEMMs over experts with these row counts (one of them empty).
+static void test_experts(const int *rows, int E, int n_out, int n_in) {
+    int offsets[16] = {0};
+    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + rows[e];
+    const int N = offsets[E];
+    operand x = make_operand((size_t)N * n_in, 1.0),
+            w = make_operand((size_t)E * n_out * n_in, 0.02),
+            dy = make_operand((size_t)N * n_out, 0.1);
+    const size_t ny = (size_t)N * n_out, nx = (size_t)N * n_in, nw = (size_t)E * n_out * n_in;
+    size_t nmax = ny > nx ? ny : nx;
+    nmax = nmax > nw ? nmax : nw;
+    float *init = malloc(nmax * 4), *got = malloc(nmax * 4), *dbuf = be->alloc(be, nmax * 4);
+    double *wf = malloc(nmax * 8), *wr = malloc(nmax * 8), *mag = malloc(nmax * 8);
+    for (size_t i = 0; i < nmax; i++) init[i] = (float)(0.1 * rng_normal(&rng));
+    char what[120];
+    // forward: y[r] = x[r] w_e^T
+    for (int e = 0; e < E; e++)
+        for (int r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int o = 0; o < n_out; o++) {
+                double sf = 0, sr = 0, sm = 0;
+                for (int i = 0; i < n_in; i++) {
+                    const size_t ix = (size_t)r * n_in + i, iw = ((size_t)e * n_out + o) * n_in + i;
+                    sf += (double)x.f[ix] * w.f[iw], sr += rnd(&x, ix) * rnd(&w, iw);
+                    sm += fabs(rnd(&x, ix) * rnd(&w, iw));
+                }
+                const size_t k = (size_t)r * n_out + o;
+                wf[k] = sf, wr[k] = sr, mag[k] = sm;
+            }
+    be->copy_to_device(be, dbuf, init, ny * 4); // overwritten, not accumulated
+    be->expert_matmul_forward_bf16(be, dbuf, x.d, w.d, offsets, E, n_out, n_in);
+    be->copy_to_host(be, got, dbuf, ny * 4);
+    snprintf(what, sizeof what, "expert_matmul_forward_bf16 E=%d %dx%d", E, n_out, n_in);
+    compare(what, got, wf, wr, mag, ny);
+    // backward input: dx[r] (+)= dy[r] w_e, both modes
+    for (int acc = 0; acc < 2; acc++) {
+        for (int e = 0; e < E; e++)
+            for (int r = offsets[e]; r < offsets[e + 1]; r++)
+                for (int i = 0; i < n_in; i++) {
+                    const size_t k = (size_t)r * n_in + i;
+                    double sf = acc ? init[k] : 0, sr = sf, sm = fabs(sf);
+                    for (int o = 0; o < n_out; o++) {
+                        const size_t id = (size_t)r * n_out + o,
+                                     iw = ((size_t)e * n_out + o) * n_in + i;
+                        sf += (double)dy.f[id] * w.f[iw], sr += rnd(&dy, id) * rnd(&w, iw);
+                        sm += fabs(rnd(&dy, id) * rnd(&w, iw));
+                    }
+                    wf[k] = sf, wr[k] = sr, mag[k] = sm;
+                }
+        be->copy_to_device(be, dbuf, init, nx * 4);
+        be->expert_matmul_backward_input_bf16(be, dbuf, dy.d, w.d, offsets, E, n_out, n_in, acc);
+        be->copy_to_host(be, got, dbuf, nx * 4);
+        snprintf(what, sizeof what, "expert_matmul_backward_input_bf16 accumulate=%d", acc);
+        compare(what, got, wf, wr, mag, nx);
+    }
+    // backward weight: dw_e += dy_e^T x_e (an expert without rows keeps its gradient)
+    for (int e = 0; e < E; e++)
+        for (int o = 0; o < n_out; o++)
+            for (int i = 0; i < n_in; i++) {
+                const size_t k = ((size_t)e * n_out + o) * n_in + i;
+                double sf = init[k], sr = sf, sm = fabs(sf);
+                for (int r = offsets[e]; r < offsets[e + 1]; r++) {
+                    const size_t id = (size_t)r * n_out + o, ix = (size_t)r * n_in + i;
+                    sf += (double)dy.f[id] * x.f[ix], sr += rnd(&dy, id) * rnd(&x, ix);
+                    sm += fabs(rnd(&dy, id) * rnd(&x, ix));
+                }
+                wf[k] = sf, wr[k] = sr, mag[k] = sm;
+            }
+    be->copy_to_device(be, dbuf, init, nw * 4);
+    be->expert_matmul_backward_weight_bf16(be, dbuf, dy.d, x.d, offsets, E, n_out, n_in);
+    be->copy_to_host(be, got, dbuf, nw * 4);
+    compare("expert_matmul_backward_weight_bf16 (+=)", got, wf, wr, mag, nw);
+    be->free(be, dbuf);
+    free(init), free(got), free(wf), free(wr), free(mag);
+    free_operand(&x), free_operand(&w), free_operand(&dy);
+}
+
+static void test_gemms(const char *path) {
+    printf("-- %s path\n", path);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            test_matmul(37, 53, 129, ta, tb, 0);
+            test_matmul(17, 9, 301, ta, tb, 1);
+        }
+    test_matmul(1, 65, 64, 0, 1, 0); // a decode step's shape
+    const int rows[5] = {13, 0, 29, 1, 40};
+    test_experts(rows, 5, 46, 33);
+    const int many[12] = {3, 5, 0, 7, 2, 9, 1, 4, 6, 8, 2, 3}; // >= 4 experts per thread
+    test_experts(many, 12, 24, 17);
+}
+
+int main(int argc, char **argv) {
+    // --require-native: the native path must run (test_gemm_bf16_standin links a stand-in)
+    const int require_native = argc > 1 && !strcmp(argv[1], "--require-native");
+    be = test_backend();
+    rng_seed(&rng, 20261201);
+    printf("backend: %s\n", be->describe(be));
+    test_conversions();
+    if (strncmp(be->name, "cpu", 3) == 0) {
+        cpu_backend_set_bf16_gemm(be, 0);
+        test_gemms("emulated");
+        if (cpu_backend_set_bf16_gemm(be, 1))
+            test_gemms("native (cblas_sbgemm)");
+        else
+            printf("-- native path: not run, the OpenBLAS loaded has no cblas_sbgemm\n");
+        check_true("native path ran (--require-native)",
+                   !require_native || ((cpu_state *)be->state)->bf16_native);
+    } else {
+        test_gemms(be->name);
+    }
+    printf("%s\n", test_failures() ? "FAILED" : "all passed");
+    return test_failures() != 0;
+}
