@@ -7,7 +7,7 @@
 // dispatch, permute, SwiGLU, combine, losses). Threads: OMP_NUM_THREADS /
 // OPENBLAS_NUM_THREADS from the environment (scripts/bench_moe_layer sets both).
 #define _POSIX_C_SOURCE 200809L // clock_gettime
-#include <cblas.h>
+#include "layers/cpu/cblas.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 // yardstick the training benchmark divides the model's FLOP rate by.
 //   bench_sgemm [--m 2048] [--n 1024] [--k 1024] [--reps 7] [--json]
 #define _POSIX_C_SOURCE 200809L // clock_gettime
-#include <cblas.h>
+#include "layers/cpu/cblas.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -13,7 +13,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
-#include <cblas.h>
+#include "layers/cpu/cblas.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>

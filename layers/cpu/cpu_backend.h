@@ -6,6 +6,7 @@
 #define MOE_CPU_BACKEND_H
 
 #include "layers/backend.h"
+#include "layers/blas.h"
 
 // One mapping of strict-mode memory: a whole number of pages, PROT_NONE outside kernels.
 typedef struct {
@@ -19,7 +20,7 @@ typedef struct cpu_state {
     int depth;           // strict: nesting of open kernel scopes (unprotected while > 0)
     cpu_region *regions; // strict: the live allocations
     int n_regions, cap_regions;
-    char line[160]; // describe()
+    char line[320]; // describe()
 } cpu_state;
 
 // "cpu" (strict = 0) and the test-only "cpu-strict" (strict = 1): every allocation is its own
@@ -35,11 +36,8 @@ int moe_cpu_threads(int requested);
 // Changes a CPU backend's thread count (tests: a kernel gives the same bits on 1 and 2 threads);
 // returns what moe_cpu_threads(requested) applied.
 int cpu_backend_set_threads(moe_backend *be, int requested);
-// The OpenBLAS kernel family in use ("Haswell", "SkylakeX", "Cooperlake", ...): OpenBLAS picks
-// it for the CPU when it loads, unless OPENBLAS_CORETYPE names one. It sets the sgemm rate (on
-// the AVX-512 machine here: 250 GFLOP/s with Haswell's AVX2 kernels, 450-470 with AVX-512), so
-// benchmarks print it.
-const char *moe_blas_kernel(void);
+// moe_blas_kernel(), the BLAS's kernel family, which sets the sgemm rate (on an AVX-512 Xeon:
+// 250 GFLOP/s with OpenBLAS's Haswell kernels, 450-470 with SkylakeX), is in layers/blas.h.
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max
 // PERIOD"), else v1's cfs_quota_us / cfs_period_us; 0 when there is no quota or no file.
 int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,
