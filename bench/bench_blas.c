@@ -31,15 +31,19 @@ typedef struct {
 // backward input dact = dy w2 (NN), dx = dh13 w13 (NN); weight dw13 = dh13^T x (TN),
 // dw2 = dy^T act (TN). Model (configs/shakespeare.cfg, B*S = 2048 tokens, d = 192):
 // qkv [320, 192], o [192, 192], lm_head [256, 192], each forward, dX and dW.
-#define EXPERT(g, rows, d, ff, E)                                                                  \
-    {g, rows, 2 * (ff), d, 0, 1, E}, {g, rows, d, ff, 0, 1, E}, {g, rows, ff, d, 0, 0, E},         \
-        {g, rows, d, 2 * (ff), 0, 0, E}, {g, 2 * (ff), d, rows, 1, 0, E}, {g, d, ff, rows, 1, 0, E}
-#define DENSE(g, T, out, in) {g, T, out, in, 0, 1, 1}, {g, T, in, out, 0, 0, 1}, {g, out, in, T, 1, 0, 1}
+#define EXPERT(g, rows, d, ff, E)                                                          \
+    {g, rows, 2 * (ff), d, 0, 1, E}, {g, rows, d, ff, 0, 1, E}, {g, rows, ff, d, 0, 0, E}, \
+        {g, rows, d, 2 * (ff), 0, 0, E}, {g, 2 * (ff), d, rows, 1, 0, E}, {                \
+        g, d, ff, rows, 1, 0, E                                                            \
+    }
+#define DENSE(g, T, out, in) \
+    {g, T, out, in, 0, 1, 1}, {g, T, in, out, 0, 0, 1}, { g, out, in, T, 1, 0, 1 }
 static const shape shapes[] = {
-    EXPERT("moe_coarse", 1024, 512, 1408, 8),  // T=4096 d=512 ff=1408 E=8 k=2
-    EXPERT("moe_fine", 1024, 512, 256, 32),    // T=4096 d=512 ff=256 E=32 k=8
+    EXPERT("moe_coarse", 1024, 512, 1408, 8),            // T=4096 d=512 ff=1408 E=8 k=2
+    EXPERT("moe_fine", 1024, 512, 256, 32),              // T=4096 d=512 ff=256 E=32 k=8
     EXPERT("shakespeare_experts", 512, 192, 384, 8 * 4), // 2048 tokens, E=8 k=2, 4 layers
-    DENSE("shakespeare_dense", 2048, 320, 192), DENSE("shakespeare_dense", 2048, 192, 192),
+    DENSE("shakespeare_dense", 2048, 320, 192),
+    DENSE("shakespeare_dense", 2048, 192, 192),
     DENSE("shakespeare_dense", 2048, 256, 192), // qkv, o, lm_head
     {"square_2048x1024x1024", 2048, 1024, 1024, 0, 0, 1},
 };
@@ -55,8 +59,8 @@ enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 }; // CBLAS's enum values
 static void *lib;
 static void (*cblas_s)(int, int, int, int, int, int, float, const float *, int, const float *, int,
                        float, float *, int);
-static void (*cblas_b)(int, int, int, int, int, int, float, const uint16_t *, int,
-                       const uint16_t *, int, float, float *, int);
+static void (*cblas_b)(int, int, int, int, int, int, float, const uint16_t *, int, const uint16_t *,
+                       int, float, float *, int);
 static int (*dnnl_s)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t,
                      const float *, int64_t, float, float *, int64_t);
 static int (*dnnl_b)(char, char, int64_t, int64_t, int64_t, float, const uint16_t *, int64_t,
@@ -73,8 +77,8 @@ static void via_cblas_b(int ta, int tb, int m, int n, int k, const uint16_t *a, 
     cblas_b(ROW_MAJOR, ta ? TRANS : NO_TRANS, tb ? TRANS : NO_TRANS, m, n, k, 1, a, lda, b, ldb, 0,
             c, ldc);
 }
-static void via_dnnl_s(int ta, int tb, int m, int n, int k, const float *a, int lda,
-                       const float *b, int ldb, float *c, int ldc) {
+static void via_dnnl_s(int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b,
+                       int ldb, float *c, int ldc) {
     dnnl_failed |= dnnl_s(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1, a, lda, b, ldb, 0, c, ldc);
 }
 static void via_dnnl_b(int ta, int tb, int m, int n, int k, const uint16_t *a, int lda,
@@ -113,10 +117,14 @@ static void kernel_family(const char *name, char *buf, size_t n) {
         static const struct {
             int v;
             const char *s;
-        } names[] = {{0x1, "sse41"},           {0x3, "avx"},
-                     {0x7, "avx2"},            {0x407, "avx2_vnni"},
-                     {0x27, "avx512_core"},    {0x67, "avx512_core_vnni"},
-                     {0xe7, "avx512_core_bf16"}, {0x3e7, "avx512_core_amx"}};
+        } names[] = {{0x1, "sse41"},
+                     {0x3, "avx"},
+                     {0x7, "avx2"},
+                     {0x407, "avx2_vnni"},
+                     {0x27, "avx512_core"},
+                     {0x67, "avx512_core_vnni"},
+                     {0xe7, "avx512_core_bf16"},
+                     {0x3e7, "avx512_core_amx"}};
         const int v = isa ? isa() : -1;
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
             if (names[i].v == v) snprintf(buf, n, "%s", names[i].s);
@@ -202,9 +210,10 @@ int main(int argc, char **argv) {
     } else {
         cblas_s = (void (*)(int, int, int, int, int, int, float, const float *, int, const float *,
                             int, float, float *, int))sym("cblas_sgemm");
-        cblas_b = (void (*)(int, int, int, int, int, int, float, const uint16_t *, int,
-                            const uint16_t *, int, float, float *, int))sym(
-            !strcmp(name, "mkl") ? "cblas_gemm_bf16bf16f32" : "cblas_sbgemm");
+        cblas_b =
+            (void (*)(int, int, int, int, int, int, float, const uint16_t *, int, const uint16_t *,
+                      int, float, float *, int))sym(!strcmp(name, "mkl") ? "cblas_gemm_bf16bf16f32"
+                                                                         : "cblas_sbgemm");
         sg = cblas_s ? via_cblas_s : NULL;
         bg = cblas_b ? via_cblas_b : NULL;
         void (*set)(int) = (void (*)(int))sym(!strcmp(name, "openblas") ? "openblas_set_num_threads"

@@ -63,13 +63,15 @@ int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const judge_case *c = &cases[i];
         char fix[32] = "x", what[160];
-        const moe_blas_verdict v = moe_blas_judge(c->kernel, c->cpu, c->amd, c->bf16, fix, sizeof fix);
+        const moe_blas_verdict v =
+            moe_blas_judge(c->kernel, c->cpu, c->amd, c->bf16, fix, sizeof fix);
         const char *want_fix = blis ? c->fix_blis : c->fix_openblas;
 #if defined(MOE_BLAS_MKL)
         if (c->want == MOE_BLAS_GENERIC) want_fix = fix; // MKL: the family is not settable
 #endif
-        snprintf(what, sizeof what, "case %zu: %s on ISA %d amd %d: verdict %d (want %d), fix '%s' (want '%s')",
-                 i, c->kernel, c->cpu, c->amd, v, c->want, fix, want_fix);
+        snprintf(what, sizeof what,
+                 "case %zu: %s on ISA %d amd %d: verdict %d (want %d), fix '%s' (want '%s')", i,
+                 c->kernel, c->cpu, c->amd, v, c->want, fix, want_fix);
         expect(v == c->want && !strcmp(fix, want_fix), what);
     }
 

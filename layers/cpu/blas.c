@@ -19,7 +19,7 @@
 #include "layers/blas.h"
 
 #if defined(MOE_BLAS_BLIS)
-#include <blis.h>
+#include <blis.h> // a system include directory (CMakeLists.txt): its helpers fail our warnings
 #define BLAS_ENV "BLIS_ARCH_TYPE"
 #define BLAS_SHORT "BLIS"
 #elif defined(MOE_BLAS_MKL)
@@ -102,6 +102,7 @@ moe_isa moe_blas_kernel_isa(const char *family) {
 
 const char *moe_blas_best_kernel(moe_isa isa, int amd, int avx512_bf16) {
 #if defined(MOE_BLAS_BLIS)
+    (void)avx512_bf16; // one AVX-512 configuration
     if (isa >= MOE_ISA_AVX512 && !amd) return "skx";
     if (isa >= MOE_ISA_AVX2) return amd ? "zen3" : "haswell";
     return isa >= MOE_ISA_AVX ? "sandybridge" : NULL;
