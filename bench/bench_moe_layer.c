@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
                moe_blas_kernel());
     else
         printf("T=%d d=%d ff=%d E=%d k=%d: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
-               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, OpenBLAS kernels %s\n",
+               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, BLAS kernels %s\n",
                T, d, ff, E, k, ml, mg, flops / mg * 1e-9, ml / mg, st.max_over_mean,
                moe_blas_kernel());
     moe_layer_free(&L);

@@ -56,8 +56,8 @@ int main(int argc, char **argv) {
                "s\"}\n",
                m, n, k, t[reps / 2], gflops, moe_blas_kernel());
     else
-        printf("sgemm %dx%dx%d: %.2f GFLOP/s (median of %d, OpenBLAS kernels %s)\n", m, n, k,
-               gflops, reps, moe_blas_kernel());
+        printf("sgemm %dx%dx%d: %.2f GFLOP/s (median of %d, BLAS kernels %s)\n", m, n, k, gflops,
+               reps, moe_blas_kernel());
     free(a), free(b), free(c), free(t);
     return 0;
 }

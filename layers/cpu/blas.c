@@ -147,14 +147,15 @@ const char *moe_blas_kernel(void) {
         const char *name;
     } paths[] = {{MKL_CBWR_AVX2, "AVX2"},
                  {MKL_CBWR_AVX512, "AVX-512"},
+#ifdef MKL_CBWR_AVX512_E1
                  {MKL_CBWR_AVX512_E1, "AVX-512 (VNNI)"},
+#endif
 #ifdef MKL_CBWR_AVX512_E2
                  {MKL_CBWR_AVX512_E2, "AVX-512 (BF16)"},
 #endif
 #ifdef MKL_CBWR_AVX512_E3
                  {MKL_CBWR_AVX512_E3, "AVX-512 (AMX)"},
 #endif
-                 {MKL_CBWR_AVX, "AVX"},
                  {MKL_CBWR_SSE4_2, "SSE4.2"},
                  {MKL_CBWR_COMPATIBLE, "compatible (generic)"}};
     const int b = mkl_cbwr_get_auto_branch();

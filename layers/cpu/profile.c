@@ -48,8 +48,7 @@ static void print_table(void) {
         if (strstr(slots[i].name, "attention")) attn += slots[i].seconds;
     }
     const double wall = last_end - first_start;
-    fprintf(stderr, "\nMOE_PROFILE: CPU kernels, %.3f s from the first kernel to the last\n",
-            wall);
+    fprintf(stderr, "\nMOE_PROFILE: CPU kernels, %.3f s from the first kernel to the last\n", wall);
     fprintf(stderr, "%-34s %9s %10s %7s\n", "kernel", "calls", "seconds", "% wall");
     for (int i = 0; i < n_slots; i++)
         fprintf(stderr, "%-34s %9ld %10.4f %6.1f%%\n", slots[i].name, slots[i].calls,
