@@ -12,7 +12,7 @@
 // the backend's bf16 grouped kernels (six calls, one per GEMM kind over all experts, on the
 // layer's bf16 operands: the path describe() names, native sbgemm or emulated).
 #define _POSIX_C_SOURCE 200809L // clock_gettime
-#include <cblas.h>
+#include "layers/cpu/cblas.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -193,7 +193,7 @@ int main(int argc, char **argv) {
                st.max_over_mean, moe_blas_kernel(), path);
     else
         printf("T=%d d=%d ff=%d E=%d k=%d %s: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
-               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, OpenBLAS kernels %s; %s\n",
+               "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, BLAS kernels %s; %s\n",
                T, d, ff, E, k, bf16 ? "bf16" : "fp32", ml, mg, flops / mg * 1e-9, ml / mg,
                st.max_over_mean, moe_blas_kernel(), path);
     free(params16), free(dye16), free(dh13_16);

@@ -2,7 +2,7 @@
 // yardstick the training benchmark divides the model's FLOP rate by.
 //   bench_sgemm [--m 2048] [--n 1024] [--k 1024] [--reps 7] [--json]
 #define _POSIX_C_SOURCE 200809L // clock_gettime
-#include <cblas.h>
+#include "layers/cpu/cblas.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +56,8 @@ int main(int argc, char **argv) {
                "s\"}\n",
                m, n, k, t[reps / 2], gflops, moe_blas_kernel());
     else
-        printf("sgemm %dx%dx%d: %.2f GFLOP/s (median of %d, OpenBLAS kernels %s)\n", m, n, k,
-               gflops, reps, moe_blas_kernel());
+        printf("sgemm %dx%dx%d: %.2f GFLOP/s (median of %d, BLAS kernels %s)\n", m, n, k, gflops,
+               reps, moe_blas_kernel());
     free(a), free(b), free(c), free(t);
     return 0;
 }

@@ -17,7 +17,11 @@ exercised.
 
 Usage:
   /usr/bin/python3 bench/moe_layer_torch.py --T 4096 --d 512 --ff 1408 --E 8 --k 2 \
-      --threads 2 --warmup 2 --reps 7 --seed 0 [--json]
+      --threads 2 --warmup 2 --reps 7 --seed 0 [--dtype fp32|bf16] [--json]
+
+Runs on Debian's torch 1.13 and on PyTorch 2.x (scripts/bench_moe_layer uses both); --dtype
+bf16 runs the forward under torch.autocast("cpu", dtype=torch.bfloat16) (the backward follows
+autocast's casts), the loss in fp32.
 """
 import os
 import sys
@@ -145,6 +149,8 @@ def main():
     ap.add_argument("--aux-coef", type=float, default=0.01)
     ap.add_argument("--z-coef", type=float, default=0.001)
     ap.add_argument("--init-std", type=float, default=0.02)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: the forward under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     args = ap.parse_args()
     assert args.threads == _THREADS
@@ -168,9 +174,10 @@ def main():
         for p in params:
             p.grad = None
         x.grad = None
-        out, router_logits, selected = block(x)
-        aux, z = router_losses(router_logits, selected, args.E, args.k, args.aux_coef, args.z_coef)
-        loss = (out * dout).sum() + aux + z
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+            out, router_logits, selected = block(x)
+            aux, z = router_losses(router_logits, selected, args.E, args.k, args.aux_coef, args.z_coef)
+            loss = (out.float() * dout).sum() + aux + z
         loss.backward()
         return loss
 
@@ -189,7 +196,7 @@ def main():
         print(json.dumps({
             "impl": "pytorch",
             "T": args.T, "d": args.d, "ff": args.ff, "E": args.E, "k": args.k,
-            "threads": args.threads,
+            "threads": args.threads, "dtype": args.dtype,
             "median_s": med, "min_s": mn, "reps": times,
             "torch": torch.__version__,
             "blas": blas_library(),

@@ -18,12 +18,26 @@ def blas_library():
         for p in paths:
             if os.path.basename(p).startswith(name):
                 return os.path.realpath(p)
-    return "unknown"
+    return _torch_builtin()[0]
+
+
+def _torch_builtin():
+    """PyTorch from PyPI links MKL into libtorch_cpu: no BLAS library is mapped. Its build
+    configuration says which, and get_cpu_capability which kernels (AVX2, AVX512)."""
+    try:
+        import torch
+        cfg = torch.__config__.show()
+        isa = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "?"
+        return ("MKL" if "USE_MKL=ON" in cfg else "built-in BLAS") + " in libtorch_cpu", isa
+    except (ImportError, AttributeError):
+        return "unknown", "unknown"
 
 
 def blas_kernel():
     """OpenBLAS's kernel family in this process (openblas_get_corename), or 'unknown'."""
     path = blas_library()
+    if path.endswith("libtorch_cpu"):
+        return _torch_builtin()[1]
     try:
         lib = ctypes.CDLL(path)
         lib.openblas_get_corename.restype = ctypes.c_char_p

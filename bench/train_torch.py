@@ -204,6 +204,8 @@ def main():
                          "random windows of it, as moe.c's loader draws them, so both programs "
                          "route real text (random ids route evenly, real bytes do not); default: "
                          "random ids")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: the forward under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     a = ap.parse_args()
     assert a.threads == moe_layer_torch._THREADS
@@ -243,8 +245,9 @@ def main():
     for tokens, targets in batches:
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss, ce, aux, z = model(tokens, targets)
-        loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            loss, ce, aux, z = model(tokens, targets)
+        loss.float().backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
@@ -264,7 +267,7 @@ def main():
             "tokens_per_s": tps,
             "median_step_s": med,
             "steps": len(timed),
-            "threads": a.threads,
+            "threads": a.threads, "dtype": a.dtype,
             "params": n_params,
             "torch": torch.__version__,
             "blas": blas_library(),

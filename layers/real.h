@@ -11,11 +11,13 @@ typedef double real;
 #define MOE_REAL_NAME "f64"
 #define real_exp exp
 #define real_log log
+#define real_sqrt sqrt
 #else
 typedef float real;
 #define MOE_REAL_NAME "f32"
 #define real_exp expf
 #define real_log logf
+#define real_sqrt sqrtf // correctly rounded, as (float)sqrt((double)x)
 #endif
 
 #endif

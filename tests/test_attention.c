@@ -8,7 +8,7 @@
 //   - f64 only: backward == central finite differences of the forward;
 //   - one scratch slot (one thread) == the threaded kernels bit for bit; every dqkv entry
 //     is written; a scratch sized for a longer S serves a shorter one.
-#include <cblas.h>
+#include "layers/cpu/cblas.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

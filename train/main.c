@@ -10,6 +10,7 @@
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "layers/blas.h"
 #include "layers/exchange.h"
 #include "train/ckpt/checkpoint.h"
 #include "train/config/config.h"
@@ -148,6 +149,7 @@ static moe_backend *open_device(const char *name) {
     const moe_backend_options bo = {.procs_per_node = moe_launch_local_size()};
     moe_backend *be;
     if (moe_backend_create(&be, name, &bo)) moe_fatal("--device: %s", moe_last_error());
+    fprintf(stderr, "device: %s; %s\n", be->name, be->describe(be)); // stdout is the result's
     return be;
 }
 
@@ -637,5 +639,10 @@ int main(int argc, char **argv) {
         moe_fatal("%s: started as one of %d ranks (mpirun), but only moe train and moe eval run "
                   "on several ranks (expert parallelism): run it without mpirun",
                   name, ranks);
+    // The commands that compute: the BLAS must not run generic kernels on a CPU with better
+    // ones (layers/blas.h: the warning, or a re-exec with OPENBLAS_CORETYPE set).
+    if (!strcmp(name, "train") || !strcmp(name, "eval") || !strcmp(name, "generate") ||
+        !strcmp(name, "smoke"))
+        moe_blas_check(argv);
     return c->run(argc - 2, argv + 2);
 }

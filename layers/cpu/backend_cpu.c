@@ -1,10 +1,10 @@
 // The CPU backend: host memory, the reference kernels, and its state (thread count; in
 // strict mode the registry of protected allocations, layers/cpu/strict.c).
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "layers/blas.h"
 #include "layers/cpu/cpu_kernels.h"
 
 static cpu_state *state_of(moe_backend *be) { return be->state; }
@@ -32,9 +32,9 @@ static void cpu_zero(moe_backend *be, void *ptr, size_t bytes) {
 
 static const char *cpu_describe(moe_backend *be) {
     cpu_state *s = state_of(be);
-    const char *blas = openblas_get_config();
-    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s); %s; threads: %d%s",
-             blas ? blas : "OpenBLAS", moe_blas_kernel(), s->bf16_line, s->threads,
+    const char *note = moe_blas_note();
+    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s%s%s); threads: %d; %s%s",
+             moe_blas_name(), moe_blas_kernel(), *note ? ", " : "", note, s->threads, s->bf16_line,
              s->strict ? "; strict memory (test mode, slow)" : "");
     return s->line;
 }

@@ -6,6 +6,7 @@
 #define MOE_CPU_BACKEND_H
 
 #include "layers/backend.h"
+#include "layers/blas.h"
 
 // One mapping of strict-mode memory: a whole number of pages, PROT_NONE outside kernels.
 typedef struct {
@@ -19,7 +20,7 @@ typedef struct cpu_state {
     int depth;           // strict: nesting of open kernel scopes (unprotected while > 0)
     cpu_region *regions; // strict: the live allocations
     int n_regions, cap_regions;
-    char line[256]; // describe()
+    char line[448]; // describe()
     // bf16 GEMMs (layers/cpu/gemm_bf16.c)
     void (*sbgemm)(void); // OpenBLAS's cblas_sbgemm when the loaded library exports it
     int bf16_native;      // 1: the *_bf16 GEMMs call sbgemm; 0: widen to fp32, then sgemm
@@ -50,11 +51,8 @@ int cpu_has_bf16_instructions(void);
 // Tests: native = 1 selects sbgemm (returns 0, changing nothing, when there is none), 0 the
 // emulated path; returns 1 when applied.
 int cpu_backend_set_bf16_gemm(moe_backend *be, int native);
-// The OpenBLAS kernel family in use ("Haswell", "SkylakeX", "Cooperlake", ...): OpenBLAS picks
-// it for the CPU when it loads, unless OPENBLAS_CORETYPE names one. It sets the sgemm rate (on
-// the AVX-512 machine here: 250 GFLOP/s with Haswell's AVX2 kernels, 450-470 with AVX-512), so
-// benchmarks print it.
-const char *moe_blas_kernel(void);
+// moe_blas_kernel(), the BLAS's kernel family, which sets the sgemm rate (on an AVX-512 Xeon:
+// 250 GFLOP/s with OpenBLAS's Haswell kernels, 450-470 with SkylakeX), is in layers/blas.h.
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max
 // PERIOD"), else v1's cfs_quota_us / cfs_period_us; 0 when there is no quota or no file.
 int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,

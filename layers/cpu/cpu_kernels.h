@@ -9,9 +9,21 @@
 // Every CPU kernel begins with CPU_KERNEL(be). In strict mode ("cpu-strict") it opens the
 // backend's memory to the host for the duration of the call; the cleanup attribute closes it
 // again on every return path. On the plain CPU backend it is one test of a flag.
-#define CPU_KERNEL(be)                                                                  \
-    moe_backend *cpu_kernel_scope_ __attribute__((cleanup(cpu_strict_close), unused)) = \
-        (cpu_strict_open(be), (be))
+// It also opens the kernel's MOE_PROFILE scope (layers/cpu/profile.c: a time table at exit).
+#define CPU_KERNEL(be)                                                                       \
+    moe_backend *cpu_kernel_scope_ __attribute__((cleanup(cpu_strict_close), unused)) =      \
+        (cpu_strict_open(be), (be));                                                         \
+    static int cpu_profile_slot_ = -1;                                                       \
+    cpu_profile_scope cpu_profile_scope_ __attribute__((cleanup(cpu_profile_end), unused)) = \
+        cpu_profile_begin(__func__, &cpu_profile_slot_)
+
+// MOE_PROFILE's scope of one kernel call (slot NULL: not counted).
+typedef struct {
+    int *slot;
+    double t0;
+} cpu_profile_scope;
+cpu_profile_scope cpu_profile_begin(const char *name, int *slot);
+void cpu_profile_end(cpu_profile_scope *s);
 
 // Threads are forked only for loops that touch enough elements to pay for it. A parallel region
 // costs microseconds on an idle machine and can cost a scheduler time slice (milliseconds) when

@@ -1,11 +1,11 @@
-// Dense and grouped (per-expert) GEMMs on OpenBLAS.
+// Dense and grouped (per-expert) GEMMs on the BLAS (MOE_BLAS: OpenBLAS, BLIS or MKL).
 //
 // The grouped GEMM is one cblas call per expert over its contiguous rows. With at least four
 // experts per thread the experts are spread over the OpenMP threads and each call runs on one
 // thread (OpenBLAS's OpenMP build does that inside a parallel region): measured 3-5% faster
 // than threading every call, on both benchmark shapes. With fewer experts, OpenBLAS threads
 // each call. Experts with no rows are skipped.
-#include <cblas.h>
+#include "layers/cpu/cblas.h"
 #include <omp.h>
 
 #include "layers/cpu/cpu_kernels.h"
@@ -71,5 +71,3 @@ void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const rea
              inp + (size_t)offsets[e] * n_in, n_in, 1, dweight + (size_t)e * n_out * n_in, n_in);
     }
 }
-
-const char *moe_blas_kernel(void) { return openblas_get_corename(); }

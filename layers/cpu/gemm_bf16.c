@@ -14,7 +14,6 @@
 // MOE_BF16_GEMM=native|emulated (environment, read at create) forces a path; the tests use
 // cpu_backend_set_bf16_gemm. describe() says which path runs and why.
 #define _GNU_SOURCE
-#include <cblas.h>
 #include <dlfcn.h>
 #include <omp.h>
 #include <stdio.h>
@@ -25,6 +24,8 @@
 #endif
 
 #include "layers/bf16.h"
+#include "layers/blas.h"
+#include "layers/cpu/cblas.h"
 #include "layers/cpu/cpu_kernels.h"
 
 // ---- conversions ------------------------------------------------------------------
@@ -86,9 +87,9 @@ moe_status cpu_bf16_select(cpu_state *s) {
     } else if (!strcmp(env, "native")) {
         if (!s->sbgemm)
             return moe_error(MOE_EINVAL,
-                             "MOE_BF16_GEMM=native: the OpenBLAS loaded (%s) has no cblas_sbgemm "
-                             "(built without BUILD_BFLOAT16)",
-                             openblas_get_config());
+                             "MOE_BF16_GEMM=native: the BLAS loaded (%s) has no cblas_sbgemm "
+                             "(an OpenBLAS built without BUILD_BFLOAT16, or another BLAS)",
+                             moe_blas_name());
         s->bf16_native = 1;
     } else {
         return moe_error(MOE_EINVAL, "MOE_BF16_GEMM='%s': expected auto, native or emulated", env);

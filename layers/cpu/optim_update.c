@@ -13,7 +13,7 @@ void cpu_adamw_update(moe_backend *be, real *params, real *m, real *v, const rea
         real p = params[i] - lr * weight_decay * params[i]; // decoupled decay first (torch)
         m[i] = beta1 * m[i] + (1 - beta1) * g;
         v[i] = beta2 * v[i] + (1 - beta2) * g * g;
-        params[i] = p - lr * (m[i] / bc1) / ((real)sqrt(v[i] / bc2) + eps);
+        params[i] = p - lr * (m[i] / bc1) / (real_sqrt(v[i] / bc2) + eps);
     }
 }
 

@@ -1,7 +1,16 @@
 // RMSNorm: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps).
+//
+// The row sums are simd reductions (lane-wise partial sums in double, added in a fixed order:
+// the same bits on every run and thread count) so that the loops vectorise; the weight
+// gradient sums rows in fixed blocks of RMS_BLOCK tokens, row by row (contiguous, unlike a
+// walk down each column), then the blocks' partial sums in block order.
 #include <math.h>
+#include <stdlib.h>
 
 #include "layers/cpu/cpu_kernels.h"
+#include "layers/status.h"
+
+#define RMS_BLOCK 64
 
 void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp,
                          const real *weight, int T, int d, real eps) {
@@ -11,6 +20,7 @@ void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp
         const real *x = inp + (size_t)t * d;
         real *o = out + (size_t)t * d;
         double ss = 0;
+#pragma omp simd reduction(+ : ss)
         for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
         real r = (real)(1.0 / sqrt(ss / d + eps));
         for (int i = 0; i < d; i++) o[i] = x[i] * r * weight[i];
@@ -23,22 +33,30 @@ void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp
 void cpu_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
                           const real *inp, const real *weight, const real *rstd, int T, int d) {
     CPU_KERNEL(be);
+    const int nb = (T + RMS_BLOCK - 1) / RMS_BLOCK;
+    real *part = malloc((size_t)nb * d * sizeof(real)); // block b's sum of dout * n
+    if (!part) moe_fatal("rmsnorm_backward: out of memory (%d x %d partial sums)", nb, d);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
-    for (int t = 0; t < T; t++) {
-        const real *x = inp + (size_t)t * d, *g = dout + (size_t)t * d;
-        real *dx = dinp + (size_t)t * d;
-        real r = rstd[t];
-        double dot = 0;
-        for (int i = 0; i < d; i++) dot += (double)weight[i] * g[i] * x[i] * r;
-        real mean = (real)(dot / d);
-        for (int i = 0; i < d; i++) dx[i] += r * (weight[i] * g[i] - x[i] * r * mean);
+    for (int b = 0; b < nb; b++) {
+        real *acc = part + (size_t)b * d;
+        for (int i = 0; i < d; i++) acc[i] = 0;
+        const int t1 = (b + 1) * RMS_BLOCK < T ? (b + 1) * RMS_BLOCK : T;
+        for (int t = b * RMS_BLOCK; t < t1; t++) {
+            const real *x = inp + (size_t)t * d, *g = dout + (size_t)t * d;
+            real *dx = dinp + (size_t)t * d;
+            const real r = rstd[t];
+            double dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int i = 0; i < d; i++) dot += (double)weight[i] * g[i] * x[i] * r;
+            const real mean = (real)(dot / d);
+            for (int i = 0; i < d; i++) {
+                dx[i] += r * (weight[i] * g[i] - x[i] * r * mean);
+                acc[i] += g[i] * x[i] * r;
+            }
+        }
     }
-    // weight gradient: a reduction over tokens, split over columns
-#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
-    for (int i = 0; i < d; i++) {
-        real acc = 0;
-        for (int t = 0; t < T; t++)
-            acc += dout[(size_t)t * d + i] * inp[(size_t)t * d + i] * rstd[t];
-        dweight[i] += acc;
-    }
+    for (int b = 1; b < nb; b++) // weight gradient: the blocks' sums in order, then added once
+        for (int i = 0; i < d; i++) part[i] += part[(size_t)b * d + i];
+    for (int i = 0; i < d; i++) dweight[i] += part[i];
+    free(part);
 }

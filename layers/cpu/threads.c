@@ -42,10 +42,14 @@ int moe_cpu_quota_cores(const char *cpu_max_path, const char *cfs_quota_path,
 int moe_cpu_threads(int requested) {
     if (requested > 0) {
         omp_set_num_threads(requested);
+        moe_blas_set_threads(requested);
         return requested;
     }
     const char *env = getenv("OMP_NUM_THREADS");
-    if (env && *env) return omp_get_max_threads(); // the user's choice stands
+    if (env && *env) { // the user's choice stands
+        moe_blas_set_threads(omp_get_max_threads());
+        return omp_get_max_threads();
+    }
     int n = omp_get_num_procs();
     const int quota =
         moe_cpu_quota_cores("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
@@ -53,5 +57,6 @@ int moe_cpu_threads(int requested) {
     if (quota > 0 && quota < n) n = quota;
     if (n < 1) n = 1;
     omp_set_num_threads(n);
+    moe_blas_set_threads(n);
     return n;
 }
