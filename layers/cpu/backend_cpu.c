@@ -33,8 +33,8 @@ static void cpu_zero(moe_backend *be, void *ptr, size_t bytes) {
 static const char *cpu_describe(moe_backend *be) {
     cpu_state *s = state_of(be);
     const char *note = moe_blas_note();
-    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s%s%s); threads: %d; %s%s",
-             moe_blas_name(), moe_blas_kernel(), *note ? ", " : "", note, s->threads, s->bf16_line,
+    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s%s%s); %s; threads: %d%s",
+             moe_blas_name(), moe_blas_kernel(), *note ? ", " : "", note, s->bf16_line, s->threads,
              s->strict ? "; strict memory (test mode, slow)" : "");
     return s->line;
 }
