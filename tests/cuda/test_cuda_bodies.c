@@ -27,8 +27,7 @@ static double *to_double(const real *x, size_t n) {
     for (size_t i = 0; i < n; i++) d[i] = x[i];
     return d;
 }
-static void check_reals(const char *what, const real *got, const real *want, size_t n,
-                        double tol) {
+static void check_reals(const char *what, const real *got, const real *want, size_t n, double tol) {
     double *g = to_double(got, n), *w = to_double(want, n);
     check_rel(what, g, w, n, tol);
     free(g);
@@ -74,7 +73,8 @@ static void test_capacity(void) {
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
         const int T = shapes[sh][0], k = shapes[sh][1], E = shapes[sh][2], n = T * k;
         int *idx = malloc((size_t)n * sizeof(int)), *counts = calloc((size_t)E, sizeof(int));
-        int *keep_cpu = malloc((size_t)n * sizeof(int)), *keep_gpu = malloc((size_t)n * sizeof(int));
+        int *keep_cpu = malloc((size_t)n * sizeof(int)),
+            *keep_gpu = malloc((size_t)n * sizeof(int));
         int *scratch = malloc((size_t)2 * n * sizeof(int));
         real *w = malloc((size_t)n * sizeof(real));
         random_routing(idx, w, T, k, E, E / 2);
@@ -99,7 +99,8 @@ static void test_combine(void) {
     printf("combine and unpermute: one output element per thread, j in order\n");
     const int T = 29, k = 3, d = 13, N = T * k;
     int *rows = malloc((size_t)N * sizeof(int));
-    for (int s = 0; s < N; s++) rows[s] = rng_uniform(&rng) < 0.2 ? -1 : (int)(rng_uniform(&rng) * N);
+    for (int s = 0; s < N; s++)
+        rows[s] = rng_uniform(&rng) < 0.2 ? -1 : (int)(rng_uniform(&rng) * N);
     real *y = rand_reals((size_t)N * d, 1), *w = rand_reals((size_t)N, 1);
     real *out_cpu = rand_reals((size_t)T * d, 1), *out_gpu = malloc((size_t)T * d * sizeof(real));
     cpu_moe_combine_forward(cpu, out_cpu, y, w, rows, T, k, d);
@@ -121,8 +122,10 @@ static void test_elementwise(void) {
     printf("SwiGLU, RoPE, AdamW elements\n");
     const int N = 7, ff = 19;
     real *h13 = rand_reals((size_t)N * 2 * ff, 2), *dact = rand_reals((size_t)N * ff, 1);
-    real *a_cpu = malloc((size_t)N * ff * sizeof(real)), *a_gpu = malloc((size_t)N * ff * sizeof(real));
-    real *d_cpu = malloc((size_t)N * 2 * ff * sizeof(real)), *d_gpu = malloc((size_t)N * 2 * ff * sizeof(real));
+    real *a_cpu = malloc((size_t)N * ff * sizeof(real)),
+         *a_gpu = malloc((size_t)N * ff * sizeof(real));
+    real *d_cpu = malloc((size_t)N * 2 * ff * sizeof(real)),
+         *d_gpu = malloc((size_t)N * 2 * ff * sizeof(real));
     cpu_swiglu_forward(cpu, a_cpu, h13, N, ff);
     cpu_swiglu_backward(cpu, d_cpu, dact, h13, N, ff);
     for (int r = 0; r < N; r++)
@@ -159,8 +162,10 @@ static void test_elementwise(void) {
     real *p1 = rand_reals(n, 1), *m1 = rand_reals(n, 0.1), *v1 = rand_reals(n, 0.1),
          *g = rand_reals(n, 1);
     for (size_t i = 0; i < n; i++) v1[i] = v1[i] * v1[i];
-    real *p2 = malloc(n * sizeof(real)), *m2 = malloc(n * sizeof(real)), *v2 = malloc(n * sizeof(real));
-    memcpy(p2, p1, n * sizeof(real)), memcpy(m2, m1, n * sizeof(real)), memcpy(v2, v1, n * sizeof(real));
+    real *p2 = malloc(n * sizeof(real)), *m2 = malloc(n * sizeof(real)),
+         *v2 = malloc(n * sizeof(real));
+    memcpy(p2, p1, n * sizeof(real)), memcpy(m2, m1, n * sizeof(real)),
+        memcpy(v2, v1, n * sizeof(real));
     cpu_adamw_update(cpu, p1, m1, v1, g, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f, 0.5f);
     for (size_t i = 0; i < n; i++)
         moe_hd_adamw(&p2[i], &m2[i], &v2[i], g[i], 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f,
@@ -217,12 +222,11 @@ static void test_attention(void) {
         for (int h = 0; h < H; h++)
             for (int i = 0; i < S; i++) {
                 const real *base = qkv + (size_t)b * S * row;
-                gpu_attention_row(out_gpu + ((size_t)b * S + i) * H * hd + (size_t)h * hd,
-                                  lse_gpu + ((size_t)b * H + h) * S + i,
-                                  base + (size_t)i * row + (size_t)h * hd,
-                                  base + (size_t)(H + h / (H / KV)) * hd,
-                                  base + (size_t)(H + KV + h / (H / KV)) * hd, row, i + 1, hd, tile,
-                                  scale);
+                gpu_attention_row(
+                    out_gpu + ((size_t)b * S + i) * H * hd + (size_t)h * hd,
+                    lse_gpu + ((size_t)b * H + h) * S + i, base + (size_t)i * row + (size_t)h * hd,
+                    base + (size_t)(H + h / (H / KV)) * hd,
+                    base + (size_t)(H + KV + h / (H / KV)) * hd, row, i + 1, hd, tile, scale);
             }
     check_reals("attention out", out_gpu, out_cpu, (size_t)B * S * H * hd, 1e-5);
     check_reals("attention lse", lse_gpu, lse_cpu, (size_t)B * H * S, 1e-5);
