@@ -93,7 +93,8 @@ static void test_gemm(double tol, const char *tag) {
     const int m = 67, n = 45, kd = 131;
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
-            twin a = reals((size_t)m * kd, 1), b = reals((size_t)kd * n, 1), c = reals((size_t)m * n, 1);
+            twin a = reals((size_t)m * kd, 1), b = reals((size_t)kd * n, 1),
+                 c = reals((size_t)m * n, 1);
             C->matmul(C, RC(c), RC(a), RC(b), m, n, kd, ta, tb, 0.5f);
             G->matmul(G, RG(c), RG(a), RG(b), m, n, kd, ta, tb, 0.5f);
             char what[64];
@@ -149,10 +150,10 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     twin s = output((size_t)T * E * sizeof(real)), p = output((size_t)T * E * sizeof(real));
     twin lse = output((size_t)T * sizeof(real)), idx = output((size_t)T * k * sizeof(int));
     twin w = output((size_t)T * k * sizeof(real));
-    C->router_topk(C, RC(s), RC(p), RC(lse), IC(idx), RC(w), RC(z), with_bias ? RC(bias) : NULL,
-                   T, E, k, scoring, 1, 1.5f);
-    G->router_topk(G, RG(s), RG(p), RG(lse), IG(idx), RG(w), RG(z), with_bias ? RG(bias) : NULL,
-                   T, E, k, scoring, 1, 1.5f);
+    C->router_topk(C, RC(s), RC(p), RC(lse), IC(idx), RC(w), RC(z), with_bias ? RC(bias) : NULL, T,
+                   E, k, scoring, 1, 1.5f);
+    G->router_topk(G, RG(s), RG(p), RG(lse), IG(idx), RG(w), RG(z), with_bias ? RG(bias) : NULL, T,
+                   E, k, scoring, 1, 1.5f);
     same_ints("router_topk idx (ties: lower index)", idx, (size_t)T * k);
     same_reals("router_topk scores", s, (size_t)T * E, TOL);
     same_reals("router_topk probs", p, (size_t)T * E, TOL);
@@ -169,7 +170,8 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
         G->copy_to_device(G, w.g, hw, (size_t)T * k * sizeof(real));
         free(h), free(hw);
     }
-    twin counts = output((size_t)E * sizeof(int)), sc = output((size_t)T / seq_len * E * sizeof(int));
+    twin counts = output((size_t)E * sizeof(int)),
+         sc = output((size_t)T / seq_len * E * sizeof(int));
     C->moe_dispatch_counts(C, IC(counts), IC(idx), T, k, E);
     G->moe_dispatch_counts(G, IG(counts), IG(idx), T, k, E);
     same_ints("dispatch_counts", counts, (size_t)E);
@@ -177,13 +179,15 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     G->moe_seq_counts(G, IG(sc), IG(idx), T, k, E, seq_len);
     same_ints("seq_counts", sc, (size_t)T / seq_len * E);
 
-    twin keep = output((size_t)T * k * sizeof(int)), scratch = make((size_t)2 * T * k * sizeof(int));
+    twin keep = output((size_t)T * k * sizeof(int)),
+         scratch = make((size_t)2 * T * k * sizeof(int));
     C->moe_capacity_keep(C, IC(keep), IC(scratch), IC(idx), RC(w), IC(counts), T, k, E, capacity,
                          policy);
     G->moe_capacity_keep(G, IG(keep), IG(scratch), IG(idx), RG(w), IG(counts), T, k, E, capacity,
                          policy);
     same_ints("capacity_keep", keep, (size_t)T * k);
-    twin offsets = output((size_t)(E + 1) * sizeof(int)), arow = output((size_t)T * k * sizeof(int));
+    twin offsets = output((size_t)(E + 1) * sizeof(int)),
+         arow = output((size_t)T * k * sizeof(int));
     twin rtok = make((size_t)T * k * sizeof(int));
     C->moe_permute_index(C, IC(offsets), IC(arow), IC(rtok), IC(idx), IC(keep), T, k, E);
     G->moe_permute_index(G, IG(offsets), IG(arow), IG(rtok), IG(idx), IG(keep), T, k, E);
@@ -232,8 +236,8 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     C->moe_copy_chunks(C, RC(cdst), RC(x), chunks, 4, d);
     G->moe_copy_chunks(G, RG(cdst), RG(x), chunks, 4, d);
     same_reals("copy_chunks", cdst, (size_t)15 * d, 0);
-    twin all[] = {z, bias, s, p, lse, idx, w, counts, sc, keep, scratch, offsets, arow, rtok, x, xp,
-                  y, out, dout, dy, dw, dx, losses, dz, cdst};
+    twin all[] = {z,    bias, s,  p, lse, idx,  w,  counts, sc, keep,   scratch, offsets, arow,
+                  rtok, x,    xp, y, out, dout, dy, dw,     dx, losses, dz,      cdst};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
 }
 
@@ -358,7 +362,8 @@ static void test_attention(int B, int S, int H, int KV, int hd) {
 
     // inference: the first sequence's rows appended to a cache in two chunks, then attended
     const int max_pos = S + 3, kv = KV * hd, n1 = S / 3, n2 = S - n1;
-    twin kc = output((size_t)max_pos * kv * sizeof(real)), vc = output((size_t)max_pos * kv * sizeof(real));
+    twin kc = output((size_t)max_pos * kv * sizeof(real)),
+         vc = output((size_t)max_pos * kv * sizeof(real));
     twin o2 = output((size_t)n2 * H * hd * sizeof(real));
     twin scr = make((size_t)H * n2 * S * sizeof(real));
     C->kv_cache_append(C, RC(kc), RC(vc), RC(qkv), n1, 0, H, KV, hd);
@@ -398,7 +403,7 @@ int main(void) {
     test_elementwise();
     test_dense();
     test_attention(2, 45, 4, 2, 16);
-    test_attention(1, 300, 6, 3, 24); // key tiles beyond one block of 128
+    test_attention(1, 300, 6, 3, 24);  // key tiles beyond one block of 128
     test_attention(2, 129, 2, 2, 130); // head_dim beyond one column per thread
     moe_backend_destroy(G);
     moe_backend_destroy(C);
