@@ -33,7 +33,8 @@ static void fill_normal(moe_backend *be, float *dev, size_t n, float std, unsign
     for (size_t at = 0; at < n; at += chunk) {
         const size_t m = n - at < chunk ? n - at : chunk;
         for (size_t i = 0; i < m; i += 2) {
-            double u1 = (rand_r(seed) + 1.0) / (RAND_MAX + 2.0), u2 = rand_r(seed) / (RAND_MAX + 1.0);
+            double u1 = (rand_r(seed) + 1.0) / (RAND_MAX + 2.0),
+                   u2 = rand_r(seed) / (RAND_MAX + 1.0);
             double r = sqrt(-2 * log(u1));
             h[i] = (float)(std * r * cos(6.283185307179586 * u2));
             if (i + 1 < m) h[i + 1] = (float)(std * r * sin(6.283185307179586 * u2));
@@ -108,11 +109,13 @@ int main(int argc, char **argv) {
     for (int tf32 = 0; tf32 < 2; tf32++)
         for (int mode = 0; mode < 2; mode++) {
             cuda_backend_set_tf32(be, tf32);
-            cuda_backend_set_expert_gemm(be, mode ? CUDA_EXPERT_GEMM_GROUPED : CUDA_EXPERT_GEMM_LOOP);
+            cuda_backend_set_expert_gemm(be,
+                                         mode ? CUDA_EXPERT_GEMM_GROUPED : CUDA_EXPERT_GEMM_LOOP);
             moe_stats st = {0};
             for (int i = 0; i < warmup + reps; i++) {
                 cuda_backend_timer_start(be);
-                if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st)) moe_fatal("%s", moe_last_error());
+                if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st))
+                    moe_fatal("%s", moe_last_error());
                 if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0))
                     moe_fatal("%s", moe_last_error());
                 const double ml = cuda_backend_timer_stop_ms(be);

@@ -25,13 +25,15 @@ typedef struct {
     float beta;
 } gemm_spec;
 
+static int ld(int x) { return x > 1 ? x : 1; } // cuBLAS wants leading dimensions >= 1
+
 static void gemm_one(moe_backend *be, const gemm_spec *g) {
     if (g->m == 0 || g->n == 0) return;
     const float one = 1;
     CUBLAS_CHECK(cublasGemmEx(cuda_state_of(be)->blas, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                               g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g->n, g->m, g->kd, &one, g->b,
-                              CUDA_R_32F, g->ldb, g->a, CUDA_R_32F, g->lda, &g->beta, g->c,
-                              CUDA_R_32F, g->ldc, compute_type(be), CUBLAS_GEMM_DEFAULT));
+                              CUDA_R_32F, ld(g->ldb), g->a, CUDA_R_32F, ld(g->lda), &g->beta, g->c,
+                              CUDA_R_32F, ld(g->ldc), compute_type(be), CUBLAS_GEMM_DEFAULT));
 }
 
 void cuda_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
@@ -75,7 +77,7 @@ static void gemm_many(moe_backend *be, gemm_spec *g, int count) {
         ta[i] = g[i].trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
         tb[i] = g[i].trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
         mm[i] = g[i].n, nn[i] = g[i].m, kk[i] = g[i].kd;
-        la[i] = g[i].ldb, lb[i] = g[i].lda, lc[i] = g[i].ldc;
+        la[i] = ld(g[i].ldb), lb[i] = ld(g[i].lda), lc[i] = ld(g[i].ldc);
         alpha[i] = 1, beta[i] = g[i].beta, size[i] = 1;
         ptr[i] = (void *)g[i].b;
         ptr[n + i] = (void *)g[i].a;
