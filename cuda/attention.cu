@@ -92,23 +92,13 @@ void cuda_attention_forward(moe_backend *be, real *out, real *lse, const real *q
     if (B <= 0 || S <= 0) return;
     check_hd(hd);
     const int row = (H + 2 * KV) * hd;
-    att_rows a = {qkv,
-                  qkv + (size_t)H * hd,
-                  qkv + (size_t)(H + KV) * hd,
-                  out,
-                  lse,
-                  row,
-                  row,
-                  H * hd,
-                  S,
-                  H,
-                  H / KV,
-                  hd,
-                  0,
-                  (size_t)S * row,
-                  (size_t)S * row,
-                  (size_t)S * H * hd,
-                  (real)(1.0 / sqrt((double)hd))};
+    att_rows a = {};
+    a.q = qkv, a.k = qkv + (size_t)H * hd, a.v = qkv + (size_t)(H + KV) * hd;
+    a.out = out, a.lse = lse;
+    a.q_stride = a.kv_stride = row, a.out_stride = H * hd;
+    a.n_rows = S, a.H = H, a.group = H / KV, a.hd = hd, a.pos0 = 0;
+    a.seq_q = a.seq_kv = (size_t)S * row, a.seq_out = (size_t)S * H * hd;
+    a.scale = (real)(1.0 / sqrt((double)hd));
     k_attention_forward<<<dim3(S, H, B), ATT_TILE, 0, cuda_stream(be)>>>(a);
     CUDA_LAUNCHED(be, "k_attention_forward");
 }
@@ -124,23 +114,11 @@ void cuda_attention_cached_forward(moe_backend *be, real *out, real *scratch, co
     (void)scratch;
     if (n <= 0) return;
     check_hd(hd);
-    att_rows a = {qkv,
-                  k_cache,
-                  v_cache,
-                  out,
-                  NULL,
-                  (H + 2 * KV) * hd,
-                  KV * hd,
-                  H * hd,
-                  n,
-                  H,
-                  H / KV,
-                  hd,
-                  pos0,
-                  0,
-                  0,
-                  0,
-                  (real)(1.0 / sqrt((double)hd))};
+    att_rows a = {}; // one sequence: its n new query rows over the cache's pos0 + n keys
+    a.q = qkv, a.k = k_cache, a.v = v_cache, a.out = out, a.lse = NULL;
+    a.q_stride = (H + 2 * KV) * hd, a.kv_stride = KV * hd, a.out_stride = H * hd;
+    a.n_rows = n, a.H = H, a.group = H / KV, a.hd = hd, a.pos0 = pos0;
+    a.scale = (real)(1.0 / sqrt((double)hd));
     k_attention_forward<<<dim3(n, H, 1), ATT_TILE, 0, cuda_stream(be)>>>(a);
     CUDA_LAUNCHED(be, "k_attention_forward (cached)");
 }
