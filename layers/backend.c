@@ -1,10 +1,13 @@
 // Backends by name: the registry of layers/backend.h. Each backend's constructor is listed
-// once here; nothing else in the program names an implementation.
+// once here; nothing else in the program names an implementation. Optional backends (CUDA)
+// come from the generated moe_backends_optional.h (CMake, layers/backends_optional.h.in):
+// the build that compiles them lists them, so this file has no #ifdef for any.
 #include <stdio.h>
 #include <string.h>
 
 #include "layers/backend.h"
 #include "layers/cpu/cpu_backend.h"
+#include "moe_backends_optional.h"
 
 static moe_status create_cpu(moe_backend **out, const moe_backend_options *opt) {
     return cpu_backend_create(out, opt, 0);
@@ -19,6 +22,7 @@ static const struct {
 } backends[] = {
     {"cpu", create_cpu},
     {"cpu-strict", create_cpu_strict}, // test-only: host access to backend memory faults
+    MOE_OPTIONAL_BACKENDS              // "cuda" when built with it
 };
 
 const char *moe_backend_names(void) {

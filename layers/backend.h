@@ -81,10 +81,11 @@ typedef struct {
                         // thread count is divided among them (0 or 1: none)
     int threads; // CPU: worker threads, 0 = automatic (OMP_NUM_THREADS, else cores capped by the
                  // cgroup CPU quota); other backends ignore it
+    int tf32;    // GPU: TF32 tensor-core math in the GEMMs (model.tf32); the CPU ignores it
 } moe_backend_options;
 
 struct moe_backend {
-    const char *name; // the name it was created by: "cpu", "cpu-strict", later "cuda"
+    const char *name; // the name it was created by: "cpu", "cpu-strict", "cuda"
     void *state;      // the backend's own (CPU: struct cpu_state of layers/cpu/cpu_backend.h)
     int host_memory;  // 1: backend pointers are plain host memory the host may pass to a
                       // library (MPI) directly (the CPU); 0: only through the typed copies

@@ -8,9 +8,11 @@
 
 #include <stdint.h>
 
+#include "layers/hd.h"
+
 #define MOE_GOLDEN_GAMMA 0x9E3779B97F4A7C15ull // 2^64 / golden ratio, odd
 
-static inline uint64_t moe_mix64(uint64_t z) {
+MOE_HD static inline uint64_t moe_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
@@ -20,6 +22,6 @@ static inline uint64_t moe_mix64(uint64_t z) {
 static inline uint64_t moe_splitmix64(uint64_t *s) { return moe_mix64(*s += MOE_GOLDEN_GAMMA); }
 
 // Uniform in [0, 1) with 53 random bits.
-static inline double moe_uniform01(uint64_t x) { return (double)(x >> 11) * 0x1.0p-53; }
+MOE_HD static inline double moe_uniform01(uint64_t x) { return (double)(x >> 11) * 0x1.0p-53; }
 
 #endif

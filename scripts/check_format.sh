@@ -12,7 +12,7 @@ if [ -z "$cf" ]; then
   for c in clang-format-14 clang-format; do command -v "$c" >/dev/null 2>&1 && { cf=$c; break; }; done
 fi
 [ -n "$cf" ] || { echo "check_format.sh: clang-format not found (Debian: apt-get install clang-format)" >&2; exit 1; }
-mapfile -t files < <(git ls-files '*.c' '*.h')
+mapfile -t files < <(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 if [ "${1:-}" = "--fix" ]; then
   "$cf" -i "${files[@]}"
   echo "check_format.sh: formatted ${#files[@]} files with $("$cf" --version | head -1)"

@@ -695,7 +695,7 @@ moe_status trainer_dry_run(const moe_train_config *cfg) {
     if (st) return st;
     printf("\n");
     moe_backend *be;
-    const moe_backend_options bo = {.threads = cfg->threads};
+    const moe_backend_options bo = {.threads = cfg->threads, .tf32 = cfg->tf32};
     if ((st = moe_backend_create(&be, cfg->device, &bo)))
         return name_key(st, "model.device", cfg->device);
     model_config mc = trainer_model_config(cfg);
@@ -808,8 +808,8 @@ static moe_status trainer_open_data(trainer *t) {
 // The backend, the data, the model at its initialisation, the optimizer and the loader.
 static moe_status trainer_open_model(trainer *t) {
     const moe_train_config *cfg = t->cfg;
-    const moe_backend_options bo = {.threads = cfg->threads,
-                                    .procs_per_node = moe_launch_local_size()};
+    const moe_backend_options bo = {
+        .threads = cfg->threads, .procs_per_node = moe_launch_local_size(), .tf32 = cfg->tf32};
     moe_status st = trainer_open_groups(t);
     if (st) return st;
     if ((st = moe_backend_create(&t->be, cfg->device, &bo)))

@@ -137,6 +137,7 @@ static const key_spec specs[] = {
     KFLT("model", "seq_aux_coef", model.moe.seq_aux_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "router_jitter", model.moe.jitter_eps, 0, CLOSED, 1, OPEN),
     KSTR("model", "device", device, 1),
+    KBOOL("model", "tf32", tf32),
 
     KI64("train", "seed", seed, 0, INT64_MAX),
     KI64("train", "steps", steps, 1, INT64_C(1000000000000)),
@@ -218,6 +219,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->bias_rate = 0.0;
     cfg->init_std = 0.02;
     snprintf(cfg->device, sizeof cfg->device, "cpu");
+    cfg->tf32 = 0;
 
     cfg->seed = 1;
     cfg->steps = 1000;

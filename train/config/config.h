@@ -118,6 +118,7 @@ typedef struct {
     // the backend the run computes on, by name (layers/backend.h moe_backend_names: "cpu";
     // "cpu-strict" is the test-only strict-memory CPU); --device NAME sets it
     char device[MOE_PATH_MAX];
+    int tf32; // GPU backends: TF32 tensor-core math in the GEMMs (default false: strict fp32)
 
     // ---- train { } ------------------------------------------------------------
     int64_t seed;           // >= 0

@@ -1,0 +1,149 @@
+// MoE layer benchmark on the CUDA backend: forward+backward of the layer vs. its expert GEMMs
+// alone, both expert-GEMM implementations (a cublasGemmEx loop, cublasGemmGroupedBatchedEx),
+// fp32 and TF32. Timed with CUDA events on the backend's stream after warm-up, median of the
+// repeats.
+//
+//   TFLOP/s  = 18 T k d ff / (the six expert GEMMs of fwd+bwd, alone)   (dropless: N = T k)
+//   R_layer  = median(layer fwd+bwd) / median(its expert GEMMs alone, same mode and math)
+//
+// The GEMMs alone run on the layer's own buffers and row offsets of the same iteration.
+// Prints one JSON line per (math, mode) with --json. Exit 77 without a CUDA device.
+//   bench_moe_layer_gpu --T 16384 --d 4096 --ff 4096 --E 8 --k 2 [--reps 5] [--warmup 2]
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_backend.h"
+#include "layers/moe.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// normal(0, std) on the host, uploaded in chunks (the weights of the coarse shape are 1.6 GB)
+static void fill_normal(moe_backend *be, float *dev, size_t n, float std, unsigned *seed) {
+    const size_t chunk = (size_t)1 << 22;
+    float *h = malloc(chunk * sizeof(float));
+    for (size_t at = 0; at < n; at += chunk) {
+        const size_t m = n - at < chunk ? n - at : chunk;
+        for (size_t i = 0; i < m; i += 2) {
+            double u1 = (rand_r(seed) + 1.0) / (RAND_MAX + 2.0),
+                   u2 = rand_r(seed) / (RAND_MAX + 1.0);
+            double r = sqrt(-2 * log(u1));
+            h[i] = (float)(std * r * cos(6.283185307179586 * u2));
+            if (i + 1 < m) h[i + 1] = (float)(std * r * sin(6.283185307179586 * u2));
+        }
+        be->copy_to_device(be, dev + at, h, m * sizeof(float));
+    }
+    free(h);
+}
+
+// The six expert GEMMs of a forward and a backward through the backend's grouped entries.
+static void expert_gemms(moe_backend *be, moe_layer *L, const moe_weights *w, const moe_weights *g,
+                         int E, int d, int ff) {
+    const int *off = L->host_counts + E;
+    be->expert_matmul_forward(be, L->h13, L->xp, w->w13, off, E, 2 * ff, d);
+    be->expert_matmul_forward(be, L->ye, L->act, w->w2, off, E, d, ff);
+    be->expert_matmul_backward_weight(be, g->w2, L->dye, L->act, off, E, d, ff);
+    be->expert_matmul_backward_input(be, L->dact, L->dye, w->w2, off, E, d, ff, 0);
+    be->expert_matmul_backward_weight(be, g->w13, L->dh13, L->xp, off, E, 2 * ff, d);
+    be->expert_matmul_backward_input(be, L->dxp, L->dh13, w->w13, off, E, 2 * ff, d, 0);
+}
+
+int main(int argc, char **argv) {
+    int T = 4096, d = 1024, ff = 1024, E = 8, k = 2, reps = 5, warmup = 2, json = 0;
+    for (int i = 1; i < argc; i++) {
+        int more = i + 1 < argc;
+        if (!strcmp(argv[i], "--T") && more)
+            T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--d") && more)
+            d = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ff") && more)
+            ff = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--E") && more)
+            E = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--k") && more)
+            k = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && more)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && more)
+            warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else
+            moe_fatal("bench_moe_layer_gpu: unknown argument '%s' (--T --d --ff --E --k --reps "
+                      "--warmup --json)",
+                      argv[i]);
+    }
+    if (reps < 1 || reps > 1000) moe_fatal("bench_moe_layer_gpu: --reps must be in [1, 1000]");
+    moe_backend *be;
+    if (moe_backend_create(&be, "cuda", NULL)) {
+        printf("skipped: %s\n", moe_last_error());
+        return 77;
+    }
+    moe_config cfg = moe_config_default(d, ff, E, k);
+    moe_layer L;
+    if (moe_layer_init(&L, be, &cfg, T)) moe_fatal("%s", moe_last_error());
+    const size_t nw = moe_weights_count(&cfg), nx = (size_t)T * d;
+    float *params = be->alloc(be, nw * sizeof(float)), *grads = be->alloc(be, nw * sizeof(float));
+    float *x = be->alloc(be, nx * sizeof(float)), *dout = be->alloc(be, nx * sizeof(float));
+    float *y = be->alloc(be, nx * sizeof(float)), *dx = be->alloc(be, nx * sizeof(float));
+    if (!params || !grads || !x || !dout || !y || !dx) moe_fatal("bench: out of device memory");
+    unsigned seed = 1234;
+    moe_weights w, g;
+    moe_weights_view(&w, params, &cfg);
+    moe_weights_view(&g, grads, &cfg);
+    fill_normal(be, params, nw, 0.02f, &seed);
+    fill_normal(be, x, nx, 1, &seed);
+    fill_normal(be, dout, nx, 1, &seed);
+    if (!json) printf("%s\n", be->describe(be));
+
+    double *t_layer = malloc(reps * sizeof(double)), *t_gemm = malloc(reps * sizeof(double));
+    const double flops = 18.0 * (double)T * k * d * ff;
+    for (int tf32 = 0; tf32 < 2; tf32++)
+        for (int mode = 0; mode < 2; mode++) {
+            cuda_backend_set_tf32(be, tf32);
+            cuda_backend_set_expert_gemm(be,
+                                         mode ? CUDA_EXPERT_GEMM_GROUPED : CUDA_EXPERT_GEMM_LOOP);
+            moe_stats st = {0};
+            for (int i = 0; i < warmup + reps; i++) {
+                cuda_backend_timer_start(be);
+                if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st))
+                    moe_fatal("%s", moe_last_error());
+                if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0))
+                    moe_fatal("%s", moe_last_error());
+                const double ml = cuda_backend_timer_stop_ms(be);
+                cuda_backend_timer_start(be);
+                expert_gemms(be, &L, &w, &g, E, d, ff);
+                const double mg = cuda_backend_timer_stop_ms(be);
+                if (i >= warmup) t_layer[i - warmup] = ml * 1e-3, t_gemm[i - warmup] = mg * 1e-3;
+            }
+            const double ml = median(t_layer, reps), mg = median(t_gemm, reps);
+            const char *math = tf32 ? "tf32" : "fp32", *impl = mode ? "grouped" : "loop";
+            if (json)
+                printf("{\"impl\":\"moe.c cuda\",\"math\":\"%s\",\"expert_gemm\":\"%s\",\"T\":%d,"
+                       "\"d\":%d,\"ff\":%d,\"E\":%d,\"k\":%d,\"layer_median_s\":%.6f,"
+                       "\"gemm_median_s\":%.6f,\"R_layer\":%.4f,\"gemm_tflops\":%.2f,"
+                       "\"layer_tflops\":%.2f,\"max_over_mean\":%.4f}\n",
+                       math, impl, T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-12,
+                       flops / ml * 1e-12, st.max_over_mean);
+            else
+                printf("T=%d d=%d ff=%d E=%d k=%d %s %s: layer fwd+bwd %.2f ms, expert GEMMs %.2f "
+                       "ms (%.1f TFLOP/s), R_layer %.3f, max/mean load %.3f\n",
+                       T, d, ff, E, k, math, impl, ml * 1e3, mg * 1e3, flops / mg * 1e-12, ml / mg,
+                       st.max_over_mean);
+            fflush(stdout);
+        }
+    moe_layer_free(&L);
+    be->free(be, params), be->free(be, grads), be->free(be, x), be->free(be, dout);
+    be->free(be, y), be->free(be, dx);
+    free(t_layer), free(t_gemm);
+    moe_backend_destroy(be);
+    return 0;
+}

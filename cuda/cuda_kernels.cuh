@@ -1,0 +1,101 @@
+// The CUDA kernels: each has the signature, the name (cuda_ for cpu_) and the contract of its
+// table entry in layers/backend.h and of its CPU twin in layers/cpu/cpu_kernels.h.
+#ifndef MOE_CUDA_KERNELS_CUH
+#define MOE_CUDA_KERNELS_CUH
+
+#include "cuda/cuda_common.cuh"
+
+// gemm.cu
+void cuda_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
+                 int trans_a, int trans_b, real beta);
+void cuda_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
+                                const int *offsets, int n_experts, int n_out, int n_in);
+void cuda_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout,
+                                       const real *weight, const int *offsets, int n_experts,
+                                       int n_out, int n_in, int accumulate);
+void cuda_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout,
+                                        const real *inp, const int *offsets, int n_experts,
+                                        int n_out, int n_in);
+
+// router.cu
+void cuda_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
+                      real *weights, const real *logits, const real *bias, int T, int E, int k,
+                      moe_scoring scoring, int norm_topk_prob, real route_scale);
+void cuda_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
+                         int seq_len);
+void cuda_router_backward(moe_backend *be, real *dlogits, const real *dweights, const real *scores,
+                          const real *probs, const real *logits, const real *lse,
+                          const int *topk_idx, const real *weights, const int *counts,
+                          const int *seq_counts, int T, int E, int k, int seq_len,
+                          moe_scoring scoring, int norm_topk_prob, real route_scale, real aux_coef,
+                          real seq_aux_coef, real z_coef, real dloss);
+void cuda_uniform_noise(moe_backend *be, real *u, size_t n, uint64_t key, real lo, real hi);
+
+// dispatch.cu
+void cuda_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k,
+                              int E);
+void cuda_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *topk_idx,
+                            const real *weights, const int *counts, int T, int k, int E,
+                            int capacity, moe_drop_policy policy);
+void cuda_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int *row_token,
+                            const int *topk_idx, const int *keep, int T, int k, int E);
+void cuda_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_token, int N, int d);
+void cuda_moe_copy_chunks(moe_backend *be, real *dst, const real *src, const moe_row_chunk *chunks,
+                          int n_chunks, int d);
+void cuda_moe_combine_forward(moe_backend *be, real *out, const real *y, const real *weights,
+                              const int *assign_row, int T, int k, int d);
+void cuda_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
+                               const real *y, const real *weights, const int *assign_row, int T,
+                               int k, int d);
+void cuda_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row,
+                            int T, int k, int d);
+
+// expert.cu
+void cuda_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff);
+void cuda_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const real *h13, int N,
+                          int ff);
+
+// losses.cu
+void cuda_router_losses(moe_backend *be, real *out, const real *probs, const real *logits,
+                        const real *lse, const int *counts, const int *seq_counts, int T, int E,
+                        int k, int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
+void cuda_mul(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate);
+
+// embedding.cu, rmsnorm.c, rope.c, attention.c, cross_entropy.c
+void cuda_embedding_forward(moe_backend *be, real *out, const int *tokens, const real *embed, int T,
+                            int d);
+void cuda_embedding_backward(moe_backend *be, real *dembed, const real *dout, const int *tokens,
+                             int T, int d);
+void cuda_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp,
+                          const real *weight, int T, int d, real eps);
+void cuda_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
+                           const real *inp, const real *weight, const real *rstd, int T, int d);
+void cuda_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin, int T,
+               int S, int pos0, int n_rot, int n_heads, int hd, int inverse);
+void cuda_attention_cached_forward(moe_backend *be, real *out, real *scratch, const real *qkv,
+                                   const real *k_cache, const real *v_cache, int n, int pos0, int H,
+                                   int KV, int hd);
+void cuda_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n,
+                          int pos0, int H, int KV, int hd);
+void cuda_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
+                            int H, int KV, int hd, real *scratch, size_t scratch_size);
+void cuda_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
+                             const real *out, const real *lse, int B, int S, int H, int KV, int hd,
+                             real *scratch, size_t scratch_size);
+size_t cuda_attention_scratch_size(moe_backend *be, int S);
+void cuda_cross_entropy_forward(moe_backend *be, real *losses, const real *logits,
+                                const int *targets, int T, int V);
+void cuda_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logits,
+                                 const int *targets, int T, int V, real dloss);
+
+// elementwise.cu, optim_update.c
+void cuda_add(moe_backend *be, real *out, const real *a, const real *b, size_t n);
+void cuda_sum_squares(moe_backend *be, double *host_out, const real *x, size_t n);
+void cuda_sum(moe_backend *be, double *host_out, const real *x, size_t n);
+void cuda_adamw_update(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n,
+                       real lr, real beta1, real beta2, real eps, real weight_decay, real bc1,
+                       real bc2, real grad_scale);
+void cuda_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr,
+                     real grad_scale);
+
+#endif

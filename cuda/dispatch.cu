@@ -1,0 +1,260 @@
+// Dispatch on the GPU: per-expert counts, the capacity decision, the grouping of kept
+// assignments by expert, the row movements, the combine, and SwiGLU.
+//
+// Decisions are the CPU's, bit for bit: both order an expert's slots by token (a block-wide
+// scan per expert here, a loop there) and keep by the same rank (cuda/bodies.h
+// moe_hd_keep_rank: the CPU's stable merge sort by weight, or the position). Integer counts
+// use integer atomics (exact, so still deterministic); no float atomics anywhere: a token's k
+// contributions are summed by one thread in the order j = 0..k-1.
+#include "cuda/cuda_kernels.cuh" // first: the C headers as C++
+#include "cuda/bodies.h"
+#include "cuda/reduce.cuh"
+
+#define GRID_STRIDE(i, n)                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void k_count(int *counts, const int *idx, size_t n_slots, int stride_div, int k, int E) {
+    // slot s counts for expert idx[s] of group s / (k stride_div) (stride_div = seq_len, or
+    // the whole group for plain counts)
+    GRID_STRIDE(s, n_slots) {
+        const size_t group = s / ((size_t)k * stride_div);
+        atomicAdd(&counts[group * E + idx[s]], 1);
+    }
+}
+
+void cuda_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k,
+                              int E) {
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, (size_t)E * sizeof(int), cuda_stream(be)));
+    const size_t n = (size_t)T * k;
+    if (!n) return;
+    k_count<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(counts, topk_idx, n,
+                                                                              T, k, E);
+    CUDA_LAUNCHED(be, "k_count");
+}
+
+void cuda_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
+                         int seq_len) {
+    const int B = T / seq_len;
+    CUDA_CHECK(cudaMemsetAsync(seq_counts, 0, (size_t)B * E * sizeof(int), cuda_stream(be)));
+    const size_t n = (size_t)B * seq_len * k; // the slots of whole sequences (as the CPU)
+    if (!n) return;
+    k_count<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(seq_counts, topk_idx,
+                                                                              n, seq_len, k, E);
+    CUDA_LAUNCHED(be, "k_count (seq)");
+}
+
+__global__ void k_fill_int(int *p, int v, size_t n) { GRID_STRIDE(i, n) p[i] = v; }
+
+// One block per expert e: its slots in token order (list, written to this block's part of
+// the scratch), then the rank of each; slots ranked at or beyond the capacity are dropped.
+// Experts within the capacity return at once.
+__global__ void k_capacity(int *keep, int *list_all, const int *idx, const real *weights,
+                           const int *counts, int n_slots, int E, int capacity,
+                           moe_drop_policy policy) {
+    const int e = blockIdx.x;
+    const int n = counts[e];
+    if (n <= capacity) return; // uniform over the block
+    __shared__ int start_s;
+    if (threadIdx.x == 0) {
+        int start = 0;
+        for (int i = 0; i < e; i++) start += counts[i];
+        start_s = start;
+    }
+    __syncthreads();
+    int *list = list_all + start_s;
+    int base = 0;
+    for (int s0 = 0; s0 < n_slots; s0 += blockDim.x) {
+        const int s = s0 + threadIdx.x;
+        const int flag = s < n_slots && idx[s] == e;
+        int total;
+        const int pos = base + block_exclusive_scan(flag, &total);
+        if (flag) list[pos] = s;
+        base += total;
+    }
+    __syncthreads(); // the list is complete (and visible to the block)
+    for (int pos = threadIdx.x; pos < n; pos += blockDim.x) {
+        const int s = list[pos];
+        if (moe_hd_keep_rank(s, pos, list, n, weights, policy) >= capacity) keep[s] = 0;
+    }
+}
+
+void cuda_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *topk_idx,
+                            const real *weights, const int *counts, int T, int k, int E,
+                            int capacity, moe_drop_policy policy) {
+    const size_t n = (size_t)T * k;
+    if (!n) return;
+    k_fill_int<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(keep, 1, n);
+    CUDA_LAUNCHED(be, "k_fill_int");
+    if (capacity <= 0) return;
+    k_capacity<<<E, CUDA_THREADS, 0, cuda_stream(be)>>>(keep, scratch, topk_idx, weights, counts,
+                                                        (int)n, E, capacity, policy);
+    CUDA_LAUNCHED(be, "k_capacity");
+}
+
+__global__ void k_kept_counts(int *offsets, const int *idx, const int *keep, size_t n) {
+    GRID_STRIDE(s, n) if (keep[s]) atomicAdd(&offsets[idx[s] + 1], 1);
+}
+__global__ void k_prefix(int *offsets, int E) { // one thread: E + 1 integers
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        for (int e = 0; e < E; e++) offsets[e + 1] += offsets[e];
+}
+// One block per expert: its slots in token order get consecutive rows from offsets[e].
+__global__ void k_assign_rows(int *assign_row, int *row_token, const int *offsets, const int *idx,
+                              const int *keep, int n_slots, int k) {
+    const int e = blockIdx.x;
+    int row = offsets[e];
+    for (int s0 = 0; s0 < n_slots; s0 += blockDim.x) {
+        const int s = s0 + threadIdx.x;
+        const int mine = s < n_slots && idx[s] == e;
+        const int kept = mine && keep[s];
+        int total;
+        const int r = row + block_exclusive_scan(kept, &total);
+        if (kept) {
+            assign_row[s] = r;
+            row_token[r] = s / k;
+        } else if (mine) {
+            assign_row[s] = -1;
+        }
+        row += total;
+    }
+}
+
+void cuda_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int *row_token,
+                            const int *topk_idx, const int *keep, int T, int k, int E) {
+    cudaStream_t st = cuda_stream(be);
+    const size_t n = (size_t)T * k;
+    CUDA_CHECK(cudaMemsetAsync(offsets, 0, (size_t)(E + 1) * sizeof(int), st));
+    if (!n) return;
+    k_kept_counts<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, st>>>(offsets, topk_idx, keep, n);
+    CUDA_LAUNCHED(be, "k_kept_counts");
+    k_prefix<<<1, 32, 0, st>>>(offsets, E);
+    CUDA_LAUNCHED(be, "k_prefix");
+    k_assign_rows<<<E, CUDA_THREADS, 0, st>>>(assign_row, row_token, offsets, topk_idx, keep,
+                                              (int)n, k);
+    CUDA_LAUNCHED(be, "k_assign_rows");
+}
+
+__global__ void k_gather_rows(real *xp, const real *x, const int *row_token, size_t N, int d) {
+    GRID_STRIDE(i, N * d) {
+        const size_t r = i / d, c = i % d;
+        xp[i] = x[(size_t)row_token[r] * d + c];
+    }
+}
+
+void cuda_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_token, int N,
+                      int d) {
+    const size_t n = (size_t)N * d;
+    if (!n) return;
+    k_gather_rows<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(
+        xp, x, row_token, (size_t)N, d);
+    CUDA_LAUNCHED(be, "k_gather_rows");
+}
+
+void cuda_moe_copy_chunks(moe_backend *be, real *dst, const real *src, const moe_row_chunk *chunks,
+                          int n_chunks, int d) {
+    for (int c = 0; c < n_chunks; c++) // host chunks: one device copy per block of rows
+        if (chunks[c].rows > 0)
+            CUDA_CHECK(cudaMemcpyAsync(dst + (size_t)chunks[c].dst * d,
+                                       src + (size_t)chunks[c].src * d,
+                                       (size_t)chunks[c].rows * d * sizeof(real),
+                                       cudaMemcpyDeviceToDevice, cuda_stream(be)));
+}
+
+__global__ void k_combine(real *out, const real *y, const real *weights, const int *assign_row,
+                          size_t T, int k, int d) {
+    GRID_STRIDE(i, T * d) {
+        const size_t t = i / d;
+        out[i] = moe_hd_combine_elem(y, weights + t * k, assign_row + t * k, k, d, (int)(i % d));
+    }
+}
+
+void cuda_moe_combine_forward(moe_backend *be, real *out, const real *y, const real *weights,
+                              const int *assign_row, int T, int k, int d) {
+    const size_t n = (size_t)T * d;
+    if (!n) return;
+    k_combine<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(
+        out, y, weights, assign_row, (size_t)T, k, d);
+    CUDA_LAUNCHED(be, "k_combine");
+}
+
+// One block per slot (t, j): dy[r,:] = w dout[t,:], dweights = dout[t,:] . y[r,:] (a block sum
+// in a fixed order).
+__global__ void k_combine_backward(real *dy, real *dweights, const real *dout, const real *y,
+                                   const real *weights, const int *assign_row, int k, int d) {
+    const size_t s = blockIdx.x;
+    const int r = assign_row[s];
+    if (r < 0) {
+        if (threadIdx.x == 0) dweights[s] = 0;
+        return; // uniform over the block
+    }
+    const real *g = dout + (s / k) * d, *yr = y + (size_t)r * d;
+    real *dyr = dy + (size_t)r * d;
+    const real w = weights[s];
+    real dot = 0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        dot += g[i] * yr[i];
+        dyr[i] = w * g[i];
+    }
+    dot = block_sum(dot);
+    if (threadIdx.x == 0) dweights[s] = dot;
+}
+
+void cuda_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
+                               const real *y, const real *weights, const int *assign_row, int T,
+                               int k, int d) {
+    const size_t n = (size_t)T * k;
+    if (!n) return;
+    k_combine_backward<<<(unsigned)n, 128, 0, cuda_stream(be)>>>(dy, dweights, dout, y, weights,
+                                                                 assign_row, k, d);
+    CUDA_LAUNCHED(be, "k_combine_backward");
+}
+
+__global__ void k_unpermute_add(real *dx, const real *dxp, const int *assign_row, size_t T, int k,
+                                int d) {
+    GRID_STRIDE(i, T * d) {
+        const size_t t = i / d;
+        dx[i] = moe_hd_unpermute_elem(dx[i], dxp, assign_row + t * k, k, d, (int)(i % d));
+    }
+}
+
+void cuda_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row,
+                            int T, int k, int d) {
+    const size_t n = (size_t)T * d;
+    if (!n) return;
+    k_unpermute_add<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(
+        dx, dxp, assign_row, (size_t)T, k, d);
+    CUDA_LAUNCHED(be, "k_unpermute_add");
+}
+
+__global__ void k_swiglu(real *act, const real *h13, size_t N, int ff) {
+    GRID_STRIDE(i, N * ff) {
+        const size_t r = i / ff, c = i % ff;
+        const real *h = h13 + r * 2 * ff;
+        act[i] = moe_hd_swiglu(h[c], h[ff + c]);
+    }
+}
+__global__ void k_swiglu_backward(real *dh13, const real *dact, const real *h13, size_t N, int ff) {
+    GRID_STRIDE(i, N * ff) {
+        const size_t r = i / ff, c = i % ff;
+        const real *h = h13 + r * 2 * ff;
+        real *dh = dh13 + r * 2 * ff;
+        moe_hd_swiglu_backward(&dh[c], &dh[ff + c], dact[i], h[c], h[ff + c]);
+    }
+}
+
+void cuda_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff) {
+    const size_t n = (size_t)N * ff;
+    if (!n) return;
+    k_swiglu<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(act, h13, (size_t)N,
+                                                                               ff);
+    CUDA_LAUNCHED(be, "k_swiglu");
+}
+void cuda_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const real *h13, int N,
+                          int ff) {
+    const size_t n = (size_t)N * ff;
+    if (!n) return;
+    k_swiglu_backward<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(
+        dh13, dact, h13, (size_t)N, ff);
+    CUDA_LAUNCHED(be, "k_swiglu_backward");
+}

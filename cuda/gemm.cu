@@ -1,0 +1,167 @@
+// Dense and grouped (per-expert) GEMMs on cuBLAS, fp32 storage; compute in strict fp32
+// (CUBLAS_COMPUTE_32F) or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32, model.tf32).
+//
+// Row-major to cuBLAS's column-major: a row-major X [r, c] is the column-major X^T, so
+// C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T with the operands swapped.
+//
+// The expert GEMMs are one GEMM per expert with rows (the offsets are on the host): either a
+// loop of cublasGemmEx, or one cublasGemmGroupedBatchedEx with a group per expert (shapes and
+// alpha/beta host arrays; the A/B/C pointer arrays copied to the device from a pinned slot).
+// Which is faster depends on the shape (scripts/bench_gpu measures both).
+#include <string.h>
+
+#include "cuda/cuda_kernels.cuh"
+
+static cublasComputeType_t compute_type(moe_backend *be) {
+    return cuda_state_of(be)->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+// One row-major GEMM: c [m, n] = alpha op(a) op(b) + beta c, with leading dimensions.
+typedef struct {
+    int m, n, kd, trans_a, trans_b;
+    const float *a, *b;
+    float *c;
+    int lda, ldb, ldc;
+    float beta;
+} gemm_spec;
+
+static int ld(int x) { return x > 1 ? x : 1; } // cuBLAS wants leading dimensions >= 1
+
+static void gemm_one(moe_backend *be, const gemm_spec *g) {
+    if (g->m == 0 || g->n == 0) return;
+    const float one = 1;
+    CUBLAS_CHECK(cublasGemmEx(cuda_state_of(be)->blas, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g->n, g->m, g->kd, &one, g->b,
+                              CUDA_R_32F, ld(g->ldb), g->a, CUDA_R_32F, ld(g->lda), &g->beta, g->c,
+                              CUDA_R_32F, ld(g->ldc), compute_type(be), CUBLAS_GEMM_DEFAULT));
+}
+
+void cuda_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
+                 int trans_a, int trans_b, real beta) {
+    gemm_spec g = {m, n,   kd, trans_a, trans_b, a, b, c, trans_a ? m : kd, trans_b ? kd : n,
+                   n, beta};
+    gemm_one(be, &g);
+}
+
+// The next pinned pointer slot, once the copy that last read it has completed.
+static int ptr_slot(cuda_state *s) {
+    const int i = s->ptr_next;
+    s->ptr_next = (i + 1) % CUDA_PTR_SLOTS;
+    CUDA_CHECK(cudaEventSynchronize(s->ptr_done[i]));
+    return i;
+}
+
+// The GEMMs g[0..n) (same transposes, leading dimensions and beta; m, n, kd per GEMM): a loop
+// of cublasGemmEx, or one grouped call. GEMMs with an empty output or, with beta = 1, no
+// inner dimension (nothing to add) are left out.
+static void gemm_many(moe_backend *be, gemm_spec *g, int count) {
+    cuda_state *s = cuda_state_of(be);
+    int n = 0;
+    for (int i = 0; i < count; i++)
+        if (g[i].m > 0 && g[i].n > 0 && !(g[i].kd == 0 && g[i].beta == 1)) g[n++] = g[i];
+    if (n == 0) return;
+    if (s->expert_gemm == CUDA_EXPERT_GEMM_LOOP || n == 1) {
+        for (int i = 0; i < n; i++) gemm_one(be, &g[i]);
+        return;
+    }
+    if (3 * n > s->ptr_cap)
+        moe_fatal("cuda: grouped GEMM of %d experts (at most %d)", n, s->ptr_cap / 3);
+    // host arrays per group (one matrix per group): cuBLAS's column-major view, operands swapped
+    enum { MAXG = 4096 };
+    static thread_local cublasOperation_t ta[MAXG], tb[MAXG];
+    static thread_local int mm[MAXG], nn[MAXG], kk[MAXG], la[MAXG], lb[MAXG], lc[MAXG], size[MAXG];
+    static thread_local float alpha[MAXG], beta[MAXG];
+    const int slot = ptr_slot(s);
+    void **ptr = s->ptr_host[slot];
+    for (int i = 0; i < n; i++) {
+        ta[i] = g[i].trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        tb[i] = g[i].trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+        mm[i] = g[i].n, nn[i] = g[i].m, kk[i] = g[i].kd;
+        la[i] = ld(g[i].ldb), lb[i] = ld(g[i].lda), lc[i] = ld(g[i].ldc);
+        alpha[i] = 1, beta[i] = g[i].beta, size[i] = 1;
+        ptr[i] = (void *)g[i].b;
+        ptr[n + i] = (void *)g[i].a;
+        ptr[2 * n + i] = g[i].c;
+    }
+    void **dev = s->ptr_dev[slot];
+    CUDA_CHECK(cudaMemcpyAsync(dev, ptr, (size_t)3 * n * sizeof(void *), cudaMemcpyHostToDevice,
+                               s->stream));
+    CUDA_CHECK(cudaEventRecord(s->ptr_done[slot], s->stream));
+    CUBLAS_CHECK(
+        cublasGemmGroupedBatchedEx(s->blas, ta, tb, mm, nn, kk, alpha, (const void *const *)dev,
+                                   CUDA_R_32F, la, (const void *const *)(dev + n), CUDA_R_32F, lb,
+                                   beta, dev + 2 * n, CUDA_R_32F, lc, n, size, compute_type(be)));
+}
+
+// The per-expert GEMMs of one call, built on the host from the host offsets.
+static gemm_spec *expert_specs(int n_experts) {
+    static thread_local gemm_spec specs[4096];
+    if (n_experts > 4096)
+        moe_fatal("cuda: %d experts in one grouped GEMM (at most 4096)", n_experts);
+    return specs;
+}
+
+void cuda_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
+                                const int *offsets, int n_experts, int n_out, int n_in) {
+    gemm_spec *g = expert_specs(n_experts);
+    for (int e = 0; e < n_experts; e++) { // out_e [rows, n_out] = inp_e [rows, n_in] @ w_e^T
+        const int rows = offsets[e + 1] - offsets[e];
+        g[e] = (gemm_spec){rows,
+                           n_out,
+                           n_in,
+                           0,
+                           1,
+                           inp + (size_t)offsets[e] * n_in,
+                           weight + (size_t)e * n_out * n_in,
+                           out + (size_t)offsets[e] * n_out,
+                           n_in,
+                           n_in,
+                           n_out,
+                           0};
+    }
+    gemm_many(be, g, n_experts);
+}
+
+void cuda_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout,
+                                       const real *weight, const int *offsets, int n_experts,
+                                       int n_out, int n_in, int accumulate) {
+    gemm_spec *g = expert_specs(n_experts);
+    for (int e = 0; e < n_experts; e++) { // dinp_e [rows, n_in] (+)= dout_e @ w_e [n_out, n_in]
+        const int rows = offsets[e + 1] - offsets[e];
+        g[e] = (gemm_spec){rows,
+                           n_in,
+                           n_out,
+                           0,
+                           0,
+                           dout + (size_t)offsets[e] * n_out,
+                           weight + (size_t)e * n_out * n_in,
+                           dinp + (size_t)offsets[e] * n_in,
+                           n_out,
+                           n_in,
+                           n_in,
+                           accumulate ? 1.0f : 0.0f};
+    }
+    gemm_many(be, g, n_experts);
+}
+
+void cuda_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout,
+                                        const real *inp, const int *offsets, int n_experts,
+                                        int n_out, int n_in) {
+    gemm_spec *g = expert_specs(n_experts);
+    for (int e = 0; e < n_experts; e++) { // dw_e [n_out, n_in] += dout_e^T @ inp_e
+        const int rows = offsets[e + 1] - offsets[e];
+        g[e] = (gemm_spec){n_out,
+                           n_in,
+                           rows,
+                           1,
+                           0,
+                           dout + (size_t)offsets[e] * n_out,
+                           inp + (size_t)offsets[e] * n_in,
+                           dweight + (size_t)e * n_out * n_in,
+                           n_out,
+                           n_in,
+                           n_in,
+                           1};
+    }
+    gemm_many(be, g, n_experts);
+}

@@ -1,0 +1,122 @@
+// The router's per-token bodies, shared by every backend (MOE_HD: the CPU compiles them as C,
+// CUDA as __host__ __device__ functions), so that scores, the top-k tie rule (strict '>': the
+// lower expert index wins), the combine weights, the router gradient and the jitter noise
+// are one text: layers/cpu/router.c and cuda/router.cu call these per token / per element.
+// Contracts: layers/backend.h (router_topk, router_backward, uniform_noise); DESIGN.md §3.1,
+// §3.8, §3.12.
+#ifndef MOE_ROUTER_ROWS_H
+#define MOE_ROUTER_ROWS_H
+
+#include <stdint.h>
+
+#include "layers/backend.h"
+#include "layers/hd.h"
+#include "layers/real.h"
+#include "layers/rng.h"
+
+// One token: z [E] logits -> s, p [E] scores and the balancing distribution, *lse, the top k
+// experts idx [k] (descending, ties: lower index) of s + bias (bias [E] or NULL) and their
+// combine weights w [k].
+MOE_HD static inline void moe_router_topk_row(real *s, real *p, real *lse, int *idx, real *w,
+                                              const real *z, const real *bias, int E, int k,
+                                              moe_scoring scoring, int norm_topk_prob,
+                                              real route_scale) {
+    // lse = max + log(sum exp(z - max)); softmax p = exp(z - lse)
+    real zmax = z[0];
+    for (int e = 1; e < E; e++) zmax = z[e] > zmax ? z[e] : zmax;
+    real sum = 0;
+    for (int e = 0; e < E; e++) sum += real_exp(z[e] - zmax);
+    *lse = zmax + real_log(sum);
+    if (scoring == MOE_SCORE_SOFTMAX) {
+        for (int e = 0; e < E; e++) s[e] = p[e] = real_exp(z[e] - zmax) / sum;
+    } else {
+        real ssum = 0;
+        for (int e = 0; e < E; e++) ssum += s[e] = 1 / (1 + real_exp(-z[e]));
+        for (int e = 0; e < E; e++) p[e] = s[e] / ssum;
+    }
+
+    // top-k by repeated selection (k is small); strict '>' keeps the lower index on ties
+    real sel_sum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        real best_v = 0;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= idx[i] == e;
+            real v = bias ? s[e] + bias[e] : s[e];
+            if (!taken && (best < 0 || v > best_v)) best = e, best_v = v;
+        }
+        idx[j] = best;
+        w[j] = s[best];
+        sel_sum += s[best];
+    }
+    for (int j = 0; j < k; j++) w[j] = route_scale * (norm_topk_prob ? w[j] / sel_sum : w[j]);
+}
+
+// The scales of moe_router_backward_row, once per call:
+// dL/ds'_e(t) = aux_scale c_e + seq_scale c_{b,e};  z-loss: z_scale lse softmax(z).
+typedef struct {
+    real aux_scale, seq_scale, z_scale;
+    int seq_on; // seq_aux_coef != 0 (seq_counts is read only then)
+} moe_router_grad_scales;
+
+MOE_HD static inline moe_router_grad_scales moe_router_grad_scales_of(int T, int E, int k,
+                                                                      int seq_len, real aux_coef,
+                                                                      real seq_aux_coef,
+                                                                      real z_coef, real dloss) {
+    const int B = T / seq_len;
+    moe_router_grad_scales g;
+    g.aux_scale = dloss * aux_coef * (real)E / ((real)k * (real)T * (real)T);
+    g.seq_scale =
+        dloss * seq_aux_coef * (real)E / ((real)B * (real)k * (real)seq_len * (real)seq_len);
+    g.z_scale = dloss * 2 * z_coef / (real)T;
+    g.seq_on = seq_aux_coef != 0;
+    return g;
+}
+
+// One token's dL/dz, g [E] (written): the balancing losses through s' (f counts: counts [E],
+// this token's sequence's sc [E]), the combine weights dw [k], the scoring Jacobian, the
+// z-loss. s, p, z [E]; idx, w [k]; lse this token's.
+MOE_HD static inline void moe_router_backward_row(real *g, const real *dw, const real *s,
+                                                  const real *p, const real *z, real lse,
+                                                  const int *idx, const real *w, const int *counts,
+                                                  const int *sc, int E, int k, moe_scoring scoring,
+                                                  int norm_topk_prob, real route_scale,
+                                                  moe_router_grad_scales sc_) {
+    // balancing losses, through the distribution s'
+    for (int e = 0; e < E; e++)
+        g[e] = sc_.aux_scale * (real)counts[e] + (sc_.seq_on ? sc_.seq_scale * (real)sc[e] : 0);
+    if (scoring ==
+        MOE_SCORE_SIGMOID) { // s' = s / sum(s): dL/ds_e = (g_e - sum_j g_j s'_j) / sum(s)
+        real ssum = 0, dot = 0;
+        for (int e = 0; e < E; e++) ssum += s[e], dot += g[e] * p[e];
+        for (int e = 0; e < E; e++) g[e] = (g[e] - dot) / ssum;
+    }
+    // combine weights: w_j = rs s_j / S  =>  dL/ds_i = (rs dw_i - sum_j dw_j w_j) / S;
+    // unnormalised: dL/ds_i = rs dw_i
+    if (norm_topk_prob) {
+        real sel_sum = 0, dot = 0;
+        for (int j = 0; j < k; j++) sel_sum += s[idx[j]], dot += dw[j] * w[j];
+        for (int j = 0; j < k; j++) g[idx[j]] += (route_scale * dw[j] - dot) / sel_sum;
+    } else {
+        for (int j = 0; j < k; j++) g[idx[j]] += route_scale * dw[j];
+    }
+    // scores to logits: softmax dz_e = p_e (g_e - sum_i p_i g_i); sigmoid dz = g s (1 - s)
+    if (scoring == MOE_SCORE_SOFTMAX) {
+        real pg = 0;
+        for (int e = 0; e < E; e++) pg += p[e] * g[e];
+        for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - pg);
+    } else {
+        for (int e = 0; e < E; e++) g[e] *= s[e] * (1 - s[e]);
+    }
+    // z-loss: d/dz_e of z_coef mean_t lse^2 = (2 z_coef / T) lse softmax(z)_e
+    for (int e = 0; e < E; e++) g[e] += sc_.z_scale * lse * real_exp(z[e] - lse);
+}
+
+// Jitter: element i of the noise of `key`, uniform in [lo, hi) (24 random bits), counter-based.
+MOE_HD static inline real moe_noise_value(uint64_t key, uint64_t i, real lo, real hi) {
+    const uint64_t x = moe_mix64(key ^ (MOE_GOLDEN_GAMMA * (i + 1)));
+    return lo + (hi - lo) * (real)((double)(x >> 40) * 0x1.0p-24);
+}
+
+#endif

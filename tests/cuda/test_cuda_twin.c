@@ -1,0 +1,412 @@
+// Every CUDA kernel against its CPU twin (the same table entry of the "cpu" backend) on the
+// same random inputs: sizes that are not multiples of any block size, ties, experts without
+// tokens, dropped assignments. The CUDA outputs are poisoned (NaN bytes) before each call, so an
+// element the kernel fails to write fails the comparison. fp32: relative error <= 1e-5 (norm
+// of the difference over the norm of the CPU's result); integer outputs exactly; TF32 GEMMs
+// <= 2e-3. Exit 77 (ctest: skipped) when there is no CUDA device.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_backend.h"
+#include "layers/backend.h"
+#include "tests/test_util.h"
+
+static moe_backend *C, *G; // the CPU and the CUDA backend
+static test_rng rng;
+
+// One buffer on both backends.
+typedef struct {
+    void *c, *g;
+    size_t bytes;
+} twin;
+
+static twin make(size_t bytes) {
+    twin t = {C->alloc(C, bytes), G->alloc(G, bytes), bytes};
+    if (!t.c || !t.g) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return t;
+}
+static twin from_host(const void *host, size_t bytes) {
+    twin t = make(bytes);
+    C->copy_to_device(C, t.c, host, bytes);
+    G->copy_to_device(G, t.g, host, bytes);
+    return t;
+}
+static twin reals(size_t n, double scale) {
+    real *h = malloc(n * sizeof(real));
+    for (size_t i = 0; i < n; i++) h[i] = (real)(scale * rng_normal(&rng));
+    twin t = from_host(h, n * sizeof(real));
+    free(h);
+    return t;
+}
+static twin ints(const int *h, size_t n) { return from_host(h, n * sizeof(int)); }
+// The CUDA side filled with 0xFF bytes (NaN as floats, -1 as ints) before the kernel runs.
+static void poison(twin t) {
+    void *h = malloc(t.bytes);
+    memset(h, 0xFF, t.bytes);
+    G->copy_to_device(G, t.g, h, t.bytes);
+    free(h);
+}
+static twin output(size_t bytes) {
+    twin t = make(bytes);
+    poison(t);
+    return t;
+}
+static void drop(twin t) {
+    C->free(C, t.c);
+    G->free(G, t.g);
+}
+#define RC(t) ((real *)(t).c)
+#define RG(t) ((real *)(t).g)
+#define IC(t) ((int *)(t).c)
+#define IG(t) ((int *)(t).g)
+
+static void same_reals(const char *what, twin t, size_t n, double tol) {
+    real *a = malloc(n * sizeof(real)), *b = malloc(n * sizeof(real));
+    double *da = malloc(n * sizeof(double)), *db = malloc(n * sizeof(double));
+    G->copy_to_host(G, a, t.g, n * sizeof(real));
+    C->copy_to_host(C, b, t.c, n * sizeof(real));
+    for (size_t i = 0; i < n; i++) da[i] = a[i], db[i] = b[i];
+    check_rel(what, da, db, n, tol);
+    free(a), free(b), free(da), free(db);
+}
+static void same_ints(const char *what, twin t, size_t n) {
+    int *a = malloc(n * sizeof(int)), *b = malloc(n * sizeof(int));
+    G->copy_to_host(G, a, t.g, n * sizeof(int));
+    C->copy_to_host(C, b, t.c, n * sizeof(int));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += a[i] != b[i];
+    char line[128];
+    snprintf(line, sizeof line, "%s: %zu of %zu differ", what, bad, n);
+    check_true(line, bad == 0);
+    free(a), free(b);
+}
+
+#define TOL 1e-5
+
+static void test_gemm(double tol, const char *tag) {
+    printf("GEMMs (%s)\n", tag);
+    const int m = 67, n = 45, kd = 131;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            twin a = reals((size_t)m * kd, 1), b = reals((size_t)kd * n, 1),
+                 c = reals((size_t)m * n, 1);
+            C->matmul(C, RC(c), RC(a), RC(b), m, n, kd, ta, tb, 0.5f);
+            G->matmul(G, RG(c), RG(a), RG(b), m, n, kd, ta, tb, 0.5f);
+            char what[64];
+            snprintf(what, sizeof what, "matmul ta=%d tb=%d beta=0.5", ta, tb);
+            same_reals(what, c, (size_t)m * n, tol);
+            drop(a), drop(b), drop(c);
+        }
+    // experts with 0, 1, odd and many rows
+    const int E = 6, n_out = 38, n_in = 29, offsets[] = {0, 0, 1, 18, 18, 57, 60};
+    const int N = offsets[E];
+    for (int mode = 0; mode < 2; mode++) {
+        cuda_backend_set_expert_gemm(G, mode ? CUDA_EXPERT_GEMM_GROUPED : CUDA_EXPERT_GEMM_LOOP);
+        const char *name = mode ? "grouped" : "loop";
+        twin w = reals((size_t)E * n_out * n_in, 1), x = reals((size_t)N * n_in, 1);
+        twin y = output((size_t)N * n_out * sizeof(real));
+        C->expert_matmul_forward(C, RC(y), RC(x), RC(w), offsets, E, n_out, n_in);
+        G->expert_matmul_forward(G, RG(y), RG(x), RG(w), offsets, E, n_out, n_in);
+        char what[64];
+        snprintf(what, sizeof what, "expert forward (%s)", name);
+        same_reals(what, y, (size_t)N * n_out, tol);
+        twin dy = reals((size_t)N * n_out, 1), dx = reals((size_t)N * n_in, 1);
+        for (int acc = 0; acc < 2; acc++) {
+            if (!acc) poison(dx);
+            C->expert_matmul_backward_input(C, RC(dx), RC(dy), RC(w), offsets, E, n_out, n_in, acc);
+            G->expert_matmul_backward_input(G, RG(dx), RG(dy), RG(w), offsets, E, n_out, n_in, acc);
+            snprintf(what, sizeof what, "expert backward input acc=%d (%s)", acc, name);
+            same_reals(what, dx, (size_t)N * n_in, tol);
+        }
+        twin dw = reals((size_t)E * n_out * n_in, 1); // accumulates; expert 0 and 3 have no rows
+        C->expert_matmul_backward_weight(C, RC(dw), RC(dy), RC(x), offsets, E, n_out, n_in);
+        G->expert_matmul_backward_weight(G, RG(dw), RG(dy), RG(x), offsets, E, n_out, n_in);
+        snprintf(what, sizeof what, "expert backward weight (%s)", name);
+        same_reals(what, dw, (size_t)E * n_out * n_in, tol);
+        drop(w), drop(x), drop(y), drop(dy), drop(dx), drop(dw);
+    }
+    cuda_backend_set_expert_gemm(G, CUDA_EXPERT_GEMM_LOOP);
+}
+
+// The MoE layer's kernels in the order of a forward and a backward, on shared inputs.
+static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacity,
+                                 moe_drop_policy policy) {
+    printf("router + dispatch (%s%s, capacity %d, %s)\n",
+           scoring == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid", with_bias ? ", bias" : "",
+           capacity, policy == MOE_DROP_PROBS ? "probs" : "position");
+    const int T = 203, E = 9, k = 3, d = 37, seq_len = 29; // T = 7 sequences
+    // logits with ties: a few values per row, expert 4 never chosen (very low)
+    real *zh = malloc((size_t)T * E * sizeof(real));
+    for (int i = 0; i < T * E; i++)
+        zh[i] = (i % E == 4) ? -30.0f : (real)((int)(rng_uniform(&rng) * 5) - 2) * 0.5f;
+    twin z = from_host(zh, (size_t)T * E * sizeof(real));
+    free(zh);
+    twin bias = reals((size_t)E, 0.01);
+    twin s = output((size_t)T * E * sizeof(real)), p = output((size_t)T * E * sizeof(real));
+    twin lse = output((size_t)T * sizeof(real)), idx = output((size_t)T * k * sizeof(int));
+    twin w = output((size_t)T * k * sizeof(real));
+    C->router_topk(C, RC(s), RC(p), RC(lse), IC(idx), RC(w), RC(z), with_bias ? RC(bias) : NULL, T,
+                   E, k, scoring, 1, 1.5f);
+    G->router_topk(G, RG(s), RG(p), RG(lse), IG(idx), RG(w), RG(z), with_bias ? RG(bias) : NULL, T,
+                   E, k, scoring, 1, 1.5f);
+    same_ints("router_topk idx (ties: lower index)", idx, (size_t)T * k);
+    same_reals("router_topk scores", s, (size_t)T * E, TOL);
+    same_reals("router_topk probs", p, (size_t)T * E, TOL);
+    same_reals("router_topk lse", lse, (size_t)T, TOL);
+    same_reals("router_topk weights", w, (size_t)T * k, TOL);
+    // from here both sides continue from the CPU's choices, so that decisions are compared on
+    // identical inputs (the weights may differ in the last bit)
+    {
+        int *h = malloc((size_t)T * k * sizeof(int));
+        real *hw = malloc((size_t)T * k * sizeof(real));
+        C->copy_to_host(C, h, idx.c, (size_t)T * k * sizeof(int));
+        C->copy_to_host(C, hw, w.c, (size_t)T * k * sizeof(real));
+        G->copy_to_device(G, idx.g, h, (size_t)T * k * sizeof(int));
+        G->copy_to_device(G, w.g, hw, (size_t)T * k * sizeof(real));
+        free(h), free(hw);
+    }
+    twin counts = output((size_t)E * sizeof(int)),
+         sc = output((size_t)T / seq_len * E * sizeof(int));
+    C->moe_dispatch_counts(C, IC(counts), IC(idx), T, k, E);
+    G->moe_dispatch_counts(G, IG(counts), IG(idx), T, k, E);
+    same_ints("dispatch_counts", counts, (size_t)E);
+    C->moe_seq_counts(C, IC(sc), IC(idx), T, k, E, seq_len);
+    G->moe_seq_counts(G, IG(sc), IG(idx), T, k, E, seq_len);
+    same_ints("seq_counts", sc, (size_t)T / seq_len * E);
+
+    twin keep = output((size_t)T * k * sizeof(int)),
+         scratch = make((size_t)2 * T * k * sizeof(int));
+    C->moe_capacity_keep(C, IC(keep), IC(scratch), IC(idx), RC(w), IC(counts), T, k, E, capacity,
+                         policy);
+    G->moe_capacity_keep(G, IG(keep), IG(scratch), IG(idx), RG(w), IG(counts), T, k, E, capacity,
+                         policy);
+    same_ints("capacity_keep", keep, (size_t)T * k);
+    twin offsets = output((size_t)(E + 1) * sizeof(int)),
+         arow = output((size_t)T * k * sizeof(int));
+    twin rtok = make((size_t)T * k * sizeof(int));
+    C->moe_permute_index(C, IC(offsets), IC(arow), IC(rtok), IC(idx), IC(keep), T, k, E);
+    G->moe_permute_index(G, IG(offsets), IG(arow), IG(rtok), IG(idx), IG(keep), T, k, E);
+    same_ints("permute_index offsets", offsets, (size_t)E + 1);
+    same_ints("permute_index assign_row", arow, (size_t)T * k);
+    int off[64];
+    C->copy_to_host(C, off, offsets.c, (size_t)(E + 1) * sizeof(int));
+    const int N = off[E];
+    same_ints("permute_index row_token", rtok, (size_t)N);
+
+    twin x = reals((size_t)T * d, 1), xp = output((size_t)(N + 1) * d * sizeof(real));
+    C->moe_permute(C, RC(xp), RC(x), IC(rtok), N, d);
+    G->moe_permute(G, RG(xp), RG(x), IG(rtok), N, d);
+    same_reals("permute", xp, (size_t)N * d, 0);
+    twin y = reals((size_t)(N + 1) * d, 1), out = output((size_t)T * d * sizeof(real));
+    C->moe_combine_forward(C, RC(out), RC(y), RC(w), IC(arow), T, k, d);
+    G->moe_combine_forward(G, RG(out), RG(y), RG(w), IG(arow), T, k, d);
+    same_reals("combine forward", out, (size_t)T * d, TOL);
+    twin dout = reals((size_t)T * d, 1), dy = output((size_t)(N + 1) * d * sizeof(real));
+    twin dw = output((size_t)T * k * sizeof(real));
+    C->moe_combine_backward(C, RC(dy), RC(dw), RC(dout), RC(y), RC(w), IC(arow), T, k, d);
+    G->moe_combine_backward(G, RG(dy), RG(dw), RG(dout), RG(y), RG(w), IG(arow), T, k, d);
+    same_reals("combine backward dy", dy, (size_t)N * d, TOL);
+    same_reals("combine backward dweights", dw, (size_t)T * k, TOL);
+    twin dx = reals((size_t)T * d, 1);
+    C->moe_unpermute_add(C, RC(dx), RC(dy), IC(arow), T, k, d);
+    G->moe_unpermute_add(G, RG(dx), RG(dy), IG(arow), T, k, d);
+    same_reals("unpermute_add", dx, (size_t)T * d, TOL);
+
+    twin losses = output(MOE_LOSS_SLOTS * sizeof(real));
+    C->router_losses(C, RC(losses), RC(p), RC(z), RC(lse), IC(counts), IC(sc), T, E, k, seq_len,
+                     0.01f, 0.003f, 0.001f);
+    G->router_losses(G, RG(losses), RG(p), RG(z), RG(lse), IG(counts), IG(sc), T, E, k, seq_len,
+                     0.01f, 0.003f, 0.001f);
+    same_reals("router_losses (every slot)", losses, MOE_LOSS_SLOTS, TOL);
+    twin dz = output((size_t)T * E * sizeof(real));
+    C->router_backward(C, RC(dz), RC(dw), RC(s), RC(p), RC(z), RC(lse), IC(idx), RC(w), IC(counts),
+                       IC(sc), T, E, k, seq_len, scoring, 1, 1.5f, 0.01f, 0.003f, 0.001f, 0.5f);
+    G->router_backward(G, RG(dz), RG(dw), RG(s), RG(p), RG(z), RG(lse), IG(idx), RG(w), IG(counts),
+                       IG(sc), T, E, k, seq_len, scoring, 1, 1.5f, 0.01f, 0.003f, 0.001f, 0.5f);
+    same_reals("router_backward", dz, (size_t)T * E, TOL);
+
+    // expert-parallel reorder: blocks of rows, not in order
+    const moe_row_chunk chunks[] = {{0, 7, 5}, {5, 0, 7}, {12, 12, 0}, {12, 12, 3}};
+    twin cdst = output((size_t)15 * d * sizeof(real));
+    C->moe_copy_chunks(C, RC(cdst), RC(x), chunks, 4, d);
+    G->moe_copy_chunks(G, RG(cdst), RG(x), chunks, 4, d);
+    same_reals("copy_chunks", cdst, (size_t)15 * d, 0);
+    twin all[] = {z,    bias, s,  p, lse, idx,  w,  counts, sc, keep,   scratch, offsets, arow,
+                  rtok, x,    xp, y, out, dout, dy, dw,     dx, losses, dz,      cdst};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
+}
+
+static void test_elementwise(void) {
+    printf("elementwise, SwiGLU, noise, optimizer, reductions\n");
+    const size_t n = 100003;
+    twin a = reals(n, 1), b = reals(n, 1), o = output(n * sizeof(real));
+    C->add(C, RC(o), RC(a), RC(b), n);
+    G->add(G, RG(o), RG(a), RG(b), n);
+    same_reals("add", o, n, 0);
+    for (int acc = 0; acc < 2; acc++) {
+        C->mul(C, RC(o), RC(a), RC(b), n, acc);
+        G->mul(G, RG(o), RG(a), RG(b), n, acc);
+        same_reals(acc ? "mul +=" : "mul", o, n, TOL);
+    }
+    poison(o);
+    C->uniform_noise(C, RC(o), n, 0x1234567890abcdefull, 0.99f, 1.01f);
+    G->uniform_noise(G, RG(o), n, 0x1234567890abcdefull, 0.99f, 1.01f);
+    same_reals("uniform_noise (the same numbers)", o, n, 0);
+    const int N = 77, ff = 45;
+    twin h13 = reals((size_t)N * 2 * ff, 2), act = output((size_t)N * ff * sizeof(real));
+    C->swiglu_forward(C, RC(act), RC(h13), N, ff);
+    G->swiglu_forward(G, RG(act), RG(h13), N, ff);
+    same_reals("swiglu forward", act, (size_t)N * ff, TOL);
+    twin dh = output((size_t)N * 2 * ff * sizeof(real));
+    C->swiglu_backward(C, RC(dh), RC(act), RC(h13), N, ff);
+    G->swiglu_backward(G, RG(dh), RG(act), RG(h13), N, ff);
+    same_reals("swiglu backward", dh, (size_t)N * 2 * ff, TOL);
+    double sc = 0, sg = 0;
+    C->sum_squares(C, &sc, RC(a), n);
+    G->sum_squares(G, &sg, RG(a), n);
+    check_rel("sum_squares", &sg, &sc, 1, 1e-12);
+    C->sum(C, &sc, RC(a), n);
+    G->sum(G, &sg, RG(a), n);
+    check_rel("sum", &sg, &sc, 1, 1e-10);
+    twin pm = reals(n, 1), m = reals(n, 0.1), v = reals(n, 0.1), g = reals(n, 1);
+    C->mul(C, RC(v), RC(v), RC(v), n, 0); // v >= 0
+    G->mul(G, RG(v), RG(v), RG(v), n, 0);
+    C->adamw_update(C, RC(pm), RC(m), RC(v), RC(g), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f,
+                    0.0975f, 0.7f);
+    G->adamw_update(G, RG(pm), RG(m), RG(v), RG(g), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f,
+                    0.0975f, 0.7f);
+    same_reals("adamw params", pm, n, TOL);
+    same_reals("adamw m", m, n, TOL);
+    same_reals("adamw v", v, n, TOL);
+    C->sgd_update(C, RC(pm), RC(g), n, 0.1f, 0.5f);
+    G->sgd_update(G, RG(pm), RG(g), n, 0.1f, 0.5f);
+    same_reals("sgd", pm, n, TOL);
+    twin all[] = {a, b, o, h13, act, dh, pm, m, v, g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
+}
+
+static void test_dense(void) {
+    printf("embedding, RMSNorm, RoPE, cross-entropy\n");
+    const int T = 131, d = 301, V = 517;
+    int tok[131];
+    for (int t = 0; t < T; t++) tok[t] = t % 3 ? (int)(rng_uniform(&rng) * V) : 5; // repeats
+    twin tokens = ints(tok, (size_t)T), embed = reals((size_t)V * d, 1);
+    twin x = output((size_t)T * d * sizeof(real));
+    C->embedding_forward(C, RC(x), IC(tokens), RC(embed), T, d);
+    G->embedding_forward(G, RG(x), IG(tokens), RG(embed), T, d);
+    same_reals("embedding forward", x, (size_t)T * d, 0);
+    twin dout = reals((size_t)T * d, 1), dembed = reals((size_t)V * d, 1);
+    C->embedding_backward(C, RC(dembed), RC(dout), IC(tokens), T, d);
+    G->embedding_backward(G, RG(dembed), RG(dout), IG(tokens), T, d);
+    same_reals("embedding backward (+=)", dembed, (size_t)V * d, TOL);
+    twin w = reals((size_t)d, 1), y = output((size_t)T * d * sizeof(real));
+    twin rstd = output((size_t)T * sizeof(real));
+    C->rmsnorm_forward(C, RC(y), RC(rstd), RC(x), RC(w), T, d, 1e-5f);
+    G->rmsnorm_forward(G, RG(y), RG(rstd), RG(x), RG(w), T, d, 1e-5f);
+    same_reals("rmsnorm out", y, (size_t)T * d, TOL);
+    same_reals("rmsnorm rstd", rstd, (size_t)T, TOL);
+    twin dx = reals((size_t)T * d, 1), dw = reals((size_t)d, 1);
+    C->rmsnorm_backward(C, RC(dx), RC(dw), RC(dout), RC(x), RC(w), RC(rstd), T, d);
+    G->rmsnorm_backward(G, RG(dx), RG(dw), RG(dout), RG(x), RG(w), RG(rstd), T, d);
+    same_reals("rmsnorm dinp (+=)", dx, (size_t)T * d, TOL);
+    same_reals("rmsnorm dweight (+=)", dw, (size_t)d, TOL);
+
+    const int Tr = 23, S = 7, n_heads = 5, n_rot = 3, hd = 10, maxp = 16;
+    twin q = reals((size_t)Tr * n_heads * hd, 1), cs = reals((size_t)maxp * hd / 2, 1),
+         sn = reals((size_t)maxp * hd / 2, 1);
+    twin r = output((size_t)Tr * n_heads * hd * sizeof(real));
+    for (int inverse = 0; inverse < 2; inverse++) {
+        C->rope(C, RC(r), RC(q), RC(cs), RC(sn), Tr, S, 3, n_rot, n_heads, hd, inverse);
+        G->rope(G, RG(r), RG(q), RG(cs), RG(sn), Tr, S, 3, n_rot, n_heads, hd, inverse);
+        same_reals(inverse ? "rope inverse" : "rope", r, (size_t)Tr * n_heads * hd, TOL);
+    }
+    C->rope(C, RC(q), RC(q), RC(cs), RC(sn), Tr, S, 0, n_rot, n_heads, hd, 0); // in place
+    G->rope(G, RG(q), RG(q), RG(cs), RG(sn), Tr, S, 0, n_rot, n_heads, hd, 0);
+    same_reals("rope in place", q, (size_t)Tr * n_heads * hd, TOL);
+
+    twin logits = reals((size_t)T * V, 3), ce = output((size_t)T * sizeof(real));
+    C->cross_entropy_forward(C, RC(ce), RC(logits), IC(tokens), T, V);
+    G->cross_entropy_forward(G, RG(ce), RG(logits), IG(tokens), T, V);
+    same_reals("cross_entropy forward", ce, (size_t)T, TOL);
+    twin dl = output((size_t)T * V * sizeof(real));
+    C->cross_entropy_backward(C, RC(dl), RC(logits), IC(tokens), T, V, 0.25f);
+    G->cross_entropy_backward(G, RG(dl), RG(logits), IG(tokens), T, V, 0.25f);
+    same_reals("cross_entropy backward", dl, (size_t)T * V, TOL);
+    twin all[] = {tokens, embed, x, dout, dembed, w, y, rstd, dx, dw, q, cs, sn, r, logits, ce, dl};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
+}
+
+static void test_attention(int B, int S, int H, int KV, int hd) {
+    printf("attention B=%d S=%d H=%d KV=%d hd=%d\n", B, S, H, KV, hd);
+    const int row = (H + 2 * KV) * hd;
+    const size_t nq = (size_t)B * S * row, no = (size_t)B * S * H * hd;
+    twin qkv = reals(nq, 1), out = output(no * sizeof(real));
+    twin lse = output((size_t)B * H * S * sizeof(real));
+    const size_t csz = C->attention_scratch_size(C, S), gsz = G->attention_scratch_size(G, S);
+    twin cscr = make(csz * sizeof(real)), gscr = make(gsz * sizeof(real));
+    C->attention_forward(C, RC(out), RC(lse), RC(qkv), B, S, H, KV, hd, RC(cscr), csz);
+    G->attention_forward(G, RG(out), RG(lse), RG(qkv), B, S, H, KV, hd, RG(gscr), gsz);
+    same_reals("attention forward out", out, no, TOL);
+    same_reals("attention forward lse", lse, (size_t)B * H * S, TOL);
+    twin dout = reals(no, 1), dqkv = output(nq * sizeof(real));
+    C->attention_backward(C, RC(dqkv), RC(dout), RC(qkv), RC(out), RC(lse), B, S, H, KV, hd,
+                          RC(cscr), csz);
+    G->attention_backward(G, RG(dqkv), RG(dout), RG(qkv), RG(out), RG(lse), B, S, H, KV, hd,
+                          RG(gscr), gsz);
+    same_reals("attention backward dqkv", dqkv, nq, TOL);
+
+    // inference: the first sequence's rows appended to a cache in two chunks, then attended
+    const int max_pos = S + 3, kv = KV * hd, n1 = S / 3, n2 = S - n1;
+    twin kc = output((size_t)max_pos * kv * sizeof(real)),
+         vc = output((size_t)max_pos * kv * sizeof(real));
+    twin o2 = output((size_t)n2 * H * hd * sizeof(real));
+    twin scr = make((size_t)H * n2 * S * sizeof(real));
+    C->kv_cache_append(C, RC(kc), RC(vc), RC(qkv), n1, 0, H, KV, hd);
+    G->kv_cache_append(G, RG(kc), RG(vc), RG(qkv), n1, 0, H, KV, hd);
+    C->kv_cache_append(C, RC(kc), RC(vc), RC(qkv) + (size_t)n1 * row, n2, n1, H, KV, hd);
+    G->kv_cache_append(G, RG(kc), RG(vc), RG(qkv) + (size_t)n1 * row, n2, n1, H, KV, hd);
+    same_reals("kv_cache_append k", kc, (size_t)S * kv, 0);
+    same_reals("kv_cache_append v", vc, (size_t)S * kv, 0);
+    C->attention_cached_forward(C, RC(o2), RC(scr), RC(qkv) + (size_t)n1 * row, RC(kc), RC(vc), n2,
+                                n1, H, KV, hd);
+    G->attention_cached_forward(G, RG(o2), RG(scr), RG(qkv) + (size_t)n1 * row, RG(kc), RG(vc), n2,
+                                n1, H, KV, hd);
+    same_reals("attention_cached_forward", o2, (size_t)n2 * H * hd, TOL);
+    twin all[] = {qkv, out, lse, cscr, gscr, dout, dqkv, kc, vc, o2, scr};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
+}
+
+int main(void) {
+    rng_seed(&rng, 2026);
+    if (moe_backend_create(&G, "cuda", NULL)) {
+        printf("skipped: %s\n", moe_last_error());
+        return 77;
+    }
+    if (moe_backend_create(&C, "cpu", NULL)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        return 1;
+    }
+    printf("%s\n", G->describe(G));
+    test_gemm(TOL, "fp32");
+    cuda_backend_set_tf32(G, 1);
+    test_gemm(2e-3, "tf32");
+    cuda_backend_set_tf32(G, 0);
+    test_router_dispatch(MOE_SCORE_SOFTMAX, 0, 0, MOE_DROP_PROBS);
+    test_router_dispatch(MOE_SCORE_SOFTMAX, 1, 50, MOE_DROP_PROBS);
+    test_router_dispatch(MOE_SCORE_SIGMOID, 1, 41, MOE_DROP_POSITION);
+    test_router_dispatch(MOE_SCORE_SIGMOID, 0, 1, MOE_DROP_PROBS);
+    test_elementwise();
+    test_dense();
+    test_attention(2, 45, 4, 2, 16);
+    test_attention(1, 300, 6, 3, 24);  // key tiles beyond one block of 128
+    test_attention(2, 129, 2, 2, 130); // head_dim beyond one column per thread
+    moe_backend_destroy(G);
+    moe_backend_destroy(C);
+    printf(test_failures() ? "FAILED: %d\n" : "all passed\n", test_failures());
+    return test_failures() != 0;
+}
