@@ -71,6 +71,10 @@ static void cuda_copy_on_device(moe_backend *be, void *dst, const void *src, siz
 static void cuda_zero(moe_backend *be, void *ptr, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda_stream(be)));
 }
+// layers/timing.h's laps: the phase's kernels have finished, not just been launched
+static void cuda_synchronize(moe_backend *be) {
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream(be)));
+}
 
 // ---- the object ------------------------------------------------------------------------
 static const char *cuda_describe(moe_backend *be) {
@@ -122,6 +126,7 @@ static void cuda_fill_table(moe_backend *be) {
     be->copy_to_host = cuda_copy_to_host;
     be->copy_on_device = cuda_copy_on_device;
     be->zero = cuda_zero;
+    be->synchronize = cuda_synchronize;
     be->matmul = cuda_matmul;
     be->expert_matmul_forward = cuda_expert_matmul_forward;
     be->expert_matmul_backward_input = cuda_expert_matmul_backward_input;

@@ -102,6 +102,9 @@ struct moe_backend {
     void (*copy_to_host)(moe_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*copy_on_device)(moe_backend *be, void *dst, const void *src, size_t bytes);
     void (*zero)(moe_backend *be, void *ptr, size_t bytes);
+    // Waits until every kernel called so far has finished (layers/timing.h's laps). NULL: the
+    // kernels are synchronous (the CPU).
+    void (*synchronize)(moe_backend *be);
 
     // ---- dense GEMM -----------------------------------------------------
     // c[m,n] = op(a) @ op(b) + beta * c, op(a) is [m,kd], op(b) is [kd,n].

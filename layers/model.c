@@ -1,6 +1,8 @@
 // The Mixtral-style decoder: parameter layout, initialisation, forward, backward.
 // Orchestration only: every loop over floats is a backend kernel (see model.h).
 #include "layers/model.h"
+
+#include "layers/timing.h"
 #include "layers/rng.h"
 
 #include <math.h>
@@ -441,6 +443,11 @@ double model_grad_sum_squares(model *m) {
     return dense + experts;
 }
 
+void model_set_timer(model *m, moe_timer *t) {
+    m->timer = t;
+    for (int l = 0; l < m->n_moe; l++) m->moe[l].timer = t;
+}
+
 void model_set_capacity_factor(model *m, double capacity_factor) {
     m->cfg.moe.capacity_factor = capacity_factor;
     for (int l = 0; l < m->n_moe; l++) m->moe[l].cfg.capacity_factor = capacity_factor;
@@ -565,6 +572,8 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     be->copy_to_device(be, m->tokens, tokens, (size_t)T * sizeof(int));
     if (targets) be->copy_to_device(be, m->targets, targets, (size_t)T * sizeof(int));
     model_refresh_bf16(m); // the weights may have changed since the last forward
+    moe_timer *tm = m->timer;
+    moe_lap_start(tm);
 
     be->embedding_forward(be, m->x, m->tokens, m->p.embed, T, d);
     m->aux = m->z = 0;
@@ -578,6 +587,7 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
                  *ao16 = at16(m->ao16, (size_t)l * T * H * hd);
         be->rmsnorm_forward(be, n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T,
                             d, (real)c->rms_norm_eps);
+        moe_lap(tm, MOE_T_DENSE);
         linear_forward(m, qkv, n1, n1_16, m->p.wqkv + (size_t)l * Q * d, T, Q, d);
         be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
         round_qkv(m, qkv, qkv16, (size_t)T * Q);
@@ -585,13 +595,16 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
                               m->attn_scratch_size);
         linear_forward(m, h, ao, ao16, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
         be->add(be, h, h, xl, Td);
+        moe_lap(tm, MOE_T_ATTENTION);
         be->rmsnorm_forward(be, n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T,
                             d, (real)c->rms_norm_eps);
+        moe_lap(tm, MOE_T_DENSE);
         moe_weights w = layer_weights(m, l);
         m->moe[l].noise_key = m->noise_key ^ (0xD1B54A32D192ED03ull * (uint64_t)(l + 1));
         st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, S, training, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         be->add(be, m->x + (l + 1) * Td, h, m->moe_out, Td);
+        moe_lap(tm, MOE_T_COMBINE); // the residual add of the MoE output
         m->aux += m->moe_stats[l].aux + m->moe_stats[l].seq_aux;
         m->z += m->moe_stats[l].z;
     }
@@ -606,6 +619,7 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
         be->sum(be, &sum, m->losses, (size_t)T);
         m->ce = sum / T;
     }
+    moe_lap(tm, MOE_T_DENSE);
     return MOE_OK;
 }
 
@@ -617,6 +631,8 @@ moe_status model_backward(model *m, double loss_scale) {
               KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = c->vocab_size;
     const size_t Td = (size_t)T * d;
 
+    moe_timer *tm = m->timer;
+    moe_lap_start(tm);
     // logits = xf lm_head^T; CE is a mean over T tokens
     be->cross_entropy_backward(be, m->dlogits, m->logits, m->targets, T, V, (real)(loss_scale / T));
     // dxf = dlogits lm_head, dlm += dlogits^T xf
@@ -635,10 +651,12 @@ moe_status model_backward(model *m, double loss_scale) {
         // x_{l+1} = h + MoE(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
         moe_weights w = layer_weights(m, l), gw = layer_moe_weights(&m->g, c, m->E_local, l, NULL);
         be->zero(be, m->dn, Td * sizeof(real));
+        moe_lap(tm, MOE_T_DENSE);
         moe_status st = moe_layer_backward(&m->moe[l], m->dn, &gw, m->dx, n2, &w, loss_scale);
         if (st) return moe_error_context(st, "layer %d", l);
         be->rmsnorm_backward(be, m->dx, m->g.moe_norm + (size_t)l * d, m->dn, h,
                              m->p.moe_norm + (size_t)l * d, m->rstd2 + (size_t)l * T, T, d);
+        moe_lap(tm, MOE_T_DENSE);
         // h = x_l + attn_out wo^T: dx becomes dL/dx_l
         linear_backward(m, m->dattn_out, m->g.wo + (size_t)l * d * H * hd, m->dx, ao, ao16,
                         m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
@@ -652,10 +670,12 @@ moe_status model_backward(model *m, double loss_scale) {
                  1);
         linear_backward(m, m->dn, m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, n1_16,
                         m->p.wqkv + (size_t)l * Q * d, T, Q, d);
+        moe_lap(tm, MOE_T_ATTENTION);
         be->rmsnorm_backward(be, m->dx, m->g.attn_norm + (size_t)l * d, m->dn, xl,
                              m->p.attn_norm + (size_t)l * d, m->rstd1 + (size_t)l * T, T, d);
     }
     be->embedding_backward(be, m->g.embed, m->dx, m->tokens, T, d);
+    moe_lap(tm, MOE_T_DENSE);
     return MOE_OK;
 }
 

@@ -125,6 +125,10 @@ typedef struct {
     long *expert_hits;   // inference: [L, E] routed assignments summed over model_infer calls
     size_t buffer_bytes; // device memory of the buffers of this struct (params, grads, ...)
 
+    // timing (layers/timing.h): laps by phase of the forwards and backwards, NULL: off
+    // (model_set_timer)
+    struct moe_timer *timer;
+
     // loss parts of the last forward (means over its tokens)
     double ce, aux, z; // summed over layers; aux = L_aux + L_seq
 } model;
@@ -171,6 +175,10 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
 moe_status model_backward(model *m, double loss_scale);
 
 void model_zero_grads(model *m);
+
+// Times the forwards and backwards by phase into t (layers/timing.h; NULL: off): the model's
+// and its MoE layers' laps accumulate into t->s until the caller resets it.
+void model_set_timer(model *m, struct moe_timer *t);
 
 // Sets the MoE layers' capacity factor (the next forwards use it; 0: dropless). The expert
 // buffers hold the dropless bound, so any factor fits.

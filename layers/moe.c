@@ -1,6 +1,8 @@
 // The MoE layer: orchestration of the kernels in layers/backend.h (see moe.h).
 #include "layers/moe.h"
 
+#include "layers/timing.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -265,6 +267,13 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     if (!be) return moe_error(MOE_EINVAL, "moe: backend is NULL");
     moe_status st = moe_config_check(cfg);
     if (st) return st;
+    if (cfg->dtype == MOE_DTYPE_BF16 &&
+        (!be->to_bf16 || !be->from_bf16 || !be->matmul_bf16 || !be->expert_matmul_forward_bf16 ||
+         !be->expert_matmul_backward_input_bf16 || !be->expert_matmul_backward_weight_bf16))
+        return moe_error(MOE_EINVAL,
+                         "moe: backend %s has no bf16 kernels yet (dtype bf16 needs them; fp32 "
+                         "runs on it)",
+                         be->name);
     moe_layer_shape sh;
     if ((st = resolve_shape(&sh, cfg, shape))) return st;
     const size_t T = sh.max_tokens, E = cfg->n_experts, k = cfg->top_k, d = cfg->d_model,
@@ -464,7 +473,7 @@ static void plan_exchange(moe_layer *L, const int *offsets) {
 
 void moe_layer_exchange_reset(moe_layer *L) {
     if (L->sent_bytes) memset(L->sent_bytes, 0, (size_t)L->ep_size * sizeof(long));
-    L->received_rows = 0, L->exchange_s = 0;
+    L->received_rows = 0, L->exchange_s = 0, L->experts_s = 0;
 }
 
 // One all-to-all-v of rows of d reals over the layer's group, counted in its statistics.
@@ -543,6 +552,14 @@ static void read_stats(moe_layer *L, int T, int capacity) {
     L->stats.lse_mean = loss[MOE_LOSS_LSE_MEAN];
 }
 
+// The experts' lap, also counted as this layer's (experts_s: the hot-expert estimate).
+static void lap_experts(moe_layer *L) {
+    if (!L->timer) return;
+    const double before = L->timer->s[MOE_T_EXPERTS];
+    moe_lap(L->timer, MOE_T_EXPERTS);
+    L->experts_s += L->timer->s[MOE_T_EXPERTS] - before;
+}
+
 moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w, int T,
                              int seq_len, int training, moe_stats *stats) {
     moe_status st = check_call(L, out, inp, w, T);
@@ -553,11 +570,15 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     const int capacity = training ? moe_capacity(&L->cfg, T) : 0; // inference never drops
     L->jittered = training && L->cfg.jitter_eps > 0;
     route(L, inp, w, T, seq_len, capacity);
+    moe_lap(L->timer, MOE_T_ROUTER);
     dispatch(L, inp, L->host_counts + L->cfg.n_experts); // the row offsets (host)
+    moe_lap(L->timer, MOE_T_DISPATCH);
     experts(L, w);
+    lap_experts(L);
     combine(L, out, T);
 
     read_stats(L, T, capacity);
+    moe_lap(L->timer, MOE_T_COMBINE);
     L->last_tokens = T;
     L->last_seq_len = seq_len;
     if (stats) *stats = L->stats;
@@ -665,8 +686,12 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
     const int T = L->last_tokens;
     combine_backward(L, dout, T);
     if (L->ep) combine_backward_exchange(L);
+    moe_lap(L->timer, MOE_T_COMBINE);
     experts_backward(L, grads, w);
+    lap_experts(L);
     dispatch_backward(L, dinp, T);
+    moe_lap(L->timer, MOE_T_DISPATCH);
     route_backward(L, dinp, grads, inp, w, dloss);
+    moe_lap(L->timer, MOE_T_ROUTER);
     return MOE_OK;
 }

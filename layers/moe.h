@@ -155,6 +155,10 @@ typedef struct {
     long *sent_bytes; // [R]
     long received_rows;
     double exchange_s;
+    // timing (layers/timing.h): the laps of the model's timer (NULL: off), and this layer's
+    // experts' seconds since moe_layer_exchange_reset
+    struct moe_timer *timer;
+    double experts_s;
     int last_tokens; // T of the last forward
     // forward activations (device memory of the backend), shapes for T tokens, N = T*k rows
     // sent and N_exp rows computed by the local experts (one rank: the same rows)
@@ -234,7 +238,8 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
 // dinp [T, d] += dL/dinp, grads += dL/dweights, where
 // L = sum(out * dout) + dloss * (L_aux + L_seq + L_z); dloss scales the router losses
 // (1 for a single micro-batch, 1/n under gradient accumulation over n).
-// Zeroes the exchange statistics (sent_bytes, received_rows, exchange_s), e.g. per step.
+// Zeroes the exchange statistics (sent_bytes, received_rows, exchange_s) and experts_s, e.g.
+// per step.
 void moe_layer_exchange_reset(moe_layer *L);
 
 moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads, const real *dout,

@@ -3,6 +3,7 @@
 
 #include "train/trainer.h"
 
+#include "layers/timing.h"
 #include "train/capacity.h"
 
 #include <dirent.h>
@@ -755,6 +756,8 @@ typedef struct {
     moe_comm *world, *ep, *edp;
     int rank, R;
     capacity_ctl cap; // model.capacity_factor's schedule or auto (train/capacity.h)
+    moe_timer timer;  // log.timing: the step's phases (layers/timing.h)
+    double ckpt_s;    // the last checkpoint save's seconds (logged with the next step)
 } trainer;
 
 // What one step computed, for its logs.
@@ -764,6 +767,7 @@ typedef struct {
     int finite; // the forward of every micro-batch was finite
     double dt, tok_per_s, worst_mom, drop_frac, val_loss;
     int worst_layer, evaluated;
+    double optimizer_s, val_s;  // timing: the update's and the validation's seconds
     double capacity_factor;     // the step's
     int capacity_decided;       // auto: this step ended a window
     capacity_decision capacity; // its decision
@@ -958,6 +962,8 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
     t->L = t->m.cfg.n_layers, t->E = t->m.cfg.moe.n_experts;
     if ((st = capacity_ctl_init(&t->cap, &cfg->capacity, cfg->model.moe.capacity_factor, t->L)))
         return st;
+    t->timer.be = t->be;
+    if (cfg->timing) model_set_timer(&t->m, &t->timer);
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/ckpt", cfg->run_dir);
     if (resume)
         st = trainer_resume(t);
@@ -1044,7 +1050,9 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     model_set_capacity_factor(&t->m, s->capacity_factor);
     model_zero_grads(&t->m);
     step_load_reset(&t->sl, t->L, t->E);
-    for (int l = 0; l < t->L && t->R > 1; l++) moe_layer_exchange_reset(&t->m.moe[l]);
+    for (int l = 0; l < t->L && (t->R > 1 || t->cfg->timing); l++)
+        moe_layer_exchange_reset(&t->m.moe[l]);
+    memset(t->timer.s, 0, sizeof t->timer.s);
     moe_status st = trainer_micro_batches(t, s);
     if (st) return st;
     if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
@@ -1101,9 +1109,12 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
 // The update of a finite step: clip, optimizer, router bias; the step's time.
 static void trainer_update(trainer *t, step_result *s, double t0) {
     t->consecutive_skips = 0;
+    const double o0 = moe_clock_s();
     optimizer_step(&t->opt, t->m.params, t->m.grads, s->lr,
                    clip_scale(s->grad_norm, t->cfg->grad_clip));
     if (t->m.router_bias) update_router_bias(&t->m, t->sl.routed, t->cfg->bias_rate);
+    if (t->be->synchronize) t->be->synchronize(t->be);
+    s->optimizer_s = moe_clock_s() - o0;
     s->dt = now_s() - t0;
     if (t->res.steps_done == 0) t->res.first_loss = s->loss;
     t->res.last_loss = s->loss;
@@ -1171,6 +1182,28 @@ static void trainer_log_exchange(trainer *t, int l, cJSON *rec) {
 }
 
 // Layer l's expert_load.jsonl record of the step.
+// The hot-expert path of layer l on this rank: its experts' seconds in the step (forward and
+// backward GEMMs and SwiGLU), apportioned to its local experts by the rows each computed:
+// "expert_s" {"max", "max_expert", "min", "min_expert", "all"}. An estimate: one grouped call
+// computes every local expert, so their times are not measured apart.
+static void trainer_log_expert_time(trainer *t, int l, cJSON *rec) {
+    const moe_layer *L = &t->m.moe[l];
+    const long *kept = t->sl.kept + (size_t)l * t->E + t->m.expert0;
+    long rows = 0;
+    int hot = 0, cold = 0;
+    for (int e = 0; e < t->m.E_local; e++) {
+        rows += kept[e];
+        if (kept[e] > kept[hot]) hot = e;
+        if (kept[e] < kept[cold]) cold = e;
+    }
+    cJSON *o = cJSON_AddObjectToObject(rec, "expert_s");
+    cJSON_AddNumberToObject(o, "max", rows ? L->experts_s * kept[hot] / rows : 0);
+    cJSON_AddNumberToObject(o, "max_expert", t->m.expert0 + hot);
+    cJSON_AddNumberToObject(o, "min", rows ? L->experts_s * kept[cold] / rows : 0);
+    cJSON_AddNumberToObject(o, "min_expert", t->m.expert0 + cold);
+    cJSON_AddNumberToObject(o, "all", L->experts_s);
+}
+
 static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, double mom, double cv,
                                     long dropped) {
     const int L = t->L, E = t->E;
@@ -1214,6 +1247,7 @@ static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, dou
     cJSON_AddNumberToObject(rec, "logit_std", ms->logit_std);
     cJSON_AddNumberToObject(rec, "logit_max_abs", ms->logit_max_abs);
     cJSON_AddNumberToObject(rec, "lse_mean", ms->lse_mean);
+    if (t->cfg->timing) trainer_log_expert_time(t, l, rec);
     if (t->R > 1) {
         cJSON_AddNumberToObject(rec, "ranks", t->R); // micro_counts: grad_accum x ranks groups
         trainer_log_exchange(t, l, rec);
@@ -1263,11 +1297,31 @@ static moe_status trainer_validate(trainer *t, step_result *s) {
     if (!((cfg->eval_interval > 0 && (s->step + 1) % cfg->eval_interval == 0) ||
           s->step + 1 == cfg->steps))
         return MOE_OK;
+    const double v0 = moe_clock_s();
+    model_set_timer(&t->m, NULL); // its forwards are not the step's phases
     moe_status st = validate(&t->m, &t->val, cfg, t->inputs, t->targets, &s->val_loss);
+    if (cfg->timing) model_set_timer(&t->m, &t->timer);
     if (st) return st;
+    s->val_s = moe_clock_s() - v0;
     t->res.last_val_loss = s->val_loss;
     s->evaluated = 1;
     return MOE_OK;
+}
+
+// metrics.jsonl's "time": this rank's seconds per phase of the step (layers/timing.h; forward
+// and backward of every micro-batch), the optimizer's, the exchanges' (the MoE layers' time in
+// them: waiting included), the validation's, and the checkpoint save after the previous step.
+static void trainer_log_time(trainer *t, const step_result *s, cJSON *rec) {
+    cJSON *o = cJSON_AddObjectToObject(rec, "time");
+    for (int p = 0; p < MOE_T_PHASES; p++)
+        cJSON_AddNumberToObject(o, moe_phase_names[p], t->timer.s[p]);
+    double exchange = 0;
+    for (int l = 0; l < t->L; l++) exchange += t->m.moe[l].exchange_s;
+    cJSON_AddNumberToObject(o, "optimizer", s->optimizer_s);
+    cJSON_AddNumberToObject(o, "exchange_wait", exchange);
+    cJSON_AddNumberToObject(o, "validation", s->evaluated ? s->val_s : 0);
+    cJSON_AddNumberToObject(o, "checkpoint", t->ckpt_s);
+    t->ckpt_s = 0;
 }
 
 // The step's metrics.jsonl record.
@@ -1287,6 +1341,7 @@ static moe_status trainer_log_metrics(trainer *t, const step_result *s) {
     cJSON_AddNumberToObject(rec, "skipped_total", (double)t->res.skipped);
     if (s->evaluated) cJSON_AddNumberToObject(rec, "val_loss", s->val_loss);
     cJSON_AddNumberToObject(rec, "capacity_factor", s->capacity_factor);
+    if (t->cfg->timing) trainer_log_time(t, s, rec);
     if (s->capacity_decided) {
         const capacity_decision *d = &s->capacity;
         cJSON *c = cJSON_AddObjectToObject(rec, "capacity_decision");
@@ -1402,8 +1457,10 @@ static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     data_loader_get_state(&ts.loader, &t->loader);
     const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
     uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
+    const double c0 = moe_clock_s();
     moe_status st = checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg, t->cfg->ckpt_keep,
                                     shard, t->R > 1 ? t->world : NULL);
+    t->ckpt_s = moe_clock_s() - c0;
     if (st) return st;
     printf("checkpoint: %s/step_%08lld\n", t->ckpt_root, (long long)step + 1);
     return MOE_OK;

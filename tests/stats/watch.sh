@@ -28,6 +28,8 @@ heads=$(grep -c '^moe stats --watch' "$work/watch.log")
 distinct=$(grep '^moe stats --watch' "$work/watch.log" | sed 's/.*step \([0-9]*\)\/.*/\1/' | sort -u | wc -l)
 last=$(grep '^moe stats --watch' "$work/watch.log" | tail -1)
 echo "watch exit $rc, train exit $trc, $heads refreshes at $distinct different steps; last: $last"
-tail -n +2 "$work/watch.log" | tail -12
+tail -n +2 "$work/watch.log" | tail -8
 [ $rc -eq 0 ] && [ $trc -eq 0 ] && [ "$distinct" -ge 2 ] &&
-  echo "$last" | grep -q 'step 400/400' && tail -15 "$work/watch.log" | grep -q 'steps 1..400'
+  echo "$last" | grep -q 'step 400/400' &&
+  awk '/^moe stats --watch/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$work/watch.log" |
+  grep -q 'steps 1..400'

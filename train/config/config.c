@@ -179,6 +179,7 @@ static const key_spec specs[] = {
     KFLT("log", "load_alert", load_alert, 1, CLOSED, INFINITY, OPEN),
     KI64("log", "alert_after", alert_after, 0, INT64_C(1000000000000)),
     KI64("log", "alert_window", alert_window, 1, 10000),
+    KBOOL("log", "timing", timing),
 
     KI64("checkpoint", "interval", ckpt_interval, 0, INT64_MAX),
     KINT("checkpoint", "keep", ckpt_keep, 1, INT_MAX),
@@ -252,6 +253,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->load_alert = 2.0; // the load alert's defaults, measured: config.h
     cfg->alert_after = 150;
     cfg->alert_window = 50;
+    cfg->timing = 1;
 
     cfg->ckpt_interval = 0;
     cfg->ckpt_keep = 2;

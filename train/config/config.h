@@ -176,6 +176,7 @@ typedef struct {
     double load_alert;    // >= 1 (2.0: an expert with twice its share)
     int64_t alert_after;  // steps of warm-up grace, [0, 1e12]
     int64_t alert_window; // steps, [1, 10000]: fewer than W/2 never fire
+    int timing;           // bool (default true): metrics.jsonl's "time" breakdown per step
 
     // ---- checkpoint { } (issue #4) --------------------------------------------
     int64_t ckpt_interval; // key "interval", >= 0 (0 = only at the end)

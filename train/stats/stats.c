@@ -20,6 +20,7 @@
 
 #include "layers/moe.h"
 #include "layers/status.h"
+#include "layers/timing.h"
 #include "train/config/config.h"
 
 #define STATS_MAX_EXPERTS 65536
@@ -136,9 +137,15 @@ typedef struct {
     size_t ring_rows;
 } layer_t;
 
+// metrics.jsonl's "time" (layers/timing.h): the phases, then these
+enum { TIME_OPTIMIZER = MOE_T_PHASES, TIME_EXCHANGE, TIME_VALIDATION, TIME_CHECKPOINT, TIME_N };
+static const char *const time_extra[] = {"optimizer", "exchange_wait", "validation", "checkpoint"};
+
 typedef struct {
     long step;
     double step_s; // NaN when skipped, null or absent
+    int has_time;
+    double time[TIME_N];
 } metric_t;
 
 typedef struct {
@@ -468,6 +475,15 @@ static moe_status on_metrics_record(run_t *rd, where_t w, const cJSON *o) {
     if (cJSON_IsTrue(sk)) {
         rd->m_skipped++;
         m.step_s = NAN;
+    }
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "time");
+    m.has_time = cJSON_IsObject(tm) && !cJSON_IsTrue(sk);
+    for (int i = 0; i < TIME_N && m.has_time; i++) {
+        const char *name = i < MOE_T_PHASES ? moe_phase_names[i] : time_extra[i - MOE_T_PHASES];
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(tm, name);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0))
+            return bad(w, "time", "lacks a number >= 0 for a phase");
+        m.time[i] = v->valuedouble;
     }
     const cJSON *cf = cJSON_GetObjectItemCaseSensitive(o, "capacity_factor");
     if (cJSON_IsNumber(cf) && m.step > rd->last_cf_step)
@@ -846,6 +862,53 @@ static void print_header(const run_t *rd, FILE *out, size_t steps, long first, l
         fprintf(out, "  model: %d experts (no config.cfg)\n", rd->E);
 }
 
+// Where the time goes: the mean over the logged steps with a "time" breakdown of each phase,
+// as a share of the mean step. To out (the tables) or into doc (--json: "time").
+static void time_report(const run_t *rd, FILE *out, cJSON *doc) {
+    double sum[TIME_N] = {0}, step = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < rd->m_n; i++) {
+        const metric_t *m = &rd->m[i];
+        if (!m->has_time || !isfinite(m->step_s)) continue;
+        for (int k = 0; k < TIME_N; k++) sum[k] += m->time[k];
+        step += m->step_s, n++;
+    }
+    if (!n) return;
+    double parts = 0; // the step's phases (step_s: forward, backward and the update)
+    for (int k = 0; k <= TIME_OPTIMIZER; k++) parts += sum[k];
+    if (doc) {
+        cJSON *t = cJSON_AddObjectToObject(doc, "time");
+        cJSON_AddNumberToObject(t, "steps", (double)n);
+        cJSON_AddNumberToObject(t, "step_s", step / n);
+        cJSON *mean = cJSON_AddObjectToObject(t, "mean_s"),
+              *share = cJSON_AddObjectToObject(t, "share");
+        for (int k = 0; k < TIME_N; k++) {
+            const char *name = k < MOE_T_PHASES ? moe_phase_names[k] : time_extra[k - MOE_T_PHASES];
+            cJSON_AddNumberToObject(mean, name, sum[k] / n);
+            if (k <= TIME_EXCHANGE) cJSON_AddNumberToObject(share, name, sum[k] / step);
+        }
+        cJSON_AddNumberToObject(share, "other", (step - parts) / step);
+        return;
+    }
+    fprintf(out, "\n");
+    prose(rd, out, "time per step: %.1f ms (mean of %zu steps; rank 0's, metrics.jsonl \"time\")\n",
+          1e3 * step / n, n);
+    for (int k = 0; k < MOE_T_PHASES; k++) // one line of at most 6 x 16 columns
+        fprintf(out, "  %s %.1f%%", moe_phase_names[k], 100 * sum[k] / step);
+    fprintf(out, "\n  optimizer %.1f%%  other %.1f%%\n", 100 * sum[TIME_OPTIMIZER] / step,
+            100 * (step - parts) / step);
+    prose(rd, out,
+          "  the exchanges (in dispatch and combine, waiting included): %.1f%%; validation %.3g s "
+          "and checkpoints %.3g s in all, outside the steps\n",
+          100 * sum[TIME_EXCHANGE] / step, sum[TIME_VALIDATION], sum[TIME_CHECKPOINT]);
+    if (sum[MOE_T_ROUTER] > 0.10 * step)
+        prose(
+            rd, out,
+            "  note: the router takes %.1f%% of the step (its GEMM has only n_experts outputs and "
+            "runs at a fraction of the BLAS's rate; a known trap at small d_model)\n",
+            100 * sum[MOE_T_ROUTER] / step);
+}
+
 static int report(run_t *rd, FILE *out) {
     size_t steps;
     long first, last;
@@ -926,6 +989,7 @@ static int report(run_t *rd, FILE *out) {
             }
         }
         cJSON_AddItemToObject(doc, "alerts", alerts);
+        time_report(rd, NULL, doc);
         print_json(out, doc);
         goto done;
     }
@@ -983,6 +1047,7 @@ static int report(run_t *rd, FILE *out) {
                     isfinite(s->exch_share) ? pct(b[14], 40, s->exch_share, 1) : "n/a", dead);
         }
     }
+    time_report(rd, out, NULL);
     int n_alerts = 0;
     for (int i = 0; i < nl; i++)
         n_alerts += ls[i].alert_load + ls[i].alert_dead + ls[i].alert_drops;

@@ -33,8 +33,7 @@ static long last_logged_step(const char *path) {
 
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
 int stats_watch(int argc, char **argv, FILE *out, FILE *err) {
@@ -110,7 +109,7 @@ int stats_watch(int argc, char **argv, FILE *out, FILE *err) {
             fputs(rc ? etext : text, out);
         fflush(out);
         free(text), free(etext);
-        if (step && rc == 2) break; // a usage error: no point in redrawing it
+        if (step && rc == 2) break;        // a usage error: no point in redrawing it
         if (steps && step >= steps) break; // the run logged its last step
         if (k + 1 < count) sleep_s(interval);
     }

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Where the time goes (layers/timing.h): metrics.jsonl's "time" per step, expert_load.jsonl's
+"expert_s" per layer, log.timing = false turning both off, and moe stats' breakdown.
+
+Checks on a tiny run of 40 steps: every phase is there and >= 0; the phases and the optimizer
+add up to at least 70% and at most 101% of step_s (median over steps: the laps cover the step);
+the experts' lap per layer is at most the step's experts phase, and its hottest expert's share
+at least its coldest's; the checkpoint after step 20 is logged with step 21; `moe stats` prints
+the breakdown and its --json shares sum to 1; with log.timing = false no record has them.
+
+  timing.py MOE WORKDIR
+"""
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+
+PHASES = ["attention", "router", "dispatch", "experts", "combine", "dense"]
+
+
+def main():
+    moe, work = sys.argv[1], sys.argv[2]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    random.seed(2)
+    with open(os.path.join(work, "text.txt"), "w") as f:
+        f.write("".join(random.choice("abcdefgh ijklmnop,.\n") for _ in range(40000)))
+    fails = 0
+
+    def run(name, timing):
+        cfg = os.path.join(work, name + ".cfg")
+        with open(cfg, "w") as f:
+            f.write("""model = { vocab_size = 256; d_model = 64; n_layers = 2; n_heads = 4; d_ff = 64;
+          n_experts = 8; top_k = 2; max_seq_len = 64; capacity_factor = 1.25; };
+train = { steps = 40; batch_size = 4; seq_len = 64; warmup_steps = 0; eval_interval = 0; threads = 1; };
+data = { dir = "%s/data"; text = ["%s/text.txt"]; };
+log = { dir = "%s/run_%s"; interval = 100; timing = %s; };
+checkpoint = { interval = 20; };
+""" % (work, work, work, name, "true" if timing else "false"))
+        r = subprocess.run([moe, "train", cfg], capture_output=True, text=True)
+        if r.returncode:
+            sys.exit("timing: FAIL: moe train %s\n%s" % (cfg, r.stderr[-2000:]))
+        d = os.path.join(work, "run_" + name)
+        return d, [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))], \
+            [json.loads(l) for l in open(os.path.join(d, "expert_load.jsonl"))]
+
+    def report(ok, what):
+        nonlocal fails
+        fails += not ok
+        print("  %s  %s" % ("ok  " if ok else "FAIL", what))
+
+    d, metrics, loads = run("on", True)
+    keys = PHASES + ["optimizer", "exchange_wait", "validation", "checkpoint"]
+    ok = all("time" in r and all(r["time"].get(k, -1) >= 0 for k in keys) for r in metrics)
+    report(ok, "every metrics record has time.{%s}" % ", ".join(keys))
+    cover = [sum(r["time"][k] for k in PHASES + ["optimizer"]) / r["step_s"] for r in metrics]
+    med = statistics.median(cover)
+    report(0.7 <= med <= 1.01 and max(cover) <= 1.01, "the phases cover %.1f%% of step_s (median; min %.1f%%, max %.1f%%)" %
+           (100 * med, 100 * min(cover), 100 * max(cover)))
+    by_step = {r["step"]: r for r in metrics}
+    ok = all(0 <= l["expert_s"]["min"] <= l["expert_s"]["max"] <= l["expert_s"]["all"] + 1e-12 and
+             l["expert_s"]["all"] <= by_step[l["step"]]["time"]["experts"] + 1e-9 for l in loads)
+    report(ok, "expert_s per layer: min <= max <= the layer's experts time <= the step's experts phase")
+    report(by_step[21]["time"]["checkpoint"] > 0 and by_step[20]["time"]["checkpoint"] == 0,
+           "the save after step 20 is logged with step 21 (%.4f s)" % by_step[21]["time"]["checkpoint"])
+    r = subprocess.run([moe, "stats", d], capture_output=True, text=True)
+    report(r.returncode == 0 and "time per step:" in r.stdout and "experts " in r.stdout,
+           "moe stats prints the breakdown")
+    r = subprocess.run([moe, "stats", d, "--json"], capture_output=True, text=True)
+    share = json.loads(r.stdout)["time"]["share"]
+    total = sum(v for k, v in share.items() if k != "exchange_wait")
+    report(abs(total - 1) < 1e-9, "moe stats --json: the shares (phases, optimizer, other) sum to %.12f" % total)
+    d, metrics, loads = run("off", False)
+    report(not any("time" in r for r in metrics) and not any("expert_s" in l for l in loads),
+           "log.timing = false: no time, no expert_s")
+    print("%d failure(s)" % fails)
+    sys.exit(1 if fails else 0)
+
+
+main()
