@@ -371,7 +371,8 @@ moe_status model_create_inference_parallel(model *m, moe_backend *be, const mode
         return st;
     }
     m->max_batch = 1, m->max_seq = max_chunk, m->max_pos = max_pos;
-    m->expert_hits = calloc(L * cfg->moe.n_experts, sizeof(long));
+    m->expert_hits = calloc(2 * L * cfg->moe.n_experts, sizeof(long));
+    m->step_hits = m->expert_hits ? m->expert_hits + L * cfg->moe.n_experts : NULL;
     if (!m->expert_hits) {
         model_destroy(m);
         return moe_error(MOE_ENOMEM, "model: cannot allocate expert hit counts");
@@ -717,7 +718,8 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
         st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, n, 0, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         for (int e = 0; e < c->moe.n_experts; e++)
-            m->expert_hits[(size_t)l * c->moe.n_experts + e] += m->moe_stats[l].routed[e];
+            m->expert_hits[(size_t)l * c->moe.n_experts + e] +=
+                (m->step_hits[(size_t)l * c->moe.n_experts + e] = m->moe_stats[l].routed[e]);
         be->add(be, m->x, m->x, m->moe_out, nd);
     }
     be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.final_norm, n, d, eps);

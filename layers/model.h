@@ -123,6 +123,8 @@ typedef struct {
     // inference: KV cache [L, max_pos, KV*hd] each
     real *k_cache, *v_cache;
     long *expert_hits;   // inference: [L, E] routed assignments summed over model_infer calls
+    long *step_hits;     // inference: [L, E] those of the last model_infer call (the layers
+                         // share one MoE layer, so moe_stats[l].routed is the last layer's)
     size_t buffer_bytes; // device memory of the buffers of this struct (params, grads, ...)
 
     // timing (layers/timing.h): laps by phase of the forwards and backwards, NULL: off

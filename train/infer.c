@@ -1,6 +1,9 @@
 // eval and generate (see infer.h).
 #include "train/infer.h"
 
+#include "layers/timing.h"
+#include "train/serve_stats.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +63,7 @@ moe_status npy_write_f32(const char *path, const float *data, int rows, int cols
 }
 
 moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_windows,
-                      const char *logits_npy, double *loss, long *n_tokens) {
+                      const char *logits_npy, double *loss, long *n_tokens, serve_stats *stats) {
     const int V = m->cfg.vocab_size;
     if (seq_len < 1 || seq_len > m->max_seq)
         return moe_error(MOE_EINVAL, "eval: --seq-len %d outside [1, %d]", seq_len, m->max_seq);
@@ -89,7 +92,11 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
         for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t + 1]; // the targets
         be->copy_to_device(be, m->targets, inputs, (size_t)seq_len * sizeof(int));
         for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t];
+        const double t0 = moe_clock_s();
         if ((st = model_infer(m, inputs, seq_len, 0))) break;
+        if (m->be->synchronize) m->be->synchronize(m->be);
+        if (stats && (st = serve_stats_step(stats, m, SERVE_EVAL, seq_len, moe_clock_s() - t0)))
+            break;
         // CE_t = logsumexp(z_t) - z_t[target] on the device; the window's sum comes back
         double window_sum;
         be->cross_entropy_forward(be, m->losses, m->logits, m->targets, seq_len, V);
@@ -170,6 +177,16 @@ static int sample(const real *logits, int V, const sampling *s, uint64_t *rng, c
     return c[n - 1].id;
 }
 
+// model_infer, timed into the serving telemetry when there is one.
+static moe_status observed_infer(model *m, const int *tokens, int n, int pos0, serve_stats *stats,
+                                 serve_kind kind) {
+    const double t0 = moe_clock_s();
+    moe_status st = model_infer(m, tokens, n, pos0);
+    if (st || !stats) return st;
+    if (m->be->synchronize) m->be->synchronize(m->be);
+    return serve_stats_step(stats, m, kind, n, moe_clock_s() - t0);
+}
+
 moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, const sampling *s,
                           int *out, int *n_out) {
     const int V = m->cfg.vocab_size;
@@ -184,7 +201,7 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, 
     int pos = 0;
     for (; pos < n_prompt && !st; pos += chunk) {
         int n = n_prompt - pos < chunk ? n_prompt - pos : chunk;
-        st = model_infer(m, prompt + pos, n, pos);
+        st = observed_infer(m, prompt + pos, n, pos, s->stats, SERVE_PREFILL);
         if (!st && pos + n == n_prompt && n > 1) // keep the last row: the next token's distribution
             m->be->copy_on_device(m->be, m->logits, m->logits + (size_t)(n - 1) * V,
                                   (size_t)V * sizeof(real));
@@ -212,7 +229,7 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, 
         int next = sample(logits, V, s, &rng, cand);
         out[(*n_out)++] = next;
         if (pos >= m->max_pos || i + 1 == n_new) break; // the cache is full, or done
-        st = model_infer(m, &next, 1, pos++);
+        st = observed_infer(m, &next, 1, pos++, s->stats, SERVE_DECODE);
     }
     free(logits), free(cand);
     return st;

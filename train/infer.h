@@ -8,6 +8,8 @@
 #include "data/token_file.h"
 #include "layers/model.h"
 
+struct serve_stats; // train/serve_stats.h
+
 // Loads a checkpoint (a step folder, a `latest` file, or any HF Mixtral folder) into an
 // inference model with a KV cache of max_pos positions (0: the config's
 // max_position_embeddings) and chunks of at most max_chunk tokens, on backend be (the model
@@ -21,15 +23,18 @@ moe_status infer_load_parallel(model *m, moe_backend *be, moe_comm *ep, const ch
 // Mean cross-entropy over the windows of tf: window i = tokens [i*S, i*S + S], inputs its
 // first S, targets its last S (at most max_windows windows; 0 = all). If logits_npy is not
 // NULL, the logits of the first window's inputs ([S, V] float32) go there as a .npy file.
+// stats: serving telemetry of each window's forward (train/serve_stats.h), NULL: none.
 moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_windows,
-                      const char *logits_npy, double *loss, long *n_tokens);
+                      const char *logits_npy, double *loss, long *n_tokens,
+                      struct serve_stats *stats);
 
 typedef struct {
     double temperature; // 0: greedy
     int top_k;          // 0: off
     double top_p;       // 1: off
     uint64_t seed;
-    int prefill_chunk; // prompt tokens per forward (bounds the activation memory)
+    int prefill_chunk;         // prompt tokens per forward (bounds the activation memory)
+    struct serve_stats *stats; // serving telemetry of each forward (train/serve_stats.h), or NULL
 } sampling;
 
 // Prefill the prompt in chunks, then decode n_new tokens one at a time with the KV cache.

@@ -324,7 +324,7 @@ static void exact_resume(void) {
     token_file_read(&val, valpath);
     double loss;
     long ntok;
-    st = st ? st : infer_eval(&inf, &val, 32, 1, NULL, &loss, &ntok);
+    st = st ? st : infer_eval(&inf, &val, 32, 1, NULL, &loss, &ntok, NULL);
     model_config mc = trainer_model_config(&c);
     mc.moe.capacity_factor = 0;
     model_create(&tr, test_backend(), &mc, 1, 32);

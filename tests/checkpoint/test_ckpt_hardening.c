@@ -420,7 +420,7 @@ static void case_nonfinite(void) {
     snprintf(tf.path, sizeof tf.path, "in-memory");
     double loss = 0;
     long n = 0;
-    st = st ? st : infer_eval(&back, &tf, 16, 1, NULL, &loss, &n);
+    st = st ? st : infer_eval(&back, &tf, 16, 1, NULL, &loss, &n, NULL);
     check_true("eval: non-finite logits are an error (not 'loss nan', exit 0)",
                st == MOE_ENUMERIC && strstr(moe_last_error(), "non-finite logit"));
     printf("    -> %s\n", moe_last_error());
