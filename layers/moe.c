@@ -218,6 +218,11 @@ static size_t readback_loss_offset(int E) {
 static size_t readback_bytes(int E) {
     return readback_loss_offset(E) + MOE_LOSS_SLOTS * sizeof(real);
 }
+// ... and then the top-k choices [T, k] ints (the router writes them there), read back with
+// the rest when the layer counts co-activations.
+static int *readback_topk(void *readback, int E) {
+    return (int *)((char *)readback + readback_bytes(E));
+}
 
 // Expert parallelism: the received rows and the local experts' own input and output rows
 // (device), and the exchange plan (host).
@@ -288,15 +293,23 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
 
     const size_t R = sizeof(real), I = sizeof(int);
     buffer_spec specs[] = {
-        {(void **)&L->logits, T * E * R},  {(void **)&L->probs, T * E * R},
-        {(void **)&L->scores, T * E * R},  {(void **)&L->seq_counts, T * E * I},
-        {(void **)&L->jitter, T * d * R},  {(void **)&L->router_in, T * d * R},
-        {(void **)&L->lse, T * R},         {(void **)&L->topk_idx, T * k * I},
-        {(void **)&L->weights, T * k * R}, {(void **)&L->keep, T * k * I},
-        {(void **)&L->assign_row, N * I},  {(void **)&L->row_token, N * I},
-        {(void **)&L->scratch, 2 * N * I}, {&L->readback, readback_bytes((int)E)},
-        {(void **)&L->xp, N * d * R},      {(void **)&L->h13, 2 * Ne * ff * R},
-        {(void **)&L->act, Ne * ff * R},   {(void **)&L->ye, N * d * R},
+        {(void **)&L->logits, T * E * R},
+        {(void **)&L->probs, T * E * R},
+        {(void **)&L->scores, T * E * R},
+        {(void **)&L->seq_counts, T * E * I},
+        {(void **)&L->jitter, T * d * R},
+        {(void **)&L->router_in, T * d * R},
+        {(void **)&L->lse, T * R},
+        {(void **)&L->weights, T * k * R},
+        {(void **)&L->keep, T * k * I},
+        {(void **)&L->assign_row, N * I},
+        {(void **)&L->row_token, N * I},
+        {(void **)&L->scratch, 2 * N * I},
+        {&L->readback, readback_bytes((int)E) + N * I},
+        {(void **)&L->xp, N * d * R},
+        {(void **)&L->h13, 2 * Ne * ff * R},
+        {(void **)&L->act, Ne * ff * R},
+        {(void **)&L->ye, N * d * R},
     };
     if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &L->bytes))) {
         memset(L, 0, sizeof *L);
@@ -304,6 +317,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     }
     L->counts = L->readback;
     L->losses = (real *)((char *)L->readback + readback_loss_offset((int)E));
+    L->topk_idx = readback_topk(L->readback, (int)E);
     L->xe = L->xp, L->ye_local = L->ye; // one rank: the exchange is the identity
     if (cfg->dtype == MOE_DTYPE_BF16) {
         const size_t B = sizeof(moe_bf16);
@@ -340,9 +354,10 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
     }
     if (cfg->dtype == MOE_DTYPE_BF16 && L->bwd) stage_in_scratch(L);
-    L->host_readback = calloc(1, readback_bytes((int)E));
+    L->host_readback = calloc(1, readback_bytes((int)E) + N * I);
     L->host_kept = calloc(E, I);
-    if (!L->host_readback || !L->host_kept) {
+    L->coact = calloc(E * E, sizeof(long));
+    if (!L->host_readback || !L->host_kept || !L->coact) {
         moe_layer_free(L);
         return moe_error(MOE_ENOMEM, "moe: cannot allocate host counts");
     }
@@ -358,11 +373,12 @@ moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg, 
 
 void moe_layer_free(moe_layer *L) {
     if (L->be) {
-        void *bufs[] = {L->logits,     L->probs,     L->scores,   L->seq_counts, L->jitter,
-                        L->router_in,  L->lse,       L->topk_idx, L->weights,    L->keep,
-                        L->assign_row, L->row_token, L->scratch,  L->readback,   L->xp,
-                        L->h13,        L->act,       L->ye,       L->xr,         L->router_in16,
-                        L->xe16,       L->act16};
+        void *bufs[] = {L->logits,  L->probs,     L->scores,     L->seq_counts,
+                        L->jitter,  L->router_in, L->lse,        NULL /* topk_idx: in readback */,
+                        L->weights, L->keep,      L->assign_row, L->row_token,
+                        L->scratch, L->readback,  L->xp,         L->h13,
+                        L->act,     L->ye,        L->xr,         L->router_in16,
+                        L->xe16,    L->act16};
         if (L->staged_in_bwd) bufs[14] = bufs[16] = NULL; // xp, act: the scratch's
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
@@ -379,6 +395,7 @@ void moe_layer_free(moe_layer *L) {
         free(L->bwd);
     }
     free(L->host_readback);
+    free(L->coact);
     free(L->host_kept);
     memset(L, 0, sizeof *L);
 }
@@ -403,6 +420,17 @@ static moe_status check_call(const moe_layer *L, const void *a, const void *b, c
 // [T,E] = router_in [T,d] @ gate [E,d]^T, scores and top-k, counts, the capacity decision,
 // the grouped order of the kept rows, the router losses; then the layer's one device-to-host
 // copy (counts, offsets, losses).
+// Co-activations: coact[i E + j] += 1 for every token whose top-k holds experts i < j.
+static void count_coactivations(moe_layer *L, const int *topk, int T) {
+    const int E = L->cfg.n_experts, k = L->cfg.top_k;
+    for (int t = 0; t < T; t++)
+        for (int a = 0; a < k; a++)
+            for (int b = a + 1; b < k; b++) {
+                const int i = topk[t * k + a], j = topk[t * k + b];
+                L->coact[i < j ? i * E + j : j * E + i]++;
+            }
+}
+
 static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, int seq_len,
                   int capacity) {
     moe_backend *be = L->be;
@@ -433,7 +461,9 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
                           k, E);
     be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E, k,
                       seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
-    be->copy_to_host(be, L->host_readback, L->readback, readback_bytes(E));
+    const size_t topk_bytes = L->coactivation ? (size_t)T * k * sizeof(int) : 0;
+    be->copy_to_host(be, L->host_readback, L->readback, readback_bytes(E) + topk_bytes);
+    if (L->coactivation) count_coactivations(L, readback_topk(L->host_readback, E), T);
 }
 
 // The exchange plan of a forward (expert parallelism), from the kept rows per global expert

@@ -159,6 +159,11 @@ typedef struct {
     // experts' seconds since moe_layer_exchange_reset
     struct moe_timer *timer;
     double experts_s;
+    // co-activations (set coactivation = 1 to count): coact[i E + j], i < j, the tokens whose
+    // top-k held both experts, summed over forwards until the caller zeroes it (host [E, E];
+    // the top-k choices then come back in the forward's one device-to-host copy)
+    int coactivation;
+    long *coact;
     int last_tokens; // T of the last forward
     // forward activations (device memory of the backend), shapes for T tokens, N = T*k rows
     // sent and N_exp rows computed by the local experts (one rank: the same rows)

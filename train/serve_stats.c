@@ -66,19 +66,21 @@ moe_status serve_stats_step(serve_stats *s, const model *m, serve_kind kind, int
     const int L = s->L, E = s->E;
     long *counts = malloc((size_t)L * E * sizeof *counts);
     if (!counts) return moe_error(MOE_ENOMEM, "stats: out of memory");
-    memcpy(counts, m->step_hits, (size_t)L * E * sizeof *counts); // the call's, per layer
+    memcpy(counts, m->step_hits, (size_t)L * E * sizeof *counts);       // the call's, per layer
     if (m->ep) m->ep->allreduce_sum_long(m->ep, counts, (size_t)L * E); // every rank's tokens
     size_t c = s->cap;
     if (!grow((void **)&s->latency, &c, s->n, sizeof(double)) ||
         !grow((void **)&s->tokens, &c, s->n, sizeof(int)) ||
-        !grow((void **)&s->kind, &c, s->n, 1) || !grow((void **)&s->hot, &c, s->n, L * sizeof(double))) {
+        !grow((void **)&s->kind, &c, s->n, 1) ||
+        !grow((void **)&s->hot, &c, s->n, L * sizeof(double))) {
         free(counts);
         return moe_error(MOE_ENOMEM, "stats: out of memory");
     }
     s->cap = c;
     s->latency[s->n] = latency_s, s->tokens[s->n] = tokens, s->kind[s->n] = (unsigned char)kind;
     if (s->jsonl)
-        fprintf(s->jsonl, "{\"step\":%zu,\"kind\":\"%s\",\"tokens\":%d,\"latency_s\":%.9g,\"layers\":[",
+        fprintf(s->jsonl,
+                "{\"step\":%zu,\"kind\":\"%s\",\"tokens\":%d,\"latency_s\":%.9g,\"layers\":[",
                 s->n + 1, kind_names[kind], tokens, latency_s);
     for (int l = 0; l < L; l++) {
         const long *cl = counts + (size_t)l * E;
@@ -145,13 +147,17 @@ moe_status serve_stats_finish(serve_stats *s, FILE *out) {
                 kind_names[kind], 1e3 * q[0], 1e3 * q[1], 1e3 * q[2], 1e3 * q[3], n,
                 (double)toks / n);
         if (j)
-            fprintf(j, "%s\"%s\":{\"steps\":%zu,\"p50_s\":%.9g,\"p95_s\":%.9g,\"p99_s\":%.9g,\"max_s\":%.9g}",
+            fprintf(j,
+                    "%s\"%s\":{\"steps\":%zu,\"p50_s\":%.9g,\"p95_s\":%.9g,\"p99_s\":%.9g,\"max_"
+                    "s\":%.9g}",
                     first_kind ? "" : ",", kind_names[kind], n, q[0], q[1], q[2], q[3]);
         first_kind = 0;
     }
     if (j) fputs("},\"layers\":[", j);
-    fprintf(out, "        | hottest share per step | its window means | hottest hit ratio/window |\n"
-                 "  layer |   mean    p99     max  |    min     max   |    min     max  expert   | P99 cf\n");
+    fprintf(out,
+            "        | hottest share per step | its window means | hottest hit ratio/window |\n"
+            "  layer |   mean    p99     max  |    min     max   |    min     max  expert   | P99 "
+            "cf\n");
     for (int l = 0; l < L; l++) {
         double mean = 0, q[4], wq[4] = {0}, rmin = 1, rmax = 0;
         int rexp = 0;
@@ -177,9 +183,10 @@ moe_status serve_stats_finish(serve_stats *s, FILE *out) {
                     l ? "," : "", l, mean, q[2], q[3], s->n_win ? v[0] : 0, s->n_win ? wq[3] : 0,
                     rmin, rmax, rexp, cf);
     }
-    fprintf(out, "  hottest share: the hottest expert's part of a step's assignments (1/%d when\n"
-                 "  balanced); P99 cf = n_experts x its P99: the capacity factor a server needs to\n"
-                 "  drop nothing on the P99 step\n",
+    fprintf(out,
+            "  hottest share: the hottest expert's part of a step's assignments (1/%d when\n"
+            "  balanced); P99 cf = n_experts x its P99: the capacity factor a server needs to\n"
+            "  drop nothing on the P99 step\n",
             E);
     if (j) fputs("]}}\n", j);
     free(v);

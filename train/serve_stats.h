@@ -25,17 +25,17 @@ typedef struct serve_stats {
     FILE *jsonl; // one record per step, then the summary (NULL: none)
     // per step
     size_t n, cap;
-    double *latency;      // [cap] seconds
-    int *tokens;          // [cap]
-    unsigned char *kind;  // [cap] serve_kind
-    double *hot;          // [cap][L] hottest share
+    double *latency;     // [cap] seconds
+    int *tokens;         // [cap]
+    unsigned char *kind; // [cap] serve_kind
+    double *hot;         // [cap][L] hottest share
     // per window
-    long *win_hits;       // [L][E] the current window's assignments
-    int in_window;        // its steps so far
+    long *win_hits; // [L][E] the current window's assignments
+    int in_window;  // its steps so far
     size_t n_win, win_cap;
-    double *win_ratio;    // [win_cap][L] the window's hottest expert's hit ratio
-    int *win_expert;      // [win_cap][L] and which expert
-    double *win_mean_hot; // [win_cap][L] the mean hottest share of its steps
+    double *win_ratio;         // [win_cap][L] the window's hottest expert's hit ratio
+    int *win_expert;           // [win_cap][L] and which expert
+    double *win_mean_hot;      // [win_cap][L] the mean hottest share of its steps
     double step_hot_sum[1024]; // (per layer, the current window's sum of h; L <= 1024)
 } serve_stats;
 

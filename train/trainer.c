@@ -757,7 +757,9 @@ typedef struct {
     int rank, R;
     capacity_ctl cap; // model.capacity_factor's schedule or auto (train/capacity.h)
     moe_timer timer;  // log.timing: the step's phases (layers/timing.h)
-    double ckpt_s;    // the last checkpoint save's seconds (logged with the next step)
+    long *coact;      // log.coactivation: [L][E][E] (i < j) since the last log step
+    int64_t coact_steps;
+    double ckpt_s; // the last checkpoint save's seconds (logged with the next step)
 } trainer;
 
 // What one step computed, for its logs.
@@ -768,6 +770,7 @@ typedef struct {
     double dt, tok_per_s, worst_mom, drop_frac, val_loss;
     int worst_layer, evaluated;
     double optimizer_s, val_s;  // timing: the update's and the validation's seconds
+    int coact_log;              // this step's load records carry the co-activations
     double capacity_factor;     // the step's
     int capacity_decided;       // auto: this step ended a window
     capacity_decision capacity; // its decision
@@ -964,6 +967,11 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
         return st;
     t->timer.be = t->be;
     if (cfg->timing) model_set_timer(&t->m, &t->timer);
+    if (cfg->coactivation) {
+        if (!(t->coact = calloc((size_t)t->L * t->E * t->E, sizeof *t->coact)))
+            return out_of_memory();
+        for (int l = 0; l < t->L; l++) t->m.moe[l].coactivation = 1;
+    }
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/ckpt", cfg->run_dir);
     if (resume)
         st = trainer_resume(t);
@@ -1053,6 +1061,8 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     for (int l = 0; l < t->L && (t->R > 1 || t->cfg->timing); l++)
         moe_layer_exchange_reset(&t->m.moe[l]);
     memset(t->timer.s, 0, sizeof t->timer.s);
+    for (int l = 0; l < t->L && t->coact; l++)
+        memset(t->m.moe[l].coact, 0, (size_t)t->E * t->E * sizeof(long));
     moe_status st = trainer_micro_batches(t, s);
     if (st) return st;
     if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
@@ -1119,6 +1129,16 @@ static void trainer_update(trainer *t, step_result *s, double t0) {
     if (t->res.steps_done == 0) t->res.first_loss = s->loss;
     t->res.last_loss = s->loss;
     t->res.steps_done = s->step + 1;
+}
+
+// Co-activations of a finite step: each layer's counts of its micro-batches go to the sums
+// logged every log.interval steps.
+static void trainer_coactivation(trainer *t) {
+    if (!t->coact) return;
+    const size_t EE = (size_t)t->E * t->E;
+    for (int l = 0; l < t->L; l++)
+        for (size_t i = 0; i < EE; i++) t->coact[l * EE + i] += t->m.moe[l].coact[i];
+    t->coact_steps++;
 }
 
 // Auto capacity, after a finite step: each layer's need from its micro-batches' counts
@@ -1248,6 +1268,14 @@ static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, dou
     cJSON_AddNumberToObject(rec, "logit_max_abs", ms->logit_max_abs);
     cJSON_AddNumberToObject(rec, "lse_mean", ms->lse_mean);
     if (t->cfg->timing) trainer_log_expert_time(t, l, rec);
+    if (s->coact_log) { // the upper triangle, row by row: (0,1), (0,2), ..., (E-2, E-1)
+        cJSON *c = cJSON_AddArrayToObject(rec, "coactivation");
+        const long *m = t->coact + (size_t)l * E * E;
+        for (int i = 0; i < E; i++)
+            for (int j = i + 1; j < E; j++)
+                cJSON_AddItemToArray(c, cJSON_CreateNumber((double)m[(size_t)i * E + j]));
+        cJSON_AddNumberToObject(rec, "coactivation_steps", (double)t->coact_steps);
+    }
     if (t->R > 1) {
         cJSON_AddNumberToObject(rec, "ranks", t->R); // micro_counts: grad_accum x ranks groups
         trainer_log_exchange(t, l, rec);
@@ -1266,6 +1294,10 @@ static moe_status trainer_log_load(trainer *t, step_result *s) {
     double drop_sum = 0, routed_sum = 0;
     moe_status st;
     s->worst_mom = 0, s->worst_layer = 0;
+    const int64_t step = s->step;
+    s->coact_log = t->coact && ((step + 1) % t->cfg->interval == 0 || step + 1 == t->cfg->steps);
+    if (s->coact_log && t->R > 1) // every rank's tokens
+        t->world->allreduce_sum_long(t->world, t->coact, (size_t)L * E * E);
     for (int l = 0; l < L; l++) {
         const long *routed = t->sl.routed + (size_t)l * E, *kept = t->sl.kept + (size_t)l * E;
         double mom, cv;
@@ -1280,6 +1312,10 @@ static moe_status trainer_log_load(trainer *t, step_result *s) {
         aw->mom[(size_t)l * aw->W + aw->head] = l == 0 ? test_load_override(s->step + 1, mom) : mom;
         aw->hot[(size_t)l * aw->W + aw->head] = hot;
         if ((st = trainer_log_layer(t, s, l, mom, cv, dropped))) return st;
+    }
+    if (s->coact_log) {
+        memset(t->coact, 0, (size_t)L * E * E * sizeof *t->coact);
+        t->coact_steps = 0;
     }
     s->drop_frac = routed_sum > 0 ? drop_sum / routed_sum : 0;
     s->tok_per_s = (double)t->T * t->cfg->grad_accum * t->R / s->dt; // all ranks' tokens
@@ -1486,6 +1522,7 @@ static moe_status trainer_run_step(trainer *t, int64_t step) {
     if (!step_is_finite(&s)) return trainer_skip(t, &s);
     trainer_update(t, &s, t0);
     trainer_capacity(t, &s);
+    trainer_coactivation(t);
     if ((st = trainer_log_load(t, &s)) || (st = trainer_validate(t, &s)) ||
         (st = trainer_log_metrics(t, &s)) || (st = trainer_alerts(t, step)))
         return st;
@@ -1527,6 +1564,7 @@ static moe_status trainer_close(trainer *t, moe_status st, trainer_result *resul
     free(t->alerts);
     alert_window_free(&t->aw);
     capacity_ctl_free(&t->cap);
+    free(t->coact);
     data_loader_free(&t->loader);
     optimizer_destroy(&t->opt);
     model_destroy(&t->m);

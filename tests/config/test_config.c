@@ -167,7 +167,7 @@ static void check_defaults(const moe_train_config *c) {
     CHECK(c->load_alert == 2.0);
     CHECK(c->alert_after == 150);
     CHECK(c->alert_window == 50);
-    CHECK(c->timing == 1);
+    CHECK(c->timing == 1 && c->coactivation == 1);
     CHECK(c->ckpt_interval == 0);
     CHECK(c->ckpt_keep == 2);
 }
@@ -255,6 +255,7 @@ static const char *full_text = "# every key, none at its default\n"
                                "  interval = 1;\n"
                                "  load_alert = 2.0;\n"
                                "  timing = false;\n"
+                               "  coactivation = false;\n"
                                "};\n"
                                "checkpoint = {\n"
                                "  interval = 250;\n"
@@ -317,7 +318,7 @@ static void case_full(void) {
     CHECK(strcmp(c.run_dir, "runs/full") == 0);
     CHECK(c.interval == 1);
     CHECK(c.load_alert == 2.0);
-    CHECK(c.timing == 0);
+    CHECK(c.timing == 0 && c.coactivation == 0);
     CHECK(c.ckpt_interval == 250);
     CHECK(c.ckpt_keep == 5);
     CHECK(strcmp(c.source, "full.cfg") == 0);

@@ -180,6 +180,7 @@ static const key_spec specs[] = {
     KI64("log", "alert_after", alert_after, 0, INT64_C(1000000000000)),
     KI64("log", "alert_window", alert_window, 1, 10000),
     KBOOL("log", "timing", timing),
+    KBOOL("log", "coactivation", coactivation),
 
     KI64("checkpoint", "interval", ckpt_interval, 0, INT64_MAX),
     KINT("checkpoint", "keep", ckpt_keep, 1, INT_MAX),
@@ -254,6 +255,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->alert_after = 150;
     cfg->alert_window = 50;
     cfg->timing = 1;
+    cfg->coactivation = 1;
 
     cfg->ckpt_interval = 0;
     cfg->ckpt_keep = 2;

@@ -177,6 +177,8 @@ typedef struct {
     int64_t alert_after;  // steps of warm-up grace, [0, 1e12]
     int64_t alert_window; // steps, [1, 10000]: fewer than W/2 never fire
     int timing;           // bool (default true): metrics.jsonl's "time" breakdown per step
+    int coactivation;     // bool (default true): expert_load.jsonl's "coactivation" every
+                          // log.interval steps
 
     // ---- checkpoint { } (issue #4) --------------------------------------------
     int64_t ckpt_interval; // key "interval", >= 0 (0 = only at the end)

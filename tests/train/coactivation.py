@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""expert_load.jsonl's "coactivation" (layers/moe.h coact, log.coactivation): every
+log.interval steps, per layer, the upper triangle of the E x E counts of tokens whose top-k
+held both experts, summed since the last such record. Checked against the logged per-expert
+counts, exactly: for every expert i, sum_j coact(i, j) = (k - 1) x its routed assignments over
+the same steps (each assignment pairs with the token's k - 1 others), and the total is
+tokens x k (k - 1) / 2; under expert parallelism (2 ranks against one with grad_accum 2) the
+matrices are the same; log.coactivation = false writes none.
+
+  coactivation.py MOE MPIRUN_ARGS... -- WORKDIR
+"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+
+def main():
+    moe = sys.argv[1]
+    sep = sys.argv.index("--")
+    mpirun, work = sys.argv[2:sep], sys.argv[sep + 1]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    random.seed(6)
+    with open(os.path.join(work, "text.txt"), "w") as f:
+        f.write("".join(random.choice("abcdefgh ijklmnop,.\n") for _ in range(40000)))
+    fails = 0
+
+    def report(ok, what):
+        nonlocal fails
+        fails += not ok
+        print("  %s  %s" % ("ok  " if ok else "FAIL", what))
+
+    def run(name, G=1, ranks=1, k=3, coact="true"):
+        cfg = os.path.join(work, name + ".cfg")
+        with open(cfg, "w") as f:
+            f.write("""model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; d_ff = 32; n_experts = 8;
+          top_k = %d; max_seq_len = 32; capacity_factor = 1.0; init_std = 0.2; };
+train = { steps = 17; batch_size = 2; seq_len = 32; grad_accum = %d; warmup_steps = 0; eval_interval = 0;
+          threads = 1; optimizer = "sgd"; lr = 0.3; };
+data = { dir = "%s/data"; text = ["%s/text.txt"]; };
+log = { dir = "%s/run_%s"; interval = 5; coactivation = %s; };
+""" % (k, G, work, work, work, name, coact))
+        cmd = ([moe] if ranks == 1 else mpirun + ["-np", str(ranks), moe]) + ["train", cfg]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            sys.exit("coactivation: FAIL: %s\n%s" % (" ".join(cmd), r.stderr[-2000:]))
+        return [json.loads(l) for l in open(os.path.join(work, "run_" + name, "expert_load.jsonl"))]
+
+    E = 8
+    for k in (2, 3):
+        recs = run("k%d" % k, k=k)
+        ok, n_logged = True, 0
+        for layer in (0, 1):
+            rs = [r for r in recs if r["layer"] == layer]
+            since = 0
+            routed, tokens = [0] * E, 0
+            for r in rs:
+                routed = [a + b for a, b in zip(routed, r["counts"])]
+                tokens += r["tokens"]
+                if "coactivation" not in r:
+                    continue
+                n_logged += 1
+                tri = r["coactivation"]
+                m = [[0] * E for _ in range(E)]
+                it = iter(tri)
+                for i in range(E):
+                    for j in range(i + 1, E):
+                        m[i][j] = m[j][i] = next(it)
+                ok &= len(tri) == E * (E - 1) // 2 and r["coactivation_steps"] == r["step"] - since
+                ok &= all(sum(m[i]) == (k - 1) * routed[i] for i in range(E))
+                ok &= sum(tri) == tokens * k * (k - 1) // 2
+                since, routed, tokens = r["step"], [0] * E, 0
+        report(ok and n_logged == 8, "top-%d: %d records (steps 5, 10, 15, 17 x 2 layers); per expert the "
+               "row sums = (k-1) x its routed assignments, the total = tokens x k(k-1)/2" % (k, n_logged))
+    if mpirun:
+        one = run("one", G=2, k=2)
+        ep = run("ep", ranks=2, k=2)
+        a = [r["coactivation"] for r in one if "coactivation" in r]
+        b = [r["coactivation"] for r in ep if "coactivation" in r]
+        report(a == b and len(a) == 8, "2 ranks (each its own tokens, summed) == one rank with grad_accum 2")
+    off = run("off", coact="false")
+    report(not any("coactivation" in r for r in off), "log.coactivation = false: no co-activation records")
+    print("%d failure(s)" % fails)
+    sys.exit(1 if fails else 0)
+
+
+main()
