@@ -81,6 +81,55 @@ log = { dir = "%s/run_%s"; interval = 5; coactivation = %s; };
         a = [r["coactivation"] for r in one if "coactivation" in r]
         b = [r["coactivation"] for r in ep if "coactivation" in r]
         report(a == b and len(a) == 8, "2 ranks (each its own tokens, summed) == one rank with grad_accum 2")
+    # moe stats --placement on the top-2 run, recomputed here from its records
+    def pct(v, q):  # numpy.percentile, linear
+        v = sorted(v)
+        x = (len(v) - 1) * q / 100.0
+        lo = int(x)
+        return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (x - lo)
+
+    recs = [json.loads(l) for l in open(os.path.join(work, "run_k2", "expert_load.jsonl"))]
+    R, k = 2, 2
+
+    def cost(rank_of):
+        p99, same, tokens = 0, 0, 0
+        for layer in (0, 1):
+            rs = [r for r in recs if r["layer"] == layer]
+            loads = []
+            for r in rs:
+                per = [0] * R
+                for e, c in enumerate(r["counts"]):
+                    per[rank_of[e]] += c
+                loads.append(max(per) / (sum(per) / R))
+                tokens += r["tokens"]
+                if "coactivation" in r:
+                    it = iter(r["coactivation"])
+                    for i in range(E):
+                        for j in range(i + 1, E):
+                            c = next(it)
+                            same += c if rank_of[i] == rank_of[j] else 0
+            p99 = max(p99, pct(loads, 99))
+        return p99, (R - 1) / R * (k - same / tokens)
+    r = subprocess.run([moe, "stats", os.path.join(work, "run_k2"), "--placement", "2", "--json"],
+                       capture_output=True, text=True)
+    maps = {m["mapping"]: m for m in json.loads(r.stdout)["mappings"]} if r.returncode == 0 else {}
+    ok = bool(maps)
+    for name in ("contiguous", "greedy", "proposal"):
+        if not ok:
+            break
+        m = maps[name]
+        p99, dedup = cost(m["rank_of_expert"])
+        ok &= sorted(m["rank_of_expert"]) == [0] * 4 + [1] * 4
+        ok &= abs(m["p99_hottest_rank_load"] - p99) < 1e-9 and abs(m["rows_per_token_dedup"] - dedup) < 1e-9
+        ok &= m["rows_per_token"] == k * (R - 1) / R
+    if ok:
+        g = maps["greedy"]["p99_hottest_rank_load"]
+        obj = {n: maps[n]["p99_hottest_rank_load"] / g + maps[n]["rows_per_token_dedup"] / (k * (R - 1) / R)
+               for n in ("contiguous", "greedy", "proposal")}
+        ok &= obj["proposal"] <= min(obj["contiguous"], obj["greedy"]) + 1e-12
+    report(ok, "moe stats --placement 2: P99 hottest-rank load and dedup rows/token of each mapping "
+           "recomputed from the records; the proposal's objective <= contiguous's and greedy's")
+
     off = run("off", coact="false")
     report(not any("coactivation" in r for r in off), "log.coactivation = false: no co-activation records")
     print("%d failure(s)" % fails)

@@ -36,6 +36,7 @@ static const char *usage =
     "       moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] "
     "[--json]\n"
     "       moe stats RUN_DIR --watch [--interval S] [--count N] [--capacity] [options]\n"
+    "       moe stats RUN_DIR --placement R [--json]\n"
     "\n"
     "  Reads RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg.\n"
     "  report      per MoE layer: max/mean load (mean, P95, P99 over steps), CV, hottest and\n"
@@ -53,6 +54,9 @@ static const char *usage =
     "              loss trends, the entropy in nats, the exchange share and the dead experts'\n"
     "              indexes; with --capacity, rows and the memory of all layers\n"
     "  --json      one JSON document instead of the tables\n"
+    "  --placement R  an expert-to-rank mapping for R ranks from the load and co-activation\n"
+    "              logs: the hottest rank's P99 load, rows per token, the hottest link, for the\n"
+    "              contiguous default, random, greedy (LPT) and the proposal (greedy + swaps)\n"
     "  --watch     redraw the report (or --capacity) every --interval S seconds (default 2)\n"
     "              while the run writes its logs, until its last step (or --count N times)\n";
 
@@ -1357,6 +1361,35 @@ __attribute__((format(printf, 2, 3))) static int usage_error(FILE *err, const ch
     return 2;
 }
 
+// moe stats RUN_DIR --placement R [--json]: the run's config gives top_k and d_model.
+static int placement_cli(int argc, char **argv, FILE *out, FILE *err) {
+    const char *dir = NULL;
+    long R = 0;
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--placement")) {
+            if (i + 1 == argc || parse_long(argv[i + 1], 2, 64, &R))
+                return usage_error(err, "--placement R: expected a number of ranks in [2, 64]");
+            i++;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (argv[i][0] != '-' && !dir) {
+            dir = argv[i];
+        } else {
+            return usage_error(err, "--placement takes RUN_DIR, R and --json only ('%s')", argv[i]);
+        }
+    }
+    if (!dir) return usage_error(err, "a RUN_DIR is required");
+    char path[MOE_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.cfg", dir);
+    static moe_train_config cfg;
+    if (moe_train_config_load(&cfg, path, 0, NULL)) {
+        fprintf(err, "moe stats: error: %s\n", moe_last_error());
+        return 1;
+    }
+    return stats_placement(dir, (int)R, cfg.model.moe.top_k, cfg.model.d_model, json, out, err);
+}
+
 int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
     run_t rd = {.only_layer = -1,
                 .last_cf = NAN,
@@ -1368,6 +1401,8 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
     int report_opt = 0, max_drop_opt = 0;
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--watch")) return stats_watch(argc, argv, out, err);
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--placement")) return placement_cli(argc, argv, out, err);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

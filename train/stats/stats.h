@@ -6,6 +6,9 @@
 //       dead experts of the last window, drop fraction in the first and the last window,
 //       router entropy, aux/z trend, exchange share of step time; then the alerts.
 //   moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] [--json]
+//   moe stats RUN_DIR --placement R [--json]
+//       an expert-to-rank mapping for R ranks from the load and co-activation logs, beside
+//       the contiguous default, random and greedy ones (placement.c)
 //   moe stats RUN_DIR --watch [--interval S] [--count N] [options of the two above, no --json]
 //       the report (or --capacity) redrawn every S seconds while a run writes its logs, until
 //       the run logged its last step (watch.c)
@@ -32,6 +35,11 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err);
 
 // --watch (watch.c): stats_cli's arguments with --watch, --interval S and --count N.
 int stats_watch(int argc, char **argv, FILE *out, FILE *err);
+
+// --placement R (placement.c): an expert-to-rank mapping for R ranks from dir's
+// expert_load.jsonl, against the contiguous default, random and greedy ones (k = top_k,
+// d_model for the bytes). 0 printed, 1 a bad or missing log, 2 a bad R.
+int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *out, FILE *err);
 
 // numpy.percentile(a, p) with its default method ('linear'), a sorted ascending, n >= 1,
 // p in [0, 100]; evaluated in the same order as numpy so that results agree to the last bit.
