@@ -13,8 +13,8 @@
 set -u
 
 VENV=${MOE_HF5_VENV:-/opt/moe-hf5}
-SPEC=${MOE_HF5_SPEC:-"transformers>=5,<6 torch>=2,<3 tokenizers safetensors numpy"}
-PROBE='import torch, numpy, safetensors, tokenizers, transformers
+SPEC=${MOE_HF5_SPEC:-"transformers>=5,<6 torch>=2,<3 tokenizers safetensors numpy tensorboardX pillow"}
+PROBE='import torch, numpy, safetensors, tokenizers, transformers, tensorboardX, PIL
 from transformers import MixtralConfig, MixtralForCausalLM
 assert transformers.__version__.split(".")[0] == "5" and torch.__version__.split(".")[0] == "2"'
 
