@@ -13,8 +13,8 @@ void cblas_sbgemm(OPENBLAS_CONST enum CBLAS_ORDER Order, OPENBLAS_CONST enum CBL
                   OPENBLAS_CONST enum CBLAS_TRANSPOSE TransB, OPENBLAS_CONST blasint M,
                   OPENBLAS_CONST blasint N, OPENBLAS_CONST blasint K, OPENBLAS_CONST float alpha,
                   OPENBLAS_CONST bfloat16 *A, OPENBLAS_CONST blasint lda,
-                  OPENBLAS_CONST bfloat16 *B, OPENBLAS_CONST blasint ldb,
-                  OPENBLAS_CONST float beta, float *C, OPENBLAS_CONST blasint ldc) {
+                  OPENBLAS_CONST bfloat16 *B, OPENBLAS_CONST blasint ldb, OPENBLAS_CONST float beta,
+                  float *C, OPENBLAS_CONST blasint ldc) {
     if (Order != CblasRowMajor) abort();
     for (blasint i = 0; i < M; i++)
         for (blasint j = 0; j < N; j++) {
