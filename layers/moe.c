@@ -188,8 +188,11 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
         size_t g = T * E;
         g = g > 2 * Ne * ff ? g : 2 * Ne * ff;
         g = g > Ne * d ? g : Ne * d;
-        buffer_spec g16 = {(void **)&s->g16, g * sizeof(moe_bf16)};
-        if ((st = alloc_specs(be, &g16, 1, &s->bytes))) {
+        buffer_spec b16[] = {
+            {(void **)&s->g16, g * sizeof(moe_bf16)},
+            {(void **)&s->h13_stage, 2 * Ne * ff * R},
+        };
+        if ((st = alloc_specs(be, b16, 2, &s->bytes))) {
             moe_backward_scratch_free(s);
             return st;
         }
@@ -200,8 +203,8 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
 
 void moe_backward_scratch_free(moe_backward_scratch *s) {
     if (s->be) {
-        void *bufs[] = {s->dlogits, s->dweights, s->dye,    s->dact,
-                        s->dh13,    s->dxe,      s->dstage, s->g16};
+        void *bufs[] = {s->dlogits, s->dweights, s->dye, s->dact,     s->dh13,
+                        s->dxe,     s->dstage,   s->g16, s->h13_stage};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) s->be->free(s->be, bufs[i]);
         if (s->dstage) s->be->free(s->be, s->dye_e), s->be->free(s->be, s->dxp); // EP's own
@@ -251,19 +254,25 @@ static moe_status create_exchange_buffers(moe_layer *L) {
     return MOE_OK;
 }
 
-// bf16: the fp32 xp, xe and act are read only by the bf16 rounding right after the kernel
-// that writes them (the backward reads xe16 and act16), so they need no memory of their own
-// per layer: the backward scratch's dxp, dxe and dact (same shapes) hold them in the forward,
-// which never overlaps a backward. Frees the layer's own.
-static void stage_in_scratch(moe_layer *L) {
+// bf16: the fp32 xp, xe, act and h13 are read only by the bf16 rounding (and SwiGLU) right
+// after the kernel that writes them (the backward reads xe16, act16 and h13_16), so they need
+// no memory of their own per layer: the backward scratch's dxp, dxe, dact and h13_stage (same
+// shapes) hold them in the forward, which never overlaps a backward. Frees the layer's own.
+static moe_status stage_in_scratch(moe_layer *L) {
     moe_backend *be = L->be;
     const size_t N = (size_t)L->max_tokens * L->cfg.top_k, Ne = L->max_expert_rows,
                  d = L->cfg.d_model, ff = L->cfg.d_ff, R = sizeof(real);
+    buffer_spec h16 = {(void **)&L->h13_16, 2 * Ne * ff * sizeof(moe_bf16)};
+    moe_status st = alloc_specs(be, &h16, 1, &L->bytes);
+    if (st) return st;
     be->free(be, L->act), L->bytes -= Ne * ff * R;
+    be->free(be, L->h13), L->bytes -= 2 * Ne * ff * R;
     be->free(be, L->xp), L->bytes -= N * d * R;
     if (L->ep) be->free(be, L->xe), L->bytes -= Ne * d * R;
-    L->act = L->bwd->dact, L->xp = L->bwd->dxp, L->xe = L->bwd->dxe; // one rank: dxp == dxe
+    L->act = L->bwd->dact, L->h13 = L->bwd->h13_stage;
+    L->xp = L->bwd->dxp, L->xe = L->bwd->dxe; // one rank: dxp == dxe
     L->staged_in_bwd = 1;
+    return MOE_OK;
 }
 
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
@@ -353,7 +362,10 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
         L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
     }
-    if (cfg->dtype == MOE_DTYPE_BF16 && L->bwd) stage_in_scratch(L);
+    if (cfg->dtype == MOE_DTYPE_BF16 && L->bwd && (st = stage_in_scratch(L))) {
+        moe_layer_free(L);
+        return st;
+    }
     L->host_readback = calloc(1, readback_bytes((int)E) + N * I);
     L->host_kept = calloc(E, I);
     L->coact = calloc(E * E, sizeof(long));
@@ -378,8 +390,8 @@ void moe_layer_free(moe_layer *L) {
                         L->weights, L->keep,      L->assign_row, L->row_token,
                         L->scratch, L->readback,  L->xp,         L->h13,
                         L->act,     L->ye,        L->xr,         L->router_in16,
-                        L->xe16,    L->act16};
-        if (L->staged_in_bwd) bufs[14] = bufs[16] = NULL; // xp, act: the scratch's
+                        L->xe16,    L->act16,     L->h13_16};
+        if (L->staged_in_bwd) bufs[14] = bufs[15] = bufs[16] = NULL; // xp, h13, act: bwd's
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
         if (L->xr) { // expert parallelism: the experts' rows are their own buffers
@@ -542,6 +554,7 @@ static void experts(moe_layer *L, const moe_weights *w) {
         be->to_bf16(be, L->xe16, L->xe, (size_t)N * d);
         be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16, offsets, E, 2 * ff, d);
         be->swiglu_forward(be, L->act, L->h13, N, ff);
+        if (L->h13_16) be->to_bf16(be, L->h13_16, L->h13, (size_t)N * 2 * ff); // for the backward
         be->to_bf16(be, L->act16, L->act, (size_t)N * ff);
         be->expert_matmul_forward_bf16(be, L->ye_local, L->act16, w->w2_16, offsets, E, d, ff);
         return;
@@ -646,6 +659,7 @@ static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_w
         be->to_bf16(be, s->g16, s->dye_e, (size_t)N * d);
         be->expert_matmul_backward_weight_bf16(be, grads->w2, s->g16, L->act16, offsets, E, d, ff);
         be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16, offsets, E, d, ff, 0);
+        be->from_bf16(be, L->h13, L->h13_16, (size_t)N * 2 * ff); // into h13_stage
         be->swiglu_backward(be, s->dh13, s->dact, L->h13, N, ff);
         be->to_bf16(be, s->g16, s->dh13, (size_t)N * 2 * ff);
         be->expert_matmul_backward_weight_bf16(be, grads->w13, s->g16, L->xe16, offsets, E, 2 * ff,

@@ -100,17 +100,19 @@ void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, in
 // computed by the local experts (device memory).
 typedef struct {
     moe_backend *be;
-    real *dlogits;  // [T, E]
-    real *dweights; // [T, k]
-    real *dye;      // [N_send, d]  gradient of the rows that came back to the combine
-    real *dye_e;    // [N_exp, d]   the same rows at their experts (one rank: == dye)
-    real *dstage;   // [N_exp, d]   exchange staging (expert parallelism only, else NULL)
-    real *dact;     // [N_exp, ff]
-    real *dh13;     // [N_exp, 2ff]
-    real *dxe;      // [N_exp, d]   gradient of the experts' input rows
-    real *dxp;      // [N_send, d]  the same, back on the sending side (== dxe with one rank)
-    moe_bf16 *g16;  // bf16: [max(T E, N_exp 2ff, N_exp d)] an output gradient, rounded to bf16
-                    // as the operand of the next two GEMMs (NULL in fp32)
+    real *dlogits;   // [T, E]
+    real *dweights;  // [T, k]
+    real *dye;       // [N_send, d]  gradient of the rows that came back to the combine
+    real *dye_e;     // [N_exp, d]   the same rows at their experts (one rank: == dye)
+    real *dstage;    // [N_exp, d]   exchange staging (expert parallelism only, else NULL)
+    real *dact;      // [N_exp, ff]
+    real *dh13;      // [N_exp, 2ff]
+    real *dxe;       // [N_exp, d]   gradient of the experts' input rows
+    real *dxp;       // [N_send, d]  the same, back on the sending side (== dxe with one rank)
+    moe_bf16 *g16;   // bf16: [max(T E, N_exp 2ff, N_exp d)] an output gradient, rounded to bf16
+                     // as the operand of the next two GEMMs (NULL in fp32)
+    real *h13_stage; // bf16: [N_exp, 2ff] fp32 h13 of the layer being computed (the forward's
+                     // GEMM output, the backward's widened h13_16; NULL in fp32)
     size_t bytes;
 } moe_backward_scratch;
 
@@ -196,11 +198,12 @@ typedef struct {
     moe_bf16 *router_in16; // [T, d]       what the router saw
     moe_bf16 *xe16;        // [N_exp, d]   the experts' input rows
     moe_bf16 *act16;       // [N_exp, ff]  silu(h1) * h3
+    moe_bf16 *h13_16;      // [N_exp, 2ff] SwiGLU's input, for its backward (training layers)
     // backward scratch: views of the (possibly shared) moe_backward_scratch
     moe_backward_scratch *bwd;
     int owns_bwd;
-    int staged_in_bwd; // bf16 with a backward scratch: xp, xe and act (fp32 only between a
-                       // kernel and its bf16 rounding) live in bwd's dxp, dxe and dact
+    int staged_in_bwd; // bf16 with a backward scratch: xp, xe, act and h13 (fp32 only between
+                       // a kernel and its bf16 rounding) live in bwd's dxp, dxe, dact, h13_stage
     real *dlogits, *dweights, *dye, *dact, *dh13, *dxp;
     // host copies
     void *host_readback; // the readback, copied once per forward

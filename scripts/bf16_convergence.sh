@@ -5,7 +5,8 @@
 # validation loss is within 2% of fp32's. Prints both losses, the relative difference and the
 # wall time of each run; exit 1 when the bound fails.
 #   scripts/bf16_convergence.sh [BUILD_DIR=build] [STEPS=300] [OUT=runs/bf16_convergence]
-# Not a ctest: two 300-step runs take 5-20 minutes on 2 shared cores.
+# DTYPES="bf16" reruns only that one and compares with the fp32 run already in OUT.
+# Not a ctest: two 300-step runs take 10-40 minutes on 2 shared cores.
 set -euo pipefail
 BUILD=${1:-build}
 STEPS=${2:-300}
@@ -13,8 +14,15 @@ OUT=${3:-runs/bf16_convergence}
 MOE="$BUILD/moe"
 [ -x "$MOE" ] || { echo "no $MOE: build first (cmake --build $BUILD)" >&2; exit 2; }
 mkdir -p "$OUT"
+val_of() {
+  python3 - "$1" <<'PY'
+import json, sys
+v = [json.loads(l)["val_loss"] for l in open(sys.argv[1]) if '"val_loss"' in l]
+print(f"{v[-1]:.6f}")
+PY
+}
 declare -A VAL SECS
-for dt in fp32 bf16; do
+for dt in ${DTYPES:-fp32 bf16}; do
   rm -rf "$OUT/$dt"
   t0=$(date +%s.%N)
   "$MOE" train configs/shakespeare.cfg --set train.steps="$STEPS" \
@@ -23,14 +31,9 @@ for dt in fp32 bf16; do
     > "$OUT/$dt.log" 2>&1 || { echo "$dt run failed: $OUT/$dt.log" >&2; tail -5 "$OUT/$dt.log" >&2; exit 1; }
   t1=$(date +%s.%N)
   SECS[$dt]=$(python3 -c "print(f'{$t1 - $t0:.0f}')")
-  VAL[$dt]=$(python3 - "$OUT/$dt/metrics.jsonl" <<'PY'
-import json, sys
-v = [json.loads(l)["val_loss"] for l in open(sys.argv[1]) if '"val_loss"' in l]
-print(f"{v[-1]:.6f}")
-PY
-)
-  echo "$dt: val_loss ${VAL[$dt]} after $STEPS steps (${SECS[$dt]} s)"
+  echo "$dt: val_loss $(val_of "$OUT/$dt/metrics.jsonl") after $STEPS steps (${SECS[$dt]} s)"
 done
+for dt in fp32 bf16; do VAL[$dt]=$(val_of "$OUT/$dt/metrics.jsonl"); done
 python3 - "${VAL[fp32]}" "${VAL[bf16]}" <<'PY'
 import sys
 f, b = map(float, sys.argv[1:])

@@ -5,11 +5,11 @@
 //             (built with BUILD_BFLOAT16; looked up with dlsym, so a newer OpenBLAS on
 //             LD_LIBRARY_PATH enables it without a rebuild) and the CPU has bf16 instructions
 //             (AVX512-BF16 or AMX-BF16, CPUID). OpenBLAS's kernel then runs them.
-//   emulated  everywhere else: the bf16 operands are widened to fp32 (exact) in a workspace and
-//             the fp32 kernels of gemm.c multiply them. A product of two bf16 values (8-bit
-//             mantissas) is exact in fp32 and the sums are fp32, so this is the same
-//             arithmetic as the native path up to the summation order; on an AVX2 machine it
-//             runs at sgemm speed plus one pass over the operands.
+//   emulated  everywhere else: the bf16 operands of each GEMM (each expert's, for the grouped
+//             ones) are widened to fp32 (exact) in a workspace and cblas_sgemm multiplies
+//             them. A product of two bf16 values (8-bit mantissas) is exact in fp32 and the
+//             sums are fp32, so this is the same arithmetic as the native path up to the
+//             summation order; it costs sgemm plus one pass over the operands.
 //
 // MOE_BF16_GEMM=native|emulated (environment, read at create) forces a path; the tests use
 // cpu_backend_set_bf16_gemm. describe() says which path runs and why.
@@ -112,64 +112,48 @@ int cpu_backend_set_bf16_gemm(moe_backend *be, int native) {
     return 1;
 }
 
-#ifndef MOE_REAL_DOUBLE // the f64 build (finite differences) has only the emulated path
-// ---- native: cblas_sbgemm -----------------------------------------------------------
+// ---- one GEMM of bf16 operands, either path -------------------------------------------
 
-static void sbgemm(const cpu_state *s, int trans_a, int trans_b, int m, int n, int kd,
-                   const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, float beta, float *c,
-                   int ldc) {
-    if (m == 0 || n == 0) return;
-    ((sbgemm_fn)s->sbgemm)(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                           trans_b ? CblasTrans : CblasNoTrans, m, n, kd, 1.0f, a, lda, b, ldb,
-                           beta, c, ldc);
-}
-
-// The grouped GEMMs' loops as in gemm.c: one call per expert over its rows, the experts
-// spread over the threads when there are at least four per thread.
-#define EXPERTS_PARALLEL if (n_experts >= 4 * omp_get_max_threads())
-
-static void native_expert_forward(const cpu_state *s, float *out, const moe_bf16 *inp,
-                                  const moe_bf16 *weight, const int *offsets, int n_experts,
-                                  int n_out, int n_in) {
-#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int e = 0; e < n_experts; e++) // out_e = inp_e w_e^T
-        sbgemm(s, 0, 1, offsets[e + 1] - offsets[e], n_out, n_in, inp + (size_t)offsets[e] * n_in,
-               n_in, weight + (size_t)e * n_out * n_in, n_in, 0, out + (size_t)offsets[e] * n_out,
-               n_out);
-}
-
-static void native_expert_input(const cpu_state *s, float *dinp, const moe_bf16 *dout,
-                                const moe_bf16 *weight, const int *offsets, int n_experts,
-                                int n_out, int n_in, int accumulate) {
-#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int e = 0; e < n_experts; e++) // dinp_e (+)= dout_e w_e
-        sbgemm(s, 0, 0, offsets[e + 1] - offsets[e], n_in, n_out, dout + (size_t)offsets[e] * n_out,
-               n_out, weight + (size_t)e * n_out * n_in, n_in, accumulate ? 1.0f : 0.0f,
-               dinp + (size_t)offsets[e] * n_in, n_in);
-}
-
-static void native_expert_weight(const cpu_state *s, float *dweight, const moe_bf16 *dout,
-                                 const moe_bf16 *inp, const int *offsets, int n_experts, int n_out,
-                                 int n_in) {
-#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int e = 0; e < n_experts; e++) { // dw_e += dout_e^T inp_e
-        const int rows = offsets[e + 1] - offsets[e];
-        if (rows)
-            sbgemm(s, 1, 0, n_out, n_in, rows, dout + (size_t)offsets[e] * n_out, n_out,
-                   inp + (size_t)offsets[e] * n_in, n_in, 1.0f, dweight + (size_t)e * n_out * n_in,
-                   n_in);
-    }
-}
-
-static int native(moe_backend *be) { return ((cpu_state *)be->state)->bf16_native; }
+#ifdef MOE_REAL_DOUBLE
+#define cblas_gemm cblas_dgemm
+#else
+#define cblas_gemm cblas_sgemm
 #endif
 
-// ---- emulated: widen, then the fp32 kernels -----------------------------------------
+// c [m, n] = op(a) op(b) + beta c with a, b bf16 and contiguous (lda, ldb their row lengths):
+// native, sbgemm; emulated, both widened into ws (na + nb reals, the calling thread's) and
+// the fp32 GEMM.
+static void gemm16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m, int n, int kd,
+                   const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta, real *c,
+                   int ldc) {
+    if (m == 0 || n == 0) return;
+    const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
+                               tb = trans_b ? CblasTrans : CblasNoTrans;
+#ifndef MOE_REAL_DOUBLE // the f64 build (finite differences) has only the emulated path
+    if (s->bf16_native) {
+        ((sbgemm_fn)s->sbgemm)(CblasRowMajor, ta, tb, m, n, kd, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#else
+    (void)s;
+#endif
+    const size_t na = (size_t)m * kd, nb = (size_t)kd * n;
+    if (omp_in_parallel()) { // one expert of a loop spread over the threads
+        for (size_t i = 0; i < na; i++) ws[i] = moe_bf16_to_f32(a[i]);
+        for (size_t i = 0; i < nb; i++) ws[na + i] = moe_bf16_to_f32(b[i]);
+    } else {
+        widen(ws, a, na);
+        widen(ws + na, b, nb);
+    }
+    cblas_gemm(CblasRowMajor, ta, tb, m, n, kd, 1, ws, lda, ws + na, ldb, beta, c, ldc);
+}
 
-// The backend's widening workspace, grown on demand (host memory private to the kernels, so
-// strict mode does not protect it); two operands of na and nb reals.
-static real *workspace(cpu_state *s, size_t na, size_t nb) {
-    const size_t need = na + nb + 1;
+// The emulated path's widening workspace (host memory private to the kernels, so strict mode
+// does not protect it): `per` reals for each of `slots` threads, grown on demand; NULL (and
+// unused) on the native path.
+static real *workspace(cpu_state *s, size_t per, int slots) {
+    if (s->bf16_native) return NULL;
+    const size_t need = per * (size_t)slots + 1;
     if (need > s->bf16_ws_n) {
         free(s->bf16_ws);
         s->bf16_ws = malloc(need * sizeof(real));
@@ -183,17 +167,28 @@ void cpu_matmul_bf16(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16
                      int kd, int trans_a, int trans_b, real beta) {
     CPU_KERNEL(be);
     cpu_state *s = be->state;
-#ifndef MOE_REAL_DOUBLE
-    if (native(be)) {
-        sbgemm(s, trans_a, trans_b, m, n, kd, a, trans_a ? m : kd, b, trans_b ? kd : n, beta, c, n);
-        return;
-    }
-#endif
-    const size_t na = (size_t)m * kd, nb = (size_t)kd * n;
-    real *w = workspace(s, na, nb);
-    widen(w, a, na);
-    widen(w + na, b, nb);
-    cpu_matmul(be, c, w, w + na, m, n, kd, trans_a, trans_b, beta);
+    real *ws = workspace(s, (size_t)m * kd + (size_t)kd * n, 1);
+    gemm16(s, ws, trans_a, trans_b, m, n, kd, a, trans_a ? m : kd, b, trans_b ? kd : n, beta, c, n);
+}
+
+// ---- the grouped GEMMs ------------------------------------------------------------------
+// The loops of gemm.c: one GEMM per expert over its contiguous rows, the experts spread over
+// the threads when there are at least four per thread (each thread then widens into its own
+// slot of the workspace, one expert at a time, so the widened operands are still in cache
+// when the GEMM reads them).
+
+static int max_rows(const int *offsets, int n_experts) {
+    int r = 0;
+    for (int e = 0; e < n_experts; e++)
+        if (offsets[e + 1] - offsets[e] > r) r = offsets[e + 1] - offsets[e];
+    return r;
+}
+
+#define EXPERTS_PARALLEL if (n_experts >= 4 * omp_get_max_threads())
+
+// The thread's slot of `per` reals (NULL on the native path).
+static real *slot(real *ws, size_t per) {
+    return ws ? ws + (size_t)omp_get_thread_num() * per : NULL;
 }
 
 void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *inp,
@@ -201,17 +196,13 @@ void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *
                                     int n_out, int n_in) {
     CPU_KERNEL(be);
     cpu_state *s = be->state;
-#ifndef MOE_REAL_DOUBLE
-    if (native(be)) {
-        native_expert_forward(s, out, inp, weight, offsets, n_experts, n_out, n_in);
-        return;
-    }
-#endif
-    const size_t nw = (size_t)n_experts * n_out * n_in, ni = (size_t)offsets[n_experts] * n_in;
-    real *w = workspace(s, nw, ni);
-    widen(w, weight, nw);
-    widen(w + nw, inp, ni);
-    cpu_expert_matmul_forward(be, out, w + nw, w, offsets, n_experts, n_out, n_in);
+    const size_t per = ((size_t)max_rows(offsets, n_experts) + n_out) * n_in;
+    real *ws = workspace(s, per, omp_get_max_threads());
+#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
+    for (int e = 0; e < n_experts; e++) // out_e [rows, n_out] = inp_e w_e^T
+        gemm16(s, slot(ws, per), 0, 1, offsets[e + 1] - offsets[e], n_out, n_in,
+               inp + (size_t)offsets[e] * n_in, n_in, weight + (size_t)e * n_out * n_in, n_in, 0,
+               out + (size_t)offsets[e] * n_out, n_out);
 }
 
 void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
@@ -219,18 +210,13 @@ void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const mo
                                            int n_experts, int n_out, int n_in, int accumulate) {
     CPU_KERNEL(be);
     cpu_state *s = be->state;
-#ifndef MOE_REAL_DOUBLE
-    if (native(be)) {
-        native_expert_input(s, dinp, dout, weight, offsets, n_experts, n_out, n_in, accumulate);
-        return;
-    }
-#endif
-    const size_t nw = (size_t)n_experts * n_out * n_in, nd = (size_t)offsets[n_experts] * n_out;
-    real *w = workspace(s, nw, nd);
-    widen(w, weight, nw);
-    widen(w + nw, dout, nd);
-    cpu_expert_matmul_backward_input(be, dinp, w + nw, w, offsets, n_experts, n_out, n_in,
-                                     accumulate);
+    const size_t per = (size_t)max_rows(offsets, n_experts) * n_out + (size_t)n_out * n_in;
+    real *ws = workspace(s, per, omp_get_max_threads());
+#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
+    for (int e = 0; e < n_experts; e++) // dinp_e [rows, n_in] (+)= dout_e w_e
+        gemm16(s, slot(ws, per), 0, 0, offsets[e + 1] - offsets[e], n_in, n_out,
+               dout + (size_t)offsets[e] * n_out, n_out, weight + (size_t)e * n_out * n_in, n_in,
+               accumulate ? 1 : 0, dinp + (size_t)offsets[e] * n_in, n_in);
 }
 
 void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
@@ -238,15 +224,14 @@ void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, cons
                                             int n_out, int n_in) {
     CPU_KERNEL(be);
     cpu_state *s = be->state;
-#ifndef MOE_REAL_DOUBLE
-    if (native(be)) {
-        native_expert_weight(s, dweight, dout, inp, offsets, n_experts, n_out, n_in);
-        return;
+    const size_t per = (size_t)max_rows(offsets, n_experts) * (n_out + n_in);
+    real *ws = workspace(s, per, omp_get_max_threads());
+#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
+    for (int e = 0; e < n_experts; e++) { // dw_e [n_out, n_in] += dout_e^T inp_e
+        const int rows = offsets[e + 1] - offsets[e];
+        if (rows)
+            gemm16(s, slot(ws, per), 1, 0, n_out, n_in, rows, dout + (size_t)offsets[e] * n_out,
+                   n_out, inp + (size_t)offsets[e] * n_in, n_in, 1,
+                   dweight + (size_t)e * n_out * n_in, n_in);
     }
-#endif
-    const size_t nd = (size_t)offsets[n_experts] * n_out, ni = (size_t)offsets[n_experts] * n_in;
-    real *w = workspace(s, nd, ni);
-    widen(w, dout, nd);
-    widen(w + nd, inp, ni);
-    cpu_expert_matmul_backward_weight(be, dweight, w, w + nd, offsets, n_experts, n_out, n_in);
 }
