@@ -130,6 +130,27 @@ log = { dir = "%s/run_%s"; interval = 5; coactivation = %s; };
     report(ok, "moe stats --placement 2: P99 hottest-rank load and dedup rows/token of each mapping "
            "recomputed from the records; the proposal's objective <= contiguous's and greedy's")
 
+    # scripts/plot_load.py draws them (and, for the 2-rank run, the per-rank loads)
+    import struct
+    plot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "plot_load.py")
+
+    def png_size(path):
+        with open(path, "rb") as f:
+            head = f.read(24)
+        return struct.unpack(">II", head[16:24]) if head[:8] == b"\x89PNG\r\n\x1a\n" else None
+    want = {"coactivation_layer0.png": (600, 500), "coactivation_layer1.png": (600, 500)}
+    runs = [("run_k2", dict(want))] + ([("run_ep", dict(want, **{"rank_load.png": (1000, 800)}))] if mpirun else [])
+    for name, files in runs:
+        out = os.path.join(work, "plots_" + name)
+        r = subprocess.run([sys.executable, plot, os.path.join(work, name), "--out", out, "--smooth", "3"],
+                           capture_output=True, text=True)
+        if r.returncode == 77:
+            print("  skip  plot_load.py: no matplotlib")
+            break
+        sizes = {f: png_size(os.path.join(out, f)) if os.path.exists(os.path.join(out, f)) else None for f in files}
+        report(r.returncode == 0 and sizes == files, "plot_load.py %s: %s" % (name, ", ".join(
+            "%s %s" % (f, "x".join(map(str, v)) if v else "missing") for f, v in sizes.items())))
+
     off = run("off", coact="false")
     report(not any("coactivation" in r for r in off), "log.coactivation = false: no co-activation records")
     print("%d failure(s)" % fails)
