@@ -356,10 +356,17 @@ moe_status model_create_inference(model *m, moe_backend *be, const model_config 
 
 moe_status model_create_inference_parallel(model *m, moe_backend *be, const model_config *cfg,
                                            int max_pos, int max_chunk, moe_comm *ep) {
-    if (max_pos < 1 || max_chunk < 1 || max_chunk > max_pos) {
+    return model_create_inference_batch(m, be, cfg, max_pos, max_chunk, 1, ep);
+}
+
+moe_status model_create_inference_batch(model *m, moe_backend *be, const model_config *cfg,
+                                        int max_pos, int max_chunk, int n_seqs, moe_comm *ep) {
+    if (max_pos < 1 || max_chunk < 1 || max_chunk > max_pos || n_seqs < 1 ||
+        (size_t)n_seqs * max_pos > ((size_t)1 << 28)) {
         memset(m, 0, sizeof *m);
-        return moe_error(MOE_EINVAL, "model: %d positions with chunks of %d tokens is invalid",
-                         max_pos, max_chunk);
+        return moe_error(MOE_EINVAL,
+                         "model: %d sequences of %d positions with chunks of %d tokens is invalid",
+                         n_seqs, max_pos, max_chunk);
     }
     const size_t C = max_chunk, P = max_pos, d = cfg->d_model, L = cfg->n_layers, H = cfg->n_heads,
                  KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = cfg->vocab_size,
@@ -370,7 +377,7 @@ moe_status model_create_inference_parallel(model *m, moe_backend *be, const mode
         model_destroy(m);
         return st;
     }
-    m->max_batch = 1, m->max_seq = max_chunk, m->max_pos = max_pos;
+    m->max_batch = 1, m->max_seq = max_chunk, m->max_pos = max_pos, m->n_seqs = n_seqs;
     m->expert_hits = calloc(2 * L * cfg->moe.n_experts, sizeof(long));
     m->step_hits = m->expert_hits ? m->expert_hits + L * cfg->moe.n_experts : NULL;
     if (!m->expert_hits) {
@@ -389,8 +396,8 @@ moe_status model_create_inference_parallel(model *m, moe_backend *be, const mode
         {(void **)&m->moe_out, C * d * R},
         {(void **)&m->logits, C * V * R},
         {(void **)&m->attn_scratch, H * C * P * R},
-        {(void **)&m->k_cache, L * P * KV * hd * R},
-        {(void **)&m->v_cache, L * P * KV * hd * R},
+        {(void **)&m->k_cache, L * n_seqs * P * KV * hd * R},
+        {(void **)&m->v_cache, L * n_seqs * P * KV * hd * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
         model_destroy(m);
@@ -680,39 +687,52 @@ moe_status model_backward(model *m, double loss_scale) {
     return MOE_OK;
 }
 
-moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
+// The attention of n rows over their sequences' KV caches (inference): a chunk of one sequence
+// in cache slot `slot` at positions pos0.. (pos == NULL), or one row per sequence, row i in
+// slot slots[i] at position pos[i] (batched decoding).
+static void infer_attention(model *m, int l, int n, int slot, int pos0, const int *slots,
+                            const int *pos) {
     const model_config *c = &m->cfg;
     moe_backend *be = m->be;
-    if (m->training) return moe_error(MOE_EINVAL, "model: created for training: use model_forward");
-    if (n < 1 || n > m->max_seq || pos0 < 0 || pos0 + n > m->max_pos)
-        return moe_error(MOE_EINVAL,
-                         "model: %d tokens at position %d exceed the KV cache (%d positions, "
-                         "chunks of at most %d)",
-                         n, pos0, m->max_pos, m->max_seq);
+    const int H = c->n_heads, KV = c->n_kv_heads, hd = c->d_model / H, Q = (H + 2 * KV) * hd;
+    const size_t cache = (size_t)m->max_pos * KV * hd;
+    for (int i = 0; i < (pos ? n : 1); i++) {
+        const int rows = pos ? 1 : n, at = pos ? pos[i] : pos0, sq = pos ? slots[i] : slot;
+        real *kc = m->k_cache + ((size_t)l * m->n_seqs + sq) * cache,
+             *vc = m->v_cache + ((size_t)l * m->n_seqs + sq) * cache;
+        real *qkv = m->qkv + (size_t)i * Q;
+        be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, rows, rows, at, H + KV, H + 2 * KV, hd, 0);
+        round_qkv(m, qkv, m->g16, (size_t)rows * Q);
+        be->kv_cache_append(be, kc, vc, qkv, rows, at, H, KV, hd);
+        be->attention_cached_forward(be, m->attn_out + (size_t)i * H * hd, m->attn_scratch, qkv, kc,
+                                     vc, rows, at, H, KV, hd);
+    }
+}
+
+// model_infer's body for the rows infer_attention describes.
+static moe_status infer_rows(model *m, const int *tokens, int n, int slot, int pos0,
+                             const int *slots, const int *pos) {
+    const model_config *c = &m->cfg;
+    moe_backend *be = m->be;
     const int d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads, hd = d / H,
               Q = (H + 2 * KV) * hd, V = c->vocab_size;
     moe_status st = check_ids(tokens, n, V, "tokens");
     if (st) return st;
-    const size_t nd = (size_t)n * d, cache = (size_t)m->max_pos * KV * hd;
+    const size_t nd = (size_t)n * d;
     const real eps = (real)c->rms_norm_eps;
     be->copy_to_device(be, m->tokens, tokens, (size_t)n * sizeof(int));
-    if (pos0 == 0) model_refresh_bf16(m); // a new sequence: the weights may have been loaded
+    if (!pos && pos0 == 0)
+        model_refresh_bf16(m); // a new sequence: the weights may have been loaded
     be->embedding_forward(be, m->x, m->tokens, m->p.embed, n, d);
     for (int l = 0; l < L; l++) {
-        real *kc = m->k_cache + l * cache, *vc = m->v_cache + l * cache;
         // x += Attn(RMSNorm(x)) over the cache
         be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.attn_norm + (size_t)l * d, n, d, eps);
         linear_forward(m, m->qkv, m->n1, m->g16, m->p.wqkv + (size_t)l * Q * d, n, Q, d);
-        be->rope(be, m->qkv, m->qkv, m->rope_cos, m->rope_sin, n, n, pos0, H + KV, H + 2 * KV, hd,
-                 0);
-        round_qkv(m, m->qkv, m->g16, (size_t)n * Q);
-        be->kv_cache_append(be, kc, vc, m->qkv, n, pos0, H, KV, hd);
-        be->attention_cached_forward(be, m->attn_out, m->attn_scratch, m->qkv, kc, vc, n, pos0, H,
-                                     KV, hd);
+        infer_attention(m, l, n, slot, pos0, slots, pos);
         linear_forward(m, m->moe_out, m->attn_out, m->g16, m->p.wo + (size_t)l * d * H * hd, n, d,
                        H * hd);
         be->add(be, m->x, m->x, m->moe_out, nd);
-        // x += MoE(RMSNorm(x)), dropless
+        // x += MoE(RMSNorm(x)), dropless: a batch's rows are routed together
         be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);
         moe_weights w = layer_weights(m, l);
         st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, n, 0, &m->moe_stats[l]);
@@ -725,6 +745,36 @@ moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
     be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.final_norm, n, d, eps);
     linear_forward(m, m->logits, m->n1, m->g16, m->p.lm_head, n, V, d);
     return MOE_OK;
+}
+
+moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
+    return model_infer_slot(m, 0, tokens, n, pos0);
+}
+
+moe_status model_infer_slot(model *m, int slot, const int *tokens, int n, int pos0) {
+    if (m->training) return moe_error(MOE_EINVAL, "model: created for training: use model_forward");
+    if (n < 1 || n > m->max_seq || pos0 < 0 || pos0 + n > m->max_pos || slot < 0 ||
+        slot >= m->n_seqs)
+        return moe_error(MOE_EINVAL,
+                         "model: %d tokens at position %d of sequence %d exceed the KV cache (%d "
+                         "sequences of %d positions, chunks of at most %d)",
+                         n, pos0, slot, m->n_seqs, m->max_pos, m->max_seq);
+    return infer_rows(m, tokens, n, slot, pos0, NULL, NULL);
+}
+
+moe_status model_decode_batch(model *m, const int *tokens, int n, const int *slots,
+                              const int *pos) {
+    if (m->training) return moe_error(MOE_EINVAL, "model: created for training: use model_forward");
+    if (n < 1 || n > m->max_seq)
+        return moe_error(MOE_EINVAL, "model: a batch of %d rows exceeds the chunk of %d", n,
+                         m->max_seq);
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= m->n_seqs || pos[i] < 0 || pos[i] >= m->max_pos)
+            return moe_error(MOE_EINVAL,
+                             "model: row %d (sequence %d, position %d) outside the KV cache (%d "
+                             "sequences of %d positions)",
+                             i, slots[i], pos[i], m->n_seqs, m->max_pos);
+    return infer_rows(m, tokens, n, 0, 0, slots, pos);
 }
 
 void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations) {

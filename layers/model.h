@@ -72,7 +72,8 @@ typedef struct {
     int training;           // 1: model_create (forward + backward); 0: model_create_inference
     int max_batch, max_seq; // activation buffers sized for max_batch x max_seq tokens
                             // (inference: max_batch 1, max_seq = the longest chunk)
-    int max_pos;            // inference: positions the KV cache holds
+    int max_pos;            // inference: positions the KV cache holds, per sequence
+    int n_seqs;             // inference: sequences the KV cache holds (batched decoding)
     int B, S;               // shape of the last forward
     moe_comm *ep;           // expert parallelism: the EP group (NULL: one rank)
     int E_local, expert0;   // the experts this model holds: expert0 .. expert0 + E_local - 1
@@ -120,7 +121,7 @@ typedef struct {
     // training; inference: the scores [H, chunk, max_pos] of attention_cached_forward
     real *attn_scratch;
     size_t attn_scratch_size; // reals
-    // inference: KV cache [L, max_pos, KV*hd] each
+    // inference: KV cache [L, n_seqs, max_pos, KV*hd] each
     real *k_cache, *v_cache;
     long *expert_hits;   // inference: [L, E] routed assignments summed over model_infer calls
     long *step_hits;     // inference: [L, E] those of the last model_infer call (the layers
@@ -155,12 +156,21 @@ moe_status model_create_inference(model *m, moe_backend *be, const model_config 
 // ranks of ep must make the same model_infer calls (each on its own tokens).
 moe_status model_create_inference_parallel(model *m, moe_backend *be, const model_config *cfg,
                                            int max_pos, int max_chunk, moe_comm *ep);
+// The same with a KV cache of n_seqs sequences (model_infer_slot, model_decode_batch).
+moe_status model_create_inference_batch(model *m, moe_backend *be, const model_config *cfg,
+                                        int max_pos, int max_chunk, int n_seqs, moe_comm *ep);
 
 // Inference on one sequence: tokens (host [n]) sit at positions pos0..pos0+n-1; their k/v are
 // appended to the KV cache, which must already hold positions 0..pos0-1. Dropless MoE.
 // Leaves the logits of the n tokens in m->logits [n, V] and the load of each layer in
 // m->moe_stats. Same kernels as training.
 moe_status model_infer(model *m, const int *tokens, int n, int pos0);
+// The same for sequence `slot` of a KV cache of several (model_create_inference_batch).
+moe_status model_infer_slot(model *m, int slot, const int *tokens, int n, int pos0);
+// Batched decoding: n rows, row i the next token of the sequence in slot slots[i] at position
+// pos[i] (host arrays [n]; the caches hold its positions before): one forward, the MoE layers
+// routing all n tokens together. Leaves the logits in m->logits [n, V].
+moe_status model_decode_batch(model *m, const int *tokens, int n, const int *slots, const int *pos);
 void model_destroy(model *m);
 
 // Normal(0, std) matrices, residual projections (o_proj, w2) scaled by 1/sqrt(2L),

@@ -18,6 +18,11 @@ moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, 
 
 moe_status infer_load_parallel(model *m, moe_backend *be, moe_comm *ep, const char *ckpt,
                                int max_pos, int max_chunk, moe_dtype dtype) {
+    return infer_load_batch(m, be, ep, ckpt, max_pos, max_chunk, dtype, 1);
+}
+
+moe_status infer_load_batch(model *m, moe_backend *be, moe_comm *ep, const char *ckpt, int max_pos,
+                            int max_chunk, moe_dtype dtype, int n_seqs) {
     char folder[2048];
     moe_status st = checkpoint_resolve(folder, sizeof folder, ckpt);
     if (st) return st;
@@ -27,7 +32,8 @@ moe_status infer_load_parallel(model *m, moe_backend *be, moe_comm *ep, const ch
     cfg.moe.dtype = dtype;
     if (max_pos <= 0 || max_pos > cfg.max_seq_len) max_pos = cfg.max_seq_len;
     if (max_chunk > max_pos) max_chunk = max_pos;
-    if ((st = model_create_inference_parallel(m, be, &cfg, max_pos, max_chunk, ep))) return st;
+    if (max_chunk < n_seqs) max_chunk = n_seqs < max_pos ? n_seqs : max_pos; // a decode step's rows
+    if ((st = model_create_inference_batch(m, be, &cfg, max_pos, max_chunk, n_seqs, ep))) return st;
     if ((st = hf_load_weights(m, folder))) model_destroy(m);
     return st;
 }
@@ -232,5 +238,68 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, 
         st = observed_infer(m, &next, 1, pos++, s->stats, SERVE_DECODE);
     }
     free(logits), free(cand);
+    return st;
+}
+
+moe_status infer_generate_batch(model *m, const int *const *prompts, const int *n_prompts, int B,
+                                int n_new, const sampling *s, int **outs, int *n_outs) {
+    const int V = m->cfg.vocab_size;
+    if (B < 1 || B > m->n_seqs || B > m->max_seq)
+        return moe_error(MOE_EINVAL, "generate: a batch of %d sequences exceeds the KV cache's %d",
+                         B, m->n_seqs);
+    real *last = malloc((size_t)B * V * sizeof(real)); // each sequence's next-token logits
+    candidate *cand = malloc((size_t)V * sizeof(candidate));
+    int *tok = malloc((size_t)B * sizeof(int)), *slots = malloc((size_t)B * sizeof(int)),
+        *pos = malloc((size_t)B * sizeof(int));
+    uint64_t *rng = malloc((size_t)B * sizeof(uint64_t));
+    moe_status st = last && cand && tok && slots && pos && rng
+                        ? MOE_OK
+                        : moe_error(MOE_ENOMEM, "generate: out of memory");
+    const int chunk =
+        s->prefill_chunk > 0 && s->prefill_chunk < m->max_seq ? s->prefill_chunk : m->max_seq;
+    for (int b = 0; b < B && !st; b++) { // prefill each prompt into its own cache slot
+        n_outs[b] = 0, slots[b] = b, pos[b] = n_prompts[b];
+        rng[b] = s->seed + (uint64_t)b; // sequence b samples as a lone run with seed + b would
+        if (n_prompts[b] < 1 || n_prompts[b] >= m->max_pos)
+            st = moe_error(MOE_EINVAL, "generate: prompt %d has %d tokens, the KV cache %d", b + 1,
+                           n_prompts[b], m->max_pos);
+        for (int p = 0; p < n_prompts[b] && !st; p += chunk) {
+            const int n = n_prompts[b] - p < chunk ? n_prompts[b] - p : chunk;
+            const double t0 = moe_clock_s();
+            st = model_infer_slot(m, b, prompts[b] + p, n, p);
+            if (!st && s->stats) {
+                if (m->be->synchronize) m->be->synchronize(m->be);
+                st = serve_stats_step(s->stats, m, SERVE_PREFILL, n, moe_clock_s() - t0);
+            }
+            if (!st && p + n == n_prompts[b])
+                m->be->copy_to_host(m->be, last + (size_t)b * V, m->logits + (size_t)(n - 1) * V,
+                                    (size_t)V * sizeof(real));
+        }
+    }
+    memset(m->expert_hits, 0, (size_t)m->cfg.n_layers * m->cfg.moe.n_experts * sizeof(long));
+    for (int i = 0; i < n_new && !st; i++) {
+        for (int b = 0; b < B && !st; b++) {
+            const real *lg = last + (size_t)b * V;
+            long bad = first_nonfinite(lg, (size_t)V);
+            if (bad >= 0) {
+                st = moe_error(MOE_ENUMERIC, "generate: non-finite logit (%g) in sequence %d",
+                               (double)lg[bad], b + 1);
+                break;
+            }
+            outs[b][n_outs[b]++] = tok[b] = sample(lg, V, s, &rng[b], cand);
+        }
+        int full = 0;
+        for (int b = 0; b < B; b++) full |= pos[b] >= m->max_pos;
+        if (st || full || i + 1 == n_new) break; // done, or a cache is full
+        const double t0 = moe_clock_s();
+        st = model_decode_batch(m, tok, B, slots, pos);
+        if (!st && s->stats) {
+            if (m->be->synchronize) m->be->synchronize(m->be);
+            st = serve_stats_step(s->stats, m, SERVE_DECODE, B, moe_clock_s() - t0);
+        }
+        if (!st) m->be->copy_to_host(m->be, last, m->logits, (size_t)B * V * sizeof(real));
+        for (int b = 0; b < B; b++) pos[b]++;
+    }
+    free(last), free(cand), free(tok), free(slots), free(pos), free(rng);
     return st;
 }

@@ -19,6 +19,10 @@ moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, 
 // rank) and the GEMMs in dtype (moe eval/generate --dtype; the weights load in fp32 either way).
 moe_status infer_load_parallel(model *m, moe_backend *be, moe_comm *ep, const char *ckpt,
                                int max_pos, int max_chunk, moe_dtype dtype);
+// The same with a KV cache for n_seqs sequences (infer_generate_batch); chunks hold at least
+// n_seqs rows (one decode step of all of them).
+moe_status infer_load_batch(model *m, moe_backend *be, moe_comm *ep, const char *ckpt, int max_pos,
+                            int max_chunk, moe_dtype dtype, int n_seqs);
 
 // Mean cross-entropy over the windows of tf: window i = tokens [i*S, i*S + S], inputs its
 // first S, targets its last S (at most max_windows windows; 0 = all). If logits_npy is not
@@ -41,6 +45,14 @@ typedef struct {
 // out receives the n_new tokens; *n_out how many were made (fewer if the cache fills).
 moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, const sampling *s,
                           int *out, int *n_out);
+
+// Batched generation: B prompts (host [n_prompts[b]] each) prefilled into their own KV-cache
+// slots, then decoded together: each step samples every sequence's next token (sequence b
+// with its own RNG seeded seed + b) and makes one forward of the B tokens, so every MoE layer
+// routes them together. outs[b] [n_new] receives sequence b's tokens, n_outs[b] how many
+// (fewer when a cache fills).
+moe_status infer_generate_batch(model *m, const int *const *prompts, const int *n_prompts, int B,
+                                int n_new, const sampling *s, int **outs, int *n_outs);
 
 // Writes a float32 2-D array as a NumPy .npy file (format 1.0).
 moe_status npy_write_f32(const char *path, const float *data, int rows, int cols);

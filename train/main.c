@@ -1,5 +1,6 @@
 // moe: the one command line. Subcommands: prepare, train, smoke, stats, eval, generate, export,
 // help; moe --version.
+#define _POSIX_C_SOURCE 200809L // getline, strdup
 #include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
@@ -97,7 +98,8 @@ static const char *usage_eval =
     "  --stats-out FILE  one JSON line per forward step and the summary (implies --stats)\n";
 
 static const char *usage_generate =
-    "usage: moe generate --ckpt DIR --prompt TEXT [-n N] [--temperature T] [--top-k K]\n"
+    "usage: moe generate --ckpt DIR [--prompt TEXT] [--prompts FILE] [--batch N] [-n N]\n"
+    "                    [--temperature T] [--top-k K]\n"
     "                    [--top-p P] [--seed S] [--prefill-chunk C] [--stats] [--device NAME]\n"
     "                    [--dtype fp32|bf16] [--stats-out FILE.jsonl] [--stats-window W]\n"
     "\n"
@@ -105,7 +107,10 @@ static const char *usage_generate =
     "  tokenizer is the checkpoint's tokenizer.json (run through scripts/hf_tokenizer.py),\n"
     "  else the byte tokenizer; prints the prompt, then the decoded tokens.\n"
     "  --ckpt DIR         a checkpoint folder, RUN/ckpt/latest, or a Hugging Face Mixtral folder\n"
-    "  --prompt TEXT      the prompt\n"
+    "  --prompt TEXT      the prompt (or --prompts)\n"
+    "  --prompts FILE     one prompt per line, each printed with its continuation\n"
+    "  --batch N          decode N of them together (default 1): one forward per step routes\n"
+    "                     all N tokens through each MoE layer; sequence b samples with seed+b\n"
     "  -n N               tokens to generate (default 200)\n"
     "  --temperature T    0: greedy (default 0.8)\n"
     "  --top-k K          sample among the K most likely tokens (default 0: all)\n"
@@ -250,9 +255,56 @@ static int cmd_eval(int argc, char **argv) {
     return 0;
 }
 
+// The prompts of --prompts FILE: one per line, empty lines skipped (a fatal error names the
+// file when it cannot be read or holds none).
+static int read_prompts(const char *path, char ***out) {
+    FILE *f = fopen(path, "r");
+    if (!f) moe_fatal("generate: --prompts %s: cannot open", path);
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0, room = 0;
+    char **v = NULL;
+    for (ssize_t len; (len = getline(&line, &cap, f)) >= 0;) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (!len) continue;
+        if (n == room && !(v = realloc(v, (size_t)(room = room ? 2 * room : 16) * sizeof *v)))
+            moe_fatal("generate: out of memory");
+        if (!(v[n++] = strdup(line))) moe_fatal("generate: out of memory");
+    }
+    free(line);
+    fclose(f);
+    if (!n) moe_fatal("generate: --prompts %s: no prompt in it (one per line)", path);
+    *out = v;
+    return n;
+}
+
+// A prompt's token ids: the checkpoint's tokenizer.json (hf_tok) or the bytes.
+static int *encode_prompt(const char *folder, int hf_tok, const char *text, int *n) {
+    int *ids = NULL;
+    *n = (int)strlen(text);
+    if (hf_tok && hf_tokenizer_encode(folder, text, (size_t)*n, &ids, n))
+        moe_fatal("generate: encoding the prompt: %s", moe_last_error());
+    if (!hf_tok) {
+        if (!(ids = malloc((size_t)(*n + 1) * sizeof(int)))) moe_fatal("generate: out of memory");
+        byte_tokenize(ids, text, (size_t)*n);
+    }
+    return ids;
+}
+
+// Token ids back to text (malloc'd, *n bytes).
+static char *decode_tokens(const char *folder, int hf_tok, const int *ids, int n_ids, size_t *n) {
+    char *text = NULL;
+    *n = (size_t)n_ids;
+    moe_status st = hf_tok                     ? hf_tokenizer_decode(folder, ids, n_ids, &text, n)
+                    : !(text = malloc(*n + 1)) ? moe_error(MOE_ENOMEM, "generate: out of memory")
+                                               : byte_detokenize(text, ids, *n);
+    if (st) moe_fatal("%s", moe_last_error());
+    return text;
+}
+
 static int cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = NULL, *device = "cpu";
-    int n_new = 200, stats = 0, stats_window = 32;
+    const char *ckpt = NULL, *prompt = NULL, *device = "cpu", *prompts_file = NULL;
+    int n_new = 200, stats = 0, stats_window = 32, batch = 1;
     const char *stats_out = NULL;
     moe_dtype dtype = MOE_DTYPE_F32;
     sampling s = {.temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 1, .prefill_chunk = 64};
@@ -273,6 +325,10 @@ static int cmd_generate(int argc, char **argv) {
             ckpt = v;
         else if (!strcmp(a, "--prompt"))
             prompt = v;
+        else if (!strcmp(a, "--prompts"))
+            prompts_file = v;
+        else if (!strcmp(a, "--batch"))
+            batch = (int)number_arg(a, v, 1, 4096);
         else if (!strcmp(a, "--device"))
             device = v;
         else if (!strcmp(a, "--dtype"))
@@ -292,58 +348,70 @@ static int cmd_generate(int argc, char **argv) {
         else
             return usage_error("generate", usage_generate, "unknown argument '%s'", a);
     }
-    if (!ckpt || !prompt)
-        return usage_error("generate", usage_generate, "--ckpt and --prompt are required");
+    if (!ckpt || !!prompt == !!prompts_file)
+        return usage_error("generate", usage_generate,
+                           "--ckpt and one of --prompt or --prompts are required");
     // the tokenizer: the folder's tokenizer.json unless it is the byte tokenizer's
     char folder[MOE_PATH_MAX + 64];
     if (checkpoint_resolve(folder, sizeof folder, ckpt)) moe_fatal("%s", moe_last_error());
     const int hf_tok = tokenizer_has_hf(folder) && !tokenizer_is_byte_hf(folder);
-    int n_prompt = (int)strlen(prompt), *tokens = NULL;
-    if (hf_tok && hf_tokenizer_encode(folder, prompt, (size_t)n_prompt, &tokens, &n_prompt))
-        moe_fatal("generate: encoding the prompt: %s", moe_last_error());
+    char **texts = NULL;
+    int n_seq = prompt ? 1 : read_prompts(prompts_file, &texts);
+    if (prompt) texts = (char **)&prompt;
+    if (batch > n_seq) batch = n_seq;
+    int **tokens = calloc((size_t)n_seq, sizeof *tokens),
+        *n_tok = calloc((size_t)n_seq, sizeof(int));
+    int longest = 0;
+    for (int i = 0; i < n_seq; i++) {
+        tokens[i] = encode_prompt(folder, hf_tok, texts[i], &n_tok[i]);
+        if (n_tok[i] > longest) longest = n_tok[i];
+    }
     moe_backend *be = open_device(device);
     model m;
-    // the KV cache holds what this call needs (at most max_position_embeddings)
+    // the KV cache holds what this call needs (at most max_position_embeddings), per sequence
     say_precision("generate", dtype, be);
-    if (infer_load_parallel(&m, be, NULL, ckpt, n_prompt + n_new, s.prefill_chunk, dtype))
+    if (infer_load_batch(&m, be, NULL, ckpt, longest + n_new, s.prefill_chunk, dtype, batch))
         moe_fatal("%s", moe_last_error());
     if (!hf_tok && m.cfg.vocab_size < 256)
         moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",
                   m.cfg.vocab_size);
-    for (int i = 0; hf_tok && i < n_prompt; i++)
-        if (tokens[i] >= m.cfg.vocab_size)
-            moe_fatal(
-                "generate: %s/tokenizer.json gives the prompt token id %d, beyond the model's "
-                "vocabulary (%d)",
-                folder, tokens[i], m.cfg.vocab_size);
-    if (!hf_tok) {
-        tokens = malloc((size_t)(n_prompt + 1) * sizeof(int));
-        byte_tokenize(tokens, prompt, (size_t)n_prompt);
-    }
-    int *out = malloc((size_t)n_new * sizeof(int)), n_out;
+    for (int i = 0; i < n_seq; i++)
+        for (int t = 0; hf_tok && t < n_tok[i]; t++)
+            if (tokens[i][t] >= m.cfg.vocab_size)
+                moe_fatal("generate: %s/tokenizer.json gives the prompt token id %d, beyond the "
+                          "model's vocabulary (%d)",
+                          folder, tokens[i][t], m.cfg.vocab_size);
+    int **outs = calloc((size_t)n_seq, sizeof *outs), *n_out = calloc((size_t)n_seq, sizeof(int));
+    for (int i = 0; i < n_seq; i++) outs[i] = malloc((size_t)n_new * sizeof(int));
     serve_stats ss;
     if (stats && serve_stats_init(&ss, &m, stats_window, stats_out))
         moe_fatal("%s", moe_last_error());
     s.stats = stats ? &ss : NULL;
-    if (infer_generate(&m, tokens, n_prompt, n_new, &s, out, &n_out))
-        moe_fatal("%s", moe_last_error());
-    char *text = NULL;
-    size_t n_text = (size_t)n_out;
-    moe_status st = hf_tok ? hf_tokenizer_decode(folder, out, n_out, &text, &n_text)
-                    : !(text = malloc(n_text + 1))
-                        ? moe_error(MOE_ENOMEM, "generate: out of memory")
-                        : byte_detokenize(text, out, n_text);
-    if (st) moe_fatal("%s", moe_last_error());
-    fwrite(prompt, 1, strlen(prompt), stdout);
-    fwrite(text, 1, n_text, stdout);
-    putchar('\n');
-    if (n_out < n_new)
-        fprintf(stderr, "note: stopped after %d tokens: the KV cache (%d positions) is full\n",
-                n_out, m.max_pos);
+    for (int i = 0; i < n_seq; i += batch) { // prompts in groups of --batch, decoded together
+        const int B = n_seq - i < batch ? n_seq - i : batch;
+        moe_status st = prompt
+                            ? infer_generate(&m, tokens[0], n_tok[0], n_new, &s, outs[0], &n_out[0])
+                            : infer_generate_batch(&m, (const int *const *)tokens + i, n_tok + i, B,
+                                                   n_new, &s, outs + i, n_out + i);
+        if (st) moe_fatal("%s", moe_last_error());
+    }
+    for (int i = 0; i < n_seq; i++) {
+        size_t n_text;
+        char *text = decode_tokens(folder, hf_tok, outs[i], n_out[i], &n_text);
+        fwrite(texts[i], 1, strlen(texts[i]), stdout);
+        fwrite(text, 1, n_text, stdout);
+        fputs(n_seq > 1 ? "\n\n" : "\n", stdout);
+        if (n_out[i] < n_new)
+            fprintf(stderr,
+                    "note: sequence %d stopped after %d tokens: the KV cache (%d "
+                    "positions) is full\n",
+                    i + 1, n_out[i], m.max_pos);
+        free(text);
+    }
     if (stats) {
         const int E = m.cfg.moe.n_experts;
-        printf("expert hits per layer while decoding %d tokens (top-%d assignments):\n",
-               n_out > 0 ? n_out - 1 : 0, m.cfg.moe.top_k);
+        printf("expert hits per layer while decoding (top-%d assignments%s):\n", m.cfg.moe.top_k,
+               n_seq > 1 ? ", the last batch" : "");
         for (int l = 0; l < m.cfg.n_layers; l++) {
             printf("  layer %d:", l);
             for (int e = 0; e < E; e++) printf(" %ld", m.expert_hits[(size_t)l * E + e]);
@@ -352,7 +420,12 @@ static int cmd_generate(int argc, char **argv) {
         if (serve_stats_finish(&ss, stderr)) moe_fatal("%s", moe_last_error());
         serve_stats_free(&ss);
     }
-    free(tokens), free(out), free(text);
+    for (int i = 0; i < n_seq; i++) {
+        free(tokens[i]), free(outs[i]);
+        if (!prompt) free(texts[i]);
+    }
+    if (!prompt) free(texts);
+    free(tokens), free(n_tok), free(outs), free(n_out);
     model_destroy(&m);
     moe_backend_destroy(be);
     return 0;

@@ -126,7 +126,7 @@ moe_status serve_stats_finish(serve_stats *s, FILE *out) {
     }
     const int L = s->L, E = s->E;
     if (!s->n) return moe_error(MOE_EINVAL, "stats: no forward step was observed");
-    double *v = malloc((s->n + s->n_win + 1) * sizeof *v);
+    double *v = malloc(((s->n + s->n_win) * (size_t)L + 1) * sizeof *v); // (per step and layer)
     if (!v) return moe_error(MOE_ENOMEM, "stats: out of memory");
     FILE *j = s->jsonl;
     if (j) fputs("{\"summary\":{\"latency\":{", j);
@@ -152,6 +152,24 @@ moe_status serve_stats_finish(serve_stats *s, FILE *out) {
                     "s\":%.9g}",
                     first_kind ? "" : ",", kind_names[kind], n, q[0], q[1], q[2], q[3]);
         first_kind = 0;
+    }
+    // the experts' per-step batch: what batching changes (decode steps; eval windows)
+    for (int kind = SERVE_DECODE; kind <= SERVE_EVAL; kind++) {
+        size_t n = 0;
+        double toks = 0;
+        for (size_t i = 0; i < s->n; i++)
+            if (s->kind[i] == kind)
+                for (int l = 0; l < L; l++)
+                    v[n++] = s->hot[i * L + l] * s->tokens[i] * s->k, toks += s->tokens[i];
+        if (!n) continue;
+        double q[4];
+        quantiles(v, n, q);
+        double mean = 0;
+        for (size_t i = 0; i < n; i++) mean += v[i] / n;
+        fprintf(out,
+                "  %-7s rows per expert per step: %.2f on average; the hottest expert's: mean "
+                "%.2f, P99 %.2f, max %.0f\n",
+                kind_names[kind], toks / n * s->k / E, mean, q[2], q[3]);
     }
     if (j) fputs("},\"layers\":[", j);
     fprintf(out,

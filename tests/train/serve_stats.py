@@ -104,6 +104,29 @@ log = { dir = "%s/run"; };
            all(s["tokens"] == 32 and s["kind"] == "eval" for s in recs[:-1]),
            "eval --stats-out: the loss on stdout, one step per window of 32 tokens (20)")
     check(out, 6, what="eval")
+    # batched generation: 4 prompts decoded together give each one's lone text (greedy, and
+    # sampled with seed + b), and the decode steps route 4 tokens each
+    prompts = ["To be or not", "the quick brown fox", "ROMEO:", "wherefore art thou, and why"]
+    pf = os.path.join(work, "prompts.txt")
+    with open(pf, "w") as f:
+        f.write("\n".join(prompts) + "\n")
+    for temp, seed in (("0", 1), ("0.8", 5)):
+        out = os.path.join(work, "batch.jsonl")
+        r = subprocess.run([moe, "generate", "--ckpt", ck, "--prompts", pf, "--batch", "4", "-n", "30",
+                            "--temperature", temp, "--seed", str(seed), "--stats-out", out],
+                           capture_output=True)
+        texts = r.stdout.split(b"\n\n")[:4] if r.returncode == 0 else []
+        lone = []
+        for b, p in enumerate(prompts):
+            q = subprocess.run([moe, "generate", "--ckpt", ck, "--prompt", p, "-n", "30", "--temperature",
+                                temp, "--seed", str(seed + b)], capture_output=True)
+            lone.append(q.stdout.rstrip(b"\n"))
+        steps = [json.loads(l) for l in open(out)][:-1] if r.returncode == 0 else []
+        decode = [x["tokens"] for x in steps if x["kind"] == "decode"]
+        report(len(texts) == 4 and texts == lone and decode and set(decode) == {4},
+               "generate --prompts --batch 4 (temperature %s): each sequence's text == its lone run with "
+               "seed + b; %d decode steps of 4 tokens" % (temp, len(decode)))
+
     r = subprocess.run([moe, "eval", "--ckpt", ck, "--data", os.path.join(work, "data", "val.bin"),
                         "--stats-out", "/nonexistent/x.jsonl"], capture_output=True, text=True)
     report(r.returncode != 0 and "/nonexistent/x.jsonl" in r.stderr, "a --stats-out that cannot be created is named")
