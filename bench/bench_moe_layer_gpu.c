@@ -130,9 +130,9 @@ int main(int argc, char **argv) {
                 printf("{\"impl\":\"moe.c cuda\",\"math\":\"%s\",\"expert_gemm\":\"%s\",\"T\":%d,"
                        "\"d\":%d,\"ff\":%d,\"E\":%d,\"k\":%d,\"layer_median_s\":%.6f,"
                        "\"gemm_median_s\":%.6f,\"R_layer\":%.4f,\"gemm_tflops\":%.2f,"
-                       "\"layer_tflops\":%.2f,\"max_over_mean\":%.4f}\n",
+                       "\"layer_tflops\":%.2f,\"max_over_mean\":%.4f,\"grouped_refused\":%d}\n",
                        math, impl, T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-12,
-                       flops / ml * 1e-12, st.max_over_mean);
+                       flops / ml * 1e-12, st.max_over_mean, cuda_backend_grouped_refused(be));
             else
                 printf("T=%d d=%d ff=%d E=%d k=%d %s %s: layer fwd+bwd %.2f ms, expert GEMMs %.2f "
                        "ms (%.1f TFLOP/s), R_layer %.3f, max/mean load %.3f\n",
