@@ -233,6 +233,19 @@ static void test_attention(void) {
     free(qkv), free(out_cpu), free(out_gpu), free(lse_cpu), free(lse_gpu), free(scratch);
 }
 
+// A table entry a backend leaves NULL is refused by name, not called.
+static void test_missing_entry(void) {
+    printf("MOE_BACKEND_REQUIRE: a missing kernel is an error naming it and the backend\n");
+    moe_backend partial = *cpu;
+    partial.swiglu_backward = NULL;
+    check_true("present entry: MOE_OK", MOE_BACKEND_REQUIRE(&partial, swiglu_forward) == MOE_OK);
+    const moe_status st = MOE_BACKEND_REQUIRE(&partial, swiglu_backward);
+    printf("  %s\n", moe_last_error());
+    check_true("missing entry: MOE_EINVAL naming it and the backend",
+               st == MOE_EINVAL &&
+                   strstr(moe_last_error(), "swiglu_backward is not supported by backend cpu"));
+}
+
 int main(void) {
     rng_seed(&rng, 13);
     if (moe_backend_create(&cpu, "cpu", NULL)) {
@@ -243,6 +256,7 @@ int main(void) {
     test_combine();
     test_elementwise();
     test_attention();
+    test_missing_entry();
     moe_backend_destroy(cpu);
     printf(test_failures() ? "FAILED: %d\n" : "all passed\n", test_failures());
     return test_failures() != 0;
