@@ -230,6 +230,60 @@ static void test_attention(void) {
             }
     check_reals("attention out", out_gpu, out_cpu, (size_t)B * S * H * hd, 1e-5);
     check_reals("attention lse", lse_gpu, lse_cpu, (size_t)B * H * S, 1e-5);
+
+    printf("attention backward: D, dq per query row, dk and dv per key row (the group's heads)\n");
+    real *dout = rand_reals((size_t)B * S * H * hd, 1);
+    real *dqkv_cpu = malloc((size_t)B * S * row * sizeof(real)),
+         *dqkv_gpu = malloc((size_t)B * S * row * sizeof(real));
+    real *D = malloc((size_t)B * H * S * sizeof(real));
+    cpu_attention_backward(cpu, dqkv_cpu, dout, qkv, out_cpu, lse_cpu, B, S, H, KV, hd, scratch,
+                           ss);
+    for (int b = 0; b < B; b++) // k_attention_D
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < S; i++) {
+                const size_t at = ((size_t)b * S + i) * H * hd + (size_t)h * hd;
+                D[((size_t)b * H + h) * S + i] = moe_hd_dot(dout + at, out_cpu + at, hd);
+            }
+    for (int b = 0; b < B; b++) {
+        const real *base = qkv + (size_t)b * S * row;
+        real *dbase = dqkv_gpu + (size_t)b * S * row;
+        for (int h = 0; h < H; h++) // k_attention_dq
+            for (int i = 0; i < S; i++) {
+                const int g = h / (H / KV);
+                const real *q = base + (size_t)i * row + (size_t)h * hd;
+                const real *dO = dout + ((size_t)b * S + i) * H * hd + (size_t)h * hd;
+                const size_t li = ((size_t)b * H + h) * S + i;
+                real acc[64] = {0}, p;
+                for (int j = 0; j <= i; j++) {
+                    const real *k = base + (size_t)j * row + (size_t)(H + g) * hd;
+                    const real ds = moe_hd_attn_ds(&p, q, k, k + (size_t)KV * hd, dO, hd, scale,
+                                                   lse_cpu[li], D[li]);
+                    for (int c = 0; c < hd; c++) acc[c] += ds * k[c];
+                }
+                memcpy(dbase + (size_t)i * row + (size_t)h * hd, acc, (size_t)hd * sizeof(real));
+            }
+        for (int g = 0; g < KV; g++) // k_attention_dkv
+            for (int j = 0; j < S; j++) {
+                const real *k = base + (size_t)j * row + (size_t)(H + g) * hd,
+                           *v = k + (size_t)KV * hd;
+                real dk[64] = {0}, dv[64] = {0}, p;
+                for (int h = g * (H / KV); h < (g + 1) * (H / KV); h++)
+                    for (int i = j; i < S; i++) {
+                        const real *q = base + (size_t)i * row + (size_t)h * hd;
+                        const real *dO = dout + ((size_t)b * S + i) * H * hd + (size_t)h * hd;
+                        const size_t li = ((size_t)b * H + h) * S + i;
+                        const real ds =
+                            moe_hd_attn_ds(&p, q, k, v, dO, hd, scale, lse_cpu[li], D[li]);
+                        for (int c = 0; c < hd; c++) dv[c] += p * dO[c], dk[c] += ds * q[c];
+                    }
+                memcpy(dbase + (size_t)j * row + (size_t)(H + g) * hd, dk,
+                       (size_t)hd * sizeof(real));
+                memcpy(dbase + (size_t)j * row + (size_t)(H + KV + g) * hd, dv,
+                       (size_t)hd * sizeof(real));
+            }
+    }
+    check_reals("attention backward dqkv", dqkv_gpu, dqkv_cpu, (size_t)B * S * row, 1e-5);
+    free(dout), free(dqkv_cpu), free(dqkv_gpu), free(D);
     free(qkv), free(out_cpu), free(out_gpu), free(lse_cpu), free(lse_gpu), free(scratch);
 }
 
