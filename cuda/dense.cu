@@ -1,9 +1,9 @@
 // The dense model's kernels on the GPU: embedding, RMSNorm, RoPE, cross-entropy, the
 // elementwise sums and reductions, and the optimizer updates. Row statistics are block
 // reductions in double (fixed shape: the same bits every run). Gradients that many tokens add
-// to are summed in a fixed order, never with atomics: the embedding table per column by one
-// thread in token order (as the CPU; not parallel over tokens: a known slow spot at large T),
-// the RMSNorm weight per column over chunks of 64 tokens, then over the chunks in order.
+// to are summed in a fixed order, never with atomics: the embedding table per (column, bucket
+// of token ids) in token order (the CPU's sums exactly), the RMSNorm weight per column over
+// chunks of 64 tokens, then over the chunks in order.
 #include "cuda/cuda_kernels.cuh" // first: the C headers as C++
 #include "cuda/bodies.h"
 #include "cuda/reduce.cuh"
@@ -24,17 +24,32 @@ void cuda_embedding_forward(moe_backend *be, real *out, const int *tokens, const
         out, tokens, embed, (size_t)T, d);
     CUDA_LAUNCHED(be, "k_embedding");
 }
-// one thread per column, tokens in order: rows that repeat never race
+// dembed[tok, i] += dout[t, i]: thread (column i, bucket b) adds, in token order, the tokens
+// whose id % EMB_BUCKETS == b. Every (row, column) has one thread and sees its tokens in order:
+// no races, no atomics, the CPU's sums bit for bit, and EMB_BUCKETS times the parallelism of a
+// thread per column. The block's bucket shares tiles of token ids in shared memory.
+#define EMB_BUCKETS 32
+#define EMB_TILE 1024
 __global__ void k_embedding_backward(real *dembed, const real *dout, const int *tokens, int T,
                                      int d) {
-    GRID_STRIDE(i, (size_t)d)
-    for (int t = 0; t < T; t++) dembed[(size_t)tokens[t] * d + i] += dout[(size_t)t * d + i];
+    __shared__ int tile[EMB_TILE];
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, bucket = blockIdx.y;
+    for (int t0 = 0; t0 < T; t0 += EMB_TILE) {
+        const int n = T - t0 < EMB_TILE ? T - t0 : EMB_TILE;
+        __syncthreads(); // the previous tile is no longer read
+        for (int x = threadIdx.x; x < n; x += blockDim.x) tile[x] = tokens[t0 + x];
+        __syncthreads();
+        if (i < d)
+            for (int x = 0; x < n; x++)
+                if (tile[x] % EMB_BUCKETS == bucket)
+                    dembed[(size_t)tile[x] * d + i] += dout[(size_t)(t0 + x) * d + i];
+    }
 }
 void cuda_embedding_backward(moe_backend *be, real *dembed, const real *dout, const int *tokens,
                              int T, int d) {
     if (T <= 0 || d <= 0) return;
-    k_embedding_backward<<<cuda_grid((size_t)d, 128), 128, 0, cuda_stream(be)>>>(dembed, dout,
-                                                                                 tokens, T, d);
+    k_embedding_backward<<<dim3((d + 127) / 128, EMB_BUCKETS), 128, 0, cuda_stream(be)>>>(
+        dembed, dout, tokens, T, d);
     CUDA_LAUNCHED(be, "k_embedding_backward");
 }
 
