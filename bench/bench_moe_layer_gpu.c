@@ -16,6 +16,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "layers/moe.h"
+#include "layers/rng.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -26,19 +27,17 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// normal(0, std) on the host, uploaded in chunks (the weights of the coarse shape are 1.6 GB)
-static void fill_normal(moe_backend *be, float *dev, size_t n, float std, unsigned *seed) {
+// Uniform with standard deviation std (a = std sqrt 3), counter-based, made on the host and
+// uploaded in chunks: the coarse shape's weights are 1.6 GB, so no Box-Muller here.
+static void fill_uniform(moe_backend *be, float *dev, size_t n, float std, uint64_t key) {
     const size_t chunk = (size_t)1 << 22;
     float *h = malloc(chunk * sizeof(float));
+    const double a = std * sqrt(3.0);
     for (size_t at = 0; at < n; at += chunk) {
         const size_t m = n - at < chunk ? n - at : chunk;
-        for (size_t i = 0; i < m; i += 2) {
-            double u1 = (rand_r(seed) + 1.0) / (RAND_MAX + 2.0),
-                   u2 = rand_r(seed) / (RAND_MAX + 1.0);
-            double r = sqrt(-2 * log(u1));
-            h[i] = (float)(std * r * cos(6.283185307179586 * u2));
-            if (i + 1 < m) h[i + 1] = (float)(std * r * sin(6.283185307179586 * u2));
-        }
+        for (size_t i = 0; i < m; i++)
+            h[i] =
+                (float)(a * (2 * moe_uniform01(moe_mix64(key ^ (at + i) * MOE_GOLDEN_GAMMA)) - 1));
         be->copy_to_device(be, dev + at, h, m * sizeof(float));
     }
     free(h);
@@ -95,13 +94,12 @@ int main(int argc, char **argv) {
     float *x = be->alloc(be, nx * sizeof(float)), *dout = be->alloc(be, nx * sizeof(float));
     float *y = be->alloc(be, nx * sizeof(float)), *dx = be->alloc(be, nx * sizeof(float));
     if (!params || !grads || !x || !dout || !y || !dx) moe_fatal("bench: out of device memory");
-    unsigned seed = 1234;
     moe_weights w, g;
     moe_weights_view(&w, params, &cfg);
     moe_weights_view(&g, grads, &cfg);
-    fill_normal(be, params, nw, 0.02f, &seed);
-    fill_normal(be, x, nx, 1, &seed);
-    fill_normal(be, dout, nx, 1, &seed);
+    fill_uniform(be, params, nw, 0.02f, 1);
+    fill_uniform(be, x, nx, 1, 2);
+    fill_uniform(be, dout, nx, 1, 3);
     if (!json) printf("%s\n", be->describe(be));
 
     double *t_layer = malloc(reps * sizeof(double)), *t_gemm = malloc(reps * sizeof(double));
@@ -130,9 +128,9 @@ int main(int argc, char **argv) {
                 printf("{\"impl\":\"moe.c cuda\",\"math\":\"%s\",\"expert_gemm\":\"%s\",\"T\":%d,"
                        "\"d\":%d,\"ff\":%d,\"E\":%d,\"k\":%d,\"layer_median_s\":%.6f,"
                        "\"gemm_median_s\":%.6f,\"R_layer\":%.4f,\"gemm_tflops\":%.2f,"
-                       "\"layer_tflops\":%.2f,\"max_over_mean\":%.4f}\n",
+                       "\"layer_tflops\":%.2f,\"max_over_mean\":%.4f,\"grouped_refused\":%d}\n",
                        math, impl, T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-12,
-                       flops / ml * 1e-12, st.max_over_mean);
+                       flops / ml * 1e-12, st.max_over_mean, cuda_backend_grouped_refused(be));
             else
                 printf("T=%d d=%d ff=%d E=%d k=%d %s %s: layer fwd+bwd %.2f ms, expert GEMMs %.2f "
                        "ms (%.1f TFLOP/s), R_layer %.3f, max/mean load %.3f\n",

@@ -38,12 +38,6 @@ typedef struct {
     real scale;
 } att_rows;
 
-__device__ real dot_hd(const real *a, const real *b, int hd) {
-    real s = 0;
-    for (int c = 0; c < hd; c++) s += a[c] * b[c];
-    return s;
-}
-
 // grid: (n_rows, H, B)
 __global__ void k_attention_forward(att_rows a) {
     const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x, hd = a.hd;
@@ -57,7 +51,7 @@ __global__ void k_attention_forward(att_rows a) {
     for (int j0 = 0; j0 < n_keys; j0 += ATT_TILE) {
         const int j = j0 + tid, n = n_keys - j0 < ATT_TILE ? n_keys - j0 : ATT_TILE;
         const real s =
-            j < n_keys ? a.scale * dot_hd(q, k + (size_t)j * a.kv_stride, hd) : -INFINITY;
+            j < n_keys ? a.scale * moe_hd_dot(q, k + (size_t)j * a.kv_stride, hd) : -INFINITY;
         real alpha;
         const real mn = moe_hd_online_max(m, block_max(s), &alpha);
         const real pj = j < n_keys ? real_exp(s - mn) : 0;
@@ -177,11 +171,10 @@ __global__ void k_attention_dq(att_back a) {
     real acc[ATT_COLS] = {0};
     for (int j0 = 0; j0 <= i; j0 += ATT_TILE) {
         const int j = j0 + tid, n = i + 1 - j0 < ATT_TILE ? i + 1 - j0 : ATT_TILE;
-        real d = 0;
-        if (j <= i) {
-            const real p = real_exp(a.scale * dot_hd(q, k + (size_t)j * a.row, hd) - lse);
-            d = p * (dot_hd(dO, v + (size_t)j * a.row, hd) - D) * a.scale;
-        }
+        real d = 0, p;
+        if (j <= i)
+            d = moe_hd_attn_ds(&p, q, k + (size_t)j * a.row, v + (size_t)j * a.row, dO, hd, a.scale,
+                               lse, D);
         ds[tid] = d;
         __syncthreads();
         for (int cc = 0; cc < ATT_COLS; cc++) {
@@ -217,10 +210,9 @@ __global__ void k_attention_dkv(att_back a) {
         for (int i0 = j; i0 < a.S; i0 += ATT_TILE) {
             const int i = i0 + tid, n = a.S - i0 < ATT_TILE ? a.S - i0 : ATT_TILE;
             real pi = 0, d = 0;
-            if (i < a.S) {
-                pi = real_exp(a.scale * dot_hd(q + (size_t)i * a.row, kj, hd) - lse[i]);
-                d = pi * (dot_hd(dO + (size_t)i * a.H * hd, vj, hd) - D[i]) * a.scale;
-            }
+            if (i < a.S)
+                d = moe_hd_attn_ds(&pi, q + (size_t)i * a.row, kj, vj, dO + (size_t)i * a.H * hd,
+                                   hd, a.scale, lse[i], D[i]);
             p[tid] = pi, ds[tid] = d;
             __syncthreads();
             for (int cc = 0; cc < ATT_COLS; cc++) {

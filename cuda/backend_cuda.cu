@@ -87,7 +87,7 @@ static const char *cuda_describe(moe_backend *be) {
     snprintf(s->line, sizeof s->line,
              "CUDA: device %d %s (sm_%d%d, %.0f GiB), runtime %d.%d, cuBLAS %d; math: %s; "
              "expert GEMMs: %s",
-             s->device, (int)(sizeof prop.name) > 0 ? prop.name : "", prop.major, prop.minor,
+             s->device, prop.name, prop.major, prop.minor,
              (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024), rt / 1000, rt % 1000 / 10, blas,
              s->tf32 ? "tf32" : "fp32",
              s->expert_gemm == CUDA_EXPERT_GEMM_GROUPED ? "cublasGemmGroupedBatchedEx"

@@ -82,4 +82,18 @@ MOE_HD static inline real moe_hd_online_max(real m, real tile_max, real *scale) 
     return mn;
 }
 
+// ---- attention backward, one (query i, key j) pair (FlashAttention-2's rule) -------------
+MOE_HD static inline real moe_hd_dot(const real *a, const real *b, int n) {
+    real s = 0;
+    for (int c = 0; c < n; c++) s += a[c] * b[c];
+    return s;
+}
+// *p = P_ij = exp(scale q.k - lse_i); returns dS_ij = P_ij (dO_i . v_j - D_i) scale, the
+// factor of k_j in dq_i and of q_i in dk_j (dv_j takes P_ij dO_i). q, k, v, dO [hd].
+MOE_HD static inline real moe_hd_attn_ds(real *p, const real *q, const real *k, const real *v,
+                                         const real *dO, int hd, real scale, real lse, real D) {
+    *p = real_exp(scale * moe_hd_dot(q, k, hd) - lse);
+    return *p * (moe_hd_dot(dO, v, hd) - D) * scale;
+}
+
 #endif

@@ -25,6 +25,8 @@ moe_status cuda_backend_create(moe_backend **out, const moe_backend_options *opt
 
 cuda_expert_gemm cuda_backend_set_expert_gemm(moe_backend *be, cuda_expert_gemm mode); // old mode
 int cuda_backend_set_tf32(moe_backend *be, int on);                                    // old value
+// Grouped GEMM calls this cuBLAS refused as not supported (they ran as the loop instead).
+int cuda_backend_grouped_refused(moe_backend *be);
 // Waits for the backend's stream (benchmarks time with CUDA events around it).
 void cuda_backend_synchronize(moe_backend *be);
 // Milliseconds between two moments of the stream: cuda_backend_timer_start, then _stop after

@@ -26,6 +26,7 @@ typedef struct cuda_state {
     cublasHandle_t blas;
     int tf32;                     // TF32 tensor-core math for the GEMMs (else strict fp32)
     cuda_expert_gemm expert_gemm; // how the expert GEMMs run
+    int grouped_refused;          // grouped calls cuBLAS refused (run as the loop instead)
     void *blas_work;              // cuBLAS's workspace (cublasSetWorkspace)
     size_t blas_work_bytes;
     void *work; // the kernels' scratch (attention's D, reduction partials): grown on demand

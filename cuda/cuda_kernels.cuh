@@ -17,7 +17,7 @@ void cuda_expert_matmul_backward_weight(moe_backend *be, real *dweight, const re
                                         const real *inp, const int *offsets, int n_experts,
                                         int n_out, int n_in);
 
-// router.cu
+// router.cu (router_topk, router_backward, uniform_noise; seq_counts is in dispatch.cu)
 void cuda_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
                       real *weights, const real *logits, const real *bias, int T, int E, int k,
                       moe_scoring scoring, int norm_topk_prob, real route_scale);
@@ -31,7 +31,7 @@ void cuda_router_backward(moe_backend *be, real *dlogits, const real *dweights, 
                           real seq_aux_coef, real z_coef, real dloss);
 void cuda_uniform_noise(moe_backend *be, real *u, size_t n, uint64_t key, real lo, real hi);
 
-// dispatch.cu
+// dispatch.cu (counts, capacity, permute, combine; SwiGLU below)
 void cuda_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k,
                               int E);
 void cuda_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *topk_idx,
@@ -50,18 +50,18 @@ void cuda_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const 
 void cuda_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row,
                             int T, int k, int d);
 
-// expert.cu
+// dispatch.cu: SwiGLU
 void cuda_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff);
 void cuda_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const real *h13, int N,
                           int ff);
 
-// losses.cu
+// router.cu: losses, mul
 void cuda_router_losses(moe_backend *be, real *out, const real *probs, const real *logits,
                         const real *lse, const int *counts, const int *seq_counts, int T, int E,
                         int k, int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
 void cuda_mul(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate);
 
-// embedding.cu, rmsnorm.c, rope.c, attention.c, cross_entropy.c
+// dense.cu (embedding, RMSNorm, RoPE, cross-entropy) and attention.cu
 void cuda_embedding_forward(moe_backend *be, real *out, const int *tokens, const real *embed, int T,
                             int d);
 void cuda_embedding_backward(moe_backend *be, real *dembed, const real *dout, const int *tokens,
@@ -88,7 +88,7 @@ void cuda_cross_entropy_forward(moe_backend *be, real *losses, const real *logit
 void cuda_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logits,
                                  const int *targets, int T, int V, real dloss);
 
-// elementwise.cu, optim_update.c
+// dense.cu: elementwise, reductions, optimizer updates
 void cuda_add(moe_backend *be, real *out, const real *a, const real *b, size_t n);
 void cuda_sum_squares(moe_backend *be, double *host_out, const real *x, size_t n);
 void cuda_sum(moe_backend *be, double *host_out, const real *x, size_t n);

@@ -1,8 +1,9 @@
 // The dense model's kernels on the GPU: embedding, RMSNorm, RoPE, cross-entropy, the
 // elementwise sums and reductions, and the optimizer updates. Row statistics are block
-// reductions in double (fixed shape: the same bits every run); the gradients of shared rows
-// (embedding table, RMSNorm weight) are summed per column by one thread in token order, as
-// the CPU does: deterministic, no atomics.
+// reductions in double (fixed shape: the same bits every run). Gradients that many tokens add
+// to are summed in a fixed order, never with atomics: the embedding table per (column, bucket
+// of token ids) in token order (the CPU's sums exactly), the RMSNorm weight per column over
+// chunks of 64 tokens, then over the chunks in order.
 #include "cuda/cuda_kernels.cuh" // first: the C headers as C++
 #include "cuda/bodies.h"
 #include "cuda/reduce.cuh"
@@ -23,17 +24,32 @@ void cuda_embedding_forward(moe_backend *be, real *out, const int *tokens, const
         out, tokens, embed, (size_t)T, d);
     CUDA_LAUNCHED(be, "k_embedding");
 }
-// one thread per column, tokens in order: rows that repeat never race
+// dembed[tok, i] += dout[t, i]: thread (column i, bucket b) adds, in token order, the tokens
+// whose id % EMB_BUCKETS == b. Every (row, column) has one thread and sees its tokens in order:
+// no races, no atomics, the CPU's sums bit for bit, and EMB_BUCKETS times the parallelism of a
+// thread per column. The block's bucket shares tiles of token ids in shared memory.
+#define EMB_BUCKETS 32
+#define EMB_TILE 1024
 __global__ void k_embedding_backward(real *dembed, const real *dout, const int *tokens, int T,
                                      int d) {
-    GRID_STRIDE(i, (size_t)d)
-    for (int t = 0; t < T; t++) dembed[(size_t)tokens[t] * d + i] += dout[(size_t)t * d + i];
+    __shared__ int tile[EMB_TILE];
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, bucket = blockIdx.y;
+    for (int t0 = 0; t0 < T; t0 += EMB_TILE) {
+        const int n = T - t0 < EMB_TILE ? T - t0 : EMB_TILE;
+        __syncthreads(); // the previous tile is no longer read
+        for (int x = threadIdx.x; x < n; x += blockDim.x) tile[x] = tokens[t0 + x];
+        __syncthreads();
+        if (i < d)
+            for (int x = 0; x < n; x++)
+                if (tile[x] % EMB_BUCKETS == bucket)
+                    dembed[(size_t)tile[x] * d + i] += dout[(size_t)(t0 + x) * d + i];
+    }
 }
 void cuda_embedding_backward(moe_backend *be, real *dembed, const real *dout, const int *tokens,
                              int T, int d) {
     if (T <= 0 || d <= 0) return;
-    k_embedding_backward<<<cuda_grid((size_t)d, 128), 128, 0, cuda_stream(be)>>>(dembed, dout,
-                                                                                 tokens, T, d);
+    k_embedding_backward<<<dim3((d + 127) / 128, EMB_BUCKETS), 128, 0, cuda_stream(be)>>>(
+        dembed, dout, tokens, T, d);
     CUDA_LAUNCHED(be, "k_embedding_backward");
 }
 
@@ -68,12 +84,24 @@ __global__ void k_rmsnorm_backward_input(real *dinp, const real *dout, const rea
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         dx[i] += r * (weight[i] * g[i] - x[i] * r * mean);
 }
-__global__ void k_rmsnorm_backward_weight(real *dweight, const real *dout, const real *inp,
-                                          const real *rstd, int T, int d) {
+// dweight: the tokens in chunks of RMS_CHUNK, a partial sum per (chunk, column) in token
+// order, then per column the chunks in order: deterministic, and T / RMS_CHUNK blocks of
+// parallelism instead of one thread per column walking all T tokens.
+#define RMS_CHUNK 64
+__global__ void k_rmsnorm_weight_partial(real *part, const real *dout, const real *inp,
+                                         const real *rstd, int T, int d) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    if (i >= d) return;
+    const int t1 = (c + 1) * RMS_CHUNK < T ? (c + 1) * RMS_CHUNK : T;
+    real acc = 0;
+    for (int t = c * RMS_CHUNK; t < t1; t++)
+        acc += dout[(size_t)t * d + i] * inp[(size_t)t * d + i] * rstd[t];
+    part[(size_t)c * d + i] = acc;
+}
+__global__ void k_rmsnorm_weight_sum(real *dweight, const real *part, int chunks, int d) {
     GRID_STRIDE(i, (size_t)d) {
         real acc = 0;
-        for (int t = 0; t < T; t++)
-            acc += dout[(size_t)t * d + i] * inp[(size_t)t * d + i] * rstd[t];
+        for (int c = 0; c < chunks; c++) acc += part[(size_t)c * d + i];
         dweight[i] += acc;
     }
 }
@@ -83,9 +111,14 @@ void cuda_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const rea
     k_rmsnorm_backward_input<<<T, CUDA_THREADS, 0, cuda_stream(be)>>>(dinp, dout, inp, weight, rstd,
                                                                       d);
     CUDA_LAUNCHED(be, "k_rmsnorm_backward_input");
-    k_rmsnorm_backward_weight<<<cuda_grid((size_t)d, 128), 128, 0, cuda_stream(be)>>>(
-        dweight, dout, inp, rstd, T, d);
-    CUDA_LAUNCHED(be, "k_rmsnorm_backward_weight");
+    const int chunks = (T + RMS_CHUNK - 1) / RMS_CHUNK;
+    real *part = (real *)cuda_work(be, (size_t)chunks * d * sizeof(real));
+    k_rmsnorm_weight_partial<<<dim3((d + 127) / 128, chunks), 128, 0, cuda_stream(be)>>>(
+        part, dout, inp, rstd, T, d);
+    CUDA_LAUNCHED(be, "k_rmsnorm_weight_partial");
+    k_rmsnorm_weight_sum<<<cuda_grid((size_t)d, 128), 128, 0, cuda_stream(be)>>>(dweight, part,
+                                                                                 chunks, d);
+    CUDA_LAUNCHED(be, "k_rmsnorm_weight_sum");
 }
 
 // ---- RoPE: one thread per rotated pair, then the unrotated heads copied -------------------

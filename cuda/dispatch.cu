@@ -44,14 +44,18 @@ void cuda_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, 
     CUDA_LAUNCHED(be, "k_count (seq)");
 }
 
+// The per-expert scans over all T k slots: one block per expert, as wide as a block goes (each
+// pass of the block over the slots costs a scan and its barriers).
+#define SCAN_THREADS 1024
+
 __global__ void k_fill_int(int *p, int v, size_t n) { GRID_STRIDE(i, n) p[i] = v; }
 
 // One block per expert e: its slots in token order (list, written to this block's part of
 // the scratch), then the rank of each; slots ranked at or beyond the capacity are dropped.
 // Experts within the capacity return at once.
-__global__ void k_capacity(int *keep, int *list_all, const int *idx, const real *weights,
-                           const int *counts, int n_slots, int E, int capacity,
-                           moe_drop_policy policy) {
+__global__ void __launch_bounds__(SCAN_THREADS)
+    k_capacity(int *keep, int *list_all, const int *idx, const real *weights, const int *counts,
+               int n_slots, int E, int capacity, moe_drop_policy policy) {
     const int e = blockIdx.x;
     const int n = counts[e];
     if (n <= capacity) return; // uniform over the block
@@ -87,7 +91,7 @@ void cuda_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int 
     k_fill_int<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(keep, 1, n);
     CUDA_LAUNCHED(be, "k_fill_int");
     if (capacity <= 0) return;
-    k_capacity<<<E, CUDA_THREADS, 0, cuda_stream(be)>>>(keep, scratch, topk_idx, weights, counts,
+    k_capacity<<<E, SCAN_THREADS, 0, cuda_stream(be)>>>(keep, scratch, topk_idx, weights, counts,
                                                         (int)n, E, capacity, policy);
     CUDA_LAUNCHED(be, "k_capacity");
 }
@@ -100,8 +104,9 @@ __global__ void k_prefix(int *offsets, int E) { // one thread: E + 1 integers
         for (int e = 0; e < E; e++) offsets[e + 1] += offsets[e];
 }
 // One block per expert: its slots in token order get consecutive rows from offsets[e].
-__global__ void k_assign_rows(int *assign_row, int *row_token, const int *offsets, const int *idx,
-                              const int *keep, int n_slots, int k) {
+__global__ void __launch_bounds__(SCAN_THREADS)
+    k_assign_rows(int *assign_row, int *row_token, const int *offsets, const int *idx,
+                  const int *keep, int n_slots, int k) {
     const int e = blockIdx.x;
     int row = offsets[e];
     for (int s0 = 0; s0 < n_slots; s0 += blockDim.x) {
@@ -130,7 +135,7 @@ void cuda_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int 
     CUDA_LAUNCHED(be, "k_kept_counts");
     k_prefix<<<1, 32, 0, st>>>(offsets, E);
     CUDA_LAUNCHED(be, "k_prefix");
-    k_assign_rows<<<E, CUDA_THREADS, 0, st>>>(assign_row, row_token, offsets, topk_idx, keep,
+    k_assign_rows<<<E, SCAN_THREADS, 0, st>>>(assign_row, row_token, offsets, topk_idx, keep,
                                               (int)n, k);
     CUDA_LAUNCHED(be, "k_assign_rows");
 }

@@ -8,6 +8,7 @@
 // loop of cublasGemmEx, or one cublasGemmGroupedBatchedEx with a group per expert (shapes and
 // alpha/beta host arrays; the A/B/C pointer arrays copied to the device from a pinned slot).
 // Which is faster depends on the shape (scripts/bench_gpu measures both).
+#include <stdio.h>
 #include <string.h>
 
 #include "cuda/cuda_kernels.cuh"
@@ -87,10 +88,24 @@ static void gemm_many(moe_backend *be, gemm_spec *g, int count) {
     CUDA_CHECK(cudaMemcpyAsync(dev, ptr, (size_t)3 * n * sizeof(void *), cudaMemcpyHostToDevice,
                                s->stream));
     CUDA_CHECK(cudaEventRecord(s->ptr_done[slot], s->stream));
-    CUBLAS_CHECK(
+    const cublasStatus_t st =
         cublasGemmGroupedBatchedEx(s->blas, ta, tb, mm, nn, kk, alpha, (const void *const *)dev,
                                    CUDA_R_32F, la, (const void *const *)(dev + n), CUDA_R_32F, lb,
-                                   beta, dev + 2 * n, CUDA_R_32F, lc, n, size, compute_type(be)));
+                                   beta, dev + 2 * n, CUDA_R_32F, lc, n, size, compute_type(be));
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) { // this cuBLAS lacks the mode (e.g. TF32): the loop
+        if (!s->grouped_refused++)
+            fprintf(stderr,
+                    "moe: warning: cuda: cublasGemmGroupedBatchedEx does not support %s math "
+                    "here; the expert GEMMs run as a cublasGemmEx loop\n",
+                    s->tf32 ? "tf32" : "fp32");
+        for (int i = 0; i < n; i++) gemm_one(be, &g[i]);
+        return;
+    }
+    CUBLAS_CHECK(st);
+}
+
+extern "C" int cuda_backend_grouped_refused(moe_backend *be) {
+    return cuda_state_of(be)->grouped_refused;
 }
 
 // The per-expert GEMMs of one call, built on the host from the host offsets.

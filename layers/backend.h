@@ -327,6 +327,13 @@ struct moe_backend {
                        real grad_scale);
 };
 
+// An entry a backend may leave NULL (a kernel it does not implement, e.g. a bf16 twin the CUDA
+// backend does not have yet): MOE_OK when be->fn exists, else MOE_EINVAL "<fn> is not
+// supported by backend <name>". Call it where a config selects such a kernel, before using it.
+#define MOE_BACKEND_REQUIRE(be, fn) \
+    ((be)->fn ? MOE_OK              \
+              : moe_error(MOE_EINVAL, "%s is not supported by backend %s", #fn, (be)->name))
+
 // The backend named `name` ("cpu", "cpu-strict"; see moe_backend_names), created with opt
 // (NULL: defaults) into *out. MOE_EINVAL naming the known backends when there is none of that
 // name in this build; MOE_ENOMEM. Destroy with moe_backend_destroy.

@@ -230,7 +230,74 @@ static void test_attention(void) {
             }
     check_reals("attention out", out_gpu, out_cpu, (size_t)B * S * H * hd, 1e-5);
     check_reals("attention lse", lse_gpu, lse_cpu, (size_t)B * H * S, 1e-5);
+
+    printf("attention backward: D, dq per query row, dk and dv per key row (the group's heads)\n");
+    real *dout = rand_reals((size_t)B * S * H * hd, 1);
+    real *dqkv_cpu = malloc((size_t)B * S * row * sizeof(real)),
+         *dqkv_gpu = malloc((size_t)B * S * row * sizeof(real));
+    real *D = malloc((size_t)B * H * S * sizeof(real));
+    cpu_attention_backward(cpu, dqkv_cpu, dout, qkv, out_cpu, lse_cpu, B, S, H, KV, hd, scratch,
+                           ss);
+    for (int b = 0; b < B; b++) // k_attention_D
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < S; i++) {
+                const size_t at = ((size_t)b * S + i) * H * hd + (size_t)h * hd;
+                D[((size_t)b * H + h) * S + i] = moe_hd_dot(dout + at, out_cpu + at, hd);
+            }
+    for (int b = 0; b < B; b++) {
+        const real *base = qkv + (size_t)b * S * row;
+        real *dbase = dqkv_gpu + (size_t)b * S * row;
+        for (int h = 0; h < H; h++) // k_attention_dq
+            for (int i = 0; i < S; i++) {
+                const int g = h / (H / KV);
+                const real *q = base + (size_t)i * row + (size_t)h * hd;
+                const real *dO = dout + ((size_t)b * S + i) * H * hd + (size_t)h * hd;
+                const size_t li = ((size_t)b * H + h) * S + i;
+                real acc[64] = {0}, p;
+                for (int j = 0; j <= i; j++) {
+                    const real *k = base + (size_t)j * row + (size_t)(H + g) * hd;
+                    const real ds = moe_hd_attn_ds(&p, q, k, k + (size_t)KV * hd, dO, hd, scale,
+                                                   lse_cpu[li], D[li]);
+                    for (int c = 0; c < hd; c++) acc[c] += ds * k[c];
+                }
+                memcpy(dbase + (size_t)i * row + (size_t)h * hd, acc, (size_t)hd * sizeof(real));
+            }
+        for (int g = 0; g < KV; g++) // k_attention_dkv
+            for (int j = 0; j < S; j++) {
+                const real *k = base + (size_t)j * row + (size_t)(H + g) * hd,
+                           *v = k + (size_t)KV * hd;
+                real dk[64] = {0}, dv[64] = {0}, p;
+                for (int h = g * (H / KV); h < (g + 1) * (H / KV); h++)
+                    for (int i = j; i < S; i++) {
+                        const real *q = base + (size_t)i * row + (size_t)h * hd;
+                        const real *dO = dout + ((size_t)b * S + i) * H * hd + (size_t)h * hd;
+                        const size_t li = ((size_t)b * H + h) * S + i;
+                        const real ds =
+                            moe_hd_attn_ds(&p, q, k, v, dO, hd, scale, lse_cpu[li], D[li]);
+                        for (int c = 0; c < hd; c++) dv[c] += p * dO[c], dk[c] += ds * q[c];
+                    }
+                memcpy(dbase + (size_t)j * row + (size_t)(H + g) * hd, dk,
+                       (size_t)hd * sizeof(real));
+                memcpy(dbase + (size_t)j * row + (size_t)(H + KV + g) * hd, dv,
+                       (size_t)hd * sizeof(real));
+            }
+    }
+    check_reals("attention backward dqkv", dqkv_gpu, dqkv_cpu, (size_t)B * S * row, 1e-5);
+    free(dout), free(dqkv_cpu), free(dqkv_gpu), free(D);
     free(qkv), free(out_cpu), free(out_gpu), free(lse_cpu), free(lse_gpu), free(scratch);
+}
+
+// A table entry a backend leaves NULL is refused by name, not called.
+static void test_missing_entry(void) {
+    printf("MOE_BACKEND_REQUIRE: a missing kernel is an error naming it and the backend\n");
+    moe_backend partial = *cpu;
+    partial.swiglu_backward = NULL;
+    check_true("present entry: MOE_OK", MOE_BACKEND_REQUIRE(&partial, swiglu_forward) == MOE_OK);
+    const moe_status st = MOE_BACKEND_REQUIRE(&partial, swiglu_backward);
+    printf("  %s\n", moe_last_error());
+    check_true("missing entry: MOE_EINVAL naming it and the backend",
+               st == MOE_EINVAL &&
+                   strstr(moe_last_error(), "swiglu_backward is not supported by backend cpu"));
 }
 
 int main(void) {
@@ -243,6 +310,7 @@ int main(void) {
     test_combine();
     test_elementwise();
     test_attention();
+    test_missing_entry();
     moe_backend_destroy(cpu);
     printf(test_failures() ? "FAILED: %d\n" : "all passed\n", test_failures());
     return test_failures() != 0;

@@ -4,6 +4,8 @@
 // element the kernel fails to write fails the comparison. fp32: relative error <= 1e-5 (norm
 // of the difference over the norm of the CPU's result); integer outputs exactly; TF32 GEMMs
 // <= 2e-3. Exit 77 (ctest: skipped) when there is no CUDA device.
+// $MOE_TWIN_DEVICE names another backend in place of "cuda" (cpu-strict: the harness itself
+// checked on a machine without a GPU; the CUDA-only knobs are then left alone).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,9 +13,18 @@
 
 #include "cuda/cuda_backend.h"
 #include "layers/backend.h"
+#include "layers/model.h"
 #include "tests/test_util.h"
 
 static moe_backend *C, *G; // the CPU and the CUDA backend
+static int is_cuda;        // G is "cuda" (its knobs exist)
+
+static void set_expert_gemm(cuda_expert_gemm mode) {
+    if (is_cuda) cuda_backend_set_expert_gemm(G, mode);
+}
+static void set_tf32(int on) {
+    if (is_cuda) cuda_backend_set_tf32(G, on);
+}
 static test_rng rng;
 
 // One buffer on both backends.
@@ -106,7 +117,7 @@ static void test_gemm(double tol, const char *tag) {
     const int E = 6, n_out = 38, n_in = 29, offsets[] = {0, 0, 1, 18, 18, 57, 60};
     const int N = offsets[E];
     for (int mode = 0; mode < 2; mode++) {
-        cuda_backend_set_expert_gemm(G, mode ? CUDA_EXPERT_GEMM_GROUPED : CUDA_EXPERT_GEMM_LOOP);
+        set_expert_gemm(mode ? CUDA_EXPERT_GEMM_GROUPED : CUDA_EXPERT_GEMM_LOOP);
         const char *name = mode ? "grouped" : "loop";
         twin w = reals((size_t)E * n_out * n_in, 1), x = reals((size_t)N * n_in, 1);
         twin y = output((size_t)N * n_out * sizeof(real));
@@ -130,7 +141,7 @@ static void test_gemm(double tol, const char *tag) {
         same_reals(what, dw, (size_t)E * n_out * n_in, tol);
         drop(w), drop(x), drop(y), drop(dy), drop(dx), drop(dw);
     }
-    cuda_backend_set_expert_gemm(G, CUDA_EXPERT_GEMM_LOOP);
+    set_expert_gemm(CUDA_EXPERT_GEMM_LOOP);
 }
 
 // The MoE layer's kernels in the order of a forward and a backward, on shared inputs.
@@ -381,9 +392,62 @@ static void test_attention(int B, int S, int H, int KV, int hd) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
 }
 
+// The whole model, forward and backward, on both backends from the same weights: the loss
+// parts, the logits, and every parameter's gradient (by its HF name) within 1e-4 relative.
+static void test_model(const char *what, model_config cfg, int B, int S) {
+    printf("model (%s): B=%d S=%d, forward + backward\n", what, B, S);
+    model mc, mg;
+    if (model_create(&mc, C, &cfg, B, S) || model_create(&mg, G, &cfg, B, S)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        exit(1);
+    }
+    model_init_weights(&mc, 11, 0.2);
+    model_init_weights(&mg, 11, 0.2); // host RNG: the same weights on both
+    int *tok = malloc((size_t)B * S * sizeof(int)), *tgt = malloc((size_t)B * S * sizeof(int));
+    for (int i = 0; i < B * S; i++)
+        tok[i] = (int)(rng_uniform(&rng) * cfg.vocab_size), tgt[i] = (i * 7 + 3) % cfg.vocab_size;
+    if (model_forward(&mc, tok, tgt, B, S, 1) || model_forward(&mg, tok, tgt, B, S, 1) ||
+        model_backward(&mc, 0.5) || model_backward(&mg, 0.5)) {
+        fprintf(stderr, "%s\n", moe_last_error());
+        exit(1);
+    }
+    const double lc[3] = {mc.ce, mc.aux, mc.z}, lg[3] = {mg.ce, mg.aux, mg.z};
+    check_rel("loss parts (ce, aux, z)", lg, lc, 3, TOL);
+    const size_t nl = (size_t)B * S * cfg.vocab_size, np = mc.n_params;
+    real *a = malloc((nl > np ? nl : np) * sizeof(real)),
+         *b = malloc((nl > np ? nl : np) * sizeof(real));
+    C->copy_to_host(C, a, mc.logits, nl * sizeof(real));
+    G->copy_to_host(G, b, mg.logits, nl * sizeof(real));
+    double *da = malloc((nl > np ? nl : np) * sizeof(double)),
+           *db = malloc((nl > np ? nl : np) * sizeof(double));
+    for (size_t i = 0; i < nl; i++) da[i] = a[i], db[i] = b[i];
+    check_rel("logits", db, da, nl, TOL);
+    C->copy_to_host(C, a, mc.grads, np * sizeof(real));
+    G->copy_to_host(G, b, mg.grads, np * sizeof(real));
+    int worst = -1;
+    double worst_err = 0;
+    for (int t = 0; t < mc.n_tensors; t++) {
+        const model_tensor *x = &mc.tensors[t];
+        const size_t n = (size_t)x->rows * (x->cols ? x->cols : 1);
+        for (size_t i = 0; i < n; i++) da[i] = a[x->offset + i], db[i] = b[x->offset + i];
+        const double e = rel_err(db, da, n);
+        if (!(e <= worst_err)) worst_err = e, worst = t; // NaN is the worst
+    }
+    char line[160];
+    snprintf(line, sizeof line, "every gradient <= 1e-4 (worst %.2e: %s)", worst_err,
+             worst >= 0 ? mc.tensors[worst].name : "-");
+    check_true(line, worst_err <= 1e-4);
+    free(tok), free(tgt), free(a), free(b), free(da), free(db);
+    model_destroy(&mc);
+    model_destroy(&mg);
+}
+
 int main(void) {
     rng_seed(&rng, 2026);
-    if (moe_backend_create(&G, "cuda", NULL)) {
+    const char *name = getenv("MOE_TWIN_DEVICE");
+    name = name && *name ? name : "cuda";
+    is_cuda = !strcmp(name, "cuda");
+    if (moe_backend_create(&G, name, NULL)) {
         printf("skipped: %s\n", moe_last_error());
         return 77;
     }
@@ -393,9 +457,9 @@ int main(void) {
     }
     printf("%s\n", G->describe(G));
     test_gemm(TOL, "fp32");
-    cuda_backend_set_tf32(G, 1);
+    set_tf32(1);
     test_gemm(2e-3, "tf32");
-    cuda_backend_set_tf32(G, 0);
+    set_tf32(0);
     test_router_dispatch(MOE_SCORE_SOFTMAX, 0, 0, MOE_DROP_PROBS);
     test_router_dispatch(MOE_SCORE_SOFTMAX, 1, 50, MOE_DROP_PROBS);
     test_router_dispatch(MOE_SCORE_SIGMOID, 1, 41, MOE_DROP_POSITION);
@@ -405,6 +469,22 @@ int main(void) {
     test_attention(2, 45, 4, 2, 16);
     test_attention(1, 300, 6, 3, 24);  // key tiles beyond one block of 128
     test_attention(2, 129, 2, 2, 130); // head_dim beyond one column per thread
+    model_config cfg = {.vocab_size = 61,
+                        .d_model = 48,
+                        .n_layers = 2,
+                        .n_heads = 6,
+                        .n_kv_heads = 2,
+                        .max_seq_len = 40,
+                        .rope_theta = 1e4,
+                        .rms_norm_eps = 1e-5};
+    cfg.moe = moe_config_default(48, 40, 6, 2);
+    cfg.moe.capacity_factor = 1.25; // drops, probs policy
+    cfg.moe.seq_aux_coef = 1e-3;
+    test_model("GQA, capacity 1.25", cfg, 3, 37);
+    cfg.tie_embeddings = 1, cfg.n_kv_heads = 6;
+    cfg.moe = moe_config_default(48, 40, 8, 3);
+    cfg.moe.scoring = MOE_SCORE_SIGMOID;
+    test_model("tied, MHA, sigmoid, dropless", cfg, 2, 40);
     moe_backend_destroy(G);
     moe_backend_destroy(C);
     printf(test_failures() ? "FAILED: %d\n" : "all passed\n", test_failures());
