@@ -11,11 +11,12 @@ Exits 77 without numpy or tensorboardX (the writer library).
 import glob
 import json
 import os
-import random
-import shutil
 import struct
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "train"))
+from runlib import Report, fresh_work  # noqa: E402
 
 try:
     import numpy as np
@@ -41,11 +42,7 @@ def events(folder):
 
 def main():
     moe, script, work = sys.argv[1:4]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    random.seed(8)
-    with open(os.path.join(work, "text.txt"), "w") as f:
-        f.write("".join(random.choice("abcdefgh ijklmnop,.\n") for _ in range(40000)))
+    fresh_work(work, 8, 40000)
     cfg = os.path.join(work, "t.cfg")
     with open(cfg, "w") as f:
         f.write("""model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; d_ff = 32; n_experts = 8;
@@ -55,12 +52,8 @@ data = { dir = "%s/data"; text = ["%s/text.txt"]; };
 log = { dir = "%s/run"; interval = 1000; };
 """ % (work, work, work))
     py = sys.executable
-    fails = 0
+    report = Report()
 
-    def report(ok, what):
-        nonlocal fails
-        fails += not ok
-        print("  %s  %s" % ("ok  " if ok else "FAIL", what))
 
     # --follow on a live run: started first, it ends by itself once the run logged step 120
     follow = subprocess.Popen([py, script, os.path.join(work, "run"), "--out", os.path.join(work, "tb_follow"),
@@ -101,8 +94,7 @@ log = { dir = "%s/run"; interval = 1000; };
         report(ok, "%s: train/loss at all %d steps == metrics.jsonl, val/loss, time/* shares, %d expert_share "
                "histograms == counts / sum, heatmaps at steps 50, 100" % (tag, len(metrics), len(loads)))
     report(frc == 0, "--follow on the live run ended by itself (exit %s): %s" % (frc, fout.strip()[-200:]))
-    print("%d failure(s)" % fails)
-    sys.exit(1 if fails else 0)
+    report.exit()
 
 
 main()

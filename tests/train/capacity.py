@@ -16,10 +16,12 @@
 import json
 import math
 import os
-import random
 import shutil
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runlib import Report, fresh_work  # noqa: E402
 
 
 def records(path):
@@ -31,11 +33,7 @@ def main():
     sep = sys.argv.index("--")
     mpirun = sys.argv[2:sep]
     work = sys.argv[sep + 1]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    random.seed(5)
-    with open(os.path.join(work, "text.txt"), "w") as f:
-        f.write("".join(random.choice("abcdefgh ijklmnop,.\n") for _ in range(60000)))
+    fresh_work(work, 5, 60000)
 
     def cfg(name, capacity, steps, G=2, ckpt=0, opt="adamw"):
         path = os.path.join(work, name + ".cfg")
@@ -57,12 +55,7 @@ checkpoint = { interval = %d; keep = 5; };
             sys.exit("capacity: FAIL: %s\n%s%s" % (" ".join(cmd), r.stdout[-2000:], r.stderr[-2000:]))
         return r.stdout
 
-    fails = 0
-
-    def report(ok, what):
-        nonlocal fails
-        fails += not ok
-        print("  %s  %s" % ("ok  " if ok else "FAIL", what))
+    report = Report()
 
     # schedule: held before the first point and after the last, linear in between
     points = [(3, 2.0), (7, 1.0), (11, 1.5)]
@@ -147,8 +140,7 @@ checkpoint = { interval = %d; keep = 5; };
         report(same and dl <= 1e-6 and len(ep) == 40,
                "auto under expert parallelism (2 ranks vs grad_accum 2): the same factors at every "
                "step, losses within %.1e (%d decisions)" % (dl, sum("capacity_decision" in y for y in ep)))
-    print("%d failure(s)" % fails)
-    sys.exit(1 if fails else 0)
+    report.exit()
 
 
 main()

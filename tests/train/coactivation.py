@@ -11,27 +11,20 @@ matrices are the same; log.coactivation = false writes none.
 """
 import json
 import os
-import random
-import shutil
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runlib import Report, fresh_work  # noqa: E402
 
 
 def main():
     moe = sys.argv[1]
     sep = sys.argv.index("--")
     mpirun, work = sys.argv[2:sep], sys.argv[sep + 1]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    random.seed(6)
-    with open(os.path.join(work, "text.txt"), "w") as f:
-        f.write("".join(random.choice("abcdefgh ijklmnop,.\n") for _ in range(40000)))
-    fails = 0
+    fresh_work(work, 6, 40000)
+    report = Report()
 
-    def report(ok, what):
-        nonlocal fails
-        fails += not ok
-        print("  %s  %s" % ("ok  " if ok else "FAIL", what))
 
     def run(name, G=1, ranks=1, k=3, coact="true"):
         cfg = os.path.join(work, name + ".cfg")
@@ -153,8 +146,7 @@ log = { dir = "%s/run_%s"; interval = 5; coactivation = %s; };
 
     off = run("off", coact="false")
     report(not any("coactivation" in r for r in off), "log.coactivation = false: no co-activation records")
-    print("%d failure(s)" % fails)
-    sys.exit(1 if fails else 0)
+    report.exit()
 
 
 main()

@@ -13,10 +13,11 @@
 """
 import json
 import os
-import random
-import shutil
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runlib import Report, fresh_work  # noqa: E402
 
 try:
     import numpy as np
@@ -27,11 +28,7 @@ except ImportError:
 
 def main():
     moe, work = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    random.seed(4)
-    with open(os.path.join(work, "text.txt"), "w") as f:
-        f.write("".join(random.choice("abcdefgh ijklmnop,.\n") for _ in range(40000)))
+    fresh_work(work, 4, 40000)
     cfg = os.path.join(work, "s.cfg")
     with open(cfg, "w") as f:
         f.write("""model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; d_ff = 32; n_experts = 8;
@@ -42,12 +39,8 @@ log = { dir = "%s/run"; };
 """ % (work, work, work))
     subprocess.run([moe, "train", cfg], check=True, capture_output=True)
     ck = os.path.join(work, "run", "ckpt", "latest")
-    fails = 0
+    report = Report()
 
-    def report(ok, what):
-        nonlocal fails
-        fails += not ok
-        print("  %s  %s" % ("ok  " if ok else "FAIL", what))
 
     def check(path, W, E=8, k=2, what=""):
         recs = [json.loads(l) for l in open(path)]
@@ -130,8 +123,7 @@ log = { dir = "%s/run"; };
     r = subprocess.run([moe, "eval", "--ckpt", ck, "--data", os.path.join(work, "data", "val.bin"),
                         "--stats-out", "/nonexistent/x.jsonl"], capture_output=True, text=True)
     report(r.returncode != 0 and "/nonexistent/x.jsonl" in r.stderr, "a --stats-out that cannot be created is named")
-    print("%d failure(s)" % fails)
-    sys.exit(1 if fails else 0)
+    report.exit()
 
 
 main()

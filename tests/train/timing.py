@@ -12,23 +12,20 @@ the breakdown and its --json shares sum to 1; with log.timing = false no record 
 """
 import json
 import os
-import random
-import shutil
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runlib import Report, fresh_work  # noqa: E402
 
 PHASES = ["attention", "router", "dispatch", "experts", "combine", "dense"]
 
 
 def main():
     moe, work = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    random.seed(2)
-    with open(os.path.join(work, "text.txt"), "w") as f:
-        f.write("".join(random.choice("abcdefgh ijklmnop,.\n") for _ in range(40000)))
-    fails = 0
+    fresh_work(work, 2, 40000)
+    report = Report()
 
     def run(name, timing):
         cfg = os.path.join(work, name + ".cfg")
@@ -47,10 +44,6 @@ checkpoint = { interval = 20; };
         return d, [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))], \
             [json.loads(l) for l in open(os.path.join(d, "expert_load.jsonl"))]
 
-    def report(ok, what):
-        nonlocal fails
-        fails += not ok
-        print("  %s  %s" % ("ok  " if ok else "FAIL", what))
 
     d, metrics, loads = run("on", True)
     keys = PHASES + ["optimizer", "exchange_wait", "validation", "checkpoint"]
@@ -76,8 +69,7 @@ checkpoint = { interval = 20; };
     d, metrics, loads = run("off", False)
     report(not any("time" in r for r in metrics) and not any("expert_s" in l for l in loads),
            "log.timing = false: no time, no expert_s")
-    print("%d failure(s)" % fails)
-    sys.exit(1 if fails else 0)
+    report.exit()
 
 
 main()

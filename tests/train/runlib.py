@@ -1,0 +1,30 @@
+"""Shared by the end-to-end Python tests (tests/train, tests/stats): a fresh work folder with a
+random text corpus for `moe train`, and the ok/FAIL lines that count the failures."""
+import os
+import random
+import shutil
+import sys
+
+
+def fresh_work(work, seed, chars=40000, alphabet="abcdefgh ijklmnop,.\n"):
+    """An empty work folder holding text.txt: chars random characters of alphabet."""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    rnd = random.Random(seed)
+    with open(os.path.join(work, "text.txt"), "w") as f:
+        f.write("".join(rnd.choice(alphabet) for _ in range(chars)))
+
+
+class Report:
+    """report(ok, what) prints one check; report.exit() the count, exit 1 after a failure."""
+
+    def __init__(self):
+        self.fails = 0
+
+    def __call__(self, ok, what):
+        self.fails += not ok
+        print("  %s  %s" % ("ok  " if ok else "FAIL", what))
+
+    def exit(self):
+        print("%d failure(s)" % self.fails)
+        sys.exit(1 if self.fails else 0)
