@@ -161,7 +161,9 @@ const char *moe_blas_kernel(void) {
     const int b = mkl_cbwr_get_auto_branch();
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
         if (paths[i].branch == b) return paths[i].name;
-    return "unknown";
+    static char other[32];
+    snprintf(other, sizeof other, "code path %d", b); // mkl_types.h's MKL_CBWR_* numbers
+    return other;
 }
 const char *moe_blas_name(void) {
     static char s[64];
