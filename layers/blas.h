@@ -42,10 +42,10 @@ moe_blas_verdict moe_blas_judge(const char *kernel, moe_isa cpu, int amd, int av
                                 char *fix, size_t n);
 
 // The start-up check of moe train/eval/generate/smoke, first thing in main. When the BLAS runs
-// generic kernels on a CPU with better ones: if the user set OPENBLAS_CORETYPE (BLIS:
-// BLIS_ARCH_TYPE) it warns on stderr, naming the value to set, and goes on; else it sets the
-// variable and re-executes the program (argv as main got it) once, so that the BLAS loads with
-// the right kernels; where that cannot help, it warns. Returns 0 when the kernels fit, 1 after
+// generic kernels on a CPU with better ones: if the user set OPENBLAS_CORETYPE it warns on
+// stderr, naming the value to set, and goes on; else it sets the variable and re-executes the
+// program (argv as main got it) once, so that OpenBLAS loads with the right kernels; where that
+// cannot help (BLIS, MKL, an OpenBLAS without DYNAMIC_ARCH), it warns. Returns 0 when the kernels fit, 1 after
 // a warning (it does not return when it re-executes). Test hook: MOE_BLAS_TEST_KERNEL=NAME
 // makes it judge NAME instead of the loaded family (the re-executed process judges the real one).
 int moe_blas_check(char **argv);

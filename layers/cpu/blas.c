@@ -5,10 +5,10 @@
 // Why the check: a BLAS picks its kernels from the CPU when it loads. Debian's OpenBLAS 0.3.21
 // does not know CPUs newer than itself (a 2023+ Xeon) and falls back to its generic Prescott
 // kernels, 3x slower than its SkylakeX ones, without a word. OpenBLAS reads OPENBLAS_CORETYPE
-// (BLIS: BLIS_ARCH_TYPE, the number of a configuration of the build) in its library
-// constructor, before main, so moe_blas_check sets the variable and re-executes the program
-// once (execv of /proc/self/exe: same pid, same arguments; mpirun's ranks too); a value the
-// user set is kept, with a warning that says what to set instead.
+// in its library constructor, before main, so moe_blas_check sets the variable and re-executes
+// the program once (execv of /proc/self/exe: same pid, same arguments; mpirun's ranks too); a
+// value the user set is kept, with a warning that says what to set instead. BLIS and MKL pick
+// their kernels from the CPU's features; a generic pick there is a warning.
 #define _GNU_SOURCE // setenv, unsetenv
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,10 +134,11 @@ const char *moe_blas_name(void) {
     return s;
 }
 void moe_blas_set_threads(int n) { bli_thread_set_num_threads(n); } // else BLIS runs 1
-// BLIS_ARCH_TYPE takes the number of a configuration: the one named `family` in this build.
+// BLIS_ARCH_TYPE names a configuration by a number whose meaning depends on the build (measured
+// with Debian's 0.9: an id that bli_arch_string names "zen3" aborts at load as uninitialised),
+// so moe does not set it: a generic BLIS is a warning.
 static int env_value(const char *family, char *buf, size_t n) {
-    for (int id = 0; id < BLIS_NUM_ARCHS; id++)
-        if (!strcmp(bli_arch_string((arch_t)id), family)) return snprintf(buf, n, "%d", id) > 0;
+    (void)family, (void)buf, (void)n;
     return 0;
 }
 #elif defined(MOE_BLAS_MKL)
@@ -161,7 +162,9 @@ const char *moe_blas_kernel(void) {
     const int b = mkl_cbwr_get_auto_branch();
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
         if (paths[i].branch == b) return paths[i].name;
-    return "unknown";
+    static char other[32];
+    snprintf(other, sizeof other, "code path %d", b); // mkl_types.h's MKL_CBWR_* numbers
+    return other;
 }
 const char *moe_blas_name(void) {
     static char s[64];
