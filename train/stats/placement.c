@@ -33,12 +33,12 @@
 
 typedef struct {
     int L, E, k, R;
-    size_t *n, *cap;    // [L] logged steps per layer
-    long **counts;      // [L] -> [steps][E]
-    double **coact;     // [L] -> [E][E] summed (both halves)
-    double *tokens;     // [L] tokens over the steps with co-activations
+    size_t *n, *cap; // [L] logged steps per layer
+    long **counts;   // [L] -> [steps][E]
+    double **coact;  // [L] -> [E][E] summed (both halves)
+    double *tokens;  // [L] tokens over the steps with co-activations
     int have_coact;
-    double row_bytes;   // d_model x 4 (from the records: "exchange" not needed)
+    double row_bytes; // d_model x 4 (from the records: "exchange" not needed)
 } plan_in;
 
 static void plan_free(plan_in *p) {
@@ -103,13 +103,16 @@ static int read_load(plan_in *p, const char *dir, FILE *err) {
                 if (p->n[l] == p->cap[l]) {
                     size_t nc = p->cap[l] ? 2 * p->cap[l] : 256;
                     long *nb = realloc(p->counts[l], nc * E * sizeof(long));
-                    if (!nb) rc = 1;
-                    else p->counts[l] = nb, p->cap[l] = nc;
+                    if (!nb)
+                        rc = 1;
+                    else
+                        p->counts[l] = nb, p->cap[l] = nc;
                 }
                 long *row = rc ? NULL : p->counts[l] + p->n[l] * E;
                 const cJSON *x;
                 int e = 0;
-                cJSON_ArrayForEach(x, cnt) if (row) row[e++] = cJSON_IsNumber(x) ? (long)x->valuedouble : 0;
+                cJSON_ArrayForEach(x, cnt) if (row) row[e++] =
+                    cJSON_IsNumber(x) ? (long)x->valuedouble : 0;
                 if (row) p->n[l]++;
                 p->tokens[l] += cJSON_IsNumber(tok) ? tok->valuedouble : 0;
                 if (cJSON_IsArray(co) && cJSON_GetArraySize(co) == E * (E - 1) / 2) {
@@ -252,8 +255,9 @@ int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *
     }
     const int E = p.E;
     if (R < 2 || R > 64 || E % R) {
-        fprintf(err, "moe stats: --placement %d: the ranks must be 2..64 and divide the %d experts\n",
-                R, E);
+        fprintf(err,
+                "moe stats: --placement %d: the ranks must be 2..64 and divide the %d experts\n", R,
+                E);
         plan_free(&p);
         return 2;
     }
@@ -319,7 +323,8 @@ int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *
         free(text);
         cJSON_Delete(doc);
     } else {
-        fprintf(out, "moe stats %s --placement %d: %d experts over %d ranks, %d layers, %zu steps\n",
+        fprintf(out,
+                "moe stats %s --placement %d: %d experts over %d ranks, %d layers, %zu steps\n",
                 dir, R, E, R, p.L, p.n[0]);
         fprintf(out, "  %-22s %9s %11s %12s %14s\n", "mapping", "P99 load", "rows/token",
                 "rows, dedup", "hot link KiB");
@@ -333,15 +338,17 @@ int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *
             for (int e = 0; e < E; e++)
                 if (best[e] == r) fprintf(out, " %d", e);
         }
-        fprintf(out, "\n"
-                     "  P99 load: the hottest rank's tokens over the mean on the P99 step (worst layer);\n"
-                     "  rows/token: rows one layer sends per token (our exchange: one per assignment to\n"
-                     "  another rank, the same for every mapping); dedup: one per token and destination\n"
-                     "  rank, from the co-activations%s; hot link: the busiest rank pair's bytes on the\n"
-                     "  P99 step, per layer forward (d_model %d). Proposal: pairwise swaps from LPT\n"
-                     "  greedy and from contiguous lowering P99 load + dedup rows (both relative).\n"
-                     "  Training with a mapping (parallel.expert_placement) is not built yet.\n",
-                p.have_coact ? "" : " (none logged: log.coactivation)", d_model);
+        fprintf(
+            out,
+            "\n"
+            "  P99 load: the hottest rank's tokens over the mean on the P99 step (worst layer);\n"
+            "  rows/token: rows one layer sends per token (our exchange: one per assignment to\n"
+            "  another rank, the same for every mapping); dedup: one per token and destination\n"
+            "  rank, from the co-activations%s; hot link: the busiest rank pair's bytes on the\n"
+            "  P99 step, per layer forward (d_model %d). Proposal: pairwise swaps from LPT\n"
+            "  greedy and from contiguous lowering P99 load + dedup rows (both relative).\n"
+            "  Training with a mapping (parallel.expert_placement) is not built yet.\n",
+            p.have_coact ? "" : " (none logged: log.coactivation)", d_model);
     }
     free(scratch);
     plan_free(&p);
