@@ -166,6 +166,14 @@ parallel = {
         report(dl1 <= TOL and dw1 <= TOL and same1,
                "R=%d placement %s vs one rank (grad_accum %d): losses %.2e, weights %.2e, counts %s" %
                (R, perm, R, dl1, dw1, "equal" if same1 else "DIFFER"))
+        # rank r's experts received the kept rows of the experts the placement gives it (one
+        # micro-batch per rank and step: the forward's rows)
+        El = 8 // R
+        recs = [json.loads(l) for l in open(os.path.join(work, "run_" + tag + "_placed", "expert_load.jsonl"))]
+        held = all(r["received_rows"] == [sum(r["kept"][e] for e in perm[j * El:(j + 1) * El]) for j in range(R)]
+                   for r in recs)
+        report(held and len(recs) == 10, "R=%d: each rank's received rows = the kept counts of its experts "
+               "%s (%d records)" % (R, [perm[j * El:(j + 1) * El] for j in range(R)], len(recs)))
         # each expert's tensors are in the file of the rank holding it (rank 0's has the dense ones)
         ck = os.path.join(work, "run_" + tag + "_placed", "ckpt", "step_00000005")
         index = json.load(open(os.path.join(ck, "model.safetensors.index.json")))["weight_map"]
@@ -177,6 +185,18 @@ parallel = {
         report(index == want, "R=%d checkpoint: expert e's tensors in the shard of the rank holding it "
                "(rank %d holds experts %s)" % (R, 1, perm[El:2 * El]))
 
+    # moe stats --placement's proposal is a value of the key
+    r = subprocess.run([moe, "stats", os.path.join(work, "run_r4_default"), "--placement", "4", "--json"],
+                       capture_output=True, text=True)
+    try:
+        doc = json.loads(r.stdout)
+        prop = next(m for m in doc["mappings"] if m["mapping"] == "proposal")
+        key = doc["expert_placement"]
+    except (ValueError, KeyError, StopIteration):
+        key, prop = None, None
+    ok = key is not None and sorted(key) == list(range(8)) and all(
+        prop["rank_of_expert"][e] == key.index(e) // 2 for e in range(8))
+    report(ok, "moe stats --placement 4 --json: expert_placement %s, the proposal's ranks in rank order" % key)
     # the placed 4-rank run's checkpoint at step 3 resumes on one rank, default placement
     extra = 'capacity_factor = 1.0; drop_policy = "position"; bias_rate = 0.001;'
     train(cfg("resume_full", extra, 1, ckpt=3, parallel=placed(perm4)), 4)
