@@ -484,8 +484,6 @@ static void init_host(real *host, const model_tensor *tab, int n_tensors, int n_
     }
 }
 
-// Under expert parallelism a rank holds some experts of the whole model: it draws the whole
-// model (the same numbers as one rank) and keeps its tensors, found by name in table order.
 // ---- expert placement -----------------------------------------------------------------
 
 moe_status model_set_expert_placement(model *m, const int *placement) {
@@ -542,6 +540,9 @@ void model_placement_image(const model *m, real *host, int to_global) {
                             to_global);
 }
 
+// Under expert parallelism a rank holds some experts of the whole model: it draws the whole
+// model (the same numbers as one rank) and keeps its tensors, found by name in table order.
+// Under an expert placement the gate rows are then put in slot order.
 void model_init_weights(model *m, uint64_t seed, double std) {
     const size_t n_all = model_param_count(&m->cfg);
     real *host = malloc(n_all * sizeof(real));

@@ -952,21 +952,25 @@ static void trainer_print_header(const trainer *t) {
     print_header(cfg, &t->m.cfg, t->m.n_params, t->m.n_dense, &mem, NULL, data_line, t->be);
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
-    if (t->R > 1) // the figures above are rank 0's: its experts and buffers
+    if (t->R > 1 && !t->m.placement) // the figures above are rank 0's: its experts and buffers
         printf("expert parallelism: %d ranks (%s), groups of %d: each rank holds experts %d..%d "
                "of %d and trains on its own %d x %d tokens x %d micro-batches; memory and "
                "parameters above are per rank\n",
                t->R, t->world->name, t->m.ep ? t->m.ep->size : 1, t->m.expert0,
                t->m.expert0 + t->m.E_local - 1, t->E, cfg->batch_size, cfg->seq_len,
                cfg->grad_accum);
-    if (t->m.placement) { // parallel.expert_placement: the global experts of each rank
+    if (t->R > 1 && t->m.placement) { // parallel.expert_placement: the global experts of each rank
         const int El = t->m.E_local;
-        printf("expert placement (parallel.expert_placement), experts per rank of an EP group:");
+        printf("expert parallelism: %d ranks (%s), groups of %d, %d experts placed by "
+               "parallel.expert_placement:",
+               t->R, t->world->name, t->m.ep ? t->m.ep->size : 1, t->E);
         for (int s = 0; s < t->E; s++) {
             if (s % El == 0) printf("%s rank %d [", s ? "]," : "", s / El);
             printf("%s%d", s % El ? ", " : "", t->m.placement[s]);
         }
-        printf("]\n");
+        printf("]; each trains on its own %d x %d tokens x %d micro-batches; memory and "
+               "parameters above are per rank\n",
+               cfg->batch_size, cfg->seq_len, cfg->grad_accum);
     }
 }
 

@@ -150,43 +150,47 @@ parallel = {
 
     # R ranks with a placement vs the default placement and vs one rank
     perm4 = [6, 1, 3, 4, 7, 0, 2, 5]  # R = 4: {6,1}, {3,4}, {7,0}, {2,5}
-    for R, perm, extra in [(2, PLACE, "capacity_factor = 1.0;"),
-                           (4, perm4, 'capacity_factor = 1.0; drop_policy = "position"; bias_rate = 0.001;')]:
-        tag = "r%d" % R
+    for R, ep, perm, extra in [(2, 2, PLACE, "capacity_factor = 1.0;"),
+                               (4, 4, perm4, 'capacity_factor = 1.0; drop_policy = "position"; bias_rate = 0.001;'),
+                               (4, 2, PLACE, "capacity_factor = 1.0;")]:
+        tag = "r%d_ep%d" % (R, ep)
+        R_ = "R=%d ep_size=%d" % (R, ep)
         train(cfg(tag + "_one", extra, R), 1)
-        train(cfg(tag + "_default", extra, 1), R)
-        train(cfg(tag + "_placed", extra, 1, parallel=placed(perm)), R)
+        train(cfg(tag + "_default", extra, 1, parallel="ep_size = %d;" % ep), R)
+        train(cfg(tag + "_placed", extra, 1, parallel="ep_size = %d; %s" % (ep, placed(perm))), R)
         dl, dw, fp, fd = compare(tag + "_placed", tag + "_default")
         dl1, dw1, _, f1 = compare(tag + "_placed", tag + "_one")
         drops = sum(sum(c) - sum(k) for c, k, _ in fp.values())
         same1 = all(fp[s][:2] == f1[s][:2] for s in f1) and len(fp) == len(f1)
         report(dl <= TOL and dw <= TOL and fp == fd and drops > 0,
-               "R=%d placement %s vs the default placement: losses %.2e, weights %.2e (worst tensor), "
-               "counts/kept/co-activations %s, %d dropped" % (R, perm, dl, dw, "equal" if fp == fd else "DIFFER", drops))
+               "%s placement %s vs the default placement: losses %.2e, weights %.2e (worst tensor), "
+               "counts/kept/co-activations %s, %d dropped" % (R_, perm, dl, dw, "equal" if fp == fd else "DIFFER", drops))
         report(dl1 <= TOL and dw1 <= TOL and same1,
-               "R=%d placement %s vs one rank (grad_accum %d): losses %.2e, weights %.2e, counts %s" %
-               (R, perm, R, dl1, dw1, "equal" if same1 else "DIFFER"))
+               "%s placement %s vs one rank (grad_accum %d): losses %.2e, weights %.2e, counts %s" %
+               (R_, perm, R, dl1, dw1, "equal" if same1 else "DIFFER"))
         # rank r's experts received the kept rows of the experts the placement gives it (one
         # micro-batch per rank and step: the forward's rows)
-        El = 8 // R
+        # (rank r holds what place r %% ep_size of its EP group holds); with replicas (ep_size < R)
+        # the counts are the world's, the rows each group's: checked with ep_size = R only
+        El = 8 // ep
         recs = [json.loads(l) for l in open(os.path.join(work, "run_" + tag + "_placed", "expert_load.jsonl"))]
         held = all(r["received_rows"] == [sum(r["kept"][e] for e in perm[j * El:(j + 1) * El]) for j in range(R)]
                    for r in recs)
-        report(held and len(recs) == 10, "R=%d: each rank's received rows = the kept counts of its experts "
-               "%s (%d records)" % (R, [perm[j * El:(j + 1) * El] for j in range(R)], len(recs)))
+        if ep == R:
+            report(held and len(recs) == 10, "%s: each rank's received rows = the kept counts of its experts "
+                   "%s (%d records)" % (R_, [perm[j * El:(j + 1) * El] for j in range(R)], len(recs)))
         # each expert's tensors are in the file of the rank holding it (rank 0's has the dense ones)
         ck = os.path.join(work, "run_" + tag + "_placed", "ckpt", "step_00000005")
         index = json.load(open(os.path.join(ck, "model.safetensors.index.json")))["weight_map"]
-        El = 8 // R
         want = {}
         for name in index:
             e = int(name.split(".experts.")[1].split(".")[0]) if ".experts." in name else None
-            want[name] = "model-%05d-of-%05d.safetensors" % ((perm.index(e) // El if e is not None else 0) + 1, R)
-        report(index == want, "R=%d checkpoint: expert e's tensors in the shard of the rank holding it "
-               "(rank %d holds experts %s)" % (R, 1, perm[El:2 * El]))
+            want[name] = "model-%05d-of-%05d.safetensors" % ((perm.index(e) // El if e is not None else 0) + 1, ep)
+        report(index == want, "%s checkpoint: expert e's tensors in the shard of the rank holding it "
+               "(rank %d holds experts %s)" % (R_, 1, perm[El:2 * El]))
 
     # moe stats --placement's proposal is a value of the key
-    r = subprocess.run([moe, "stats", os.path.join(work, "run_r4_default"), "--placement", "4", "--json"],
+    r = subprocess.run([moe, "stats", os.path.join(work, "run_r4_ep4_default"), "--placement", "4", "--json"],
                        capture_output=True, text=True)
     try:
         doc = json.loads(r.stdout)

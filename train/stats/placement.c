@@ -356,7 +356,7 @@ int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *
             "  rank, from the co-activations%s; hot link: the busiest rank pair's bytes on the\n"
             "  P99 step, per layer forward (d_model %d). Proposal: pairwise swaps from LPT\n"
             "  greedy and from contiguous lowering P99 load + dedup rows (both relative).\n"
-            "  Training with a mapping (parallel.expert_placement) is not built yet.\n",
+            "  Train with it: parallel.expert_placement (the line above).\n",
             p.have_coact ? "" : " (none logged: log.coactivation)", d_model);
     }
     free(scratch);
