@@ -137,9 +137,11 @@ static int64_t tensor_count(const model_config *c, int El) {
 
 int64_t model_tensor_count(const model_config *c) { return tensor_count(c, c->moe.n_experts); }
 
-// The tensor table in Hugging Face Mixtral names, in HF order: experts e0 .. e0+El-1 of
-// each layer (tensor_count entries), named by their global index.
-static void build_tensor_table(model_tensor *tab, const model_config *c, int El, int e0) {
+// The tensor table in Hugging Face Mixtral names, in HF order: the experts in slots e0 ..
+// e0+El-1 of each layer (tensor_count entries), named by their global index (slot_of: the
+// slot of each global expert, NULL: the identity), listed by it.
+static void build_tensor_table(model_tensor *tab, const model_config *c, int El, int e0,
+                               const int *slot_of) {
     params_offsets o;
     params_layout(&o, c, El, NULL);
     const int V = c->vocab_size, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads, hd = d / H,
@@ -163,8 +165,9 @@ static void build_tensor_table(model_tensor *tab, const model_config *c, int El,
                    0, l, 1, -1);
         add_tensor(tab, &n, LNAME("block_sparse_moe.gate.weight"), gate, E, d, l, 0, -1);
 #undef LNAME
-        for (int jl = 0; jl < El; jl++) {
-            const int j = e0 + jl; // the global expert index of the HF name
+        for (int j = 0; j < E; j++) { // global expert j, HF order, if it is in a local slot
+            const int jl = (slot_of ? slot_of[j] : j) - e0;
+            if (jl < 0 || jl >= El) continue;
             const size_t w13 = o.w13 + ((size_t)l * El + jl) * 2 * ff * d,
                          w2 = o.w2 + ((size_t)l * El + jl) * d * ff;
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l,
@@ -184,7 +187,7 @@ static void build_tensor_table(model_tensor *tab, const model_config *c, int El,
 
 model_tensor *model_tensor_table(const model_config *cfg) {
     model_tensor *tab = calloc((size_t)model_tensor_count(cfg), sizeof *tab);
-    if (tab) build_tensor_table(tab, cfg, cfg->moe.n_experts, 0);
+    if (tab) build_tensor_table(tab, cfg, cfg->moe.n_experts, 0, NULL);
     return tab;
 }
 
@@ -245,7 +248,7 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
     // tensor table: 1 + per layer 7 + 3 E_local, + final norm + lm_head
     m->n_tensors = (int)tensor_count(cfg, m->E_local);
     m->tensors = calloc((size_t)m->n_tensors, sizeof *m->tensors);
-    if (m->tensors) build_tensor_table(m->tensors, cfg, m->E_local, m->expert0);
+    if (m->tensors) build_tensor_table(m->tensors, cfg, m->E_local, m->expert0, NULL);
     m->n_moe = n_moe;
     m->moe = calloc(n_moe, sizeof(moe_layer));
     m->moe_stats = calloc(L, sizeof(moe_stats));
@@ -433,6 +436,7 @@ void model_destroy(model *m) {
     free(m->moe);
     free(m->moe_stats);
     free(m->tensors);
+    free(m->placement);
     free(m->expert_hits);
     memset(m, 0, sizeof *m);
 }
@@ -487,16 +491,74 @@ static void init_host(real *host, const model_tensor *tab, int n_tensors, int n_
     }
 }
 
+// ---- expert placement -----------------------------------------------------------------
+
+moe_status model_set_expert_placement(model *m, const int *placement) {
+    const int E = m->cfg.moe.n_experts;
+    free(m->placement), m->placement = NULL, m->slot_of = NULL;
+    if (placement) {
+        int *p = malloc(2 * (size_t)E * sizeof(int));
+        if (!p) return moe_error(MOE_ENOMEM, "model: out of memory");
+        for (int e = 0; e < E; e++) p[E + e] = -1;
+        for (int s = 0; s < E; s++) {
+            const int g = placement[s];
+            if (g < 0 || g >= E || p[E + g] >= 0) {
+                free(p);
+                return moe_error(MOE_EINVAL,
+                                 "model: expert placement entry %d = %d: not a permutation of "
+                                 "0 .. %d",
+                                 s, g, E - 1);
+            }
+            p[s] = g, p[E + g] = s;
+        }
+        m->placement = p, m->slot_of = p + E;
+    }
+    build_tensor_table(m->tensors, &m->cfg, m->E_local, m->expert0, m->slot_of);
+    return MOE_OK;
+}
+
+int model_expert_global(const model *m, int slot) {
+    return m->placement ? m->placement[slot] : slot;
+}
+
+int model_holds_expert(const model *m, int expert) {
+    const int s = m->slot_of ? m->slot_of[expert] : expert;
+    return s >= m->expert0 && s < m->expert0 + m->E_local;
+}
+
+void model_placement_permute(const model *m, real *v, int n, int width, int to_global) {
+    if (!m->placement) return;
+    const size_t E = m->cfg.moe.n_experts, w = width;
+    real *tmp = malloc(E * w * sizeof(real));
+    if (!tmp) moe_fatal("model: out of memory");
+    for (int b = 0; b < n; b++) {
+        real *blk = v + (size_t)b * E * w;
+        memcpy(tmp, blk, E * w * sizeof(real));
+        for (size_t s = 0; s < E; s++) { // slot s <-> global placement[s]
+            const size_t g = m->placement[s];
+            memcpy(blk + (to_global ? g : s) * w, tmp + (to_global ? s : g) * w, w * sizeof(real));
+        }
+    }
+    free(tmp);
+}
+
+void model_placement_image(const model *m, real *host, int to_global) {
+    model_placement_permute(m, host + (m->p.router - m->params), m->cfg.n_layers, m->cfg.d_model,
+                            to_global);
+}
+
 // Under expert parallelism a rank holds some experts of the whole model: it draws the whole
 // model (the same numbers as one rank) and keeps its tensors, found by name in table order.
+// Under an expert placement the gate rows are then put in slot order.
 void model_init_weights(model *m, uint64_t seed, double std) {
     const size_t n_all = model_param_count(&m->cfg);
     real *host = malloc(n_all * sizeof(real));
-    model_tensor *all = m->ep ? model_tensor_table(&m->cfg) : m->tensors;
+    const int subset = m->ep || m->placement; // m's table is not the whole one in its order
+    model_tensor *all = subset ? model_tensor_table(&m->cfg) : m->tensors;
     if (!host || !all)
         moe_fatal("model: cannot allocate %zu bytes to initialise weights", n_all * sizeof(real));
     init_host(host, all, (int)model_tensor_count(&m->cfg), m->cfg.n_layers, seed, std);
-    if (m->ep) { // keep this rank's tensors: the table is a subsequence of the whole one
+    if (subset) { // keep this rank's tensors: the table is a subsequence of the whole one
         real *mine = malloc(m->n_params * sizeof(real));
         if (!mine) moe_fatal("model: out of memory");
         for (int i = 0, j = 0; i < m->n_tensors; i++) {
@@ -507,6 +569,7 @@ void model_init_weights(model *m, uint64_t seed, double std) {
         }
         free(host), free(all);
         host = mine;
+        model_placement_image(m, host, 0); // the gate rows in slot order
     }
     m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
     free(host);

@@ -76,7 +76,11 @@ typedef struct {
     int n_seqs;             // inference: sequences the KV cache holds (batched decoding)
     int B, S;               // shape of the last forward
     moe_comm *ep;           // expert parallelism: the EP group (NULL: one rank)
-    int E_local, expert0;   // the experts this model holds: expert0 .. expert0 + E_local - 1
+    int E_local, expert0;   // the experts this model holds: slots expert0 .. expert0 + E_local - 1
+    // expert placement (model_set_expert_placement): slot s holds global expert placement[s];
+    // every [E]-shaped buffer (router rows, bias, counts) is in slot order; slot_of the
+    // inverse. NULL: the identity (slot = global expert)
+    int *placement, *slot_of;
 
     size_t n_params;      // reals in the parameter buffer
     size_t n_dense;       // the first n_dense reals are dense, the rest expert weights
@@ -159,6 +163,23 @@ moe_status model_create_inference_parallel(model *m, moe_backend *be, const mode
 // The same with a KV cache of n_seqs sequences (model_infer_slot, model_decode_batch).
 moe_status model_create_inference_batch(model *m, moe_backend *be, const model_config *cfg,
                                         int max_pos, int max_chunk, int n_seqs, moe_comm *ep);
+
+// Expert placement (DESIGN.md §4): placement [E] lists the global experts in slot order (a
+// permutation; NULL: the identity), so rank r of the EP group holds global experts
+// placement[r El .. (r+1) El - 1]. Internally everything per expert stays in slot order (the
+// gate rows, the bias, the exchange, the counts of moe_stats); the tensor table names each
+// slot's tensors by its global expert, in HF order. Call it before the weights are set
+// (model_init_weights then gives every global expert the weights of the default placement).
+// MOE_EINVAL when placement is not a permutation of 0 .. E-1.
+moe_status model_set_expert_placement(model *m, const int *placement);
+// The global expert in a slot; whether m holds global expert e.
+int model_expert_global(const model *m, int slot);
+int model_holds_expert(const model *m, int expert);
+// Reorders v, n blocks of [E, width] (host), from slot order to global expert order
+// (to_global = 1) or back (0): the router's rows (width d), the bias [L, E] (width 1).
+void model_placement_permute(const model *m, real *v, int n, int width, int to_global);
+// The same on a host image laid out like m->params (parameters, moments): its gate rows.
+void model_placement_image(const model *m, real *host, int to_global);
 
 // Inference on one sequence: tokens (host [n]) sit at positions pos0..pos0+n-1; their k/v are
 // appended to the KV cache, which must already hold positions 0..pos0-1. Dropless MoE.

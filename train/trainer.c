@@ -38,14 +38,17 @@ uint64_t trainer_noise_key(uint64_t seed, int64_t step, int micro) {
     return moe_mix64(seed ^ moe_mix64((uint64_t)step << 20 | (uint64_t)micro));
 }
 
-// The selection bias of every layer moves toward balance, by the step's routed counts.
+// The selection bias of every layer moves toward balance, by the step's routed counts (in
+// global expert order, so the bias is updated in it too).
 static void update_router_bias(model *m, const long *routed, double rate) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     real *b = malloc((size_t)L * E * sizeof(real));
     if (!b) moe_fatal("out of memory");
     m->be->copy_to_host(m->be, b, m->router_bias, (size_t)L * E * sizeof(real));
+    model_placement_permute(m, b, L, 1, 1);
     for (int l = 0; l < L; l++)
         moe_router_bias_update(b + (size_t)l * E, routed + (size_t)l * E, E, rate);
+    model_placement_permute(m, b, L, 1, 0);
     m->be->copy_to_device(m->be, m->router_bias, b, (size_t)L * E * sizeof(real));
     free(b);
 }
@@ -311,7 +314,8 @@ static moe_status open_data(const moe_train_config *cfg, token_file *train, toke
     return MOE_OK;
 }
 
-// Per-step aggregate of the MoE statistics over micro-batches, per layer.
+// Per-step aggregate of the MoE statistics over micro-batches, per layer; per expert in
+// global expert order (the model's counts are in slot order under an expert placement).
 typedef struct {
     long *routed, *kept; // [L][E]
     long *micro_routed;  // [grad_accum][L][E]: capacity applies per micro-batch, so
@@ -334,10 +338,11 @@ static void step_load_add(step_load *s, const model *m) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     for (int l = 0; l < L; l++) {
         const moe_stats *st = &m->moe_stats[l];
-        for (int e = 0; e < E; e++) {
-            s->routed[(size_t)l * E + e] += st->routed[e];
-            s->kept[(size_t)l * E + e] += st->kept[e];
-            s->micro_routed[((size_t)s->micro * L + l) * E + e] = st->routed[e];
+        for (int e = 0; e < E; e++) { // slot e, global expert g
+            const size_t g = (size_t)model_expert_global(m, e);
+            s->routed[(size_t)l * E + g] += st->routed[e];
+            s->kept[(size_t)l * E + g] += st->kept[e];
+            s->micro_routed[((size_t)s->micro * L + l) * E + g] = st->routed[e];
         }
         s->entropy[l] += st->entropy;
         s->aux[l] += st->aux;
@@ -825,6 +830,8 @@ static moe_status trainer_open_model(trainer *t) {
     const model_config mc = trainer_model_config(cfg);
     if ((st = model_create_parallel(&t->m, t->be, &mc, cfg->batch_size, cfg->seq_len, t->ep)))
         return st;
+    if (cfg->n_placement && (st = model_set_expert_placement(&t->m, cfg->expert_placement)))
+        return st; // (the config checked that it is a permutation)
     model_init_weights(&t->m, (uint64_t)cfg->seed, cfg->init_std);
     // weight decay on matrices; RMSNorm weights only with train.decay_norms
     t->regions = malloc((size_t)t->m.n_tensors * sizeof *t->regions);
@@ -945,13 +952,26 @@ static void trainer_print_header(const trainer *t) {
     print_header(cfg, &t->m.cfg, t->m.n_params, t->m.n_dense, &mem, NULL, data_line, t->be);
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
-    if (t->R > 1) // the figures above are rank 0's: its experts and buffers
+    if (t->R > 1 && !t->m.placement) // the figures above are rank 0's: its experts and buffers
         printf("expert parallelism: %d ranks (%s), groups of %d: each rank holds experts %d..%d "
                "of %d and trains on its own %d x %d tokens x %d micro-batches; memory and "
                "parameters above are per rank\n",
                t->R, t->world->name, t->m.ep ? t->m.ep->size : 1, t->m.expert0,
                t->m.expert0 + t->m.E_local - 1, t->E, cfg->batch_size, cfg->seq_len,
                cfg->grad_accum);
+    if (t->R > 1 && t->m.placement) { // parallel.expert_placement: the global experts of each rank
+        const int El = t->m.E_local;
+        printf("expert parallelism: %d ranks (%s), groups of %d, %d experts placed by "
+               "parallel.expert_placement:",
+               t->R, t->world->name, t->m.ep ? t->m.ep->size : 1, t->E);
+        for (int s = 0; s < t->E; s++) {
+            if (s % El == 0) printf("%s rank %d [", s ? "]," : "", s / El);
+            printf("%s%d", s % El ? ", " : "", t->m.placement[s]);
+        }
+        printf("]; each trains on its own %d x %d tokens x %d micro-batches; memory and "
+               "parameters above are per rank\n",
+               cfg->batch_size, cfg->seq_len, cfg->grad_accum);
+    }
 }
 
 // Everything up to the first step: model, optimizer, data, where the run starts (a
@@ -1135,9 +1155,18 @@ static void trainer_update(trainer *t, step_result *s, double t0) {
 // logged every log.interval steps.
 static void trainer_coactivation(trainer *t) {
     if (!t->coact) return;
-    const size_t EE = (size_t)t->E * t->E;
-    for (int l = 0; l < t->L; l++)
-        for (size_t i = 0; i < EE; i++) t->coact[l * EE + i] += t->m.moe[l].coact[i];
+    const int E = t->E;
+    const size_t EE = (size_t)E * E;
+    for (int l = 0; l < t->L; l++) // slots (i, j), i < j, to global experts (gi, gj), gi < gj
+        for (int i = 0; i < E; i++)
+            for (int j = i + 1; j < E; j++) {
+                int gi = model_expert_global(&t->m, i), gj = model_expert_global(&t->m, j);
+                if (gi > gj) {
+                    const int x = gi;
+                    gi = gj, gj = x;
+                }
+                t->coact[l * EE + (size_t)gi * E + gj] += t->m.moe[l].coact[(size_t)i * E + j];
+            }
     t->coact_steps++;
 }
 
@@ -1208,19 +1237,20 @@ static void trainer_log_exchange(trainer *t, int l, cJSON *rec) {
 // computes every local expert, so their times are not measured apart.
 static void trainer_log_expert_time(trainer *t, int l, cJSON *rec) {
     const moe_layer *L = &t->m.moe[l];
-    const long *kept = t->sl.kept + (size_t)l * t->E + t->m.expert0;
+    const long *kept = t->sl.kept + (size_t)l * t->E; // global order
     long rows = 0;
-    int hot = 0, cold = 0;
-    for (int e = 0; e < t->m.E_local; e++) {
+    int hot = -1, cold = -1; // global experts of this rank's slots
+    for (int s = t->m.expert0; s < t->m.expert0 + t->m.E_local; s++) {
+        const int e = model_expert_global(&t->m, s);
         rows += kept[e];
-        if (kept[e] > kept[hot]) hot = e;
-        if (kept[e] < kept[cold]) cold = e;
+        if (hot < 0 || kept[e] > kept[hot]) hot = e;
+        if (cold < 0 || kept[e] < kept[cold]) cold = e;
     }
     cJSON *o = cJSON_AddObjectToObject(rec, "expert_s");
     cJSON_AddNumberToObject(o, "max", rows ? L->experts_s * kept[hot] / rows : 0);
-    cJSON_AddNumberToObject(o, "max_expert", t->m.expert0 + hot);
+    cJSON_AddNumberToObject(o, "max_expert", hot);
     cJSON_AddNumberToObject(o, "min", rows ? L->experts_s * kept[cold] / rows : 0);
-    cJSON_AddNumberToObject(o, "min_expert", t->m.expert0 + cold);
+    cJSON_AddNumberToObject(o, "min_expert", cold);
     cJSON_AddNumberToObject(o, "all", L->experts_s);
 }
 
@@ -1256,6 +1286,7 @@ static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, dou
             return out_of_memory();
         }
         t->be->copy_to_host(t->be, b, t->m.router_bias + (size_t)l * E, (size_t)E * sizeof(real));
+        model_placement_permute(&t->m, b, 1, 1, 1); // global expert order
         cJSON *arr = cJSON_AddArrayToObject(rec, "bias");
         for (int e = 0; e < E; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(b[e]));
         free(b);

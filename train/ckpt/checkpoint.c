@@ -258,6 +258,7 @@ static moe_status write_bias(const char *folder, const model *m) {
     if (!b || !entries || !names) st = moe_error(MOE_ENOMEM, "out of memory");
     if (!st) {
         m->be->copy_to_host(m->be, b, m->router_bias, (size_t)L * E * sizeof(real));
+        model_placement_permute(m, b, L, 1, 1); // the file is in global expert order
         for (int l = 0; l < L; l++) {
             snprintf(names[l], sizeof names[l], BIAS_NAME, l);
             entries[l] =
@@ -292,7 +293,10 @@ static moe_status load_bias(model *m, const char *folder) {
             st = check_finite(b + (size_t)l * E, (size_t)E, path, name);
         }
     }
-    if (!st) m->be->copy_to_device(m->be, m->router_bias, b, (size_t)L * E * sizeof(real));
+    if (!st) {
+        model_placement_permute(m, b, L, 1, 0);
+        m->be->copy_to_device(m->be, m->router_bias, b, (size_t)L * E * sizeof(real));
+    }
     free(b);
     st_free(&f);
     return st;
@@ -302,6 +306,7 @@ static moe_status load_weights(model *m, const char *folder) {
     real *host = malloc(m->n_params * sizeof(real));
     if (!host) return moe_error(MOE_ENOMEM, "cannot allocate %zu parameters", m->n_params);
     moe_status st = load_tensors(host, m->tensors, m->n_tensors, folder, NULL, NULL);
+    model_placement_image(m, host, 0); // the gate rows of the file are in global order
     if (!st) m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
     free(host);
     char path[PATH_BUF];
@@ -450,10 +455,12 @@ static moe_status write_tensors(const char *folder, const shard_plan *plan, int 
     if (!host)
         return moe_error(MOE_ENOMEM, "checkpoint: cannot allocate %zu parameters", m->n_params);
     m->be->copy_to_host(m->be, host, m->params, m->n_params * sizeof(real));
+    model_placement_image(m, host, 1); // files hold the gate rows in global expert order
     moe_status st = shard_write(folder, plan, w, m, host, "model", ST_F32, files);
     crash_point("model_written");
     for (int i = 0; i < 2 && !st && opt && opt->m; i++) {
         m->be->copy_to_host(m->be, host, i ? opt->v : opt->m, m->n_params * sizeof(real));
+        model_placement_image(m, host, 1);
         st = shard_write(folder, plan, w, m, host, i ? MOMENTS_SQ : MOMENTS, ST_F32, files);
     }
     free(host);
@@ -618,7 +625,8 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     shard_plan plan;
     void *reports = NULL;
     // phase 1: rank 0 makes the folder, every rank its plan
-    moe_status st = shard_plan_make(&plan, &m->cfg, m->E_local, ST_F32, max_shard_bytes);
+    moe_status st =
+        shard_plan_make(&plan, &m->cfg, m->E_local, m->placement, ST_F32, max_shard_bytes);
     const int w = rank < plan.n_writers ? rank : -1, max_files = 3 * plan.max_per_writer + 16;
     if (!st && w >= 0 && m->expert0 != w * m->E_local)
         st = moe_error(MOE_EINVAL, "checkpoint: rank %d holds experts from %d, not %d", rank,
@@ -1026,8 +1034,10 @@ static moe_status load_verified(const char *folder, checkpoint_state *cs, model 
         if (!(host = malloc(m->n_params * sizeof(real))))
             return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
         for (int i = 0; i < 2 && !st; i++)
-            if (!(st = load_moments(host, m, folder, i ? MOMENTS_SQ : MOMENTS)))
+            if (!(st = load_moments(host, m, folder, i ? MOMENTS_SQ : MOMENTS))) {
+                model_placement_image(m, host, 0);
                 m->be->copy_to_device(m->be, i ? opt->v : opt->m, host, m->n_params * sizeof(real));
+            }
         free(host);
         if (st) return st;
     }
@@ -1093,8 +1103,10 @@ moe_status hf_export_from(const char *out_folder, const char *src_folder, const 
     }
     if (!st) {
         m->be->copy_to_host(m->be, host, m->params, m->n_params * sizeof(real));
+        model_placement_image(m, host, 1);
         shard_plan plan;
-        if (!(st = shard_plan_make(&plan, &m->cfg, m->E_local, dtype, max_shard_bytes)) &&
+        if (!(st = shard_plan_make(&plan, &m->cfg, m->E_local, m->placement, dtype,
+                                   max_shard_bytes)) &&
             !(st = shard_write(tmp, &plan, 0, m, host, "model", dtype, NULL)))
             st = shard_write_index(tmp, &plan);
         shard_plan_free(&plan);

@@ -12,13 +12,14 @@ static uint64_t tensor_bytes(const model_tensor *t, st_dtype dtype) {
     return (uint64_t)t->rows * (t->cols ? t->cols : 1) * st_dtype_size(dtype);
 }
 
-// writer of a tensor: the one holding its expert; 0 for a dense tensor
-static int writer_of(const model_tensor *t, int E_local) {
-    return t->expert < 0 ? 0 : t->expert / E_local;
+// writer of a tensor: the one holding its expert (in slot slot_of[expert]); 0 for a dense
+// tensor
+static int writer_of(const model_tensor *t, int E_local, const int *slot_of) {
+    return t->expert < 0 ? 0 : (slot_of ? slot_of[t->expert] : t->expert) / E_local;
 }
 
-moe_status shard_plan_make(shard_plan *p, const model_config *cfg, int E_local, st_dtype dtype,
-                           uint64_t max_bytes) {
+moe_status shard_plan_make(shard_plan *p, const model_config *cfg, int E_local,
+                           const int *placement, st_dtype dtype, uint64_t max_bytes) {
     memset(p, 0, sizeof *p);
     const int E = cfg->moe.n_experts;
     if (E_local < 1 || E % E_local)
@@ -29,16 +30,19 @@ moe_status shard_plan_make(shard_plan *p, const model_config *cfg, int E_local, 
     p->tab = model_tensor_table(cfg);
     p->file = malloc((size_t)p->n * sizeof(int));
     p->writer = malloc((size_t)p->n * sizeof(int)); // at most one file per tensor
-    if (!p->tab || !p->file || !p->writer) {
+    int *slot_of = placement ? malloc((size_t)E * sizeof(int)) : NULL;
+    if (!p->tab || !p->file || !p->writer || (placement && !slot_of)) {
+        free(slot_of);
         shard_plan_free(p);
         return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
     }
+    for (int s = 0; placement && s < E; s++) slot_of[placement[s]] = s;
     for (int w = 0; w < p->n_writers; w++) {
         uint64_t in_file = 0;
         int first = p->n_files;
         for (int i = 0; i < p->n; i++) {
             const model_tensor *t = &p->tab[i];
-            if (writer_of(t, E_local) != w) continue;
+            if (writer_of(t, E_local, slot_of) != w) continue;
             const uint64_t bytes = tensor_bytes(t, dtype);
             if (p->n_files == first || (in_file > 0 && in_file + bytes > max_bytes)) {
                 p->writer[p->n_files++] = w;
@@ -49,6 +53,7 @@ moe_status shard_plan_make(shard_plan *p, const model_config *cfg, int E_local, 
         }
         if (p->n_files - first > p->max_per_writer) p->max_per_writer = p->n_files - first;
     }
+    free(slot_of);
     return MOE_OK;
 }
 
@@ -74,8 +79,7 @@ moe_status shard_write(const char *folder, const shard_plan *p, int w, const mod
     int j = 0;
     for (int i = 0; i < p->n && !st; i++) {
         const model_tensor *t = &p->tab[i];
-        if (t->expert >= 0 && (t->expert < m->expert0 || t->expert >= m->expert0 + m->E_local))
-            continue;
+        if (t->expert >= 0 && !model_holds_expert(m, t->expert)) continue;
         if (j == m->n_tensors || strcmp(m->tensors[j].name, t->name))
             st = moe_error(MOE_EINVAL, "checkpoint: the model's tensor %d is not '%s'", j, t->name);
         else if (p->writer[p->file[i]] != w && t->expert >= 0)

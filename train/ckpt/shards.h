@@ -6,8 +6,8 @@
 // 0000N.safetensors holds the first moment of the tensors of model-00001-of-0000N).
 //
 // Under expert parallelism the files are written by W = E / E_local processes: writer w holds
-// experts w*E_local .. (w+1)*E_local - 1 (world rank w, the trainer's first EP group) and writes
-// their files; writer 0 also writes the dense tensors. Files are numbered writer by writer;
+// the experts of slots w*E_local .. (w+1)*E_local - 1 (world rank w, the trainer's first EP
+// group; global experts placement[slot] under an expert placement) and writes their files; writer 0 also writes the dense tensors. Files are numbered writer by writer;
 // within a writer, tensors go in HF order and a new file starts when the next tensor would
 // take the file past max_bytes (a tensor bigger than that gets a file of its own). Every rank
 // computes the same plan from the whole model's table, so the index (written by writer 0)
@@ -33,9 +33,10 @@ typedef struct {
 } shard_plan;
 
 // The plan for a model of cfg written by processes holding E_local experts each (E_local =
-// E: one writer), tensors in dtype. MOE_EINVAL when E_local does not divide E; MOE_ENOMEM.
-moe_status shard_plan_make(shard_plan *p, const model_config *cfg, int E_local, st_dtype dtype,
-                           uint64_t max_bytes);
+// E: one writer) under the expert placement placement [E] (model.h; NULL: the identity),
+// tensors in dtype. MOE_EINVAL when E_local does not divide E; MOE_ENOMEM.
+moe_status shard_plan_make(shard_plan *p, const model_config *cfg, int E_local,
+                           const int *placement, st_dtype dtype, uint64_t max_bytes);
 void shard_plan_free(shard_plan *p);
 
 // "PREFIX-0000F-of-0000N.safetensors" for file f (0-based) of the plan.

@@ -48,6 +48,7 @@ typedef enum {
     K_ENUM,     // enum field (int-sized), a string from `names` (the value is its index)
     K_STRLIST,  // data.text: char[MOE_MAX_TEXT_SOURCES][MOE_PATH_MAX] + int count
     K_CAPACITY, // model.capacity_factor: capacity_plan + model.moe.capacity_factor
+    K_INTLIST,  // parallel.expert_placement: int[MOE_MAX_EXPERTS] + int count
 } key_kind;
 
 typedef struct {
@@ -186,6 +187,11 @@ static const key_spec specs[] = {
     KINT("checkpoint", "keep", ckpt_keep, 1, INT_MAX),
 
     KINT("parallel", "ep_size", ep_size, 0, 4096), // and divides the ranks and n_experts
+    {.group = "parallel",
+     .key = "expert_placement",
+     .kind = K_INTLIST,
+     .off = offsetof(moe_train_config, expert_placement),
+     .count_off = OFF(n_placement, int)}, // a permutation of 0 .. n_experts-1, or empty
 };
 #define N_SPECS ((int)(sizeof specs / sizeof specs[0]))
 
@@ -259,7 +265,8 @@ void moe_train_config_default(moe_train_config *cfg) {
 
     cfg->ckpt_interval = 0;
     cfg->ckpt_keep = 2;
-    cfg->ep_size = 0; // all the ranks of the run
+    cfg->ep_size = 0;     // all the ranks of the run
+    cfg->n_placement = 0; // the default placement
 }
 
 static int spec_index(const char *group, const char *key) {
@@ -928,6 +935,34 @@ static moe_status read_capacity(load_ctx *c, const config_setting_t *s, const ch
     return MOE_OK;
 }
 
+// parallel.expert_placement: a list of integers in [0, MOE_MAX_EXPERTS) ([] is the default
+// identity); that it is a permutation of 0 .. n_experts-1 is checked with the other keys
+// (check_placement).
+static moe_status read_placement(load_ctx *c, const config_setting_t *s, const char *name,
+                                 moe_train_config *cfg) {
+    const int type = config_setting_type(s);
+    if (type != CONFIG_TYPE_LIST && type != CONFIG_TYPE_ARRAY)
+        return bad(c, s, name, "expected a list of expert indices [p0, p1, ...], got %s",
+                   type_name(type));
+    const int n = config_setting_length(s);
+    if (n > MOE_MAX_EXPERTS)
+        return bad(c, s, name, "has %d entries, at most %d", n, MOE_MAX_EXPERTS);
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+        char ename[112];
+        snprintf(ename, sizeof ename, "%s[%d]", name, i);
+        const int et = config_setting_type(e);
+        if (et != CONFIG_TYPE_INT && et != CONFIG_TYPE_INT64)
+            return bad(c, e, ename, "expected an expert index, got %s", type_name(et));
+        const int64_t v = config_setting_get_int64(e);
+        if (v < 0 || v >= MOE_MAX_EXPERTS)
+            return bad(c, e, ename, "%" PRId64 " is not an expert index", v);
+        cfg->expert_placement[i] = (int)v;
+    }
+    cfg->n_placement = n;
+    return MOE_OK;
+}
+
 static moe_status read_key(load_ctx *c, const key_spec *k, const config_setting_t *s,
                            moe_train_config *cfg) {
     char name[96];
@@ -1033,6 +1068,7 @@ static moe_status read_key(load_ctx *c, const key_spec *k, const config_setting_
         return MOE_OK;
     }
     case K_CAPACITY: return read_capacity(c, s, name, cfg);
+    case K_INTLIST: return read_placement(c, s, name, cfg);
     }
     return moe_error(MOE_EINVAL, "%s: internal error: unknown key kind", name);
 }
@@ -1223,6 +1259,30 @@ static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
     };
     for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
         if (bounds[i].value > bounds[i].limit) return too_big(c, cfg, &bounds[i]);
+    return MOE_OK;
+}
+
+// parallel.expert_placement, when not empty: n_experts entries, each expert once. Whether the
+// EP group divides n_experts is the trainer's check (it knows the ranks); with one rank the
+// placement only reorders the experts inside the process (same results).
+static moe_status check_placement(const load_ctx *c, const moe_train_config *cfg) {
+    const int idx = spec_index("parallel", "expert_placement"), E = cfg->model.moe.n_experts,
+              n = cfg->n_placement;
+    if (n == 0) return MOE_OK;
+    const config_setting_t *s = c->at[idx];
+    const char *name = "parallel.expert_placement";
+    if (n != E)
+        return bad(c, s, name,
+                   "has %d entries, model.n_experts = %d (a permutation of 0 .. %d, or [] for "
+                   "the default placement)",
+                   n, E, E - 1);
+    unsigned char seen[MOE_MAX_EXPERTS] = {0};
+    for (int i = 0; i < n; i++) {
+        const int e = cfg->expert_placement[i];
+        if (e >= E) return bad(c, s, name, "entry %d is expert %d, model.n_experts = %d", i, e, E);
+        if (seen[e]++)
+            return bad(c, s, name, "expert %d is listed twice (entry %d): not a permutation", e, i);
+    }
     return MOE_OK;
 }
 
@@ -1555,6 +1615,7 @@ moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_
     }
     if ((st = read_tree(c, tmp))) goto done;
     if ((st = check_combinations(c, tmp))) goto done;
+    if ((st = check_placement(c, tmp))) goto done;
     memcpy(cfg, tmp, sizeof *cfg);
 
 done:
@@ -1725,6 +1786,14 @@ moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
             break;
         }
         case K_CAPACITY: write_capacity(f, cfg); break;
+        case K_INTLIST: {
+            const int *v = (const int *)field;
+            int n = *(const int *)((const char *)cfg + k->count_off);
+            fputc('[', f);
+            for (int j = 0; j < n; j++) fprintf(f, "%s%d", j ? ", " : "", v[j]);
+            fputc(']', f);
+            break;
+        }
         }
         fputs(";\n", f);
     }

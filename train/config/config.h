@@ -17,6 +17,7 @@
 
 #define MOE_PATH_MAX 1024
 #define MOE_CAPACITY_MAX_POINTS 64
+#define MOE_MAX_EXPERTS 4096 // model.n_experts' bound
 
 // How model.capacity_factor moves during training (train/capacity.h applies it).
 typedef enum {
@@ -189,6 +190,11 @@ typedef struct {
     // ranks of the run (mpirun -np R). Must divide R and n_experts; the R / ep_size groups
     // hold replicas of the same experts (expert data parallelism). [0, 4096]
     int ep_size;
+    // expert_placement: the experts in rank order, a permutation of 0 .. n_experts-1 (rank j
+    // of each EP group holds experts expert_placement[j El .. (j+1) El - 1], El = n_experts /
+    // ep_size, in every layer); n_placement 0 (an empty list, the default): identity.
+    int expert_placement[MOE_MAX_EXPERTS];
+    int n_placement;
 
     // where the config came from (for messages)
     char source[MOE_PATH_MAX];

@@ -318,6 +318,10 @@ int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *
         cJSON_AddItemToArray(m, jcost("random (mean of 32)", &c_rand, NULL, E));
         cJSON_AddItemToArray(m, jcost("greedy", &c_greedy, mapping, E));
         cJSON_AddItemToArray(m, jcost("proposal", &c_best, best, E));
+        cJSON *key = cJSON_AddArrayToObject(doc, "expert_placement"); // the config key's value
+        for (int r = 0; r < R; r++)
+            for (int e = 0; e < E; e++)
+                if (best[e] == r) cJSON_AddItemToArray(key, cJSON_CreateNumber(e));
         char *text = cJSON_Print(doc);
         fprintf(out, "%s\n", text);
         free(text);
@@ -338,6 +342,11 @@ int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *
             for (int e = 0; e < E; e++)
                 if (best[e] == r) fprintf(out, " %d", e);
         }
+        fprintf(out, "\n  to train with it: --set 'parallel.expert_placement=[");
+        for (int r = 0, n = 0; r < R; r++)
+            for (int e = 0; e < E; e++)
+                if (best[e] == r) fprintf(out, "%s%d", n++ ? ", " : "", e);
+        fprintf(out, "]'");
         fprintf(
             out,
             "\n"
@@ -347,7 +356,7 @@ int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *
             "  rank, from the co-activations%s; hot link: the busiest rank pair's bytes on the\n"
             "  P99 step, per layer forward (d_model %d). Proposal: pairwise swaps from LPT\n"
             "  greedy and from contiguous lowering P99 load + dedup rows (both relative).\n"
-            "  Training with a mapping (parallel.expert_placement) is not built yet.\n",
+            "  Train with it: parallel.expert_placement (the line above).\n",
             p.have_coact ? "" : " (none logged: log.coactivation)", d_model);
     }
     free(scratch);
