@@ -131,13 +131,16 @@ checkpoint = { interval = %d; keep = 5; };
     # expert parallelism: 2 ranks against one rank with grad_accum 2
     if mpirun:
         # (SGD: AdamW's first steps amplify last-bit gradient differences, see ep_parity.py)
-        train(cfg("auto_one", auto, 40, G=2, opt="sgd"))
-        train(cfg("auto_ep", auto, 40, G=1, opt="sgd"), 2)
+        # (20 steps, windows of 5: rounding differences of the two summation orders grow with
+        # the steps; 1e-6 is the ep_parity bar of 5 steps, and sanitizer builds round apart more)
+        auto5 = auto.replace("capacity_window = %d;" % W, "capacity_window = 5;")
+        train(cfg("auto_one", auto5, 20, G=2, opt="sgd"))
+        train(cfg("auto_ep", auto5, 20, G=1, opt="sgd"), 2)
         one = records(os.path.join(work, "run_auto_one", "metrics.jsonl"))
         ep = records(os.path.join(work, "run_auto_ep", "metrics.jsonl"))
         dl = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(one, ep))
         same = [x["capacity_factor"] for x in one] == [y["capacity_factor"] for y in ep]
-        report(same and dl <= 1e-6 and len(ep) == 40,
+        report(same and dl <= 1e-6 and len(ep) == 20,
                "auto under expert parallelism (2 ranks vs grad_accum 2): the same factors at every "
                "step, losses within %.1e (%d decisions)" % (dl, sum("capacity_decision" in y for y in ep)))
     report.exit()
