@@ -20,44 +20,19 @@ import json
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 
 try:
-    import numpy as np
+    import numpy  # noqa: F401 (checkpoint_reader needs it)
 except ImportError:  # python3-numpy is optional (scripts/test.sh): ctest reports a skip
     print("ep_parity: numpy is not installed: skipped")
     sys.exit(77)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoint_reader import losses, read_st, rel  # noqa: E402
+
 TOL = 1e-6
-
-
-def read_st(folder):
-    """All tensors of the safetensors shards of folder, by name (float32)."""
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if not f.endswith(".safetensors") or f.startswith("optimizer"):
-            continue
-        with open(os.path.join(folder, f), "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            hdr = json.loads(fh.read(n))
-            data = fh.read()
-        for name, t in hdr.items():
-            if name == "__metadata__":
-                continue
-            a, b = t["data_offsets"]
-            out[name] = np.frombuffer(data[a:b], dtype=np.float32).astype(np.float64)
-    return out
-
-
-def losses(run):
-    return [json.loads(l)["loss"] for l in open(os.path.join(run, "metrics.jsonl"))]
-
-
-def rel(a, b):
-    n = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a - b))
 
 
 def main():

@@ -19,39 +19,20 @@ import json
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 
 try:
-    import numpy as np
+    import numpy  # noqa: F401 (checkpoint_reader needs it)
 except ImportError:  # python3-numpy is optional (scripts/test.sh): ctest reports a skip
     print("placement: numpy is not installed: skipped")
     sys.exit(77)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoint_reader import losses, read_st, rel  # noqa: E402
+
 TOL = 1e-6
 PLACE = [5, 2, 7, 0, 3, 6, 1, 4]  # rank order: R = 2 holds {5,2,7,0}, {3,6,1,4}
-
-
-def read_st(folder):
-    """All tensors of the safetensors files of folder (moments excluded), by name."""
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if not f.endswith(".safetensors") or f.startswith("optimizer"):
-            continue
-        with open(os.path.join(folder, f), "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            hdr = json.loads(fh.read(n))
-            data = fh.read()
-        for name, t in hdr.items():
-            if name != "__metadata__":
-                a, b = t["data_offsets"]
-                out[name] = np.frombuffer(data[a:b], dtype=np.float32).astype(np.float64)
-    return out
-
-
-def losses(run):
-    return [json.loads(l)["loss"] for l in open(os.path.join(run, "metrics.jsonl"))]
 
 
 def load_fields(run):
@@ -61,11 +42,6 @@ def load_fields(run):
         r = json.loads(l)
         out[(r["step"], r["layer"])] = (r["counts"], r["kept"], r.get("coactivation"))
     return out
-
-
-def rel(a, b):
-    n = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a - b))
 
 
 def main():

@@ -1,0 +1,36 @@
+"""Shared by the expert-parallel tests (ep_parity.py, placement.py): a checkpoint's tensors,
+a run's losses, and the relative difference they are compared by. Needs numpy (the callers
+exit 77 without it before importing this)."""
+import json
+import os
+import struct
+
+import numpy as np
+
+
+def read_st(folder):
+    """All tensors of the safetensors files of folder (moments excluded), by name, float64."""
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if not f.endswith(".safetensors") or f.startswith("optimizer"):
+            continue
+        with open(os.path.join(folder, f), "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            hdr = json.loads(fh.read(n))
+            data = fh.read()
+        for name, t in hdr.items():
+            if name != "__metadata__":
+                a, b = t["data_offsets"]
+                out[name] = np.frombuffer(data[a:b], dtype=np.float32).astype(np.float64)
+    return out
+
+
+def losses(run):
+    """The loss of every step of run's metrics.jsonl."""
+    return [json.loads(l)["loss"] for l in open(os.path.join(run, "metrics.jsonl"))]
+
+
+def rel(a, b):
+    """|a - b| / |b| (|a - b| when b is zero)."""
+    n = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a - b))
