@@ -34,6 +34,10 @@ struct moe_comm {
     // [size] (zero allowed); rows are BACKEND memory of row_bytes each.
     void (*alltoallv_rows)(moe_comm *c, moe_backend *be, void *recv, const int *recv_rows,
                            const void *send, const int *send_rows, size_t row_bytes);
+    // The same for HOST memory: items of item_bytes, send_n[i] of them to rank i, recv_n[i]
+    // from rank i (what a receiver needs to read its rows: the dedup exchange's slot lists).
+    void (*alltoallv_host)(moe_comm *c, void *recv, const int *recv_n, const void *send,
+                           const int *send_n, size_t item_bytes);
     // x = the sum of every rank's x, in place. BACKEND memory, n reals.
     void (*allreduce_sum_real)(moe_comm *c, moe_backend *be, real *x, size_t n);
     // The same for HOST doubles and longs.

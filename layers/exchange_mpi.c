@@ -42,16 +42,36 @@ static void mpi_alltoall_int(moe_comm *c, int *recv, const int *send, int n) {
     c->wait_s += MPI_Wtime() - t0;
 }
 
+// MPI_Alltoallv of host items (item_bytes each): send_n[i] to rank i, recv_n[i] from it.
+static void alltoallv_items(moe_comm *c, void *recv, const int *recv_n, const void *send,
+                            const int *send_n, size_t item_bytes) {
+    const int R = c->size;
+    int *sdisp = malloc(2 * (size_t)R * sizeof(int)), *rdisp = sdisp + R;
+    for (int i = 0, ns = 0, nr = 0; i < R; i++) {
+        sdisp[i] = ns, rdisp[i] = nr;
+        ns += send_n[i], nr += recv_n[i];
+    }
+    MPI_Datatype item;
+    MPI_Type_contiguous((int)item_bytes, MPI_BYTE, &item);
+    MPI_Type_commit(&item);
+    MPI_Alltoallv(send, send_n, sdisp, item, recv, recv_n, rdisp, item, comm_of(c));
+    MPI_Type_free(&item);
+    free(sdisp);
+}
+
+static void mpi_alltoallv_host(moe_comm *c, void *recv, const int *recv_n, const void *send,
+                               const int *send_n, size_t item_bytes) {
+    const double t0 = MPI_Wtime();
+    alltoallv_items(c, recv, recv_n, send, send_n, item_bytes);
+    c->wait_s += MPI_Wtime() - t0;
+}
+
 static void mpi_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, const int *recv_rows,
                                const void *send, const int *send_rows, size_t row_bytes) {
     const double t0 = MPI_Wtime();
-    const int R = c->size;
-    int *sdisp = malloc(2 * (size_t)R * sizeof(int)), *rdisp = sdisp + R;
     size_t n_send = 0, n_recv = 0;
-    for (int i = 0; i < R; i++) {
-        sdisp[i] = (int)n_send, rdisp[i] = (int)n_recv;
+    for (int i = 0; i < c->size; i++)
         n_send += (size_t)send_rows[i], n_recv += (size_t)recv_rows[i];
-    }
     const void *sbuf = send;
     void *rbuf = recv;
     if (!be->host_memory) {
@@ -60,13 +80,8 @@ static void mpi_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, const i
         sbuf = hs;
         rbuf = stage(c, 1, n_recv * row_bytes);
     }
-    MPI_Datatype row;
-    MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &row);
-    MPI_Type_commit(&row);
-    MPI_Alltoallv(sbuf, send_rows, sdisp, row, rbuf, recv_rows, rdisp, row, comm_of(c));
-    MPI_Type_free(&row);
+    alltoallv_items(c, rbuf, recv_rows, sbuf, send_rows, row_bytes);
     if (!be->host_memory) be->copy_to_device(be, recv, rbuf, n_recv * row_bytes);
-    free(sdisp);
     c->wait_s += MPI_Wtime() - t0;
 }
 
@@ -164,6 +179,7 @@ static moe_status wrap(MPI_Comm comm, int owns_mpi, moe_comm **out) {
         .state = s,
         .alltoall_int = mpi_alltoall_int,
         .alltoallv_rows = mpi_alltoallv_rows,
+        .alltoallv_host = mpi_alltoallv_host,
         .allreduce_sum_real = mpi_allreduce_real,
         .allreduce_sum_double = mpi_allreduce_double,
         .allreduce_sum_long = mpi_allreduce_long,

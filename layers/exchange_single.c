@@ -16,6 +16,12 @@ static void single_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, cons
         be->copy_on_device(be, recv, send, (size_t)send_rows[0] * row_bytes);
 }
 
+static void single_alltoallv_host(moe_comm *c, void *recv, const int *recv_n, const void *send,
+                                  const int *send_n, size_t item_bytes) {
+    (void)c, (void)recv_n;
+    if (send_n[0] > 0 && recv != send) memmove(recv, send, (size_t)send_n[0] * item_bytes);
+}
+
 static void single_allreduce_real(moe_comm *c, moe_backend *be, real *x, size_t n) {
     (void)c, (void)be, (void)x, (void)n;
 }
@@ -49,6 +55,7 @@ moe_status moe_comm_single(moe_comm **out) {
         .size = 1,
         .alltoall_int = single_alltoall_int,
         .alltoallv_rows = single_alltoallv_rows,
+        .alltoallv_host = single_alltoallv_host,
         .allreduce_sum_real = single_allreduce_real,
         .allreduce_sum_double = single_allreduce_double,
         .allreduce_sum_long = single_allreduce_long,

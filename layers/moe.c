@@ -24,6 +24,7 @@ moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k) {
         .seq_aux_coef = 0.0,
         .jitter_eps = 0.0,
         .dtype = MOE_DTYPE_F32,
+        .exchange = MOE_EXCHANGE_DEDUP,
     };
     return c;
 }
@@ -63,6 +64,9 @@ moe_status moe_config_check(const moe_config *cfg) {
         return moe_error(MOE_EINVAL, "moe: jitter_eps=%g must be in [0, 1)", cfg->jitter_eps);
     if (cfg->dtype != MOE_DTYPE_F32 && cfg->dtype != MOE_DTYPE_BF16)
         return moe_error(MOE_EINVAL, "moe: dtype=%d is neither fp32 nor bf16", (int)cfg->dtype);
+    if (cfg->exchange != MOE_EXCHANGE_DEDUP && cfg->exchange != MOE_EXCHANGE_ROWS)
+        return moe_error(MOE_EINVAL, "moe: exchange=%d is neither dedup nor rows",
+                         (int)cfg->exchange);
     return MOE_OK;
 }
 
@@ -222,9 +226,43 @@ static size_t readback_bytes(int E) {
     return readback_loss_offset(E) + MOE_LOSS_SLOTS * sizeof(real);
 }
 // ... and then the top-k choices [T, k] ints (the router writes them there), read back with
-// the rest when the layer counts co-activations.
+// the rest when the layer counts co-activations or plans a dedup exchange, and after them
+// (at max_tokens k ints) the capacity decision keep [T, k] (the dedup plan's too).
 static int *readback_topk(void *readback, int E) {
     return (int *)((char *)readback + readback_bytes(E));
+}
+static int *readback_keep(const moe_layer *L, void *readback) {
+    return readback_topk(readback, L->cfg.n_experts) + (size_t)L->max_tokens * L->cfg.top_k;
+}
+static int dedup_exchange(const moe_layer *L) {
+    return L->ep && L->cfg.exchange == MOE_EXCHANGE_DEDUP;
+}
+
+// The dedup exchange's plan (host, and device copies of the indexes the kernels read) and
+// the packets' combine weights and their gradients (device).
+static moe_status create_packet_buffers(moe_layer *L) {
+    const size_t T = L->max_tokens, k = L->cfg.top_k, R = L->ep_size, Ne = L->max_expert_rows;
+    const size_t P_send = T * (k < R ? k : R), P_recv = R * T, I = sizeof(int);
+    buffer_spec specs[] = {
+        {(void **)&L->d_pk_token, P_send * I},
+        {(void **)&L->d_pk_home, T * R * I},
+        {(void **)&L->d_pk_expand, Ne * I},
+        {(void **)&L->d_pk_assign, P_recv * k * I},
+        {(void **)&L->w_send, P_send * k * sizeof(real)},
+        {(void **)&L->w_recv, P_recv * k * sizeof(real)},
+        {(void **)&L->dw_recv, P_recv * k * sizeof(real)},
+        {(void **)&L->dw_send, P_send * k * sizeof(real)},
+    };
+    moe_status st = alloc_specs(L->be, specs, sizeof specs / sizeof specs[0], &L->bytes);
+    if (st) return st;
+    L->pk_token = malloc((P_send + T * R + P_send * k + 2 * P_recv * k + Ne) * I);
+    if (!L->pk_token) return moe_error(MOE_ENOMEM, "moe: out of host memory");
+    L->pk_home = L->pk_token + P_send;
+    L->pk_slots = L->pk_home + T * R;
+    L->pk_slots_in = L->pk_slots + P_send * k;
+    L->pk_assign = L->pk_slots_in + P_recv * k;
+    L->pk_expand = L->pk_assign + P_recv * k;
+    return MOE_OK;
 }
 
 // Expert parallelism: the received rows and the local experts' own input and output rows
@@ -251,7 +289,7 @@ static moe_status create_exchange_buffers(moe_layer *L) {
     L->recv_counts = L->send_counts + R * El;
     L->local_offsets = L->recv_counts + R * El;
     L->to_source = L->to_expert + R * El;
-    return MOE_OK;
+    return L->cfg.exchange == MOE_EXCHANGE_DEDUP ? create_packet_buffers(L) : MOE_OK;
 }
 
 // bf16: the fp32 xp, xe, act and h13 are read only by the bf16 rounding (and SwiGLU) right
@@ -302,23 +340,14 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
 
     const size_t R = sizeof(real), I = sizeof(int);
     buffer_spec specs[] = {
-        {(void **)&L->logits, T * E * R},
-        {(void **)&L->probs, T * E * R},
-        {(void **)&L->scores, T * E * R},
-        {(void **)&L->seq_counts, T * E * I},
-        {(void **)&L->jitter, T * d * R},
-        {(void **)&L->router_in, T * d * R},
-        {(void **)&L->lse, T * R},
-        {(void **)&L->weights, T * k * R},
-        {(void **)&L->keep, T * k * I},
-        {(void **)&L->assign_row, N * I},
-        {(void **)&L->row_token, N * I},
-        {(void **)&L->scratch, 2 * N * I},
-        {&L->readback, readback_bytes((int)E) + N * I},
-        {(void **)&L->xp, N * d * R},
-        {(void **)&L->h13, 2 * Ne * ff * R},
-        {(void **)&L->act, Ne * ff * R},
-        {(void **)&L->ye, N * d * R},
+        {(void **)&L->logits, T * E * R},  {(void **)&L->probs, T * E * R},
+        {(void **)&L->scores, T * E * R},  {(void **)&L->seq_counts, T * E * I},
+        {(void **)&L->jitter, T * d * R},  {(void **)&L->router_in, T * d * R},
+        {(void **)&L->lse, T * R},         {(void **)&L->weights, T * k * R},
+        {(void **)&L->assign_row, N * I},  {(void **)&L->row_token, N * I},
+        {(void **)&L->scratch, 2 * N * I}, {&L->readback, readback_bytes((int)E) + 2 * N * I},
+        {(void **)&L->xp, N * d * R},      {(void **)&L->h13, 2 * Ne * ff * R},
+        {(void **)&L->act, Ne * ff * R},   {(void **)&L->ye, N * d * R},
     };
     if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &L->bytes))) {
         memset(L, 0, sizeof *L);
@@ -327,6 +356,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->counts = L->readback;
     L->losses = (real *)((char *)L->readback + readback_loss_offset((int)E));
     L->topk_idx = readback_topk(L->readback, (int)E);
+    L->keep = readback_keep(L, L->readback);
     L->xe = L->xp, L->ye_local = L->ye; // one rank: the exchange is the identity
     if (cfg->dtype == MOE_DTYPE_BF16) {
         const size_t B = sizeof(moe_bf16);
@@ -366,7 +396,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         moe_layer_free(L);
         return st;
     }
-    L->host_readback = calloc(1, readback_bytes((int)E) + N * I);
+    L->host_readback = calloc(1, readback_bytes((int)E) + 2 * N * I);
     L->host_kept = calloc(E, I);
     L->coact = calloc(E * E, sizeof(long));
     if (!L->host_readback || !L->host_kept || !L->coact) {
@@ -385,12 +415,13 @@ moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg, 
 
 void moe_layer_free(moe_layer *L) {
     if (L->be) {
-        void *bufs[] = {L->logits,  L->probs,     L->scores,     L->seq_counts,
-                        L->jitter,  L->router_in, L->lse,        NULL /* topk_idx: in readback */,
-                        L->weights, L->keep,      L->assign_row, L->row_token,
-                        L->scratch, L->readback,  L->xp,         L->h13,
-                        L->act,     L->ye,        L->xr,         L->router_in16,
-                        L->xe16,    L->act16,     L->h13_16};
+        void *bufs[] = {
+            L->logits,  L->probs,        L->scores,     L->seq_counts,
+            L->jitter,  L->router_in,    L->lse,        NULL /* topk_idx: in readback */,
+            L->weights, NULL /* keep */, L->assign_row, L->row_token,
+            L->scratch, L->readback,     L->xp,         L->h13,
+            L->act,     L->ye,           L->xr,         L->router_in16,
+            L->xe16,    L->act16,        L->h13_16};
         if (L->staged_in_bwd) bufs[14] = bufs[15] = bufs[16] = NULL; // xp, h13, act: bwd's
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
@@ -398,7 +429,12 @@ void moe_layer_free(moe_layer *L) {
             if (L->xe && !L->staged_in_bwd) L->be->free(L->be, L->xe);
             if (L->ye_local) L->be->free(L->be, L->ye_local);
         }
+        void *packets[] = {L->d_pk_token, L->d_pk_home, L->d_pk_expand, L->d_pk_assign,
+                           L->w_send,     L->w_recv,    L->dw_recv,     L->dw_send};
+        for (size_t i = 0; i < sizeof packets / sizeof packets[0]; i++)
+            if (packets[i]) L->be->free(L->be, packets[i]);
     }
+    free(L->pk_token);
     free(L->send_rows);
     free(L->to_expert);
     free(L->sent_bytes);
@@ -473,8 +509,12 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
                           k, E);
     be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E, k,
                       seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
-    const size_t topk_bytes = L->coactivation ? (size_t)T * k * sizeof(int) : 0;
-    be->copy_to_host(be, L->host_readback, L->readback, readback_bytes(E) + topk_bytes);
+    // the top-k choices when counted, and with them keep for a dedup plan
+    const size_t N_max = (size_t)L->max_tokens * k, I = sizeof(int);
+    const size_t extra = dedup_exchange(L) ? (N_max + (size_t)T * k) * I
+                         : L->coactivation ? (size_t)T * k * I
+                                           : 0;
+    be->copy_to_host(be, L->host_readback, L->readback, readback_bytes(E) + extra);
     if (L->coactivation) count_coactivations(L, readback_topk(L->host_readback, E), T);
 }
 
@@ -518,14 +558,105 @@ void moe_layer_exchange_reset(moe_layer *L) {
     L->received_rows = 0, L->exchange_s = 0, L->experts_s = 0;
 }
 
-// One all-to-all-v of rows of d reals over the layer's group, counted in its statistics.
+// One all-to-all-v of rows of `width` reals over the layer's group, counted in its statistics.
 static void exchange_rows(moe_layer *L, void *recv, const int *recv_rows, const void *send,
-                          const int *send_rows) {
-    const size_t row = (size_t)L->cfg.d_model * sizeof(real);
+                          const int *send_rows, int width) {
+    const size_t row = (size_t)width * sizeof(real);
     const double w0 = L->ep->wait_s;
     L->ep->alltoallv_rows(L->ep, L->be, recv, recv_rows, send, send_rows, row);
     L->exchange_s += L->ep->wait_s - w0;
     for (int j = 0; j < L->ep_size; j++) L->sent_bytes[j] += (long)send_rows[j] * (long)row;
+}
+
+// The dedup plan, sending side (host, from the readback's top-k and keep): rank r gets one
+// packet per token with a kept slot among its experts, in token order; the packet says which
+// of r's local experts each slot goes to. Then the packet counts (one all-to-all of ints) and
+// the slot lists (one of host ints) go to the receivers.
+static void plan_packets_send(moe_layer *L, int T) {
+    const int R = L->ep_size, El = L->E_local, k = L->cfg.top_k;
+    const int *topk = readback_topk(L->host_readback, L->cfg.n_experts);
+    const int *keep = readback_keep(L, L->host_readback);
+    int n = 0;
+    for (int r = 0; r < R; r++) {
+        const int first = n;
+        for (int t = 0; t < T; t++) {
+            int here = 0;
+            for (int j = 0; j < k; j++) here += keep[t * k + j] && topk[t * k + j] / El == r;
+            L->pk_home[t * R + r] = here ? n : -1;
+            if (!here) continue;
+            for (int j = 0; j < k; j++) {
+                const int e = topk[t * k + j];
+                L->pk_slots[n * k + j] = keep[t * k + j] && e / El == r ? e - r * El : -1;
+            }
+            L->pk_token[n++] = t;
+        }
+        L->send_rows[r] = n - first;
+    }
+    L->pk_sent = n;
+    L->ep->alltoall_int(L->ep, L->recv_rows, L->send_rows, 1);
+    L->ep->alltoallv_host(L->ep, L->pk_slots_in, L->recv_rows, L->pk_slots, L->send_rows,
+                          (size_t)k * sizeof(int));
+}
+
+// The dedup plan, receiving side: the local experts' rows in [local expert][source rank]
+// [token] order (the order of the rows exchange), each the copy of one received packet;
+// pk_assign is the inverse (the expert row of each received slot).
+static void plan_packets_receive(moe_layer *L) {
+    const int R = L->ep_size, El = L->E_local, k = L->cfg.top_k;
+    int P = 0;
+    for (int i = 0; i < R; i++) P += L->recv_rows[i];
+    L->pk_received = P;
+    for (int s = 0; s < P * k; s++) L->pk_assign[s] = -1;
+    int row = 0;
+    for (int e = 0; e < El; e++) {
+        L->local_offsets[e] = row;
+        for (int p = 0; p < P; p++)
+            for (int j = 0; j < k; j++)
+                if (L->pk_slots_in[p * k + j] == e)
+                    L->pk_expand[row] = p, L->pk_assign[p * k + j] = row++;
+    }
+    L->local_offsets[El] = row;
+    L->expert_offsets = L->local_offsets;
+    L->expert_rows = row;
+}
+
+// The plan's indexes to the device (what the gathers and sums below read).
+static void upload_packets(moe_layer *L, int T) {
+    moe_backend *be = L->be;
+    const size_t I = sizeof(int), k = L->cfg.top_k;
+    be->copy_to_device(be, L->d_pk_token, L->pk_token, (size_t)L->pk_sent * I);
+    be->copy_to_device(be, L->d_pk_home, L->pk_home, (size_t)T * L->ep_size * I);
+    be->copy_to_device(be, L->d_pk_expand, L->pk_expand, (size_t)L->expert_rows * I);
+    be->copy_to_device(be, L->d_pk_assign, L->pk_assign, (size_t)L->pk_received * k * I);
+}
+
+// Dedup dispatch: each packet carries its token's row and combine weights (gathered by
+// token); the receiver copies the row once per slot it holds, into its experts' order.
+static void dispatch_packets(moe_layer *L, const real *inp, int T) {
+    moe_backend *be = L->be;
+    const int d = L->cfg.d_model, k = L->cfg.top_k;
+    plan_packets_send(L, T);
+    plan_packets_receive(L);
+    upload_packets(L, T);
+    be->moe_permute(be, L->xp, inp, L->d_pk_token, L->pk_sent, d);
+    be->moe_permute(be, L->w_send, L->weights, L->d_pk_token, L->pk_sent, k);
+    exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows, d);
+    exchange_rows(L, L->w_recv, L->recv_rows, L->w_send, L->send_rows, k);
+    L->received_rows += L->expert_rows;
+    be->moe_permute(be, L->xe, L->xr, L->d_pk_expand, L->expert_rows, d);
+}
+
+// Dedup combine: the receiver sums each packet's weighted expert outputs,
+// part[p] = sum_{slots j at this rank} w[p,j] ye[row(p,j)], and one row per packet goes back;
+// the token's rank adds its packets: out[t] = sum_r part[packet(t, r)].
+static void combine_packets(moe_layer *L, real *out, int T) {
+    moe_backend *be = L->be;
+    const int d = L->cfg.d_model, k = L->cfg.top_k;
+    be->moe_combine_forward(be, L->xr, L->ye_local, L->w_recv, L->d_pk_assign, L->pk_received, k,
+                            d);
+    exchange_rows(L, L->ye, L->send_rows, L->xr, L->recv_rows, d);
+    be->zero(be, out, (size_t)T * d * sizeof(real));
+    be->moe_unpermute_add(be, out, L->ye, L->d_pk_home, T, L->ep_size, d);
 }
 
 // Dispatch: xp = the kept rows in expert order (rows for expert e contiguous), the rows this
@@ -534,13 +665,17 @@ static void exchange_rows(moe_layer *L, void *recv, const int *recv_rows, const 
 static void dispatch(moe_layer *L, const real *inp, const int *offsets) {
     moe_backend *be = L->be;
     const int E = L->cfg.n_experts, d = L->cfg.d_model;
+    if (dedup_exchange(L)) {
+        dispatch_packets(L, inp, L->last_tokens);
+        return;
+    }
     be->moe_permute(be, L->xp, inp, L->row_token, offsets[E], d);
     if (!L->ep) {
         L->expert_offsets = offsets, L->expert_rows = offsets[E];
         return;
     }
     plan_exchange(L, offsets);
-    exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows);
+    exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows, L->cfg.d_model);
     L->received_rows += L->expert_rows;
     be->moe_copy_chunks(be, L->xe, L->xr, L->to_expert, L->ep_size * L->E_local, d);
 }
@@ -570,10 +705,14 @@ static void experts(moe_layer *L, const moe_weights *w) {
 static void combine(moe_layer *L, real *out, int T) {
     moe_backend *be = L->be;
     const moe_config *c = &L->cfg;
+    if (dedup_exchange(L)) {
+        combine_packets(L, out, T);
+        return;
+    }
     if (L->ep) {
         be->moe_copy_chunks(be, L->xr, L->ye_local, L->to_source, L->ep_size * L->E_local,
                             c->d_model);
-        exchange_rows(L, L->ye, L->send_rows, L->xr, L->recv_rows);
+        exchange_rows(L, L->ye, L->send_rows, L->xr, L->recv_rows, L->cfg.d_model);
     }
     be->moe_combine_forward(be, out, L->ye, L->weights, L->assign_row, T, c->top_k, c->d_model);
 }
@@ -613,6 +752,7 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     const int capacity = training ? moe_capacity(&L->cfg, T) : 0; // inference never drops
     L->jittered = training && L->cfg.jitter_eps > 0;
     route(L, inp, w, T, seq_len, capacity);
+    L->last_tokens = T;
     moe_lap(L->timer, MOE_T_ROUTER);
     dispatch(L, inp, L->host_counts + L->cfg.n_experts); // the row offsets (host)
     moe_lap(L->timer, MOE_T_DISPATCH);
@@ -644,8 +784,37 @@ static void combine_backward_exchange(moe_layer *L) {
     moe_backend *be = L->be;
     moe_backward_scratch *s = L->bwd;
     const int d = L->cfg.d_model;
-    exchange_rows(L, s->dstage, L->recv_rows, s->dye, L->send_rows);
+    exchange_rows(L, s->dstage, L->recv_rows, s->dye, L->send_rows, L->cfg.d_model);
     be->moe_copy_chunks(be, s->dye_e, s->dstage, L->to_expert, L->ep_size * L->E_local, d);
+}
+
+// Dedup combine backward: dout travels once per packet (the forward's packets, sizes as in
+// the dispatch); the receiver computes its slots' dye = w dout and dweights = dout . ye.
+static void combine_backward_packets(moe_layer *L, const real *dout) {
+    moe_backend *be = L->be;
+    moe_backward_scratch *s = L->bwd;
+    const int d = L->cfg.d_model, k = L->cfg.top_k;
+    be->moe_permute(be, s->dye, dout, L->d_pk_token, L->pk_sent, d);
+    exchange_rows(L, s->dstage, L->recv_rows, s->dye, L->send_rows, d);
+    be->moe_combine_backward(be, s->dye_e, L->dw_recv, s->dstage, L->ye_local, L->w_recv,
+                             L->d_pk_assign, L->pk_received, k, d);
+}
+
+// Dedup dispatch backward: the receiver sums each packet's slots' dxe into one row, which
+// goes back with the packet's dweights; the token's rank adds them up:
+// dinp[t] += sum_r dx[packet(t, r)], dweights[t] = sum_r dw[packet(t, r)] (each slot's is
+// nonzero at one rank only).
+static void dispatch_backward_packets(moe_layer *L, real *dinp, int T) {
+    moe_backend *be = L->be;
+    moe_backward_scratch *s = L->bwd;
+    const int d = L->cfg.d_model, k = L->cfg.top_k, R = L->ep_size;
+    be->zero(be, s->dstage, (size_t)L->pk_received * d * sizeof(real));
+    be->moe_unpermute_add(be, s->dstage, s->dxe, L->d_pk_assign, L->pk_received, k, d);
+    exchange_rows(L, s->dxp, L->send_rows, s->dstage, L->recv_rows, d);
+    exchange_rows(L, L->dw_send, L->send_rows, L->dw_recv, L->recv_rows, k);
+    be->moe_unpermute_add(be, dinp, s->dxp, L->d_pk_home, T, R, d);
+    be->zero(be, s->dweights, (size_t)T * k * sizeof(real));
+    be->moe_unpermute_add(be, s->dweights, L->dw_send, L->d_pk_home, T, R, k);
 }
 
 // Experts backward: ye = act w2^T, act = swiglu(h13), h13 = xe w13^T. With one rank dye_e is
@@ -684,7 +853,7 @@ static void dispatch_backward(moe_layer *L, real *dinp, int T) {
     if (L->ep) {
         be->moe_copy_chunks(be, s->dstage, s->dxe, L->to_source, L->ep_size * L->E_local,
                             c->d_model);
-        exchange_rows(L, s->dxp, L->send_rows, s->dstage, L->recv_rows);
+        exchange_rows(L, s->dxp, L->send_rows, s->dstage, L->recv_rows, L->cfg.d_model);
     }
     be->moe_unpermute_add(be, dinp, s->dxp, L->assign_row, T, c->top_k, c->d_model);
 }
@@ -727,13 +896,20 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
         return moe_error(MOE_EINVAL, "moe: NULL tensor argument to backward");
     if (!isfinite(dloss)) return moe_error(MOE_EINVAL, "moe: dloss=%g must be finite", dloss);
     if (!L->bwd) return moe_error(MOE_EINVAL, "moe: the layer was created forward-only");
-    const int T = L->last_tokens;
-    combine_backward(L, dout, T);
-    if (L->ep) combine_backward_exchange(L);
+    const int T = L->last_tokens, dedup = dedup_exchange(L);
+    if (dedup) {
+        combine_backward_packets(L, dout);
+    } else {
+        combine_backward(L, dout, T);
+        if (L->ep) combine_backward_exchange(L);
+    }
     moe_lap(L->timer, MOE_T_COMBINE);
     experts_backward(L, grads, w);
     lap_experts(L);
-    dispatch_backward(L, dinp, T);
+    if (dedup)
+        dispatch_backward_packets(L, dinp, T);
+    else
+        dispatch_backward(L, dinp, T);
     moe_lap(L->timer, MOE_T_DISPATCH);
     route_backward(L, dinp, grads, inp, w, dloss);
     moe_lap(L->timer, MOE_T_ROUTER);

@@ -14,6 +14,15 @@
 #include "layers/exchange.h"
 #include "layers/status.h"
 
+// How expert parallelism moves rows (DESIGN.md §4, README "Expert parallelism"):
+//   dedup (default): one packet per (token, destination rank), carrying the token's row once
+//     and its combine weights; the destination sums its experts' weighted outputs of the
+//     token into one row that travels back (DeepEP's dispatch/combine). A token whose k
+//     experts share a rank crosses once each way, not k times.
+//   rows: one row per kept assignment each way; the combine weights stay home and the
+//     combine runs on the token's rank.
+typedef enum { MOE_EXCHANGE_DEDUP = 0, MOE_EXCHANGE_ROWS = 1 } moe_exchange;
+
 typedef struct {
     int d_model;            // d
     int d_ff;               // ff, the expert hidden size
@@ -22,14 +31,15 @@ typedef struct {
     int norm_topk_prob;     // 1: combine weights renormalised over the k selected (Mixtral)
     double capacity_factor; // <= 0: dropless; else C = ceil((T*k/E) * capacity_factor)
     moe_drop_policy drop_policy;
-    double aux_coef;     // load-balancing loss coefficient (>= 0)
-    double z_coef;       // router z-loss coefficient (>= 0)
-    moe_scoring scoring; // softmax (Mixtral) or sigmoid (DeepSeek-V3)
-    double route_scale;  // > 0, multiplies the combine weights (DeepSeek-V3's scaling)
-    double seq_aux_coef; // >= 0, sequence-level aux loss (DeepSeek-V3), 0 = off
-    double jitter_eps;   // [0, 1): router input x * U(1-eps, 1+eps) in training, 0 = off
-    moe_dtype dtype;     // GEMM precision (DESIGN.md §5b): fp32 (default) or bf16 operands
-                         // with fp32 accumulation; routing, losses and SwiGLU stay fp32
+    double aux_coef;       // load-balancing loss coefficient (>= 0)
+    double z_coef;         // router z-loss coefficient (>= 0)
+    moe_scoring scoring;   // softmax (Mixtral) or sigmoid (DeepSeek-V3)
+    double route_scale;    // > 0, multiplies the combine weights (DeepSeek-V3's scaling)
+    double seq_aux_coef;   // >= 0, sequence-level aux loss (DeepSeek-V3), 0 = off
+    double jitter_eps;     // [0, 1): router input x * U(1-eps, 1+eps) in training, 0 = off
+    moe_dtype dtype;       // GEMM precision (DESIGN.md §5b): fp32 (default) or bf16 operands
+                           // with fp32 accumulation; routing, losses and SwiGLU stay fp32
+    moe_exchange exchange; // expert parallelism's row exchange (no effect on one rank)
 } moe_config;
 
 // Defaults: Mixtral routing, dropless, aux 0.01, z 0.001.
@@ -151,7 +161,21 @@ typedef struct {
     moe_row_chunk *to_expert, *to_source; // [R * E_local] the reorder and its inverse
     int *local_offsets;                   // [E_local + 1] grouped rows of the local experts
     const int *expert_offsets;            // the experts' row offsets of the last forward (host)
-    int expert_rows;                      // rows the local experts computed
+    // the dedup exchange's plan (cfg.exchange dedup): a packet is one (token, destination
+    // rank) pair; send_rows/recv_rows then count packets. Host arrays, with device copies
+    // (d_*) of those the kernels read. P_send = T min(k, R), P_recv = R T.
+    int *pk_token;    // [P_send]    the token of each packet sent, in destination-rank order
+    int *pk_home;     // [T, R]      the packet of (token, rank), -1 when none
+    int *pk_slots;    // [P_send, k] per slot of the token: its local expert at the packet's
+                      //             rank, -1 when the slot is dropped or elsewhere
+    int *pk_slots_in; // [P_recv, k] the same for the packets received
+    int *pk_expand;   // [N_exp]     the received packet of each expert row
+    int *pk_assign;   // [P_recv, k] the expert row of each received slot, -1 none
+    int *d_pk_token, *d_pk_home, *d_pk_expand, *d_pk_assign;
+    int pk_sent, pk_received; // packets of the last forward
+    real *w_send, *w_recv;    // [P_send, k], [P_recv, k] the packets' combine weights (device)
+    real *dw_recv, *dw_send;  // [P_recv, k], [P_send, k] their gradients, back home
+    int expert_rows;          // rows the local experts computed
     // the exchanges since moe_layer_exchange_reset (host): bytes this rank sent to each rank
     // of the group (itself included), rows its experts received, seconds spent in them
     long *sent_bytes; // [R]

@@ -4,8 +4,10 @@
 #
 #   scripts/placement_bytes.sh [MOE] [OUT_DIR]    (RANKS="2 4" STEPS=30 by default)
 #
-# Per R: a default-placement run of STEPS steps; the proposal planned from its first half
-# (steps 1 .. STEPS/2, a copy of the run with those records only); a run with the proposal.
+# Per R: a default-placement run of STEPS steps with each exchange (parallel.exchange "rows":
+# one row per assignment; "dedup", the default: one per token and destination rank); the
+# proposal planned from the dedup run's first half (steps 1 .. STEPS/2, a copy of the run with
+# those records only); a dedup run with the proposal.
 # Reported over the second half (the steps the proposal did not see) and over all steps:
 # exchange_bytes / tokens (expert_load.jsonl, forward + backward, per layer) and the hottest
 # rank's received rows over the mean (max_r received_rows_r / mean), mean and P99 over the
@@ -29,6 +31,7 @@ train() { # R NAME [--set ...]
         --set train.threads=1 --set checkpoint.interval=0 "$@" >"$OUT/$name.log"
 }
 for R in $RANKS; do
+    train "$R" "r${R}_rows" --set 'parallel.exchange="rows"'
     train "$R" "r${R}_default"
     half="$OUT/r${R}_first_half"
     rm -rf "$half" && mkdir -p "$half"
@@ -46,13 +49,14 @@ for l in open(sys.argv[1]):
 import json, sys
 import numpy as np
 out, R, steps, key = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-for name in ("default", "placed"):
+for name in ("rows", "default", "placed"):
     recs = [json.loads(l) for l in open("%s/r%d_%s/expert_load.jsonl" % (out, R, name))]
     for what, sel in (("steps %d-%d" % (steps // 2 + 1, steps), [r for r in recs if r["step"] > steps // 2]),
                       ("all %d steps" % steps, recs)):
         bpt = sum(r["exchange_bytes"] for r in sel) / sum(r["tokens"] for r in sel)
         hot = np.array([max(r["received_rows"]) / np.mean(r["received_rows"]) for r in sel])
-        print("R=%d %-8s %-12s exchange bytes/token/layer %8.1f  hottest rank load mean %.3f P99 %.3f  %s" %
-              (R, name, what, bpt, hot.mean(), np.percentile(hot, 99), key if name == "placed" else "contiguous"))
+        print("R=%d %-8s %-12s exchange bytes/token/layer %8.1f  hottest rank load mean %.3f P99 %.3f  %s, %s" %
+              (R, name, what, bpt, hot.mean(), np.percentile(hot, 99), key if name == "placed" else "contiguous",
+               "rows" if name == "rows" else "dedup"))
 EOF
 done

@@ -1,7 +1,7 @@
 // The exchange (layers/exchange.h) in the manner of nccl-tests: every rank builds its data
 // from (sender, receiver, index), exchanges counts that include zeros and a rank that sends
 // nothing at all, checks every element it receives, and reports the bandwidth of the same
-// runs. Run alone (one rank) or under mpirun -np R.
+// runs; the host all-to-all-v of items likewise. Run alone (one rank) or under mpirun -np R.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     // the per-peer counts, exchanged as the MoE layer does (alltoall of ints)
     int *send_n = malloc(2 * (size_t)R * sizeof(int)), *recv_n = send_n + R;
     double bytes_moved = 0, seconds = 0;
-    int bad = 0;
+    int bad = 0, bad_host = 0;
     for (int round = 0; round < 4; round++) {
         for (int j = 0; j < R; j++) send_n[j] = rows_of(me, j, R, round, max_rows);
         world->alltoall_int(world, recv_n, send_n, 1);
@@ -75,9 +75,22 @@ int main(int argc, char **argv) {
                 for (int k = 0; k < d; k++) bad += hr[at * d + k] != value(j, me, i, k);
         be->free(be, ds), be->free(be, dr);
         free(hs), free(hr);
+        // the same counts of host items of 3 ints (sender, receiver, index)
+        int *is = malloc((ns + 1) * 3 * sizeof(int)), *ir = malloc((nr + 1) * 3 * sizeof(int));
+        at = 0;
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < send_n[j]; i++, at++)
+                is[3 * at] = me, is[3 * at + 1] = j, is[3 * at + 2] = i;
+        world->alltoallv_host(world, ir, recv_n, is, send_n, 3 * sizeof(int));
+        at = 0;
+        for (int j = 0; j < R; j++)
+            for (int i = 0; i < recv_n[j]; i++, at++)
+                bad_host += ir[3 * at] != j || ir[3 * at + 1] != me || ir[3 * at + 2] != i;
+        free(is), free(ir);
     }
     check_true("alltoall counts and alltoallv rows: every element from (sender, receiver, index)",
                bad == 0);
+    check_true("alltoallv_host: every item from (sender, receiver, index)", bad_host == 0);
 
     // all-reduce of backend reals, host doubles and longs; allgather; broadcast
     const size_t n = 1000;

@@ -198,6 +198,11 @@ int main(void) {
         if (world->split(world, world->rank / ep_sizes[s], world->rank, &ep)) return 1;
         cfg.moe.capacity_factor = 0;
         run(world, ep, be, cfg, 2, 12, "dropless");
+        cfg.moe.exchange = MOE_EXCHANGE_ROWS; // the default is dedup
+        run(world, ep, be, cfg, 2, 12, "dropless, rows exchange");
+        cfg.moe.capacity_factor = 1.0;
+        run(world, ep, be, cfg, 2, 12, "capacity 1.0, rows exchange");
+        cfg.moe.exchange = MOE_EXCHANGE_DEDUP, cfg.moe.capacity_factor = 0;
         cfg.moe.dtype = MOE_DTYPE_BF16; // rows travel in fp32 either way
         run(world, ep, be, cfg, 2, 12, "dropless, bf16");
         cfg.moe.dtype = MOE_DTYPE_F32;

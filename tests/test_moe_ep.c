@@ -4,7 +4,10 @@
 // gradients equal the single-rank layer's on the same tokens with all E experts; a local
 // expert's weight gradient equals the single-rank gradients summed over the EP group's ranks.
 // Dropless and with capacity (both drop policies, drops happening), EP over all ranks and
-// over halves of them. The largest relative difference seen is printed.
+// over halves of them; both exchanges (dedup and rows). The largest relative difference seen
+// is printed. The bytes each rank sends each peer equal what the routing says they must be:
+// per kept slot 4 rows (rows), per (token, peer holding one of its kept slots) 4 rows and 2
+// weight vectors of k (dedup).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +30,9 @@ static real *randn(uint64_t seed, size_t n, double scale) {
 }
 
 typedef struct {
-    double worst; // largest relative difference
-    long dropped; // assignments dropped on this rank
+    double worst;      // largest relative difference
+    long dropped;      // assignments dropped on this rank
+    long remote_bytes; // bytes this rank sent to the other ranks of its group
 } outcome;
 
 // One layer forward + backward on this rank's tokens; g receives the weight gradients.
@@ -61,7 +65,7 @@ static outcome check_case(moe_comm *world, moe_comm *ep, moe_backend *be, moe_co
     real *hw = randn(11, nw, 0.3); // the same global weights on every rank
     real *hx = randn(100 + (uint64_t)world->rank, nx, 1);
     real *hdout = randn(200 + (uint64_t)world->rank, nx, 1);
-    outcome o = {0, 0};
+    outcome o = {0, 0, 0};
 
     // the single-rank layer, all E experts, this rank's tokens
     moe_layer ref;
@@ -69,6 +73,27 @@ static outcome check_case(moe_comm *world, moe_comm *ep, moe_backend *be, moe_co
     double *y0, *dx0, *g0;
     long drop0;
     run(&ref, be, &cfg, E, hw, hx, hdout, T, &y0, &dx0, &g0, &drop0);
+    // the bytes the routing implies, per peer j: from the reference's top-k and keep. Units
+    // to j: kept slots at j's experts (rows), tokens with one there (dedup); each unit sends
+    // 2 rows out (x and dout, dedup also its weights) and j sends as much back (the outputs
+    // and dx, dedup also dweights): so to j go our units' and j's units' worth of bytes.
+    const int k = cfg.top_k, R = ep->size;
+    int *topk = malloc(2 * (size_t)T * k * sizeof(int)), *keep = topk + (size_t)T * k;
+    be->copy_to_host(be, topk, ref.topk_idx, (size_t)T * k * sizeof(int));
+    be->copy_to_host(be, keep, ref.keep, (size_t)T * k * sizeof(int));
+    int *units = calloc(2 * (size_t)R, sizeof(int)), *units_in = units + R;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < R; j++) {
+            int slots = 0;
+            for (int s = 0; s < k; s++) slots += keep[t * k + s] && topk[t * k + s] / El == j;
+            units[j] += cfg.exchange == MOE_EXCHANGE_ROWS ? slots : slots > 0;
+        }
+    ep->alltoall_int(ep, units_in, units, 1);
+    const long unit =
+        (cfg.exchange == MOE_EXCHANGE_ROWS ? 2L * d : 2L * d + k) * (long)sizeof(real);
+    long *want_bytes = calloc((size_t)R, sizeof(long));
+    for (int j = 0; j < R; j++) want_bytes[j] = (units[j] + units_in[j]) * unit;
+    free(units);
     moe_layer_free(&ref);
 
     // the EP layer: gate whole, experts [first, first + El)
@@ -91,6 +116,12 @@ static outcome check_case(moe_comm *world, moe_comm *ep, moe_backend *be, moe_co
     run(&L, be, &cfg, El, hwl, hx, hdout, T, &y1, &dx1, &g1, &o.dropped);
     check_true("the EP layer's drops equal the single-rank layer's (capacity per rank)",
                o.dropped == drop0);
+    int bytes_ok = 1;
+    for (int j = 0; j < R && L.sent_bytes; j++) bytes_ok &= L.sent_bytes[j] == want_bytes[j];
+    check_true("bytes sent to each peer == what the routing implies", bytes_ok);
+    for (int j = 0; j < R && L.sent_bytes; j++)
+        o.remote_bytes += j == ep->rank ? 0 : L.sent_bytes[j];
+    free(topk), free(want_bytes);
     moe_layer_free(&L);
 
     // expert gradients of the reference, summed over the EP group, sliced to the local experts
@@ -129,7 +160,14 @@ int main(void) {
             moe_config cfg = moe_config_default(16, 24, 8, 2);
             cfg.capacity_factor = modes[m].cf;
             cfg.drop_policy = modes[m].policy;
+            cfg.exchange = MOE_EXCHANGE_ROWS;
+            outcome rows = check_case(world, ep, be, cfg, T);
+            cfg.exchange = MOE_EXCHANGE_DEDUP;
             outcome o = check_case(world, ep, be, cfg, T);
+            o.worst = fmax(o.worst, rows.worst);
+            long bytes[2] = {rows.remote_bytes, o.remote_bytes};
+            world->allreduce_sum_long(world, bytes, 2);
+            if (ep->size > 1) check_true("dedup sends fewer bytes than rows", bytes[1] < bytes[0]);
             double worst = o.worst;
             long dropped = o.dropped;
             double *all = malloc((size_t)R * sizeof(double));
@@ -139,8 +177,10 @@ int main(void) {
             free(all);
             if (cfg.capacity_factor > 0) check_true("drops happen in capacity mode", dropped > 0);
             if (world->rank == 0)
-                printf("R=%d ep=%d %-24s largest relative difference %.2e, %ld dropped\n", R,
-                       ep->size, modes[m].name, worst, dropped);
+                printf("R=%d ep=%d %-24s largest relative difference %.2e, %ld dropped, bytes "
+                       "between ranks: rows %ld, dedup %ld (%.1f%% less)\n",
+                       R, ep->size, modes[m].name, worst, dropped, bytes[0], bytes[1],
+                       100.0 * (1 - (double)bytes[1] / (double)bytes[0]));
         }
         ep->destroy(ep);
     }

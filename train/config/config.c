@@ -68,7 +68,8 @@ static const char *const optimizer_names[] = {"adamw", "sgd", NULL};
 static const char *const schedule_names[] = {"cosine", "constant", NULL};
 static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
 static const char *const alert_action_names[] = {"warn", "stop", NULL};
-static const char *const dtype_names[] = {"fp32", "bf16", NULL}; // moe_dtype's order
+static const char *const dtype_names[] = {"fp32", "bf16", NULL};     // moe_dtype's order
+static const char *const exchange_names[] = {"dedup", "rows", NULL}; // moe_exchange's order
 
 // The offset of field f, which must be of type T (a compile error otherwise): what a key
 // kind writes through the offset is the field's type.
@@ -97,6 +98,9 @@ ENUM_FITS_INT(schedule_kind);
 ENUM_FITS_INT(moe_alert_action);
 ENUM_FITS_INT(moe_dtype);
 _Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "train.dtype: fp32 -> 0, bf16 -> 1");
+ENUM_FITS_INT(moe_exchange);
+_Static_assert(MOE_EXCHANGE_DEDUP == 0 && MOE_EXCHANGE_ROWS == 1,
+               "parallel.exchange: dedup -> 0, rows -> 1");
 #define OPEN 1
 #define CLOSED 0
 
@@ -187,6 +191,7 @@ static const key_spec specs[] = {
     KINT("checkpoint", "keep", ckpt_keep, 1, INT_MAX),
 
     KINT("parallel", "ep_size", ep_size, 0, 4096), // and divides the ranks and n_experts
+    KENUM("parallel", "exchange", model.moe.exchange, moe_exchange, exchange_names),
     {.group = "parallel",
      .key = "expert_placement",
      .kind = K_INTLIST,
@@ -217,7 +222,8 @@ void moe_train_config_default(moe_train_config *cfg) {
     e->drop_policy = d.drop_policy, e->aux_coef = d.aux_coef, e->z_coef = d.z_coef;
     e->scoring = d.scoring, e->route_scale = d.route_scale, e->seq_aux_coef = d.seq_aux_coef;
     e->jitter_eps = d.jitter_eps;
-    e->dtype = d.dtype; // fp32
+    e->dtype = d.dtype;       // fp32
+    e->exchange = d.exchange; // dedup
     cfg->capacity = (capacity_plan){.mode = CAPACITY_FIXED,
                                     .max_drop = 0.01,
                                     .window = 100,

@@ -7,11 +7,12 @@
 //   - the hottest rank's load: max_r sum_{p[e]=r} c_e / (sum_e c_e / R), its P99 over steps;
 //     the hottest link carries (tokens / R) of that rank's share: bytes = P99 max_r load_r / R
 //     x the row bytes, per layer forward;
-//   - rows per token our exchange sends: one per assignment to another rank, k (R-1)/R,
-//     whatever the mapping (a token's rank is uniform);
-//   - with one copy per token and destination rank (dedup, as DeepEP sends): (R-1)/R x D, D the
-//     token's distinct ranks = k - (its pairs of experts on one rank) (exact for k = 2 and
-//     whenever no rank holds three of a token's experts), from the co-activations.
+//   - rows per token the "rows" exchange sends: one per assignment to another rank,
+//     k (R-1)/R, whatever the mapping (a token's rank is uniform);
+//   - rows per token the "dedup" exchange (the default, parallel.exchange) sends, one copy per
+//     token and destination rank as DeepEP sends: (R-1)/R x D, D the token's distinct ranks
+//     = k - (its pairs of experts on one rank) (exact for k = 2 and whenever no rank holds
+//     three of a token's experts), from the co-activations.
 // The proposal: LPT greedy on the experts' loads summed over layers (the classic 4/3
 // approximation for balancing), then Kernighan-Lin-style pairwise swaps while they lower
 //   P99 hottest-rank load / its greedy value + dedup rows per token / k (R-1)/R,
@@ -144,7 +145,7 @@ static int cmp_double(const void *a, const void *b) {
 
 typedef struct {
     double p99_load;   // P99 over steps of the hottest rank's load / mean, the worst layer
-    double rows_ours;  // rows per token per layer our exchange sends
+    double rows_ours;  // rows per token per layer the "rows" exchange sends
     double rows_dedup; // with one copy per destination rank (co-activations needed)
     double link_bytes; // hottest link, P99 step, per layer forward, bytes
 } plan_cost;
@@ -351,9 +352,11 @@ int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *
             out,
             "\n"
             "  P99 load: the hottest rank's tokens over the mean on the P99 step (worst layer);\n"
-            "  rows/token: rows one layer sends per token (our exchange: one per assignment to\n"
-            "  another rank, the same for every mapping); dedup: one per token and destination\n"
-            "  rank, from the co-activations%s; hot link: the busiest rank pair's bytes on the\n"
+            "  rows/token: rows one layer sends per token with parallel.exchange \"rows\" (one "
+            "per\n"
+            "  assignment to another rank, the same for every mapping); dedup: with the default\n"
+            "  \"dedup\" (one per token and destination rank), from the co-activations%s; hot "
+            "link: the busiest rank pair's bytes on the\n"
             "  P99 step, per layer forward (d_model %d). Proposal: pairwise swaps from LPT\n"
             "  greedy and from contiguous lowering P99 load + dedup rows (both relative).\n"
             "  Train with it: parallel.expert_placement (the line above).\n",
