@@ -15,6 +15,9 @@ Writes into DIR (PNG, fixed sizes so that tests can check them):
                                          run (1 = independent; one scale for every layer)
     rank_load.png              1000x800  expert parallelism: rows each rank's experts received per
                                          step (all layers) and each rank's seconds in the exchanges
+    capacity.png               1000x800  capacity runs (metrics.jsonl capacity_factor > 0): the
+                                         factor used per step with "auto"'s decisions marked, and
+                                         the step's dropped fraction (all layers)
 --smooth N draws an N-step moving average over the raw curves (thin) of the line plots.
 
 Works on a run in progress: a partial last line is ignored; any other malformed line is an
@@ -305,6 +308,44 @@ def main():
             if R <= 16:
                 ax.legend(fontsize="small", ncol=max(1, (R + 7) // 8))
         save(fig, "rank_load.png")
+        n_plots += 1
+
+    # capacity: the factor per step (a schedule's or auto's) and what it dropped
+    try:
+        metrics = [r for _, r in read_jsonl(os.path.join(args.run_dir, "metrics.jsonl"), required=False)]
+    except LogError as e:
+        print(f"plot_load.py: error: {e}", file=sys.stderr)
+        return 1
+    cap = [(r["step"], number(r.get("capacity_factor"))) for r in metrics if "step" in r]
+    if any(f > 0 for _, f in cap):
+        drop = {}
+        for a in layers.values():
+            for st, dr, ro in zip(a["step"], a["dropped"], a["counts"].sum(axis=1)):
+                d = drop.setdefault(int(st), [0.0, 0.0])
+                d[0] += dr
+                d[1] += ro
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=AUX_Z_SIZE, dpi=DPI, sharex=True,
+                                       constrained_layout=True)
+        ax1.plot([c[0] for c in cap], [c[1] for c in cap], linewidth=1.2, label="capacity factor")
+        dec = [(r["step"], r["capacity_decision"]) for r in metrics if "capacity_decision" in r]
+        if dec:
+            ax1.scatter([d[0] for d in dec], [d[1].get("new", math.nan) for d in dec], s=18,
+                        color="black", zorder=3, label="auto: decision (new factor)")
+            ax1.scatter([d[0] for d in dec], [d[1].get("p99_need", math.nan) for d in dec],
+                        s=14, marker="x", color="red", zorder=3,
+                        label="auto: P99 need of the window (before clamping)")
+        ax1.set_ylabel("capacity factor")
+        ax1.set_title(f"{title}: capacity factor per step and the assignments it dropped")
+        xs = sorted(drop)
+        curve(ax2, numpy.asarray(xs, dtype=float),
+              numpy.asarray([drop[x][0] / drop[x][1] if drop[x][1] else 0 for x in xs]),
+              "dropped / routed, all layers")
+        ax2.set_ylabel("dropped fraction")
+        ax2.set_xlabel("step")
+        for ax in (ax1, ax2):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small")
+        save(fig, "capacity.png")
         n_plots += 1
 
     print(f"wrote {n_plots} plots to {args.out}")

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -112,6 +113,22 @@ checkpoint = { interval = %d; keep = 5; };
     report(ok and converged, "auto (window %d, max_change 1.25, from 6.0): each decision is the offline "
            "P99 of its window, limited as configured; converged to %.4f\n        %s" %
            (W, last["new"], "\n        ".join(lines)))
+
+    # scripts/plot_load.py draws the factor and the drops (capacity.png, 1000 x 800)
+    plot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "plot_load.py")
+    out = os.path.join(work, "plots_auto")
+    r = subprocess.run([sys.executable, plot, run, "--out", out], capture_output=True, text=True)
+    if r.returncode == 77:
+        print("  skip  plot_load.py: no matplotlib")
+    else:
+        png = os.path.join(out, "capacity.png")
+        size = None
+        if os.path.exists(png):
+            with open(png, "rb") as f:
+                head = f.read(24)
+            size = struct.unpack(">II", head[16:24]) if head[:8] == b"\x89PNG\r\n\x1a\n" else None
+        report(r.returncode == 0 and size == (1000, 800), "plot_load.py: capacity.png %s" %
+               ("x".join(map(str, size)) if size else "missing: " + r.stderr[-400:]))
 
     # resume mid-window (checkpoint at step 25 of windows of 10): bit-identical continuation
     path = cfg("auto_resumed", auto, 80)
