@@ -131,6 +131,12 @@ static void cuda_fill_table(moe_backend *be) {
     be->expert_matmul_forward = cuda_expert_matmul_forward;
     be->expert_matmul_backward_input = cuda_expert_matmul_backward_input;
     be->expert_matmul_backward_weight = cuda_expert_matmul_backward_weight;
+    be->matmul_bf16 = cuda_matmul_bf16;
+    be->expert_matmul_forward_bf16 = cuda_expert_matmul_forward_bf16;
+    be->expert_matmul_backward_input_bf16 = cuda_expert_matmul_backward_input_bf16;
+    be->expert_matmul_backward_weight_bf16 = cuda_expert_matmul_backward_weight_bf16;
+    be->to_bf16 = cuda_to_bf16;
+    be->from_bf16 = cuda_from_bf16;
     be->router_topk = cuda_router_topk;
     be->moe_dispatch_counts = cuda_moe_dispatch_counts;
     be->moe_seq_counts = cuda_moe_seq_counts;

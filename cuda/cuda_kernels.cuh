@@ -17,6 +17,22 @@ void cuda_expert_matmul_backward_weight(moe_backend *be, real *dweight, const re
                                         const real *inp, const int *offsets, int n_experts,
                                         int n_out, int n_in);
 
+// gemm.cu: the bf16 twins (bf16 operands, fp32 output and accumulation)
+void cuda_matmul_bf16(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16 *b, int m, int n,
+                      int kd, int trans_a, int trans_b, real beta);
+void cuda_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *inp,
+                                     const moe_bf16 *weight, const int *offsets, int n_experts,
+                                     int n_out, int n_in);
+void cuda_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
+                                            const moe_bf16 *weight, const int *offsets,
+                                            int n_experts, int n_out, int n_in, int accumulate);
+void cuda_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
+                                             const moe_bf16 *inp, const int *offsets, int n_experts,
+                                             int n_out, int n_in);
+// dense.cu: bf16 conversions
+void cuda_to_bf16(moe_backend *be, moe_bf16 *out, const real *in, size_t n);
+void cuda_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n);
+
 // router.cu (router_topk, router_backward, uniform_noise; seq_counts is in dispatch.cu)
 void cuda_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
                       real *weights, const real *logits, const real *bias, int T, int E, int k,

@@ -7,6 +7,7 @@
 #include "cuda/cuda_kernels.cuh" // first: the C headers as C++
 #include "cuda/bodies.h"
 #include "cuda/reduce.cuh"
+#include "layers/bf16.h"
 
 #define GRID_STRIDE(i, n)                                                   \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
@@ -202,6 +203,25 @@ void cuda_add(moe_backend *be, real *out, const real *a, const real *b, size_t n
     if (!n) return;
     k_add<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(out, a, b, n);
     CUDA_LAUNCHED(be, "k_add");
+}
+
+// bf16 conversions: layers/bf16.h's bodies (round to nearest even on the bits, quiet NaN
+// with its sign), so the CPU's and the GPU's bf16 values are the same bits.
+__global__ void k_to_bf16(moe_bf16 *out, const real *in, size_t n) {
+    GRID_STRIDE(i, n) out[i] = moe_f32_to_bf16((float)in[i]);
+}
+__global__ void k_from_bf16(real *out, const moe_bf16 *in, size_t n) {
+    GRID_STRIDE(i, n) out[i] = (real)moe_bf16_to_f32(in[i]);
+}
+void cuda_to_bf16(moe_backend *be, moe_bf16 *out, const real *in, size_t n) {
+    if (!n) return;
+    k_to_bf16<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(out, in, n);
+    CUDA_LAUNCHED(be, "k_to_bf16");
+}
+void cuda_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n) {
+    if (!n) return;
+    k_from_bf16<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(out, in, n);
+    CUDA_LAUNCHED(be, "k_from_bf16");
 }
 
 #define SUM_BLOCKS 256

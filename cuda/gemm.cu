@@ -1,5 +1,8 @@
 // Dense and grouped (per-expert) GEMMs on cuBLAS, fp32 storage; compute in strict fp32
 // (CUBLAS_COMPUTE_32F) or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32, model.tf32).
+// The bf16 twins (DESIGN.md §5b): bf16 operands (CUDA_R_16BF), fp32 output and accumulation
+// (CUBLAS_COMPUTE_32F: bf16 tensor cores with fp32 sums); their expert GEMMs always run as the
+// loop, since cublasGemmGroupedBatchedEx has no bf16-in/fp32-out mode.
 //
 // Row-major to cuBLAS's column-major: a row-major X [r, c] is the column-major X^T, so
 // C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T with the operands swapped.
@@ -13,18 +16,21 @@
 
 #include "cuda/cuda_kernels.cuh"
 
-static cublasComputeType_t compute_type(moe_backend *be) {
-    return cuda_state_of(be)->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-}
-
-// One row-major GEMM: c [m, n] = alpha op(a) op(b) + beta c, with leading dimensions.
+// One row-major GEMM: c [m, n] = alpha op(a) op(b) + beta c, with leading dimensions; a and
+// b are fp32 or bf16 (ab), c is fp32.
 typedef struct {
     int m, n, kd, trans_a, trans_b;
-    const float *a, *b;
+    const void *a, *b;
     float *c;
     int lda, ldb, ldc;
     float beta;
+    cudaDataType_t ab;
 } gemm_spec;
+
+static cublasComputeType_t compute_type(moe_backend *be, cudaDataType_t ab) {
+    if (ab == CUDA_R_16BF) return CUBLAS_COMPUTE_32F; // tf32 is a mode of fp32 operands
+    return cuda_state_of(be)->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
 
 static int ld(int x) { return x > 1 ? x : 1; } // cuBLAS wants leading dimensions >= 1
 
@@ -33,15 +39,24 @@ static void gemm_one(moe_backend *be, const gemm_spec *g) {
     const float one = 1;
     CUBLAS_CHECK(cublasGemmEx(cuda_state_of(be)->blas, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                               g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g->n, g->m, g->kd, &one, g->b,
-                              CUDA_R_32F, ld(g->ldb), g->a, CUDA_R_32F, ld(g->lda), &g->beta, g->c,
-                              CUDA_R_32F, ld(g->ldc), compute_type(be), CUBLAS_GEMM_DEFAULT));
+                              g->ab, ld(g->ldb), g->a, g->ab, ld(g->lda), &g->beta, g->c,
+                              CUDA_R_32F, ld(g->ldc), compute_type(be, g->ab),
+                              CUBLAS_GEMM_DEFAULT));
 }
 
+static void matmul_typed(moe_backend *be, real *c, const void *a, const void *b, int m, int n,
+                         int kd, int trans_a, int trans_b, real beta, cudaDataType_t ab) {
+    gemm_spec g = {m, n,    kd, trans_a, trans_b, a, b, c, trans_a ? m : kd, trans_b ? kd : n,
+                   n, beta, ab};
+    gemm_one(be, &g);
+}
 void cuda_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
                  int trans_a, int trans_b, real beta) {
-    gemm_spec g = {m, n,   kd, trans_a, trans_b, a, b, c, trans_a ? m : kd, trans_b ? kd : n,
-                   n, beta};
-    gemm_one(be, &g);
+    matmul_typed(be, c, a, b, m, n, kd, trans_a, trans_b, beta, CUDA_R_32F);
+}
+void cuda_matmul_bf16(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16 *b, int m, int n,
+                      int kd, int trans_a, int trans_b, real beta) {
+    matmul_typed(be, c, a, b, m, n, kd, trans_a, trans_b, beta, CUDA_R_16BF);
 }
 
 // The next pinned pointer slot, once the copy that last read it has completed.
@@ -61,7 +76,7 @@ static void gemm_many(moe_backend *be, gemm_spec *g, int count) {
     for (int i = 0; i < count; i++)
         if (g[i].m > 0 && g[i].n > 0 && !(g[i].kd == 0 && g[i].beta == 1)) g[n++] = g[i];
     if (n == 0) return;
-    if (s->expert_gemm == CUDA_EXPERT_GEMM_LOOP || n == 1) {
+    if (s->expert_gemm == CUDA_EXPERT_GEMM_LOOP || n == 1 || g[0].ab != CUDA_R_32F) {
         for (int i = 0; i < n; i++) gemm_one(be, &g[i]);
         return;
     }
@@ -88,10 +103,10 @@ static void gemm_many(moe_backend *be, gemm_spec *g, int count) {
     CUDA_CHECK(cudaMemcpyAsync(dev, ptr, (size_t)3 * n * sizeof(void *), cudaMemcpyHostToDevice,
                                s->stream));
     CUDA_CHECK(cudaEventRecord(s->ptr_done[slot], s->stream));
-    const cublasStatus_t st =
-        cublasGemmGroupedBatchedEx(s->blas, ta, tb, mm, nn, kk, alpha, (const void *const *)dev,
-                                   CUDA_R_32F, la, (const void *const *)(dev + n), CUDA_R_32F, lb,
-                                   beta, dev + 2 * n, CUDA_R_32F, lc, n, size, compute_type(be));
+    const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        s->blas, ta, tb, mm, nn, kk, alpha, (const void *const *)dev, CUDA_R_32F, la,
+        (const void *const *)(dev + n), CUDA_R_32F, lb, beta, dev + 2 * n, CUDA_R_32F, lc, n, size,
+        compute_type(be, CUDA_R_32F));
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) { // this cuBLAS lacks the mode (e.g. TF32): the loop
         if (!s->grouped_refused++)
             fprintf(stderr,
@@ -116,67 +131,111 @@ static gemm_spec *expert_specs(int n_experts) {
     return specs;
 }
 
-void cuda_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
-                                const int *offsets, int n_experts, int n_out, int n_in) {
+// The expert GEMMs of a call (operands of `size` bytes per element, type ab), one per expert.
+// Forward: out_e [rows, n_out] = inp_e [rows, n_in] @ w_e^T.
+static void expert_forward(moe_backend *be, real *out, const void *inp, const void *weight,
+                           const int *offsets, int n_experts, int n_out, int n_in,
+                           cudaDataType_t ab, size_t size) {
     gemm_spec *g = expert_specs(n_experts);
-    for (int e = 0; e < n_experts; e++) { // out_e [rows, n_out] = inp_e [rows, n_in] @ w_e^T
+    for (int e = 0; e < n_experts; e++) {
         const int rows = offsets[e + 1] - offsets[e];
         g[e] = (gemm_spec){rows,
                            n_out,
                            n_in,
                            0,
                            1,
-                           inp + (size_t)offsets[e] * n_in,
-                           weight + (size_t)e * n_out * n_in,
+                           (const char *)inp + (size_t)offsets[e] * n_in * size,
+                           (const char *)weight + (size_t)e * n_out * n_in * size,
                            out + (size_t)offsets[e] * n_out,
                            n_in,
                            n_in,
                            n_out,
-                           0};
+                           0,
+                           ab};
     }
     gemm_many(be, g, n_experts);
 }
 
-void cuda_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout,
-                                       const real *weight, const int *offsets, int n_experts,
-                                       int n_out, int n_in, int accumulate) {
+// Backward input: dinp_e [rows, n_in] (+)= dout_e @ w_e [n_out, n_in].
+static void expert_backward_input(moe_backend *be, real *dinp, const void *dout, const void *weight,
+                                  const int *offsets, int n_experts, int n_out, int n_in,
+                                  int accumulate, cudaDataType_t ab, size_t size) {
     gemm_spec *g = expert_specs(n_experts);
-    for (int e = 0; e < n_experts; e++) { // dinp_e [rows, n_in] (+)= dout_e @ w_e [n_out, n_in]
+    for (int e = 0; e < n_experts; e++) {
         const int rows = offsets[e + 1] - offsets[e];
         g[e] = (gemm_spec){rows,
                            n_in,
                            n_out,
                            0,
                            0,
-                           dout + (size_t)offsets[e] * n_out,
-                           weight + (size_t)e * n_out * n_in,
+                           (const char *)dout + (size_t)offsets[e] * n_out * size,
+                           (const char *)weight + (size_t)e * n_out * n_in * size,
                            dinp + (size_t)offsets[e] * n_in,
                            n_out,
                            n_in,
                            n_in,
-                           accumulate ? 1.0f : 0.0f};
+                           accumulate ? 1.0f : 0.0f,
+                           ab};
     }
     gemm_many(be, g, n_experts);
 }
 
-void cuda_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout,
-                                        const real *inp, const int *offsets, int n_experts,
-                                        int n_out, int n_in) {
+// Backward weight: dw_e [n_out, n_in] += dout_e^T @ inp_e.
+static void expert_backward_weight(moe_backend *be, real *dweight, const void *dout,
+                                   const void *inp, const int *offsets, int n_experts, int n_out,
+                                   int n_in, cudaDataType_t ab, size_t size) {
     gemm_spec *g = expert_specs(n_experts);
-    for (int e = 0; e < n_experts; e++) { // dw_e [n_out, n_in] += dout_e^T @ inp_e
+    for (int e = 0; e < n_experts; e++) {
         const int rows = offsets[e + 1] - offsets[e];
         g[e] = (gemm_spec){n_out,
                            n_in,
                            rows,
                            1,
                            0,
-                           dout + (size_t)offsets[e] * n_out,
-                           inp + (size_t)offsets[e] * n_in,
+                           (const char *)dout + (size_t)offsets[e] * n_out * size,
+                           (const char *)inp + (size_t)offsets[e] * n_in * size,
                            dweight + (size_t)e * n_out * n_in,
                            n_out,
                            n_in,
                            n_in,
-                           1};
+                           1,
+                           ab};
     }
     gemm_many(be, g, n_experts);
+}
+
+void cuda_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
+                                const int *offsets, int n_experts, int n_out, int n_in) {
+    expert_forward(be, out, inp, weight, offsets, n_experts, n_out, n_in, CUDA_R_32F, sizeof(real));
+}
+void cuda_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout,
+                                       const real *weight, const int *offsets, int n_experts,
+                                       int n_out, int n_in, int accumulate) {
+    expert_backward_input(be, dinp, dout, weight, offsets, n_experts, n_out, n_in, accumulate,
+                          CUDA_R_32F, sizeof(real));
+}
+void cuda_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout,
+                                        const real *inp, const int *offsets, int n_experts,
+                                        int n_out, int n_in) {
+    expert_backward_weight(be, dweight, dout, inp, offsets, n_experts, n_out, n_in, CUDA_R_32F,
+                           sizeof(real));
+}
+
+void cuda_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *inp,
+                                     const moe_bf16 *weight, const int *offsets, int n_experts,
+                                     int n_out, int n_in) {
+    expert_forward(be, out, inp, weight, offsets, n_experts, n_out, n_in, CUDA_R_16BF,
+                   sizeof(moe_bf16));
+}
+void cuda_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
+                                            const moe_bf16 *weight, const int *offsets,
+                                            int n_experts, int n_out, int n_in, int accumulate) {
+    expert_backward_input(be, dinp, dout, weight, offsets, n_experts, n_out, n_in, accumulate,
+                          CUDA_R_16BF, sizeof(moe_bf16));
+}
+void cuda_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
+                                             const moe_bf16 *inp, const int *offsets, int n_experts,
+                                             int n_out, int n_in) {
+    expert_backward_weight(be, dweight, dout, inp, offsets, n_experts, n_out, n_in, CUDA_R_16BF,
+                           sizeof(moe_bf16));
 }

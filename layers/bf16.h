@@ -1,4 +1,4 @@
-// bf16 <-> fp32 on one value (host code and the CPU kernels): the one definition of the
+// bf16 <-> fp32 on one value (host code, the CPU and the CUDA kernels): the one definition of the
 // rounding that the conversion kernels, the checkpoint export and the tests share.
 //
 // bf16 is the upper half of an fp32. Rounding to nearest, ties to even, on the bits: add
@@ -11,7 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint16_t moe_f32_to_bf16(float x) {
+#include "layers/hd.h" // the CUDA conversion kernels run these same bodies
+
+MOE_HD static inline uint16_t moe_f32_to_bf16(float x) {
     uint32_t b;
     memcpy(&b, &x, sizeof b);
     if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((b >> 16) | 0x0040u); // quiet NaN
@@ -19,7 +21,7 @@ static inline uint16_t moe_f32_to_bf16(float x) {
     return (uint16_t)(b >> 16);
 }
 
-static inline float moe_bf16_to_f32(uint16_t h) {
+MOE_HD static inline float moe_bf16_to_f32(uint16_t h) {
     const uint32_t b = (uint32_t)h << 16;
     float x;
     memcpy(&x, &b, sizeof x);
