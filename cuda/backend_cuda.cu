@@ -137,6 +137,9 @@ static void cuda_fill_table(moe_backend *be) {
     be->expert_matmul_backward_weight_bf16 = cuda_expert_matmul_backward_weight_bf16;
     be->to_bf16 = cuda_to_bf16;
     be->from_bf16 = cuda_from_bf16;
+#ifdef MOE_HAVE_NCCL
+    be->device_comm = cuda_device_comm; // cuda/exchange_nccl.cu
+#endif
     be->router_topk = cuda_router_topk;
     be->moe_dispatch_counts = cuda_moe_dispatch_counts;
     be->moe_seq_counts = cuda_moe_seq_counts;
@@ -189,6 +192,16 @@ static int env_int(const char *name, int fallback) {
         }                                                                                    \
     } while (0)
 
+// This process's rank among the node's (Open MPI, MPICH/Hydra, Slurm), 0 outside a launcher.
+static int local_rank(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+    for (int i = 0; i < 3; i++) {
+        const int r = env_int(vars[i], -1);
+        if (r >= 0) return r;
+    }
+    return 0;
+}
+
 extern "C" moe_status cuda_backend_create(moe_backend **out, const moe_backend_options *opt) {
     *out = NULL;
     int n = 0;
@@ -198,7 +211,8 @@ extern "C" moe_status cuda_backend_create(moe_backend **out, const moe_backend_o
         return moe_error(MOE_EINVAL, "cuda: no CUDA device (cudaGetDeviceCount: %s)",
                          err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
     }
-    const int device = env_int("MOE_CUDA_DEVICE", 0);
+    // MOE_CUDA_DEVICE, else one GPU per rank of a node (mpirun's local rank modulo the devices)
+    const int device = env_int("MOE_CUDA_DEVICE", local_rank() % n);
     if (device < 0 || device >= n)
         return moe_error(MOE_EINVAL, "cuda: MOE_CUDA_DEVICE=%d, but this machine has %d device%s",
                          device, n, n == 1 ? "" : "s");

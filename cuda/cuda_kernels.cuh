@@ -29,6 +29,8 @@ void cuda_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const m
 void cuda_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
                                              const moe_bf16 *inp, const int *offsets, int n_experts,
                                              int n_out, int n_in);
+// exchange_nccl.cu (MOE_NCCL): the backend's device_comm entry
+moe_status cuda_device_comm(moe_backend *be, struct moe_comm *host, struct moe_comm **out);
 // dense.cu: bf16 conversions
 void cuda_to_bf16(moe_backend *be, moe_bf16 *out, const real *in, size_t n);
 void cuda_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n);

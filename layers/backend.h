@@ -46,6 +46,7 @@ typedef enum {
 } moe_scoring;
 
 typedef struct moe_backend moe_backend;
+struct moe_comm; // layers/exchange.h
 
 // bf16 storage (DESIGN.md §5b): the upper 16 bits of an IEEE fp32 (1 sign, 8 exponent, 7
 // mantissa bits). Only the conversion kernels and the *_bf16 GEMMs read or write it.
@@ -105,6 +106,12 @@ struct moe_backend {
     // Waits until every kernel called so far has finished (layers/timing.h's laps). NULL: the
     // kernels are synchronous (the CPU).
     void (*synchronize)(moe_backend *be);
+    // The device's own transport for expert parallelism (NCCL on cuda; NULL where there is
+    // none, as on the CPU, whose rows MPI moves directly): *out is a communicator of host's
+    // ranks whose backend-memory operations (alltoallv_rows, allreduce_sum_real) run on the
+    // device, the host-memory ones through host. *out owns host (its destroy destroys host),
+    // and its split splits both. Collective over host.
+    moe_status (*device_comm)(moe_backend *be, struct moe_comm *host, struct moe_comm **out);
 
     // ---- dense GEMM -----------------------------------------------------
     // c[m,n] = op(a) @ op(b) + beta * c, op(a) is [m,kd], op(b) is [kd,n].

@@ -63,6 +63,15 @@ passed=$(grep -cE "Test +#[0-9]+: .* Passed" "$out/ctest_gpu.log")
 failed=$(grep -cE "\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Not Run" "$out/ctest_gpu.log")
 skipped=$(grep -cE "\*\*\*Skipped" "$out/ctest_gpu.log")
 "$build/tests/cuda/test_cuda_twin" > "$out/cuda_twin.log" 2>&1 # the per-kernel numbers, kept
+# NCCL with 2 ranks where there are 2 GPUs (one GPU: exchange_nccl_1 above is all NCCL allows)
+nccl2=skipped
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && [ -x "$build/tests/test_exchange" ]; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none \
+        -np 2 -x MOE_TEST_DEVICE=cuda -x MOE_TEST_TRANSPORT=device "$build/tests/test_exchange" \
+        > "$out/exchange_nccl_2.log" 2>&1 && nccl2=passed || nccl2=failed
+fi
+log "NCCL exchange on 2 ranks / 2 GPUs: $nccl2"
+[ "$nccl2" = failed ] && failed=$((failed + 1))
 
 # ---- benchmark ---------------------------------------------------------------------------
 bench_rc=skipped

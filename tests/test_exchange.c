@@ -1,7 +1,8 @@
 // The exchange (layers/exchange.h) in the manner of nccl-tests: every rank builds its data
 // from (sender, receiver, index), exchanges counts that include zeros and a rank that sends
 // nothing at all, checks every element it receives, and reports the bandwidth of the same
-// runs; the host all-to-all-v of items likewise. Run alone (one rank) or under mpirun -np R.
+// runs; the host all-to-all-v of items likewise. With MOE_TEST_TRANSPORT=device, over the
+// backend's own transport (NCCL: tests/cuda's exchange_nccl_*). Run alone (one rank) or under mpirun -np R.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,17 @@ static double now(void) {
 int main(int argc, char **argv) {
     moe_comm *world = ep_world();
     moe_backend *be = test_backend();
+    // MOE_TEST_TRANSPORT=device: the same checks through the backend's own transport (NCCL on
+    // cuda), which owns the world from here on
+    const char *transport = getenv("MOE_TEST_TRANSPORT");
+    if (transport && !strcmp(transport, "device")) {
+        moe_comm *dev;
+        if (!be->device_comm || be->device_comm(be, world, &dev)) {
+            fprintf(stderr, "%s\n", be->device_comm ? moe_last_error() : "no device transport");
+            return 1;
+        }
+        world = dev;
+    }
     const int R = world->size, me = world->rank, d = 64;
     const int max_rows = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : 200;
     if (me == 0) printf("exchange %s, %d rank(s), backend %s\n", world->name, R, be->name);

@@ -783,6 +783,22 @@ typedef struct {
 
 static moe_status out_of_memory(void) { return moe_error(MOE_ENOMEM, "trainer: out of memory"); }
 
+// parallel.transport = "nccl": the world becomes the backend's device communicator over the
+// MPI one (which it then owns), so the groups split from it move rows and gradients on the
+// device. Collective.
+static moe_status trainer_open_transport(trainer *t) {
+    if (t->cfg->transport != MOE_TRANSPORT_NCCL) return MOE_OK;
+    if (!t->be->device_comm)
+        return moe_error(MOE_EINVAL,
+                         "parallel.transport = \"nccl\" needs a device with its own transport "
+                         "(model.device = \"cuda\" in a build with MOE_NCCL); backend %s has none",
+                         t->be->name);
+    moe_comm *dev;
+    moe_status st = t->be->device_comm(t->be, t->world, &dev);
+    if (!st) t->world = dev;
+    return st;
+}
+
 // The groups of expert parallelism: EP groups of parallel.ep_size consecutive ranks, and the
 // expert-data-parallel groups of the ranks with the same place in theirs (same experts).
 static moe_status trainer_open_groups(trainer *t) {
@@ -822,10 +838,10 @@ static moe_status trainer_open_model(trainer *t) {
     const moe_train_config *cfg = t->cfg;
     const moe_backend_options bo = {
         .threads = cfg->threads, .procs_per_node = moe_launch_local_size(), .tf32 = cfg->tf32};
-    moe_status st = trainer_open_groups(t);
-    if (st) return st;
-    if ((st = moe_backend_create(&t->be, cfg->device, &bo)))
-        return name_key(st, "model.device", cfg->device);
+    moe_status st = moe_backend_create(&t->be, cfg->device, &bo);
+    if (st) return name_key(st, "model.device", cfg->device);
+    if ((st = trainer_open_transport(t))) return st;
+    if ((st = trainer_open_groups(t))) return st;
     if ((st = trainer_open_data(t))) return st;
     const model_config mc = trainer_model_config(cfg);
     if ((st = model_create_parallel(&t->m, t->be, &mc, cfg->batch_size, cfg->seq_len, t->ep)))
@@ -1599,11 +1615,11 @@ static moe_status trainer_close(trainer *t, moe_status st, trainer_result *resul
     data_loader_free(&t->loader);
     optimizer_destroy(&t->opt);
     model_destroy(&t->m);
-    moe_backend_destroy(t->be);
     if (t->ep) t->ep->destroy(t->ep);
     if (t->edp) t->edp->destroy(t->edp);
     // a failed run keeps the world: the caller's moe_fatal ends every rank (MPI_Abort)
     if (t->world && (!st || t->R == 1)) t->world->destroy(t->world);
+    moe_backend_destroy(t->be); // after the communicators (an NCCL one uses its device)
     token_file_free(&t->train);
     token_file_free(&t->val);
     return st;

@@ -70,6 +70,7 @@ static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
 static const char *const alert_action_names[] = {"warn", "stop", NULL};
 static const char *const dtype_names[] = {"fp32", "bf16", NULL};     // moe_dtype's order
 static const char *const exchange_names[] = {"dedup", "rows", NULL}; // moe_exchange's order
+static const char *const transport_names[] = {"mpi", "nccl", NULL};  // moe_transport's order
 
 // The offset of field f, which must be of type T (a compile error otherwise): what a key
 // kind writes through the offset is the field's type.
@@ -99,6 +100,7 @@ ENUM_FITS_INT(moe_alert_action);
 ENUM_FITS_INT(moe_dtype);
 _Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "train.dtype: fp32 -> 0, bf16 -> 1");
 ENUM_FITS_INT(moe_exchange);
+ENUM_FITS_INT(moe_transport);
 _Static_assert(MOE_EXCHANGE_DEDUP == 0 && MOE_EXCHANGE_ROWS == 1,
                "parallel.exchange: dedup -> 0, rows -> 1");
 #define OPEN 1
@@ -197,6 +199,7 @@ static const key_spec specs[] = {
      .kind = K_INTLIST,
      .off = offsetof(moe_train_config, expert_placement),
      .count_off = OFF(n_placement, int)}, // a permutation of 0 .. n_experts-1, or empty
+    KENUM("parallel", "transport", transport, moe_transport, transport_names),
 };
 #define N_SPECS ((int)(sizeof specs / sizeof specs[0]))
 

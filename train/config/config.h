@@ -26,6 +26,9 @@ typedef enum {
     CAPACITY_AUTO = 2,     // follows the router: the P99 step's need over each window
 } capacity_mode;
 
+// parallel.transport
+typedef enum { MOE_TRANSPORT_MPI = 0, MOE_TRANSPORT_NCCL = 1 } moe_transport;
+
 typedef struct {
     capacity_mode mode;
     int n_points;                           // SCHEDULE: [1, MOE_CAPACITY_MAX_POINTS]
@@ -195,6 +198,10 @@ typedef struct {
     // ep_size, in every layer); n_placement 0 (an empty list, the default): identity.
     int expert_placement[MOE_MAX_EXPERTS];
     int n_placement;
+    // transport: what moves expert parallelism's rows and the gradient all-reduce: "mpi"
+    // (default; device memory staged through the host) or "nccl" (the device's own, on the
+    // cuda backend built with NCCL: one GPU per rank)
+    moe_transport transport;
 
     // where the config came from (for messages)
     char source[MOE_PATH_MAX];
