@@ -35,19 +35,19 @@ static void nccl_fail(moe_comm *c, const char *what, ncclResult_t r) {
             ncclGetErrorString(r), NCCL_MAJOR, NCCL_MINOR);
     nccl_of(c)->host->abort(nccl_of(c)->host, 1);
 }
-#define NCCL_CHECK(c, call)                                     \
-    do {                                                        \
-        const ncclResult_t r_ = (call);                         \
+#define NCCL_CHECK(c, call)                                                       \
+    do {                                                                          \
+        const ncclResult_t r_ = (call);                                           \
         if (r_ != ncclSuccess && r_ != ncclInProgress) nccl_fail((c), #call, r_); \
     } while (0)
 
 // The host communicator's operations, their seconds counted as this one's.
-#define HOST_CALL(c, call)                    \
-    do {                                      \
-        moe_comm *h_ = nccl_of(c)->host;      \
-        const double w0_ = h_->wait_s;        \
-        h_->call;                             \
-        (c)->wait_s += h_->wait_s - w0_;      \
+#define HOST_CALL(c, call)               \
+    do {                                 \
+        moe_comm *h_ = nccl_of(c)->host; \
+        const double w0_ = h_->wait_s;   \
+        h_->call;                        \
+        (c)->wait_s += h_->wait_s - w0_; \
     } while (0)
 
 static void n_alltoall_int(moe_comm *c, int *recv, const int *send, int n) {
@@ -95,7 +95,8 @@ static void n_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, const int
     for (int p = 0; p < c->size; p++) {
         const size_t ns = (size_t)send_rows[p] * row_bytes, nr = (size_t)recv_rows[p] * row_bytes;
         if (ns)
-            NCCL_CHECK(c, ncclSend((const char *)send + at_send, ns, ncclUint8, p, s->nccl, stream));
+            NCCL_CHECK(c,
+                       ncclSend((const char *)send + at_send, ns, ncclUint8, p, s->nccl, stream));
         if (nr) NCCL_CHECK(c, ncclRecv((char *)recv + at_recv, nr, ncclUint8, p, s->nccl, stream));
         at_send += ns, at_recv += nr;
     }
@@ -192,8 +193,8 @@ moe_status cuda_device_comm(moe_backend *be, moe_comm *host, moe_comm **out) {
         return moe_error(MOE_EINVAL,
                          "nccl: ncclCommInitRank failed on %ld of %d ranks (this one: %s; NCCL "
                          "needs one GPU per rank: this rank has device %d)",
-                         host->size - all, host->size,
-                         fine ? "ok" : ncclGetErrorString(r), cuda_state_of(be)->device);
+                         host->size - all, host->size, fine ? "ok" : ncclGetErrorString(r),
+                         cuda_state_of(be)->device);
     }
     return wrap(be, host, nccl, out);
 }
