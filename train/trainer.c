@@ -145,8 +145,8 @@ static moe_status delete_checkpoint_folder(const char *path) {
 
 moe_status trainer_clear_run_dir(const char *run_dir) {
     static const char *files[] = {"metrics.jsonl",     "expert_load.jsonl",     "config.cfg",
-                                  "metrics.jsonl.tmp", "expert_load.jsonl.tmp", "ckpt/latest",
-                                  "ckpt/latest.tmp"};
+                                  "metrics.jsonl.tmp", "expert_load.jsonl.tmp", "config.cfg.tmp",
+                                  "ckpt/latest",       "ckpt/latest.tmp"};
     char path[MOE_PATH_MAX + 300], folder[MOE_PATH_MAX + 600];
     moe_status st;
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
@@ -1626,19 +1626,22 @@ static moe_status trainer_close(trainer *t, moe_status st, trainer_result *resul
 }
 
 // RUN_DIR/config.cfg: the resolved config of the run.
+// Written to config.cfg.tmp and renamed: a reader (moe stats --watch on a starting run) sees
+// no config.cfg or the whole one, never a partial file whose missing keys read as defaults.
 static moe_status write_run_config(const moe_train_config *cfg) {
-    char path[MOE_PATH_MAX + 32];
+    char path[MOE_PATH_MAX + 32], tmp[MOE_PATH_MAX + 48];
     snprintf(path, sizeof path, "%s/config.cfg", cfg->run_dir);
-    FILE *f = fopen(path, "w");
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
     if (!f)
-        return moe_error(MOE_EIO, "%s: cannot write the resolved config: %s", path,
-                         strerror(errno));
+        return moe_error(MOE_EIO, "%s: cannot write the resolved config: %s", tmp, strerror(errno));
     moe_status st = moe_train_config_write(cfg, f);
-    if (st) {
-        fclose(f);
-        return st;
-    }
-    return file_close_checked(f, path); // a full disk shows here at the latest
+    if (st) fclose(f);
+    if (!st) st = file_close_checked(f, tmp); // a full disk shows here at the latest
+    if (!st && rename(tmp, path) != 0)
+        st = moe_error(MOE_EIO, "%s: cannot rename to config.cfg: %s", tmp, strerror(errno));
+    if (st) remove(tmp);
+    return st;
 }
 
 // Every rank must train the same run: the resolved configs (as config.cfg writes them) are
