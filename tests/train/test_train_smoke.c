@@ -188,7 +188,8 @@ static void huge_step_count_starts(void) {
 // run stops with the path and the OS error instead of training on with empty logs.
 static void full_disk_stops(void) {
     printf("a log or config.cfg on a full disk (/dev/full) stops the run, naming the file\n");
-    const char *files[] = {"config.cfg", "metrics.jsonl", "expert_load.jsonl"};
+    // config.cfg is written to config.cfg.tmp and renamed (a reader never sees part of it)
+    const char *files[] = {"config.cfg.tmp", "metrics.jsonl", "expert_load.jsonl"};
     for (int i = 0; i < 3; i++) {
         moe_train_config c;
         tiny_config(&c, "full");
@@ -207,6 +208,12 @@ static void full_disk_stops(void) {
                  "%s: MOE_EIO with the path and ENOSPC, no step after the failing one", files[i]);
         check_true(what,
                    st == MOE_EIO && strstr(moe_last_error(), want) && r.steps_done == (i ? 1 : 0));
+        if (i == 0) {
+            char cfg_path[1100];
+            snprintf(cfg_path, sizeof cfg_path, "%s/config.cfg", c.run_dir);
+            check_true("no config.cfg after the failed write, the temporary file removed",
+                       access(cfg_path, F_OK) != 0 && access(path, F_OK) != 0);
+        }
     }
 
     printf("jsonl_keep_until (resume) on a full disk fails and keeps the log as it was\n");
