@@ -35,10 +35,10 @@ static void nccl_fail(moe_comm *c, const char *what, ncclResult_t r) {
             ncclGetErrorString(r), NCCL_MAJOR, NCCL_MINOR);
     nccl_of(c)->host->abort(nccl_of(c)->host, 1);
 }
-#define NCCL_CHECK(c, call)                                                       \
-    do {                                                                          \
-        const ncclResult_t r_ = (call);                                           \
-        if (r_ != ncclSuccess && r_ != ncclInProgress) nccl_fail((c), #call, r_); \
+#define NCCL_CHECK(c, call)                                                         \
+    do {                                                                            \
+        const ncclResult_t r_ = (call);                                             \
+        if (r_ != ncclSuccess) nccl_fail((c), #call, r_); /* blocking comms only */ \
     } while (0)
 
 // The host communicator's operations, their seconds counted as this one's.

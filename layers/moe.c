@@ -662,11 +662,11 @@ static void combine_packets(moe_layer *L, real *out, int T) {
 // Dispatch: xp = the kept rows in expert order (rows for expert e contiguous), the rows this
 // rank sends. One rank: the experts read xp itself. Expert parallelism: each rank's rows go
 // to the rank holding their experts, and are regrouped by local expert there (xe).
-static void dispatch(moe_layer *L, const real *inp, const int *offsets) {
+static void dispatch(moe_layer *L, const real *inp, const int *offsets, int T) {
     moe_backend *be = L->be;
     const int E = L->cfg.n_experts, d = L->cfg.d_model;
     if (dedup_exchange(L)) {
-        dispatch_packets(L, inp, L->last_tokens);
+        dispatch_packets(L, inp, T);
         return;
     }
     be->moe_permute(be, L->xp, inp, L->row_token, offsets[E], d);
@@ -675,7 +675,7 @@ static void dispatch(moe_layer *L, const real *inp, const int *offsets) {
         return;
     }
     plan_exchange(L, offsets);
-    exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows, L->cfg.d_model);
+    exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows, d);
     L->received_rows += L->expert_rows;
     be->moe_copy_chunks(be, L->xe, L->xr, L->to_expert, L->ep_size * L->E_local, d);
 }
@@ -752,9 +752,8 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     const int capacity = training ? moe_capacity(&L->cfg, T) : 0; // inference never drops
     L->jittered = training && L->cfg.jitter_eps > 0;
     route(L, inp, w, T, seq_len, capacity);
-    L->last_tokens = T;
     moe_lap(L->timer, MOE_T_ROUTER);
-    dispatch(L, inp, L->host_counts + L->cfg.n_experts); // the row offsets (host)
+    dispatch(L, inp, L->host_counts + L->cfg.n_experts, T); // the row offsets (host)
     moe_lap(L->timer, MOE_T_DISPATCH);
     experts(L, w);
     lap_experts(L);
@@ -784,7 +783,7 @@ static void combine_backward_exchange(moe_layer *L) {
     moe_backend *be = L->be;
     moe_backward_scratch *s = L->bwd;
     const int d = L->cfg.d_model;
-    exchange_rows(L, s->dstage, L->recv_rows, s->dye, L->send_rows, L->cfg.d_model);
+    exchange_rows(L, s->dstage, L->recv_rows, s->dye, L->send_rows, d);
     be->moe_copy_chunks(be, s->dye_e, s->dstage, L->to_expert, L->ep_size * L->E_local, d);
 }
 
