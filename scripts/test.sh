@@ -15,7 +15,7 @@ start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - start)) s"; start=$SECONDS; }
 
 # required to build and test
-packages=(build-essential cmake pkg-config libconfig-dev libopenblas-openmp-dev libcjson-dev
+packages=(build-essential cmake pkg-config libconfig-dev libopenblas-openmp-dev libcjson-dev libdnnl2
           libopenmpi-dev openmpi-bin clang-format)
 # optional: the plot test (matplotlib) and the Hugging Face check (torch for transformers);
 # without them those tests report themselves skipped

@@ -23,7 +23,11 @@ typedef struct {
     const char *fix_openblas, *fix_blis; // the family proposed by each build ("" when none)
 } judge_case;
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    // as moe's main does: where the BLAS loaded generic kernels, this re-executes the test
+    // with OPENBLAS_CORETYPE set (the last check below then sees what moe would run)
+    const int warned = moe_blas_check(argv);
     expect(moe_blas_kernel_isa("Prescott") == MOE_ISA_SSE, "Prescott is SSE");
     expect(moe_blas_kernel_isa("haswell") == MOE_ISA_AVX2, "names are case-insensitive");
     expect(moe_blas_kernel_isa("Zen") == MOE_ISA_AVX2, "Zen is AVX2");
@@ -48,9 +52,13 @@ int main(void) {
         {"Zen", MOE_ISA_AVX2, 1, 0, MOE_BLAS_FITS, "", ""},
         {"SkylakeX", MOE_ISA_AVX512, 0, 0, MOE_BLAS_FITS, "", ""},
         {"zen3", MOE_ISA_AVX2, 1, 0, MOE_BLAS_FITS, "", ""},
-        // AMD with AVX-512 (Zen 4): the AVX2 Zen kernels are what moe asks for, not generic
-        {"Zen", MOE_ISA_AVX512, 1, 1, MOE_BLAS_FITS, "", ""},
-        {"Prescott", MOE_ISA_AVX512, 1, 1, MOE_BLAS_GENERIC, "Zen", "zen3"},
+        // AMD with AVX-512 (Zen 4, Zen 5): the AVX-512 kernels (2x the Zen ones on a Zen 5)
+        {"Zen", MOE_ISA_AVX512, 1, 1, MOE_BLAS_GENERIC, "Cooperlake", "zen4"},
+        {"Haswell", MOE_ISA_AVX512, 1, 0, MOE_BLAS_GENERIC, "SkylakeX", "zen4"},
+        {"Prescott", MOE_ISA_AVX512, 1, 1, MOE_BLAS_GENERIC, "Cooperlake", "zen4"},
+        {"zen3", MOE_ISA_AVX512, 1, 1, MOE_BLAS_GENERIC, "Cooperlake", "zen4"},
+        {"Cooperlake", MOE_ISA_AVX512, 1, 1, MOE_BLAS_FITS, "", ""},
+        {"zen4", MOE_ISA_AVX512, 1, 1, MOE_BLAS_FITS, "", ""},
         // a CPU without AVX: the generic kernels are right; unknown names are not judged
         {"Prescott", MOE_ISA_SSE, 0, 0, MOE_BLAS_FITS, "", ""},
         {"NoSuchCore", MOE_ISA_AVX512, 0, 0, MOE_BLAS_FITS, "", ""},
@@ -75,7 +83,10 @@ int main(void) {
         expect(v == c->want && !strcmp(fix, want_fix), what);
     }
 
-    // this machine: the loaded BLAS runs kernels that fit this CPU (OPENBLAS_CORETYPE unset)
+    // this machine: after the start-up check the loaded BLAS runs kernels that fit this CPU
+    // (OPENBLAS_CORETYPE unset by ctest), without a warning
+    expect(!warned, "the start-up check gave no warning");
+    if (*moe_blas_note()) printf("start-up check: %s\n", moe_blas_note());
     int amd, bf16;
     const moe_isa cpu = moe_cpu_isa(&amd, &bf16);
     char fix[32];

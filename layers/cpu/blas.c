@@ -85,6 +85,8 @@ moe_isa moe_blas_kernel_isa(const char *family) {
         {"zen2", MOE_ISA_AVX2},
         {"zen3", MOE_ISA_AVX2},
         {"skx", MOE_ISA_AVX512},
+        {"zen4", MOE_ISA_AVX512},
+        {"zen5", MOE_ISA_AVX512},
         // MKL (moe_blas_kernel's names of its code paths)
         {"compatible (generic)", MOE_ISA_SSE},
         {"SSE4.2", MOE_ISA_SSE},
@@ -102,21 +104,25 @@ moe_isa moe_blas_kernel_isa(const char *family) {
 
 const char *moe_blas_best_kernel(moe_isa isa, int amd, int avx512_bf16) {
 #if defined(MOE_BLAS_BLIS)
-    (void)avx512_bf16; // one AVX-512 configuration
-    if (isa >= MOE_ISA_AVX512 && !amd) return "skx";
+    (void)avx512_bf16; // one AVX-512 configuration per vendor
+    if (isa >= MOE_ISA_AVX512) return amd ? "zen4" : "skx";
     if (isa >= MOE_ISA_AVX2) return amd ? "zen3" : "haswell";
     return isa >= MOE_ISA_AVX ? "sandybridge" : NULL;
 #else
-    // AMD: the Zen kernels (AVX2) also on Zen 4's AVX-512, which OpenBLAS 0.3.21 runs as Zen
-    if (isa >= MOE_ISA_AVX512 && !amd) return avx512_bf16 ? "Cooperlake" : "SkylakeX";
+    // AMD with AVX-512 (Zen 4, Zen 5) too: measured on a Zen 5 EPYC, OpenBLAS 0.3.21's
+    // Cooperlake/SkylakeX sgemm ran at 2x its Zen (AVX2) kernels (README "BLAS"), and OpenBLAS
+    // itself runs Zen 4 on them from 0.3.22
+    (void)amd;
+    if (isa >= MOE_ISA_AVX512) return avx512_bf16 ? "Cooperlake" : "SkylakeX";
     if (isa >= MOE_ISA_AVX2) return amd ? "Zen" : "Haswell";
     return isa >= MOE_ISA_AVX ? "Sandybridge" : NULL;
 #endif
 }
 
-// The ISA this CPU's best kernels need: AVX-512 on AMD counts as AVX2 (see above).
+// The ISA this CPU's best kernels need: all it has.
 static moe_isa wanted_isa(moe_isa cpu, int amd) {
-    return amd && cpu > MOE_ISA_AVX2 ? MOE_ISA_AVX2 : cpu;
+    (void)amd;
+    return cpu;
 }
 
 static const char *isa_name(moe_isa isa) {

@@ -22,10 +22,11 @@ typedef struct cpu_state {
     int n_regions, cap_regions;
     char line[448]; // describe()
     // bf16 GEMMs (layers/cpu/gemm_bf16.c)
-    void (*sbgemm)(void); // OpenBLAS's cblas_sbgemm when the loaded library exports it
-    int bf16_native;      // 1: the *_bf16 GEMMs call sbgemm; 0: widen to fp32, then sgemm
-    char bf16_line[96];   // the path, for describe()
-    real *bf16_ws;        // the emulated path's widening workspace (host), bf16_ws_n reals
+    int bf16_native;     // the *_bf16 GEMMs' path: CPU_BF16_EMULATED (widen, then sgemm),
+                         // CPU_BF16_SBGEMM (OpenBLAS) or CPU_BF16_ONEDNN
+    int bf16_have;       // the first native library found (CPU_BF16_EMULATED: none)
+    char bf16_line[200]; // the path, for describe()
+    real *bf16_ws;       // the emulated path's widening workspace (host), bf16_ws_n reals
     size_t bf16_ws_n;
 } cpu_state;
 
@@ -42,15 +43,19 @@ int moe_cpu_threads(int requested);
 // Changes a CPU backend's thread count (tests: a kernel gives the same bits on 1 and 2 threads);
 // returns what moe_cpu_threads(requested) applied.
 int cpu_backend_set_threads(moe_backend *be, int requested);
-// bf16 GEMM path (layers/cpu/gemm_bf16.c): picks native (cblas_sbgemm) or emulated for a new
-// backend's state from the CPU, the OpenBLAS loaded and MOE_BF16_GEMM; MOE_EINVAL for a bad
-// MOE_BF16_GEMM or a forced native path without sbgemm.
+// bf16 GEMM path (layers/cpu/gemm_bf16.c): picks native (OpenBLAS's cblas_sbgemm, else
+// oneDNN's dnnl_gemm_bf16bf16f32, on a CPU with bf16 instructions) or emulated for a new
+// backend's state from the CPU, the libraries found and MOE_BF16_GEMM; MOE_EINVAL for a bad
+// MOE_BF16_GEMM or a forced native path without its library.
+enum { CPU_BF16_EMULATED = 0, CPU_BF16_SBGEMM = 1, CPU_BF16_ONEDNN = 2 };
 moe_status cpu_bf16_select(cpu_state *s);
+// "OpenBLAS sbgemm", "oneDNN dnnl_gemm_bf16bf16f32", "emulated".
+const char *cpu_bf16_path_name(int path);
 // 1 when the CPU has AVX512-BF16 or AMX-BF16 (CPUID).
 int cpu_has_bf16_instructions(void);
-// Tests: native = 1 selects sbgemm (returns 0, changing nothing, when there is none), 0 the
-// emulated path; returns 1 when applied.
-int cpu_backend_set_bf16_gemm(moe_backend *be, int native);
+// Tests: selects a path (CPU_BF16_*) whatever the CPU; returns 1 when applied, 0 (changing
+// nothing) when its library is not here.
+int cpu_backend_set_bf16_gemm(moe_backend *be, int path);
 // moe_blas_kernel(), the BLAS's kernel family, which sets the sgemm rate (on an AVX-512 Xeon:
 // 250 GFLOP/s with OpenBLAS's Haswell kernels, 450-470 with SkylakeX), is in layers/blas.h.
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max

@@ -1,21 +1,28 @@
 // bf16 GEMMs (operands bf16, accumulation and output fp32) and the fp32 <-> bf16 conversions
-// of the CPU backend (DESIGN.md §5b). Two paths, chosen when the backend is created:
+// of the CPU backend (DESIGN.md §5b). Paths, chosen when the backend is created:
 //
-//   native    OpenBLAS's cblas_sbgemm, when the OpenBLAS loaded at run time exports it
-//             (built with BUILD_BFLOAT16; looked up with dlsym, so a newer OpenBLAS on
-//             LD_LIBRARY_PATH enables it without a rebuild) and the CPU has bf16 instructions
-//             (AVX512-BF16 or AMX-BF16, CPUID). OpenBLAS's kernel then runs them.
+//   native    a library's bf16 GEMM, where the CPU has bf16 instructions (AVX512-BF16 or
+//             AMX-BF16, CPUID), in this order:
+//             sbgemm  OpenBLAS's cblas_sbgemm, when the OpenBLAS loaded at run time exports
+//                     it (built with BUILD_BFLOAT16: Debian 12's and PyPI's do not);
+//             onednn  oneDNN's dnnl_gemm_bf16bf16f32 (Debian: libdnnl2, which scripts/test.sh
+//                     installs), loaded with dlopen, so that no build and no fp32 run depends
+//                     on it, and kept only when a probe GEMM succeeds (oneDNN refuses CPUs
+//                     without bf16 instructions).
+//             Both are looked up at run time, so a newer library on LD_LIBRARY_PATH counts.
 //   emulated  everywhere else: the bf16 operands of each GEMM (each expert's, for the grouped
 //             ones) are widened to fp32 (exact) in a workspace and cblas_sgemm multiplies
 //             them. A product of two bf16 values (8-bit mantissas) is exact in fp32 and the
 //             sums are fp32, so this is the same arithmetic as the native path up to the
 //             summation order; it costs sgemm plus one pass over the operands.
 //
-// MOE_BF16_GEMM=native|emulated (environment, read at create) forces a path; the tests use
-// cpu_backend_set_bf16_gemm. describe() says which path runs and why.
+// MOE_BF16_GEMM=auto|native|sbgemm|onednn|emulated (environment, read at create) forces a
+// path; the tests use cpu_backend_set_bf16_gemm. describe() says which path runs and why.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,21 +53,80 @@ void cpu_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n) {
     widen(out, in, n);
 }
 
-// ---- which path -------------------------------------------------------------------
+// ---- the native libraries ------------------------------------------------------------------
 
 typedef void (*sbgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint,
                           blasint, blasint, float, const moe_bf16 *, blasint, const moe_bf16 *,
                           blasint, float, float *, blasint);
+// oneDNN's C API (dnnl.h, not needed to build): row-major C = alpha op(A) op(B) + beta C,
+// 'N' or 'T' per operand; returns dnnl_status_t, 0 on success.
+typedef int (*dnnl_bf16_fn)(char, char, int64_t, int64_t, int64_t, float, const moe_bf16 *, int64_t,
+                            const moe_bf16 *, int64_t, float, float *, int64_t);
+typedef struct {
+    int major, minor, patch;
+    const char *hash;
+    unsigned cpu_runtime, gpu_runtime;
+} dnnl_version_info;
 
-static sbgemm_fn find_sbgemm(void) {
-#ifdef MOE_REAL_DOUBLE
-    return NULL; // the f64 build (finite differences) has no fp32 output to give sbgemm
-#else
-    void *f = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
-    sbgemm_fn fn;
-    memcpy(&fn, &f, sizeof fn); // object to function pointer, as POSIX allows
-    return fn;
+static sbgemm_fn sbgemm;       // process-wide, as the libraries are
+static dnnl_bf16_fn dnnl_gemm; // NULL: no oneDNN, or one that refused the probe
+static char dnnl_name[64];     // "oneDNN 2.6.3", or why it is not used
+static pthread_once_t found = PTHREAD_ONCE_INIT;
+
+#ifndef MOE_REAL_DOUBLE
+// oneDNN: the first of its sonames that loads, kept when a 2x2x2 GEMM gives the right answer.
+static void find_onednn(void) {
+    static const char *names[] = {"libdnnl.so.3", "libdnnl.so.2"};
+    void *lib = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++)
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(dnnl_name, sizeof dnnl_name, "no oneDNN (libdnnl2)");
+        return;
+    }
+    void *g = dlsym(lib, "dnnl_gemm_bf16bf16f32"), *v = dlsym(lib, "dnnl_version");
+    const dnnl_version_info *(*version)(void) = NULL;
+    dnnl_bf16_fn gemm = NULL;
+    memcpy(&gemm, &g, sizeof gemm); // object to function pointer, as POSIX allows
+    memcpy(&version, &v, sizeof version);
+    const dnnl_version_info *ver = version ? version() : NULL;
+    if (ver)
+        snprintf(dnnl_name, sizeof dnnl_name, "oneDNN %d.%d.%d", ver->major, ver->minor,
+                 ver->patch);
+    else
+        snprintf(dnnl_name, sizeof dnnl_name, "oneDNN");
+    // [1 2; 3 4] [5 6; 7 8] = [19 22; 43 50], exact in bf16 and fp32
+    const moe_bf16 a[4] = {0x3f80, 0x4000, 0x4040, 0x4080}, b[4] = {0x40a0, 0x40c0, 0x40e0, 0x4100};
+    float c[4] = {0};
+    if (!gemm || gemm('N', 'N', 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2) != 0 || c[0] != 19 ||
+        c[1] != 22 || c[2] != 43 || c[3] != 50) {
+        snprintf(dnnl_name + strlen(dnnl_name), sizeof dnnl_name - strlen(dnnl_name),
+                 " refused its bf16 GEMM here");
+        return; // the library stays loaded: unloading C++ runtimes is not worth the risk
+    }
+    dnnl_gemm = gemm;
+}
 #endif
+
+static void find_libraries(void) {
+#ifndef MOE_REAL_DOUBLE // the f64 build (finite differences) has no fp32 output to give them
+    void *f = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
+    memcpy(&sbgemm, &f, sizeof sbgemm);
+    if (cpu_has_bf16_instructions() || getenv("MOE_BF16_GEMM")) find_onednn();
+#endif
+}
+
+const char *cpu_bf16_path_name(int path) {
+    switch (path) {
+    case CPU_BF16_SBGEMM: return "OpenBLAS sbgemm";
+    case CPU_BF16_ONEDNN: return "oneDNN dnnl_gemm_bf16bf16f32";
+    default: return "emulated";
+    }
+}
+
+static int path_available(int path) {
+    return path == CPU_BF16_EMULATED || (path == CPU_BF16_SBGEMM && sbgemm) ||
+           (path == CPU_BF16_ONEDNN && dnnl_gemm);
 }
 
 int cpu_has_bf16_instructions(void) {
@@ -76,39 +142,63 @@ int cpu_has_bf16_instructions(void) {
 #endif
 }
 
-moe_status cpu_bf16_select(cpu_state *s) {
-    s->sbgemm = (void (*)(void))find_sbgemm();
-    const int hw = cpu_has_bf16_instructions();
+// The path MOE_BF16_GEMM names (auto: the first native library, on a CPU with bf16
+// instructions), or an error.
+static moe_status chosen_path(int hw, int *path) {
+    const int first = sbgemm ? CPU_BF16_SBGEMM : dnnl_gemm ? CPU_BF16_ONEDNN : CPU_BF16_EMULATED;
     const char *env = getenv("MOE_BF16_GEMM");
     if (!env || !*env || !strcmp(env, "auto")) {
-        s->bf16_native = s->sbgemm && hw;
+        *path = hw ? first : CPU_BF16_EMULATED;
     } else if (!strcmp(env, "emulated")) {
-        s->bf16_native = 0;
-    } else if (!strcmp(env, "native")) {
-        if (!s->sbgemm)
+        *path = CPU_BF16_EMULATED;
+    } else if (!strcmp(env, "native") || !strcmp(env, "sbgemm") || !strcmp(env, "onednn")) {
+        *path = !strcmp(env, "sbgemm")   ? CPU_BF16_SBGEMM
+                : !strcmp(env, "onednn") ? CPU_BF16_ONEDNN
+                                         : first;
+        if (*path == CPU_BF16_EMULATED || !path_available(*path))
             return moe_error(MOE_EINVAL,
-                             "MOE_BF16_GEMM=native: the BLAS loaded (%s) has no cblas_sbgemm "
-                             "(an OpenBLAS built without BUILD_BFLOAT16, or another BLAS)",
-                             moe_blas_name());
-        s->bf16_native = 1;
+                             "MOE_BF16_GEMM=%s: no such bf16 GEMM here (the BLAS loaded, %s, "
+                             "has %scblas_sbgemm; %s)",
+                             env, moe_blas_name(), sbgemm ? "" : "no ", dnnl_name);
     } else {
-        return moe_error(MOE_EINVAL, "MOE_BF16_GEMM='%s': expected auto, native or emulated", env);
+        return moe_error(MOE_EINVAL,
+                         "MOE_BF16_GEMM='%s': expected auto, native, sbgemm, onednn or emulated",
+                         env);
     }
-    const char *why = hw ? (s->sbgemm ? "forced by MOE_BF16_GEMM" : "this OpenBLAS has no sbgemm")
-                         : "no AVX512-BF16/AMX";
-    if (s->bf16_native)
-        snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (OpenBLAS sbgemm%s)",
-                 hw ? "" : "; forced, no AVX512-BF16/AMX: slow");
-    else
-        snprintf(s->bf16_line, sizeof s->bf16_line,
-                 "bf16: emulated (%s: operands widened to fp32 for sgemm)", why);
     return MOE_OK;
 }
 
-int cpu_backend_set_bf16_gemm(moe_backend *be, int native) {
+moe_status cpu_bf16_select(cpu_state *s) {
+    pthread_once(&found, find_libraries);
+    const int hw = cpu_has_bf16_instructions();
+    moe_status st = chosen_path(hw, &s->bf16_native);
+    if (st) return st;
+    s->bf16_have = sbgemm ? CPU_BF16_SBGEMM : dnnl_gemm ? CPU_BF16_ONEDNN : CPU_BF16_EMULATED;
+    if (s->bf16_native == CPU_BF16_ONEDNN)
+        snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (%s dnnl_gemm_bf16bf16f32%s)",
+                 dnnl_name, hw ? "" : "; forced, no AVX512-BF16/AMX");
+    else if (s->bf16_native == CPU_BF16_SBGEMM)
+        snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (OpenBLAS sbgemm%s)",
+                 hw ? "" : "; forced, no AVX512-BF16/AMX: slow");
+    else if (!hw)
+        snprintf(s->bf16_line, sizeof s->bf16_line,
+                 "bf16: emulated (no AVX512-BF16/AMX: operands widened to fp32 for sgemm)");
+    else if (s->bf16_have)
+        snprintf(s->bf16_line, sizeof s->bf16_line,
+                 "bf16: emulated (forced by MOE_BF16_GEMM: operands widened to fp32 for sgemm)");
+    else // the CPU could, no library can: say what to install
+        snprintf(s->bf16_line, sizeof s->bf16_line,
+                 "bf16: emulated (this CPU has bf16 instructions, but this OpenBLAS has no "
+                 "sbgemm and %s: install libdnnl2 for native bf16)",
+                 dnnl_name);
+    return MOE_OK;
+}
+
+int cpu_backend_set_bf16_gemm(moe_backend *be, int path) {
     cpu_state *s = be->state;
-    if (native && !s->sbgemm) return 0;
-    s->bf16_native = native;
+    pthread_once(&found, find_libraries);
+    if (!path_available(path)) return 0;
+    s->bf16_native = path;
     return 1;
 }
 
@@ -130,8 +220,16 @@ static void gemm16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m
     const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
                                tb = trans_b ? CblasTrans : CblasNoTrans;
 #ifndef MOE_REAL_DOUBLE // the f64 build (finite differences) has only the emulated path
-    if (s->bf16_native) {
-        ((sbgemm_fn)s->sbgemm)(CblasRowMajor, ta, tb, m, n, kd, 1.0f, a, lda, b, ldb, beta, c, ldc);
+    if (s->bf16_native == CPU_BF16_SBGEMM) {
+        sbgemm(CblasRowMajor, ta, tb, m, n, kd, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    if (s->bf16_native == CPU_BF16_ONEDNN) {
+        const int e = dnnl_gemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, kd, 1.0f, a, lda, b,
+                                ldb, beta, c, ldc);
+        if (e)
+            moe_fatal("cpu: %s's dnnl_gemm_bf16bf16f32 failed (status %d) on %dx%dx%d", dnnl_name,
+                      e, m, n, kd);
         return;
     }
 #else

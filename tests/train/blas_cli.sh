@@ -20,9 +20,10 @@ grep -q '^BLAS: OpenBLAS' "$work/plain.out" || { echo "not OpenBLAS: the rest is
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 has() { [[ " $flags " == *" $1 "* ]]; }
 if ! has avx2 || ! has fma; then echo "no AVX2: generic kernels are right here; skipped"; exit $((fail ? 1 : 77)); fi
-if grep -q -m1 AuthenticAMD /proc/cpuinfo; then best=Zen
-elif has avx512f && has avx512bw && has avx512vl && has avx512dq; then
+# AVX-512 kernels wherever the CPU has AVX-512, AMD's Zen 4/5 too; else AMD's Zen (AVX2)
+if has avx512f && has avx512bw && has avx512vl && has avx512dq; then
   if has avx512_bf16; then best=Cooperlake; else best=SkylakeX; fi
+elif grep -q -m1 AuthenticAMD /proc/cpuinfo; then best=Zen
 else best=Haswell; fi
 echo "this CPU's kernels: $best"
 
