@@ -1,6 +1,8 @@
-// The machine's sgemm rate: median GFLOP/s of C[M,N] = A[M,K] B[K,N] with OpenBLAS, the
-// yardstick the training benchmark divides the model's FLOP rate by.
-//   bench_sgemm [--m 2048] [--n 1024] [--k 1024] [--reps 7] [--json]
+// The machine's GEMM rate: median GFLOP/s of C[M,N] = A[M,K] B[K,N], the yardstick the
+// training benchmark divides the model's FLOP rate by. fp32: the BLAS's sgemm; bf16: the CPU
+// backend's matmul_bf16 (A, B bf16, C fp32: OpenBLAS sbgemm, oneDNN or emulated, whichever
+// path a bf16 training run takes here; "gemm_path" names it).
+//   bench_sgemm [--m 2048] [--n 1024] [--k 1024] [--reps 7] [--dtype fp32|bf16] [--json]
 #define _POSIX_C_SOURCE 200809L // clock_gettime
 #include "layers/cpu/cblas.h"
 #include <stdio.h>
@@ -8,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "layers/backend.h"
+#include "layers/bf16.h"
 #include "layers/cpu/cpu_backend.h"
 #include "layers/status.h"
 
@@ -23,7 +27,7 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    int m = 2048, n = 1024, k = 1024, reps = 7, json = 0;
+    int m = 2048, n = 1024, k = 1024, reps = 7, json = 0, bf16 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--m") && i + 1 < argc)
             m = atoi(argv[++i]);
@@ -33,7 +37,12 @@ int main(int argc, char **argv) {
             k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json"))
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            const char *d = argv[++i];
+            if (strcmp(d, "fp32") && strcmp(d, "bf16"))
+                moe_fatal("bench_sgemm: --dtype '%s': fp32 or bf16", d);
+            bf16 = !strcmp(d, "bf16");
+        } else if (!strcmp(argv[i], "--json"))
             json = 1;
         else
             moe_fatal("bench_sgemm: unknown argument '%s'", argv[i]);
@@ -43,21 +52,36 @@ int main(int argc, char **argv) {
           *c = malloc((size_t)m * n * 4);
     for (size_t i = 0; i < (size_t)m * k; i++) a[i] = (float)(i % 13) * 0.01f;
     for (size_t i = 0; i < (size_t)k * n; i++) b[i] = (float)(i % 7) * 0.01f;
+    moe_backend *be = NULL;
+    moe_bf16 *a16 = NULL, *b16 = NULL;
+    const char *path = "sgemm";
+    if (bf16) {
+        if (moe_backend_create(&be, "cpu", NULL)) moe_fatal("%s", moe_last_error());
+        a16 = malloc((size_t)m * k * 2), b16 = malloc((size_t)k * n * 2);
+        for (size_t i = 0; i < (size_t)m * k; i++) a16[i] = moe_f32_to_bf16(a[i]);
+        for (size_t i = 0; i < (size_t)k * n; i++) b16[i] = moe_f32_to_bf16(b[i]);
+        path = cpu_bf16_path_name(((cpu_state *)be->state)->bf16_native);
+    }
     double *t = malloc(reps * sizeof(double));
     for (int r = -2; r < reps; r++) {
         double t0 = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1, a, k, b, n, 0, c, n);
+        if (bf16)
+            be->matmul_bf16(be, c, a16, b16, m, n, k, 0, 0, 0);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1, a, k, b, n, 0, c, n);
         if (r >= 0) t[r] = now() - t0;
     }
     qsort(t, reps, sizeof *t, cmp);
     double gflops = 2.0 * m * n * k / t[reps / 2] * 1e-9;
+    const char *dtype = bf16 ? "bf16" : "fp32";
     if (json)
-        printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"median_s\":%.6f,\"gflops\":%.2f,\"blas_kernel\":\"%"
-               "s\"}\n",
-               m, n, k, t[reps / 2], gflops, moe_blas_kernel());
+        printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"dtype\":\"%s\",\"median_s\":%.6f,\"gflops\":%.2f,"
+               "\"blas_kernel\":\"%s\",\"gemm_path\":\"%s\"}\n",
+               m, n, k, dtype, t[reps / 2], gflops, moe_blas_kernel(), path);
     else
-        printf("sgemm %dx%dx%d: %.2f GFLOP/s (median of %d, BLAS kernels %s)\n", m, n, k, gflops,
-               reps, moe_blas_kernel());
-    free(a), free(b), free(c), free(t);
+        printf("%s GEMM %dx%dx%d: %.2f GFLOP/s (median of %d, BLAS kernels %s, %s)\n", dtype, m, n,
+               k, gflops, reps, moe_blas_kernel(), path);
+    if (be) be->destroy(be);
+    free(a), free(b), free(c), free(t), free(a16), free(b16);
     return 0;
 }

@@ -752,8 +752,11 @@ int main(int argc, char **argv) {
                   name, ranks);
     // The commands that compute: the BLAS must not run generic kernels on a CPU with better
     // ones (layers/blas.h: the warning, or a re-exec with OPENBLAS_CORETYPE set).
-    if (!strcmp(name, "train") || !strcmp(name, "eval") || !strcmp(name, "generate") ||
-        !strcmp(name, "smoke"))
+    // (Not for a --help, which computes nothing.)
+    int help = 0;
+    for (int i = 2; i < argc; i++) help |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+    if (!help && (!strcmp(name, "train") || !strcmp(name, "eval") || !strcmp(name, "generate") ||
+                  !strcmp(name, "smoke")))
         moe_blas_check(argv);
     return c->run(argc - 2, argv + 2);
 }
