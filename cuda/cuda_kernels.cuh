@@ -70,6 +70,10 @@ void cuda_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const in
 
 // dispatch.cu: SwiGLU
 void cuda_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff);
+void cuda_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, const real *h13,
+                              int N, int ff);
+void cuda_swiglu_backward_bf16(moe_backend *be, moe_bf16 *dh13_16, const real *dact,
+                               const moe_bf16 *h13_16, int N, int ff);
 void cuda_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const real *h13, int N,
                           int ff);
 

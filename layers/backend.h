@@ -223,6 +223,16 @@ struct moe_backend {
     // silu'(a) = s * (1 + a * (1 - s)), s = sigmoid(a).   dh13 [N, 2ff]; dact [N, ff]
     void (*swiglu_backward)(moe_backend *be, real *dh13, const real *dact, const real *h13, int N,
                             int ff);
+    // The bf16 layer's SwiGLU, each in one pass (the same values as swiglu_forward followed by
+    // to_bf16, and from_bf16 + swiglu_backward + to_bf16, bit for bit on one backend):
+    // act16 = bf16(swiglu(h13)), and h13_16 = bf16(h13) unless h13_16 is NULL (kept for the
+    // backward).                     act16 [N, ff] bf16; h13_16 [N, 2ff] bf16 or NULL; h13 [N, 2ff]
+    void (*swiglu_forward_bf16)(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, const real *h13,
+                                int N, int ff);
+    // dh13_16 = bf16(swiglu_backward(dact, h13_16 widened)): the gradient rounded once, for its
+    // two GEMMs.                     dh13_16 [N, 2ff] bf16; dact [N, ff]; h13_16 [N, 2ff] bf16
+    void (*swiglu_backward_bf16)(moe_backend *be, moe_bf16 *dh13_16, const real *dact,
+                                 const moe_bf16 *h13_16, int N, int ff);
 
     // ---- router losses ---------------------------------------------------
     // With s' = probs, f_e = counts[e]/(k T), P_e = mean_t s'_e, B = T / seq_len sequences:

@@ -192,14 +192,14 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
         size_t g = T * E;
         g = g > 2 * Ne * ff ? g : 2 * Ne * ff;
         g = g > Ne * d ? g : Ne * d;
-        buffer_spec b16[] = {
-            {(void **)&s->g16, g * sizeof(moe_bf16)},
-            {(void **)&s->h13_stage, 2 * Ne * ff * R},
-        };
-        if ((st = alloc_specs(be, b16, 2, &s->bytes))) {
+        buffer_spec b16 = {(void **)&s->g16, g * sizeof(moe_bf16)};
+        if ((st = alloc_specs(be, &b16, 1, &s->bytes))) {
             moe_backward_scratch_free(s);
             return st;
         }
+        // the forward's fp32 h13 (read by SwiGLU only) lives in dh13, which the bf16 backward
+        // does not use (its SwiGLU writes the rounded gradient into g16 directly)
+        s->h13_stage = s->dh13;
     }
     if (!ep) s->dye_e = s->dye, s->dxp = s->dxe; // one rank: the experts' rows are its own
     return MOE_OK;
@@ -207,8 +207,8 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
 
 void moe_backward_scratch_free(moe_backward_scratch *s) {
     if (s->be) {
-        void *bufs[] = {s->dlogits, s->dweights, s->dye, s->dact,     s->dh13,
-                        s->dxe,     s->dstage,   s->g16, s->h13_stage};
+        void *bufs[] = {s->dlogits, s->dweights, s->dye,    s->dact,
+                        s->dh13,    s->dxe,      s->dstage, s->g16}; // h13_stage: dh13
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) s->be->free(s->be, bufs[i]);
         if (s->dstage) s->be->free(s->be, s->dye_e), s->be->free(s->be, s->dxp); // EP's own
@@ -321,6 +321,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     if (st) return st;
     if (cfg->dtype == MOE_DTYPE_BF16 &&
         (!be->to_bf16 || !be->from_bf16 || !be->matmul_bf16 || !be->expert_matmul_forward_bf16 ||
+         !be->swiglu_forward_bf16 || !be->swiglu_backward_bf16 ||
          !be->expert_matmul_backward_input_bf16 || !be->expert_matmul_backward_weight_bf16))
         return moe_error(MOE_EINVAL,
                          "moe: backend %s has no bf16 kernels yet (dtype bf16 needs them; fp32 "
@@ -688,9 +689,7 @@ static void experts(moe_layer *L, const moe_weights *w) {
     if (L->cfg.dtype == MOE_DTYPE_BF16) { // the GEMM inputs rounded to bf16 and kept so
         be->to_bf16(be, L->xe16, L->xe, (size_t)N * d);
         be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16, offsets, E, 2 * ff, d);
-        be->swiglu_forward(be, L->act, L->h13, N, ff);
-        if (L->h13_16) be->to_bf16(be, L->h13_16, L->h13, (size_t)N * 2 * ff); // for the backward
-        be->to_bf16(be, L->act16, L->act, (size_t)N * ff);
+        be->swiglu_forward_bf16(be, L->act16, L->h13_16, L->h13, N, ff); // h13_16: the backward's
         be->expert_matmul_forward_bf16(be, L->ye_local, L->act16, w->w2_16, offsets, E, d, ff);
         return;
     }
@@ -827,9 +826,7 @@ static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_w
         be->to_bf16(be, s->g16, s->dye_e, (size_t)N * d);
         be->expert_matmul_backward_weight_bf16(be, grads->w2, s->g16, L->act16, offsets, E, d, ff);
         be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16, offsets, E, d, ff, 0);
-        be->from_bf16(be, L->h13, L->h13_16, (size_t)N * 2 * ff); // into h13_stage
-        be->swiglu_backward(be, s->dh13, s->dact, L->h13, N, ff);
-        be->to_bf16(be, s->g16, s->dh13, (size_t)N * 2 * ff);
+        be->swiglu_backward_bf16(be, s->g16, s->dact, L->h13_16, N, ff);
         be->expert_matmul_backward_weight_bf16(be, grads->w13, s->g16, L->xe16, offsets, E, 2 * ff,
                                                d);
         be->expert_matmul_backward_input_bf16(be, s->dxe, s->g16, w->w13_16, offsets, E, 2 * ff, d,

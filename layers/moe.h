@@ -122,7 +122,7 @@ typedef struct {
     moe_bf16 *g16;   // bf16: [max(T E, N_exp 2ff, N_exp d)] an output gradient, rounded to bf16
                      // as the operand of the next two GEMMs (NULL in fp32)
     real *h13_stage; // bf16: [N_exp, 2ff] fp32 h13 of the layer being computed (the forward's
-                     // GEMM output, the backward's widened h13_16; NULL in fp32)
+                     // GEMM output, read by SwiGLU only): dh13's memory (NULL in fp32)
     size_t bytes;
 } moe_backward_scratch;
 

@@ -9,8 +9,11 @@
 //     bf16-ROUNDED operands within 1e-5 * sum_k |a_ik b_kj| (what fp32 accumulation in any
 //     summation order guarantees), which fails if an operand is rounded twice, an
 //     accumulation runs in bf16 or a transpose is wrong.
-// Both CPU paths run: emulated always, native (cblas_sbgemm) when the OpenBLAS loaded has it
-// (test_gemm_bf16_standin: a stand-in sbgemm, tests/sbgemm_standin.c).
+//   - the fused bf16 SwiGLU kernels against the unfused kernels they replace, bit for bit.
+// Every CPU path runs: emulated always, native through OpenBLAS's cblas_sbgemm when the
+// OpenBLAS loaded has it (test_gemm_bf16_standin: a stand-in sbgemm, tests/sbgemm_standin.c)
+// and through oneDNN's dnnl_gemm_bf16bf16f32 when libdnnl is there and the CPU has bf16
+// instructions.
 // MOE_TEST_DEVICE=cpu-strict runs the same on strict memory.
 #include <math.h>
 #include <stdio.h>
@@ -264,6 +267,61 @@ static void test_gemms(const char *path) {
     test_experts(many, 12, 24, 17);
 }
 
+// ---- the fused SwiGLU kernels --------------------------------------------------------------
+// swiglu_forward_bf16 and swiglu_backward_bf16 against the kernels they fuse, on this backend:
+// the same bits as swiglu_forward + to_bf16 (act, h13), and from_bf16 + swiglu_backward +
+// to_bf16 (dh13); h13 of N(0, 2) so that silu's curved part and its tails are both hit.
+static void *upload(const void *h, size_t bytes) {
+    void *d = be->alloc(be, bytes);
+    be->copy_to_device(be, d, h, bytes);
+    return d;
+}
+
+static int same_bits(const void *d_a, const void *d_b, size_t bytes) {
+    unsigned char *a = malloc(bytes), *b = malloc(bytes);
+    be->copy_to_host(be, a, d_a, bytes);
+    be->copy_to_host(be, b, d_b, bytes);
+    const int same = !memcmp(a, b, bytes);
+    free(a), free(b);
+    return same;
+}
+
+static void test_swiglu_bf16(void) {
+    printf("-- fused SwiGLU (bf16)\n");
+    const int N = 37, ff = 29;
+    const size_t nh = (size_t)N * 2 * ff, na = (size_t)N * ff;
+    real *h = malloc(nh * sizeof(real)), *g = malloc(na * sizeof(real));
+    for (size_t i = 0; i < nh; i++) h[i] = (real)(2 * rng_normal(&rng));
+    for (size_t i = 0; i < na; i++) g[i] = (real)rng_normal(&rng);
+    real *d_h = upload(h, nh * sizeof(real)), *d_g = upload(g, na * sizeof(real));
+    real *act = be->alloc(be, na * sizeof(real)), *wide = be->alloc(be, nh * sizeof(real));
+    real *dh = be->alloc(be, nh * sizeof(real));
+    moe_bf16 *act16 = be->alloc(be, na * 2), *ref_act16 = be->alloc(be, na * 2);
+    moe_bf16 *h16 = be->alloc(be, nh * 2), *ref_h16 = be->alloc(be, nh * 2);
+    moe_bf16 *dh16 = be->alloc(be, nh * 2), *ref_dh16 = be->alloc(be, nh * 2);
+    be->swiglu_forward(be, act, d_h, N, ff); // the unfused path
+    be->to_bf16(be, ref_act16, act, na);
+    be->to_bf16(be, ref_h16, d_h, nh);
+    be->from_bf16(be, wide, ref_h16, nh);
+    be->swiglu_backward(be, dh, d_g, wide, N, ff);
+    be->to_bf16(be, ref_dh16, dh, nh);
+    be->swiglu_forward_bf16(be, act16, h16, d_h, N, ff);
+    check_true("swiglu_forward_bf16: act16 = to_bf16(swiglu_forward(h13)), bit for bit",
+               same_bits(act16, ref_act16, na * 2));
+    check_true("swiglu_forward_bf16: h13_16 = to_bf16(h13), bit for bit",
+               same_bits(h16, ref_h16, nh * 2));
+    be->zero(be, act16, na * 2);
+    be->swiglu_forward_bf16(be, act16, NULL, d_h, N, ff); // inference: no h13_16
+    check_true("swiglu_forward_bf16 without h13_16: the same act16",
+               same_bits(act16, ref_act16, na * 2));
+    be->swiglu_backward_bf16(be, dh16, d_g, h16, N, ff);
+    check_true("swiglu_backward_bf16 = to_bf16(swiglu_backward(dact, from_bf16(h13_16)))",
+               same_bits(dh16, ref_dh16, nh * 2));
+    void *bufs[] = {d_h, d_g, act, wide, dh, act16, ref_act16, h16, ref_h16, dh16, ref_dh16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    free(h), free(g);
+}
+
 int main(int argc, char **argv) {
     // --require-native: the native path must run (test_gemm_bf16_standin links a stand-in)
     const int require_native = argc > 1 && !strcmp(argv[1], "--require-native");
@@ -271,6 +329,7 @@ int main(int argc, char **argv) {
     rng_seed(&rng, 20261201);
     printf("backend: %s\n", be->describe(be));
     test_conversions();
+    test_swiglu_bf16();
     if (strncmp(be->name, "cpu", 3) == 0) {
         int natives = 0;
         for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_ONEDNN; path++) {

@@ -436,9 +436,38 @@ static void test_bf16_conversions(void) {
     free(h), free(a), free(b), free(fa), free(fb);
 }
 
+// bf16 values of both sides widened and compared (relative, as same_reals): the two exps may
+// differ in their last fp32 bit, which can move a bf16 rounding by one bf16 ulp (2^-8).
+static void same_halves(const char *what, twin t, size_t n, double tol) {
+    moe_bf16 *a = malloc(n * sizeof(moe_bf16)), *b = malloc(n * sizeof(moe_bf16));
+    double *da = malloc(n * sizeof(double)), *db = malloc(n * sizeof(double));
+    G->copy_to_host(G, a, t.g, n * sizeof(moe_bf16));
+    C->copy_to_host(C, b, t.c, n * sizeof(moe_bf16));
+    for (size_t i = 0; i < n; i++) da[i] = moe_bf16_to_f32(a[i]), db[i] = moe_bf16_to_f32(b[i]);
+    check_rel(what, da, db, n, tol);
+    free(a), free(b), free(da), free(db);
+}
+
+static void test_swiglu_bf16(void) {
+    const int N = 45, ff = 37;
+    const size_t nh = (size_t)N * 2 * ff, na = (size_t)N * ff;
+    twin h13 = reals(nh, 2), dact = reals(na, 1);
+    twin act16 = output(na * sizeof(moe_bf16)), h16 = output(nh * sizeof(moe_bf16));
+    twin dh16 = output(nh * sizeof(moe_bf16));
+    C->swiglu_forward_bf16(C, HC(act16), HC(h16), RC(h13), N, ff);
+    G->swiglu_forward_bf16(G, HG(act16), HG(h16), RG(h13), N, ff);
+    same_halves("swiglu_forward_bf16 act16", act16, na, 1e-2);
+    same_halves("swiglu_forward_bf16 h13_16", h16, nh, 0); // a rounding only: the same bits
+    C->swiglu_backward_bf16(C, HC(dh16), RC(dact), HC(h16), N, ff);
+    G->swiglu_backward_bf16(G, HG(dh16), RG(dact), HG(h16), N, ff);
+    same_halves("swiglu_backward_bf16", dh16, nh, 1e-2);
+    drop(h13), drop(dact), drop(act16), drop(h16), drop(dh16);
+}
+
 static void test_bf16(void) {
     printf("bf16\n");
     test_bf16_conversions();
+    test_swiglu_bf16();
     const int m = 67, nn = 45, kd = 131;
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
