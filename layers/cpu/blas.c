@@ -194,8 +194,10 @@ const char *moe_blas_name(void) {
     return c ? c : "OpenBLAS";
 }
 void moe_blas_set_threads(int n) { (void)n; } // the OpenMP build follows omp_set_num_threads
+// Only a DYNAMIC_ARCH build reads OPENBLAS_CORETYPE (a single-target build runs its one
+// family whatever the variable says).
 static int env_value(const char *family, char *buf, size_t n) {
-    return snprintf(buf, n, "%s", family) > 0;
+    return strstr(moe_blas_name(), "DYNAMIC_ARCH") && snprintf(buf, n, "%s", family) > 0;
 }
 #endif
 
