@@ -56,3 +56,14 @@ def cpu_has_bf16():
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_line(threads):
+    """'CPU: <model name> (<the ISA flags that matter>), N threads', for the report's header."""
+    name, flags = "unknown CPU", []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and name == "unknown CPU":
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1].split()
+    isa = [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if x in flags]
+    return "CPU: %s (%s), %d threads" % (name, " ".join(isa) or "no AVX2", threads)
