@@ -173,8 +173,9 @@ static moe_status chosen_path(int hw, int *path) {
         if (*path == CPU_BF16_EMULATED || !path_available(*path))
             return moe_error(MOE_EINVAL,
                              "MOE_BF16_GEMM=%s: no such bf16 GEMM here (the BLAS loaded, %s, "
-                             "has %scblas_sbgemm; %s)",
-                             env, moe_blas_name(), sbgemm ? "" : "no ", dnnl_name);
+                             "has %scblas_sbgemm; oneDNN: %s%s)",
+                             env, moe_blas_name(), sbgemm ? "" : "no ", dnnl_name,
+                             dnnl_gemm ? ", whose bf16 GEMM works: MOE_BF16_GEMM=onednn" : "");
     } else {
         return moe_error(MOE_EINVAL,
                          "MOE_BF16_GEMM='%s': expected auto, native, sbgemm, onednn or emulated",
