@@ -20,10 +20,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dlfcn.h>
+
 #include "layers/bf16.h"
 #include "layers/cpu/cpu_backend.h"
 #include "test_backend.h"
 #include "test_util.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
 
 static moe_backend *be;
 static test_rng rng;
@@ -331,6 +344,17 @@ int main(int argc, char **argv) {
     test_conversions();
     test_swiglu_bf16();
     if (strncmp(be->name, "cpu", 3) == 0) {
+        // auto picks a native path wherever one can run: a CPU with bf16 instructions and
+        // oneDNN installed (sanitizer builds leave oneDNN out, layers/cpu/gemm_bf16.c)
+        const int picked = ((cpu_state *)be->state)->bf16_native;
+        void *dnnl = dlopen("libdnnl.so.3", RTLD_NOW | RTLD_LOCAL);
+        if (!dnnl) dnnl = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+        const int could =
+            cpu_has_bf16_instructions() && dnnl && !SANITIZED && !getenv("MOE_BF16_GEMM");
+        printf("-- auto: %s (bf16 instructions %d, libdnnl %s)\n", cpu_bf16_path_name(picked),
+               cpu_has_bf16_instructions(), dnnl ? "found" : "not found");
+        check_true("auto: a native path where the CPU and an installed library allow one",
+                   !could || picked != CPU_BF16_EMULATED);
         int natives = 0;
         for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_ONEDNN; path++) {
             if (cpu_backend_set_bf16_gemm(be, path)) {
