@@ -84,13 +84,9 @@ static pthread_once_t found = PTHREAD_ONCE_INIT;
 #endif
 #endif
 
-#ifndef MOE_REAL_DOUBLE
+#if !defined(MOE_REAL_DOUBLE) && !defined(MOE_NO_ONEDNN)
 // oneDNN: the first of its sonames that loads, kept when a 2x2x2 GEMM gives the right answer.
 static void find_onednn(void) {
-#ifdef MOE_NO_ONEDNN
-    snprintf(dnnl_name, sizeof dnnl_name, "oneDNN left out of sanitizer builds");
-    return;
-#endif
     static const char *names[] = {"libdnnl.so.3", "libdnnl.so.2"};
     void *lib = NULL;
     for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++)
@@ -120,6 +116,10 @@ static void find_onednn(void) {
         return; // the library stays loaded: unloading C++ runtimes is not worth the risk
     }
     dnnl_gemm = gemm;
+}
+#elif !defined(MOE_REAL_DOUBLE)
+static void find_onednn(void) {
+    snprintf(dnnl_name, sizeof dnnl_name, "oneDNN left out of sanitizer builds");
 }
 #endif
 
