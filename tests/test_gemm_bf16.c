@@ -27,17 +27,6 @@
 #include "test_backend.h"
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 static moe_backend *be;
 static test_rng rng;
 
@@ -350,7 +339,7 @@ int main(int argc, char **argv) {
         void *dnnl = dlopen("libdnnl.so.3", RTLD_NOW | RTLD_LOCAL);
         if (!dnnl) dnnl = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
         const int could =
-            cpu_has_bf16_instructions() && dnnl && !SANITIZED && !getenv("MOE_BF16_GEMM");
+            cpu_has_bf16_instructions() && dnnl && !CPU_NO_ONEDNN && !getenv("MOE_BF16_GEMM");
         printf("-- auto: %s (bf16 instructions %d, libdnnl %s)\n", cpu_bf16_path_name(picked),
                cpu_has_bf16_instructions(), dnnl ? "found" : "not found");
         check_true("auto: a native path where the CPU and an installed library allow one",

@@ -112,17 +112,10 @@ const char *moe_blas_best_kernel(moe_isa isa, int amd, int avx512_bf16) {
     // AMD with AVX-512 (Zen 4, Zen 5) too: measured on a Zen 5 EPYC, OpenBLAS 0.3.21's
     // Cooperlake/SkylakeX sgemm ran at 2x its Zen (AVX2) kernels (README "BLAS"), and OpenBLAS
     // itself runs Zen 4 on them from 0.3.22
-    (void)amd;
     if (isa >= MOE_ISA_AVX512) return avx512_bf16 ? "Cooperlake" : "SkylakeX";
     if (isa >= MOE_ISA_AVX2) return amd ? "Zen" : "Haswell";
     return isa >= MOE_ISA_AVX ? "Sandybridge" : NULL;
 #endif
-}
-
-// The ISA this CPU's best kernels need: all it has.
-static moe_isa wanted_isa(moe_isa cpu, int amd) {
-    (void)amd;
-    return cpu;
 }
 
 static const char *isa_name(moe_isa isa) {
@@ -207,10 +200,10 @@ const char *moe_blas_note(void) { return note; }
 
 moe_blas_verdict moe_blas_judge(const char *kernel, moe_isa cpu, int amd, int avx512_bf16,
                                 char *fix, size_t n) {
-    const moe_isa have = moe_blas_kernel_isa(kernel), want = wanted_isa(cpu, amd);
+    const moe_isa have = moe_blas_kernel_isa(kernel);
     const char *best = moe_blas_best_kernel(cpu, amd, avx512_bf16);
     if (fix && n) fix[0] = 0;
-    if (have == MOE_ISA_UNKNOWN || have >= want || !best) return MOE_BLAS_FITS;
+    if (have == MOE_ISA_UNKNOWN || have >= cpu || !best) return MOE_BLAS_FITS;
     if (fix) snprintf(fix, n, "%s", best);
     return MOE_BLAS_GENERIC;
 }
@@ -225,8 +218,7 @@ int moe_blas_check(char **argv) {
     char best[32], value[32];
     if (prev) { // we are the re-executed process: say what happened, once
         snprintf(note, sizeof note, "%s=%s set by moe: %s had picked %s on this %s CPU", BLAS_ENV,
-                 getenv(BLAS_ENV) ? getenv(BLAS_ENV) : "?", BLAS_SHORT, prev,
-                 isa_name(wanted_isa(cpu, amd)));
+                 getenv(BLAS_ENV) ? getenv(BLAS_ENV) : "?", BLAS_SHORT, prev, isa_name(cpu));
         unsetenv(REEXEC_ENV);
     }
     if (moe_blas_judge(kernel, cpu, amd, bf16, best, sizeof best) == MOE_BLAS_FITS) return 0;
@@ -237,9 +229,8 @@ int moe_blas_check(char **argv) {
                 "moe: warning: %s runs its %s kernels (%s) on this CPU, which has %s%s%s%s: its "
                 "GEMMs are 2-4x slower than they could be. Build with another BLAS "
                 "(-DMOE_BLAS=openblas|blis, docs in README 'BLAS')\n",
-                BLAS_SHORT, kernel, isa_name(moe_blas_kernel_isa(kernel)),
-                isa_name(wanted_isa(cpu, amd)), prev ? ", even with " : "", prev ? BLAS_ENV : "",
-                prev ? " set" : "");
+                BLAS_SHORT, kernel, isa_name(moe_blas_kernel_isa(kernel)), isa_name(cpu),
+                prev ? ", even with " : "", prev ? BLAS_ENV : "", prev ? " set" : "");
         return 1;
     }
     if (user && *user) { // the user's choice stands; say what it costs
@@ -247,7 +238,7 @@ int moe_blas_check(char **argv) {
                 "moe: warning: %s=%s gives %s's %s kernels (%s) on this CPU, which has %s: "
                 "unset %s (moe then picks) or set %s=%s\n",
                 BLAS_ENV, user, BLAS_SHORT, kernel, isa_name(moe_blas_kernel_isa(kernel)),
-                isa_name(wanted_isa(cpu, amd)), BLAS_ENV, BLAS_ENV, value);
+                isa_name(cpu), BLAS_ENV, BLAS_ENV, value);
         return 1;
     }
     // re-execute once with the variable set; the constructor of the BLAS then reads it
@@ -258,7 +249,7 @@ int moe_blas_check(char **argv) {
     fprintf(stderr,
             "moe: warning: %s runs its %s kernels on this %s CPU and moe could not restart "
             "itself: set %s=%s\n",
-            BLAS_SHORT, kernel, isa_name(wanted_isa(cpu, amd)), BLAS_ENV, value);
+            BLAS_SHORT, kernel, isa_name(cpu), BLAS_ENV, value);
     unsetenv(REEXEC_ENV);
     return 1;
 }

@@ -24,7 +24,6 @@ typedef struct cpu_state {
     // bf16 GEMMs (layers/cpu/gemm_bf16.c)
     int bf16_native;     // the *_bf16 GEMMs' path: CPU_BF16_EMULATED (widen, then sgemm),
                          // CPU_BF16_SBGEMM (OpenBLAS) or CPU_BF16_ONEDNN
-    int bf16_have;       // the first native library found (CPU_BF16_EMULATED: none)
     char bf16_line[200]; // the path, for describe()
     real *bf16_ws;       // the emulated path's widening workspace (host), bf16_ws_n reals
     size_t bf16_ws_n;
@@ -48,6 +47,20 @@ int cpu_backend_set_threads(moe_backend *be, int requested);
 // backend's state from the CPU, the libraries found and MOE_BF16_GEMM; MOE_EINVAL for a bad
 // MOE_BF16_GEMM or a forced native path without its library.
 enum { CPU_BF16_EMULATED = 0, CPU_BF16_SBGEMM = 1, CPU_BF16_ONEDNN = 2 };
+// AddressSanitizer builds leave oneDNN out (CPU_NO_ONEDNN 1): once libdnnl is loaded,
+// LeakSanitizer's exit-time scan of thread-local storage crashes ("Tracer caught signal 11";
+// GCC 12's ASan, oneDNN 2.6.3), and ASan cannot see into oneDNN's JIT kernels anyway. Those
+// builds run bf16 emulated where no sbgemm is loaded.
+#if defined(__SANITIZE_ADDRESS__)
+#define CPU_NO_ONEDNN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CPU_NO_ONEDNN 1
+#endif
+#endif
+#ifndef CPU_NO_ONEDNN
+#define CPU_NO_ONEDNN 0
+#endif
 moe_status cpu_bf16_select(cpu_state *s);
 // "OpenBLAS sbgemm", "oneDNN dnnl_gemm_bf16bf16f32", "emulated".
 const char *cpu_bf16_path_name(int path);

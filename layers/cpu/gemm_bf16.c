@@ -73,18 +73,7 @@ static dnnl_bf16_fn dnnl_gemm; // NULL: no oneDNN, or one that refused the probe
 static char dnnl_name[64];     // "oneDNN 2.6.3", or why it is not used
 static pthread_once_t found = PTHREAD_ONCE_INIT;
 
-// AddressSanitizer builds leave oneDNN out: once libdnnl is loaded, LeakSanitizer's exit-time
-// scan of thread-local storage crashes ("Tracer caught signal 11"; GCC 12's ASan, oneDNN 2.6.3),
-// and ASan cannot see into oneDNN's JIT kernels anyway. Those builds run bf16 emulated.
-#if defined(__SANITIZE_ADDRESS__)
-#define MOE_NO_ONEDNN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MOE_NO_ONEDNN 1
-#endif
-#endif
-
-#if !defined(MOE_REAL_DOUBLE) && !defined(MOE_NO_ONEDNN)
+#if !defined(MOE_REAL_DOUBLE) && !CPU_NO_ONEDNN
 // oneDNN: the first of its sonames that loads, kept when a 2x2x2 GEMM gives the right answer.
 static void find_onednn(void) {
     static const char *names[] = {"libdnnl.so.3", "libdnnl.so.2"};
@@ -139,6 +128,11 @@ const char *cpu_bf16_path_name(int path) {
     }
 }
 
+// The first native library found (CPU_BF16_EMULATED: none).
+static int first_native(void) {
+    return sbgemm ? CPU_BF16_SBGEMM : dnnl_gemm ? CPU_BF16_ONEDNN : CPU_BF16_EMULATED;
+}
+
 static int path_available(int path) {
     return path == CPU_BF16_EMULATED || (path == CPU_BF16_SBGEMM && sbgemm) ||
            (path == CPU_BF16_ONEDNN && dnnl_gemm);
@@ -160,7 +154,7 @@ int cpu_has_bf16_instructions(void) {
 // The path MOE_BF16_GEMM names (auto: the first native library, on a CPU with bf16
 // instructions), or an error.
 static moe_status chosen_path(int hw, int *path) {
-    const int first = sbgemm ? CPU_BF16_SBGEMM : dnnl_gemm ? CPU_BF16_ONEDNN : CPU_BF16_EMULATED;
+    const int first = first_native();
     const char *env = getenv("MOE_BF16_GEMM");
     if (!env || !*env || !strcmp(env, "auto")) {
         *path = hw ? first : CPU_BF16_EMULATED;
@@ -189,7 +183,6 @@ moe_status cpu_bf16_select(cpu_state *s) {
     const int hw = cpu_has_bf16_instructions();
     moe_status st = chosen_path(hw, &s->bf16_native);
     if (st) return st;
-    s->bf16_have = sbgemm ? CPU_BF16_SBGEMM : dnnl_gemm ? CPU_BF16_ONEDNN : CPU_BF16_EMULATED;
     if (s->bf16_native == CPU_BF16_ONEDNN)
         snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (%s dnnl_gemm_bf16bf16f32%s)",
                  dnnl_name, hw ? "" : "; forced, no AVX512-BF16/AMX");
@@ -199,7 +192,7 @@ moe_status cpu_bf16_select(cpu_state *s) {
     else if (!hw)
         snprintf(s->bf16_line, sizeof s->bf16_line,
                  "bf16: emulated (no AVX512-BF16/AMX: operands widened to fp32 for sgemm)");
-    else if (s->bf16_have)
+    else if (first_native() != CPU_BF16_EMULATED)
         snprintf(s->bf16_line, sizeof s->bf16_line,
                  "bf16: emulated (forced by MOE_BF16_GEMM: operands widened to fp32 for sgemm)");
     else // the CPU could, no library can: say why (and what to install)
