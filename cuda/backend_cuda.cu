@@ -165,6 +165,8 @@ static void cuda_fill_table(moe_backend *be) {
     be->rope = cuda_rope;
     be->attention_forward = cuda_attention_forward;
     be->attention_backward = cuda_attention_backward;
+    be->attention_forward_bf16 = cuda_attention_forward_bf16;
+    be->attention_backward_bf16 = cuda_attention_backward_bf16;
     be->attention_scratch_size = cuda_attention_scratch_size;
     be->attention_cached_forward = cuda_attention_cached_forward;
     be->kv_cache_append = cuda_kv_cache_append;

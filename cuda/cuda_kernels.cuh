@@ -104,7 +104,14 @@ void cuda_attention_forward(moe_backend *be, real *out, real *lse, const real *q
 void cuda_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
                              const real *out, const real *lse, int B, int S, int H, int KV, int hd,
                              real *scratch, size_t scratch_size);
-size_t cuda_attention_scratch_size(moe_backend *be, int S);
+void cuda_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16,
+                                 int B, int S, int H, int KV, int hd, real *scratch,
+                                 size_t scratch_size);
+void cuda_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
+                                  const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
+                                  int B, int S, int H, int KV, int hd, real *scratch,
+                                  size_t scratch_size);
+size_t cuda_attention_scratch_size(moe_backend *be, int S, int hd);
 void cuda_cross_entropy_forward(moe_backend *be, real *losses, const real *logits,
                                 const int *targets, int T, int V);
 void cuda_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logits,

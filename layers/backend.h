@@ -289,7 +289,7 @@ struct moe_backend {
     //   S_ij = q_i . k_j * hd^-1/2 (j <= i),  lse_i = log sum_{j<=i} exp(S_ij),
     //   P_ij = exp(S_ij - lse_i),  o_i = sum_j P_ij v_j
     // out [T, H*hd] = o; lse [B, H, S] (saved for the backward, with out);
-    // scratch [scratch_size] reals of work space, scratch_size >= attention_scratch_size(S)
+    // scratch [scratch_size] reals of work space, scratch_size >= attention_scratch_size(S, hd)
     // (the CPU: one [2, 64, S] slot per thread, threads beyond the slots stay idle).
     void (*attention_forward)(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
                               int H, int KV, int hd, real *scratch, size_t scratch_size);
@@ -301,9 +301,28 @@ struct moe_backend {
     void (*attention_backward)(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
                                const real *out, const real *lse, int B, int S, int H, int KV,
                                int hd, real *scratch, size_t scratch_size);
-    // Reals of scratch that attention_forward/backward need for sequences of up to S tokens
-    // with the backend's current thread count (CPU: threads x 2 x 64 x S).
-    size_t (*attention_scratch_size)(moe_backend *be, int S);
+    // bf16 twins (DESIGN.md §5b), as FlashAttention-2 runs in bf16: q, k, v (and do, o) are
+    // read as bf16, every product is a bf16 GEMM with fp32 accumulation, and what enters a
+    // product is rounded once. Scores, the softmax statistics, D and dS are fp32:
+    //   m_i = max_j S_ij,  E_ij = exp(S_ij - m_i),  l_i = sum_j E_ij (unrounded),
+    //   o_i = (sum_j bf16(E_ij) v_j) / l_i,  lse_i = m_i + log l_i
+    // out [T, H*hd] fp32; lse [B, H, S]; qkv16 [T, (H+2KV)*hd] bf16; scratch as above.
+    void (*attention_forward_bf16)(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16,
+                                   int B, int S, int H, int KV, int hd, real *scratch,
+                                   size_t scratch_size);
+    //   P = exp(S - lse),  D_i = do_i . o_i,  dP = do v^T,  dS = P * (dP - D) hd^-1/2,
+    //   dv = bf16(P)^T do,  dq = bf16(dS) k,  dk = bf16(dS)^T q
+    // dqkv [T, (H+2KV)*hd] fp32 (written); dout16, out16 [T, H*hd] bf16 (out16 = bf16 of the
+    // forward's out); qkv16 [T, (H+2KV)*hd] bf16; lse [B, H, S]. Deterministic.
+    void (*attention_backward_bf16)(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
+                                    const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
+                                    int B, int S, int H, int KV, int hd, real *scratch,
+                                    size_t scratch_size);
+    // Reals of scratch that the attention kernels (fp32 and bf16) need for sequences of up to
+    // S tokens and heads of hd with the backend's current thread count (CPU: threads x the
+    // larger of the fp32 slot [2, 64, S] and the bf16 one, which adds the bf16 roundings and
+    // the emulated bf16 GEMM's operands).
+    size_t (*attention_scratch_size)(moe_backend *be, int S, int hd);
 
     // Attention of n new tokens of one sequence, at positions pos0..pos0+n-1, over a KV cache
     // that already holds positions 0..pos0+n-1 (the new ones included): causal, GQA.

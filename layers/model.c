@@ -300,8 +300,15 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
         return st;
     }
     m->training = 1;
+    if (m->params16 && (!be->attention_forward_bf16 || !be->attention_backward_bf16)) {
+        model_destroy(m);
+        return moe_error(MOE_EINVAL,
+                         "model: backend %s has no bf16 attention kernels yet (dtype bf16 needs "
+                         "them; fp32 runs on it)",
+                         be->name);
+    }
     m->max_batch = max_batch, m->max_seq = max_seq;
-    m->attn_scratch_size = be->attention_scratch_size(be, (int)S);
+    m->attn_scratch_size = be->attention_scratch_size(be, (int)S, (int)hd);
     // bf16 keeps n1, qkv and attn_out of every layer in bf16, and one layer's in fp32
     const size_t Lk = m->params16 ? 1 : L;
     if (m->params16) {
@@ -618,8 +625,8 @@ static void linear_backward(model *m, real *dx, real *dW, const real *dy, const 
     be->matmul_bf16(be, dW, m->g16, x16, n_out, n_in, T, 1, 0, 1);
 }
 
-// bf16: q, k and v rounded to bf16 (kept in q16), as a GPU's attention reads them; the CPU's
-// attention then runs in fp32 on the rounded values. fp32: nothing.
+// Inference, bf16: q, k and v rounded to bf16 in place (through q16), the values training's
+// bf16 attention reads; the cached attention then runs in fp32 on them. fp32: nothing.
 static void round_qkv(model *m, real *qkv, moe_bf16 *q16, size_t n) {
     if (!m->params16) return;
     m->be->to_bf16(m->be, q16, qkv, n);
@@ -661,9 +668,14 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
         moe_lap(tm, MOE_T_DENSE);
         linear_forward(m, qkv, n1, n1_16, m->p.wqkv + (size_t)l * Q * d, T, Q, d);
         be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
-        round_qkv(m, qkv, qkv16, (size_t)T * Q);
-        be->attention_forward(be, ao, lse, qkv, B, S, H, KV, hd, m->attn_scratch,
-                              m->attn_scratch_size);
+        if (m->params16) { // q, k, v rounded once (kept for the backward); bf16 products
+            be->to_bf16(be, qkv16, qkv, (size_t)T * Q);
+            be->attention_forward_bf16(be, ao, lse, qkv16, B, S, H, KV, hd, m->attn_scratch,
+                                       m->attn_scratch_size);
+        } else {
+            be->attention_forward(be, ao, lse, qkv, B, S, H, KV, hd, m->attn_scratch,
+                                  m->attn_scratch_size);
+        }
         linear_forward(m, h, ao, ao16, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
         be->add(be, h, h, xl, Td);
         moe_lap(tm, MOE_T_ATTENTION);
@@ -731,12 +743,14 @@ moe_status model_backward(model *m, double loss_scale) {
         // h = x_l + attn_out wo^T: dx becomes dL/dx_l
         linear_backward(m, m->dattn_out, m->g.wo + (size_t)l * d * H * hd, m->dx, ao, ao16,
                         m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
-        if (m->params16) { // the attention's inputs and output back from their bf16 copies
-            be->from_bf16(be, qkv, qkv16, (size_t)T * Q);
-            be->from_bf16(be, ao, ao16, (size_t)T * H * hd);
+        if (m->params16) { // do rounded once (g16 is free again); q, k, v and o as kept
+            be->to_bf16(be, m->g16, m->dattn_out, (size_t)T * H * hd);
+            be->attention_backward_bf16(be, m->dqkv, m->g16, qkv16, ao16, lse, B, S, H, KV, hd,
+                                        m->attn_scratch, m->attn_scratch_size);
+        } else {
+            be->attention_backward(be, m->dqkv, m->dattn_out, qkv, ao, lse, B, S, H, KV, hd,
+                                   m->attn_scratch, m->attn_scratch_size);
         }
-        be->attention_backward(be, m->dqkv, m->dattn_out, qkv, ao, lse, B, S, H, KV, hd,
-                               m->attn_scratch, m->attn_scratch_size);
         be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd,
                  1);
         linear_backward(m, m->dn, m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, n1_16,

@@ -121,7 +121,7 @@ typedef struct {
     moe_stats *moe_stats; // [L] of the last forward
     // backward scratch
     real *dx, *dn, *dattn_out, *dqkv, *dlogits;
-    // attention work space, shared by the layers: attention_scratch_size(max_seq) reals in
+    // attention work space, shared by the layers: attention_scratch_size(max_seq, hd) reals in
     // training; inference: the scores [H, chunk, max_pos] of attention_cached_forward
     real *attn_scratch;
     size_t attn_scratch_size; // reals

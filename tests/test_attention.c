@@ -182,7 +182,7 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
 
     // threaded, with the scratch the backend asks for (2 threads)
     cpu_backend_set_threads(be, 2);
-    const size_t n_scratch = be->attention_scratch_size(be, S);
+    const size_t n_scratch = be->attention_scratch_size(be, S, hd);
     real *scratch = malloc(n_scratch * sizeof *scratch);
     be->attention_forward(be, out, lse, qkv, B, S, H, KV, hd, scratch, n_scratch);
     for (size_t i = 0; i < nq; i++) dqkv[i] = -1; // the backward must overwrite every entry
@@ -215,7 +215,7 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
 
     // one slot of scratch: the kernels run on one thread and give the same bits
     cpu_backend_set_threads(be, 1);
-    const size_t n_one = be->attention_scratch_size(be, S);
+    const size_t n_one = be->attention_scratch_size(be, S, hd);
     cpu_backend_set_threads(be, 2);
     be->attention_forward(be, out1, lse1, qkv, B, S, H, KV, hd, scratch, n_one);
     be->attention_backward(be, dqkv1, dout, qkv, out1, lse1, B, S, H, KV, hd, scratch, n_one);
@@ -223,15 +223,16 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
                !memcmp(out, out1, no * sizeof *out) && !memcmp(lse, lse1, nl * sizeof *lse) &&
                    !memcmp(dqkv, dqkv1, nq * sizeof *dqkv));
     // a scratch sized for sequences of 2S (as the model sizes it for max_seq) serves S
-    const size_t n_long = be->attention_scratch_size(be, 2 * S);
+    const size_t n_long = be->attention_scratch_size(be, 2 * S, hd);
     real *scratch_long = malloc(n_long * sizeof *scratch_long);
     be->attention_forward(be, out1, lse1, qkv, B, S, H, KV, hd, scratch_long, n_long);
     be->attention_backward(be, dqkv1, dout, qkv, out1, lse1, B, S, H, KV, hd, scratch_long, n_long);
     check_true("scratch for 2S used at S == scratch for S, bit for bit",
                !memcmp(out, out1, no * sizeof *out) && !memcmp(lse, lse1, nl * sizeof *lse) &&
                    !memcmp(dqkv, dqkv1, nq * sizeof *dqkv));
+    // per thread an affine function of S (the bf16 slot's emulated GEMM operands add S hd + 64 hd)
     check_true("scratch is threads x O(S), not O(B H S^2)",
-               n_scratch == 2 * n_one && n_long == 2 * n_scratch);
+               n_scratch == 2 * n_one && n_long > n_scratch && n_long <= 2 * n_scratch);
     free(scratch_long), free(scratch);
     free(qkv), free(dout), free(out), free(lse), free(dqkv), free(out1), free(lse1), free(dqkv1);
     free(rout), free(att), free(datt), free(rdqkv);
@@ -251,7 +252,7 @@ static double weighted_out(moe_backend *be, shape sh, const real *qkv, const rea
 static void check_finite_differences(moe_backend *be, shape sh) {
     const size_t nq = (size_t)sh.B * sh.S * (sh.H + 2 * sh.KV) * sh.hd,
                  no = (size_t)sh.B * sh.S * sh.H * sh.hd, nl = (size_t)sh.B * sh.H * sh.S;
-    const size_t n_scratch = be->attention_scratch_size(be, sh.S);
+    const size_t n_scratch = be->attention_scratch_size(be, sh.S, sh.hd);
     real *qkv = malloc(nq * sizeof *qkv), *dqkv = malloc(nq * sizeof *dqkv),
          *out = malloc(no * sizeof *out), *w = malloc(no * sizeof *w),
          *lse = malloc(nl * sizeof *lse), *scratch = malloc(n_scratch * sizeof *scratch);

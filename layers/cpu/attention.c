@@ -14,6 +14,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "layers/bf16.h"
 #include "layers/cpu/cpu_backend.h"
 #include "layers/cpu/cpu_kernels.h"
 #include "layers/cpu/vec_math.h"
@@ -56,17 +57,29 @@ static real causal_softmax_row(real *p, int last, int len) {
 
 static size_t slot_reals(int S) { return (size_t)2 * ATTN_BLOCK * S; }
 
-size_t cpu_attention_scratch_size(moe_backend *be, int S) {
-    return (size_t)((const cpu_state *)be->state)->threads * slot_reals(S);
+// The bf16 kernels' slot: P and dP (dS) in fp32 as above, their bf16 roundings [2, ATTN_BLOCK,
+// S] (half as many reals), and the emulated bf16 GEMM's widened operands (the largest of the
+// block's GEMMs: [n, hd] x [cols, hd], [n, cols] x [cols, hd], [n, cols]^T x [n, hd]).
+static size_t ws_reals(int S, int hd) {
+    size_t w = cpu_gemm_bf16_ws(ATTN_BLOCK, S, hd), w2 = cpu_gemm_bf16_ws(ATTN_BLOCK, hd, S),
+           w3 = cpu_gemm_bf16_ws(S, hd, ATTN_BLOCK);
+    w = w2 > w ? w2 : w;
+    return w3 > w ? w3 : w;
+}
+static size_t slot16_reals(int S, int hd) { return (size_t)3 * ATTN_BLOCK * S + ws_reals(S, hd); }
+
+size_t cpu_attention_scratch_size(moe_backend *be, int S, int hd) {
+    const size_t a = slot_reals(S), b = slot16_reals(S, hd);
+    return (size_t)((const cpu_state *)be->state)->threads * (a > b ? a : b);
 }
 
-// Threads for a loop over `tasks`: at most one per slot of the scratch; 1 below the fork
-// threshold (the `if` of the loop then runs it on the calling thread, slot 0).
-static int attention_threads(size_t scratch_size, int S, const char *who) {
-    const size_t slots = scratch_size / slot_reals(S);
+// Threads for a loop over `tasks`: at most one per slot (of `slot` reals) of the scratch; 1
+// below the fork threshold (the `if` of the loop then runs it on the calling thread, slot 0).
+static int attention_threads(size_t scratch_size, size_t slot, int S, const char *who) {
+    const size_t slots = scratch_size / slot;
     if (slots < 1)
         moe_fatal("%s: scratch of %zu reals is below one slot (%zu) for S = %d", who, scratch_size,
-                  slot_reals(S), S);
+                  slot, S);
     const int nt = omp_get_max_threads();
     return slots < (size_t)nt ? (int)slots : nt;
 }
@@ -76,7 +89,7 @@ void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qk
     CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV, nb = (S + ATTN_BLOCK - 1) / ATTN_BLOCK;
     const real scale = (real)(1.0 / sqrt((double)hd));
-    const int nt = attention_threads(scratch_size, S, "attention_forward");
+    const int nt = attention_threads(scratch_size, slot_reals(S), S, "attention_forward");
     // one task per (sequence, head, query block): it owns its rows of out and lse
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) \
     num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
@@ -106,7 +119,7 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
     CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV;
     const real scale = (real)(1.0 / sqrt((double)hd));
-    const int nt = attention_threads(scratch_size, S, "attention_backward");
+    const int nt = attention_threads(scratch_size, slot_reals(S), S, "attention_backward");
     // one task per (sequence, kv head): it owns dk and dv of that head and sums its query
     // heads and blocks into them in a fixed order (no races, no atomics)
 #pragma omp parallel for collapse(2) schedule(static) \
@@ -161,6 +174,140 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
                                k, row, 0, dq + (size_t)i0 * row, row);
                     cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, ds, cols,
                                qb, row, 1, dk, row);
+                }
+            }
+        }
+}
+
+// ---- bf16 (DESIGN.md §5b) ------------------------------------------------------------
+// The same blocks with q, k, v (and do, o) read as bf16 and every product a bf16 GEMM with
+// fp32 accumulation (cpu_gemm_bf16), as FlashAttention-2 runs in bf16 on a GPU: scores,
+// softmax statistics, D and dS are fp32; what enters a GEMM is rounded once (E = exp(S - m)
+// unnormalised, P and dS of the backward).
+
+// One row of scores: e_j = exp(s_j - max) for j <= last, rounded into e16 (0 beyond: the
+// causal mask); *inv = 1 / sum_j e_j over the unrounded e_j; returns max + log(sum).
+static real exp_row_bf16(moe_bf16 *e16, real *inv, const real *s, int last, int len) {
+    real mx = s[0], sum = 0;
+#pragma omp simd reduction(max : mx)
+    for (int j = 1; j <= last; j++) mx = s[j] > mx ? s[j] : mx;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= last; j++) {
+        const real e = vec_exp(s[j] - mx);
+        sum += e;
+        e16[j] = moe_f32_to_bf16((float)e);
+    }
+    for (int j = last + 1; j < len; j++) e16[j] = 0;
+    *inv = 1 / sum;
+    return mx + real_log(sum);
+}
+
+void cpu_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16, int B,
+                                int S, int H, int KV, int hd, real *scratch, size_t scratch_size) {
+    CPU_KERNEL(be);
+    const cpu_state *st = be->state;
+    const int row = (H + 2 * KV) * hd, group = H / KV, nb = (S + ATTN_BLOCK - 1) / ATTN_BLOCK;
+    const real scale = (real)(1.0 / sqrt((double)hd));
+    const size_t slot = slot16_reals(S, hd);
+    const int nt = attention_threads(scratch_size, slot, S, "attention_forward_bf16");
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) \
+    num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int blk = 0; blk < nb; blk++) {
+                const int i0 = blk * ATTN_BLOCK;
+                const int n = S - i0 < ATTN_BLOCK ? S - i0 : ATTN_BLOCK, cols = i0 + n;
+                const moe_bf16 *q = qkv16 + ((size_t)b * S + i0) * row + (size_t)h * hd;
+                const moe_bf16 *k = qkv16 + (size_t)b * S * row + (size_t)(H + h / group) * hd;
+                const moe_bf16 *v = k + (size_t)KV * hd;
+                real *p = scratch + (size_t)omp_get_thread_num() * slot;
+                moe_bf16 *e16 = (moe_bf16 *)(p + (size_t)2 * ATTN_BLOCK * S);
+                real *ws = p + (size_t)3 * ATTN_BLOCK * S, *l = lse + ((size_t)b * H + h) * S + i0;
+                real *o = out + ((size_t)b * S + i0) * H * hd + (size_t)h * hd, inv[ATTN_BLOCK];
+                // p [n, cols] = scale * q_block k^T; e16 = bf16(exp(p - max)); o = (e16 v) / sum
+                cpu_gemm_bf16(st, ws, 0, 1, n, cols, hd, scale, q, row, k, row, 0, p, cols);
+                for (int i = 0; i < n; i++)
+                    l[i] = exp_row_bf16(e16 + (size_t)i * cols, inv + i, p + (size_t)i * cols,
+                                        i0 + i, cols);
+                cpu_gemm_bf16(st, ws, 0, 0, n, hd, cols, 1, e16, cols, v, row, 0, o, H * hd);
+                for (int i = 0; i < n; i++)
+#pragma omp simd
+                    for (int c = 0; c < hd; c++) o[(size_t)i * H * hd + c] *= inv[i];
+            }
+}
+
+void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
+                                 const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
+                                 int B, int S, int H, int KV, int hd, real *scratch,
+                                 size_t scratch_size) {
+    CPU_KERNEL(be);
+    const cpu_state *st = be->state;
+    const int row = (H + 2 * KV) * hd, group = H / KV;
+    const real scale = (real)(1.0 / sqrt((double)hd));
+    const size_t slot = slot16_reals(S, hd);
+    const int nt = attention_threads(scratch_size, slot, S, "attention_backward_bf16");
+    // one task per (sequence, kv head), as in the fp32 backward
+#pragma omp parallel for collapse(2) schedule(static) \
+    num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < KV; g++) {
+            const size_t base = (size_t)b * S * row;
+            const moe_bf16 *k = qkv16 + base + (size_t)(H + g) * hd, *v = k + (size_t)KV * hd;
+            real *dk = dqkv + base + (size_t)(H + g) * hd, *dv = dk + (size_t)KV * hd;
+            real *p = scratch + (size_t)omp_get_thread_num() * slot;
+            real *ds = p + (size_t)ATTN_BLOCK * S, *ws = p + (size_t)3 * ATTN_BLOCK * S;
+            moe_bf16 *p16 = (moe_bf16 *)(p + (size_t)2 * ATTN_BLOCK * S);
+            moe_bf16 *ds16 = p16 + (size_t)ATTN_BLOCK * S;
+            for (int t = 0; t < S; t++) { // the group's heads accumulate into dk, dv
+                memset(dk + (size_t)t * row, 0, (size_t)hd * sizeof(real));
+                memset(dv + (size_t)t * row, 0, (size_t)hd * sizeof(real));
+            }
+            for (int h = g * group; h < (g + 1) * group; h++) {
+                const moe_bf16 *q = qkv16 + base + (size_t)h * hd;
+                real *dq = dqkv + base + (size_t)h * hd;
+                const size_t ho = (size_t)b * S * H * hd + (size_t)h * hd;
+                const moe_bf16 *dO = dout16 + ho, *o = out16 + ho;
+                const real *l = lse + ((size_t)b * H + h) * S;
+                for (int i0 = 0; i0 < S; i0 += ATTN_BLOCK) {
+                    const int n = S - i0 < ATTN_BLOCK ? S - i0 : ATTN_BLOCK, cols = i0 + n;
+                    const moe_bf16 *dOb = dO + (size_t)i0 * H * hd, *qb = q + (size_t)i0 * row;
+                    // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal;
+                    // p16 = bf16(p)
+                    cpu_gemm_bf16(st, ws, 0, 1, n, cols, hd, scale, qb, row, k, row, 0, p, cols);
+                    for (int i = 0; i < n; i++) {
+                        const int last = i0 + i;
+                        const real li = l[i0 + i];
+                        real *pi = p + (size_t)i * cols;
+                        moe_bf16 *pi16 = p16 + (size_t)i * cols;
+#pragma omp simd
+                        for (int j = 0; j <= last; j++) {
+                            pi[j] = vec_exp(pi[j] - li);
+                            pi16[j] = moe_f32_to_bf16((float)pi[j]);
+                        }
+                        for (int j = last + 1; j < cols; j++) pi[j] = 0, pi16[j] = 0;
+                    }
+                    // dp = dO v^T; dv += p16^T dO
+                    cpu_gemm_bf16(st, ws, 0, 1, n, cols, hd, 1, dOb, H * hd, v, row, 0, ds, cols);
+                    cpu_gemm_bf16(st, ws, 1, 0, cols, hd, n, 1, p16, cols, dOb, H * hd, 1, dv, row);
+                    // ds16 = bf16(p * (dp - D) * scale), D_i = dO_i . o_i (both bf16, summed
+                    // in fp32); masked entries have p = 0
+                    for (int i = 0; i < n; i++) {
+                        const moe_bf16 *oi = o + (size_t)(i0 + i) * H * hd,
+                                       *dOi = dOb + (size_t)i * H * hd;
+                        const real *pi = p + (size_t)i * cols, *dsi = ds + (size_t)i * cols;
+                        moe_bf16 *dsi16 = ds16 + (size_t)i * cols;
+                        real D = 0;
+#pragma omp simd reduction(+ : D)
+                        for (int c = 0; c < hd; c++)
+                            D += moe_bf16_to_f32(dOi[c]) * moe_bf16_to_f32(oi[c]);
+#pragma omp simd
+                        for (int j = 0; j < cols; j++)
+                            dsi16[j] = moe_f32_to_bf16((float)(pi[j] * (dsi[j] - D) * scale));
+                    }
+                    // dq = ds16 k; dk += ds16^T q
+                    cpu_gemm_bf16(st, ws, 0, 0, n, hd, cols, 1, ds16, cols, k, row, 0,
+                                  dq + (size_t)i0 * row, row);
+                    cpu_gemm_bf16(st, ws, 1, 0, cols, hd, n, 1, ds16, cols, qb, row, 1, dk, row);
                 }
             }
         }

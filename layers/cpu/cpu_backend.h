@@ -69,6 +69,14 @@ int cpu_has_bf16_instructions(void);
 // Tests: selects a path (CPU_BF16_*) whatever the CPU; returns 1 when applied, 0 (changing
 // nothing) when its library is not here.
 int cpu_backend_set_bf16_gemm(moe_backend *be, int path);
+// c [m, n] = alpha op(a) op(b) + beta c, a and b bf16 with row strides lda, ldb (of a and b
+// as stored), c fp32 with ldc: one GEMM on the state's bf16 path. Native: the library reads a
+// and b in place. Emulated: op(a) and op(b) are widened into ws (cpu_gemm_bf16_ws(m, n, kd)
+// reals; the calling thread's when inside a parallel region) and cblas_sgemm multiplies them.
+void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m, int n, int kd,
+                   real alpha, const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
+                   real *c, int ldc);
+size_t cpu_gemm_bf16_ws(int m, int n, int kd);
 // moe_blas_kernel(), the BLAS's kernel family, which sets the sgemm rate (on an AVX-512 Xeon:
 // 250 GFLOP/s with OpenBLAS's Haswell kernels, 450-470 with SkylakeX), is in layers/blas.h.
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max

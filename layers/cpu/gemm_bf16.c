@@ -221,23 +221,39 @@ int cpu_backend_set_bf16_gemm(moe_backend *be, int path) {
 #define cblas_gemm cblas_sgemm
 #endif
 
-// c [m, n] = op(a) op(b) + beta c with a, b bf16 and contiguous (lda, ldb their row lengths):
-// native, sbgemm; emulated, both widened into ws (na + nb reals, the calling thread's) and
-// the fp32 GEMM.
-static void gemm16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m, int n, int kd,
-                   const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta, real *c,
-                   int ldc) {
+// a [rows, cols] bf16 with row stride ld, widened into w [rows, cols] (contiguous): on the
+// calling thread inside a parallel region (one task's operand), else spread over the threads.
+static void widen_block(real *w, const moe_bf16 *a, int rows, int cols, int ld) {
+    if (ld == cols) {
+        if (omp_in_parallel())
+            for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = moe_bf16_to_f32(a[i]);
+        else
+            widen(w, a, (size_t)rows * cols);
+        return;
+    }
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
+                                              cpu_parallel_worth((size_t)rows * cols))
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            w[(size_t)r * cols + c] = moe_bf16_to_f32(a[(size_t)r * ld + c]);
+}
+
+size_t cpu_gemm_bf16_ws(int m, int n, int kd) { return (size_t)m * kd + (size_t)kd * n; }
+
+void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m, int n, int kd,
+                   real alpha, const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
+                   real *c, int ldc) {
     if (m == 0 || n == 0) return;
     const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
                                tb = trans_b ? CblasTrans : CblasNoTrans;
 #ifndef MOE_REAL_DOUBLE // the f64 build (finite differences) has only the emulated path
     if (s->bf16_native == CPU_BF16_SBGEMM) {
-        sbgemm(CblasRowMajor, ta, tb, m, n, kd, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        sbgemm(CblasRowMajor, ta, tb, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
     if (s->bf16_native == CPU_BF16_ONEDNN) {
-        const int e = dnnl_gemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, kd, 1.0f, a, lda, b,
-                                ldb, beta, c, ldc);
+        const int e = dnnl_gemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, kd, alpha, a, lda,
+                                b, ldb, beta, c, ldc);
         if (e)
             moe_fatal("cpu: %s's dnnl_gemm_bf16bf16f32 failed (status %d) on %dx%dx%d", dnnl_name,
                       e, m, n, kd);
@@ -246,15 +262,13 @@ static void gemm16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m
 #else
     (void)s;
 #endif
-    const size_t na = (size_t)m * kd, nb = (size_t)kd * n;
-    if (omp_in_parallel()) { // one expert of a loop spread over the threads
-        for (size_t i = 0; i < na; i++) ws[i] = moe_bf16_to_f32(a[i]);
-        for (size_t i = 0; i < nb; i++) ws[na + i] = moe_bf16_to_f32(b[i]);
-    } else {
-        widen(ws, a, na);
-        widen(ws + na, b, nb);
-    }
-    cblas_gemm(CblasRowMajor, ta, tb, m, n, kd, 1, ws, lda, ws + na, ldb, beta, c, ldc);
+    // op(a) is [m, kd]: a itself is [kd, m] when transposed; likewise b
+    const int ra = trans_a ? kd : m, ca = trans_a ? m : kd, rb = trans_b ? n : kd,
+              cb = trans_b ? kd : n;
+    real *wa = ws, *wb = ws + (size_t)m * kd;
+    widen_block(wa, a, ra, ca, lda);
+    widen_block(wb, b, rb, cb, ldb);
+    cblas_gemm(CblasRowMajor, ta, tb, m, n, kd, alpha, wa, ca, wb, cb, beta, c, ldc);
 }
 
 // The emulated path's widening workspace (host memory private to the kernels, so strict mode
@@ -276,8 +290,9 @@ void cpu_matmul_bf16(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16
                      int kd, int trans_a, int trans_b, real beta) {
     CPU_KERNEL(be);
     cpu_state *s = be->state;
-    real *ws = workspace(s, (size_t)m * kd + (size_t)kd * n, 1);
-    gemm16(s, ws, trans_a, trans_b, m, n, kd, a, trans_a ? m : kd, b, trans_b ? kd : n, beta, c, n);
+    real *ws = workspace(s, cpu_gemm_bf16_ws(m, n, kd), 1);
+    cpu_gemm_bf16(s, ws, trans_a, trans_b, m, n, kd, 1, a, trans_a ? m : kd, b, trans_b ? kd : n,
+                  beta, c, n);
 }
 
 // ---- the grouped GEMMs ------------------------------------------------------------------
@@ -309,9 +324,9 @@ void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *
     real *ws = workspace(s, per, omp_get_max_threads());
 #pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
     for (int e = 0; e < n_experts; e++) // out_e [rows, n_out] = inp_e w_e^T
-        gemm16(s, slot(ws, per), 0, 1, offsets[e + 1] - offsets[e], n_out, n_in,
-               inp + (size_t)offsets[e] * n_in, n_in, weight + (size_t)e * n_out * n_in, n_in, 0,
-               out + (size_t)offsets[e] * n_out, n_out);
+        cpu_gemm_bf16(s, slot(ws, per), 0, 1, offsets[e + 1] - offsets[e], n_out, n_in, 1,
+                      inp + (size_t)offsets[e] * n_in, n_in, weight + (size_t)e * n_out * n_in,
+                      n_in, 0, out + (size_t)offsets[e] * n_out, n_out);
 }
 
 void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
@@ -323,9 +338,9 @@ void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const mo
     real *ws = workspace(s, per, omp_get_max_threads());
 #pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
     for (int e = 0; e < n_experts; e++) // dinp_e [rows, n_in] (+)= dout_e w_e
-        gemm16(s, slot(ws, per), 0, 0, offsets[e + 1] - offsets[e], n_in, n_out,
-               dout + (size_t)offsets[e] * n_out, n_out, weight + (size_t)e * n_out * n_in, n_in,
-               accumulate ? 1 : 0, dinp + (size_t)offsets[e] * n_in, n_in);
+        cpu_gemm_bf16(s, slot(ws, per), 0, 0, offsets[e + 1] - offsets[e], n_in, n_out, 1,
+                      dout + (size_t)offsets[e] * n_out, n_out, weight + (size_t)e * n_out * n_in,
+                      n_in, accumulate ? 1 : 0, dinp + (size_t)offsets[e] * n_in, n_in);
 }
 
 void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
@@ -339,8 +354,8 @@ void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, cons
     for (int e = 0; e < n_experts; e++) { // dw_e [n_out, n_in] += dout_e^T inp_e
         const int rows = offsets[e + 1] - offsets[e];
         if (rows)
-            gemm16(s, slot(ws, per), 1, 0, n_out, n_in, rows, dout + (size_t)offsets[e] * n_out,
-                   n_out, inp + (size_t)offsets[e] * n_in, n_in, 1,
-                   dweight + (size_t)e * n_out * n_in, n_in);
+            cpu_gemm_bf16(s, slot(ws, per), 1, 0, n_out, n_in, rows, 1,
+                          dout + (size_t)offsets[e] * n_out, n_out, inp + (size_t)offsets[e] * n_in,
+                          n_in, 1, dweight + (size_t)e * n_out * n_in, n_in);
     }
 }

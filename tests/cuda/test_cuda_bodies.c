@@ -214,7 +214,7 @@ static void test_attention(void) {
          *out_gpu = malloc((size_t)B * S * H * hd * sizeof(real));
     real *lse_cpu = malloc((size_t)B * H * S * sizeof(real)),
          *lse_gpu = malloc((size_t)B * H * S * sizeof(real));
-    const size_t ss = cpu_attention_scratch_size(cpu, S);
+    const size_t ss = cpu_attention_scratch_size(cpu, S, hd);
     real *scratch = malloc(ss * sizeof(real));
     cpu_attention_forward(cpu, out_cpu, lse_cpu, qkv, B, S, H, KV, hd, scratch, ss);
     const real scale = (real)(1.0 / sqrt((double)hd));

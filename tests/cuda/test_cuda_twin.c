@@ -359,7 +359,8 @@ static void test_attention(int B, int S, int H, int KV, int hd) {
     const size_t nq = (size_t)B * S * row, no = (size_t)B * S * H * hd;
     twin qkv = reals(nq, 1), out = output(no * sizeof(real));
     twin lse = output((size_t)B * H * S * sizeof(real));
-    const size_t csz = C->attention_scratch_size(C, S), gsz = G->attention_scratch_size(G, S);
+    const size_t csz = C->attention_scratch_size(C, S, hd),
+                 gsz = G->attention_scratch_size(G, S, hd);
     twin cscr = make(csz * sizeof(real)), gscr = make(gsz * sizeof(real));
     C->attention_forward(C, RC(out), RC(lse), RC(qkv), B, S, H, KV, hd, RC(cscr), csz);
     G->attention_forward(G, RG(out), RG(lse), RG(qkv), B, S, H, KV, hd, RG(gscr), gsz);
@@ -464,10 +465,39 @@ static void test_swiglu_bf16(void) {
     drop(h13), drop(dact), drop(act16), drop(h16), drop(dh16);
 }
 
+// The bf16 attention (backend.h's rule) on the same bf16 q, k, v, do, o. Both round E, P and
+// dS where they enter a product, but the GPU's E is exp(s - running max) of its key tile
+// (rescaled later) where the CPU's uses the row's max, and the two exps differ in the last
+// fp32 bit: bf16-level agreement (2e-3, a fifth of the bf16 tolerance), not fp32's.
+static void test_attention_bf16(int B, int S, int H, int KV, int hd) {
+    printf("attention bf16 B=%d S=%d H=%d KV=%d hd=%d\n", B, S, H, KV, hd);
+    const size_t nq = (size_t)B * S * (H + 2 * KV) * hd, no = (size_t)B * S * H * hd;
+    twin q32 = reals(nq, 1), qkv = halves(q32, nq), out = output(no * sizeof(real));
+    twin lse = output((size_t)B * H * S * sizeof(real));
+    const size_t csz = C->attention_scratch_size(C, S, hd),
+                 gsz = G->attention_scratch_size(G, S, hd);
+    twin cscr = make(csz * sizeof(real)), gscr = make(gsz * sizeof(real));
+    C->attention_forward_bf16(C, RC(out), RC(lse), HC(qkv), B, S, H, KV, hd, RC(cscr), csz);
+    G->attention_forward_bf16(G, RG(out), RG(lse), HG(qkv), B, S, H, KV, hd, RG(gscr), gsz);
+    same_reals("attention_forward_bf16 out", out, no, 2e-3);
+    same_reals("attention_forward_bf16 lse", lse, (size_t)B * H * S, TOL);
+    twin d32 = reals(no, 1), dout = halves(d32, no), out16 = halves(out, no);
+    twin dqkv = output(nq * sizeof(real));
+    C->attention_backward_bf16(C, RC(dqkv), HC(dout), HC(qkv), HC(out16), RC(lse), B, S, H, KV, hd,
+                               RC(cscr), csz);
+    G->attention_backward_bf16(G, RG(dqkv), HG(dout), HG(qkv), HG(out16), RG(lse), B, S, H, KV, hd,
+                               RG(gscr), gsz);
+    same_reals("attention_backward_bf16 dqkv", dqkv, nq, 2e-3);
+    twin all[] = {q32, qkv, out, lse, cscr, gscr, d32, dout, out16, dqkv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
+}
+
 static void test_bf16(void) {
     printf("bf16\n");
     test_bf16_conversions();
     test_swiglu_bf16();
+    test_attention_bf16(2, 45, 4, 2, 16);
+    test_attention_bf16(1, 300, 6, 3, 24); // key tiles beyond one block of 128
     const int m = 67, nn = 45, kd = 131;
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
