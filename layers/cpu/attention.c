@@ -30,17 +30,26 @@
 // returns the row's log-sum-exp, max + log(sum exp(p - max)). The loops vectorise: vec_exp
 // instead of libm, and simd reductions (lane-wise partial sums, a fixed order) for the max
 // and the sum.
+// The masked entries are set to -inf first, so the loops run over the whole row without a
+// condition (vec_exp(-inf) = 0): a loop to `last`, which ends anywhere, left a scalar
+// remainder of up to 15 exps per row, and a masked loop was split back into two by GCC.
+static void mask_row(real *p, int last, int len) {
+    for (int j = last + 1; j < len; j++) p[j] = -INFINITY;
+}
+
 static real causal_softmax_row(real *p, int last, int len) {
+    mask_row(p, last, len);
     real mx = p[0], sum = 0;
 #pragma omp simd reduction(max : mx)
-    for (int j = 1; j <= last; j++) mx = p[j] > mx ? p[j] : mx;
+    for (int j = 1; j < len; j++) mx = p[j] > mx ? p[j] : mx;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= last; j++) {
+    for (int j = 0; j < len; j++) {
         p[j] = vec_exp(p[j] - mx);
         sum += p[j];
     }
-    for (int j = 0; j <= last; j++) p[j] /= sum;
-    for (int j = last + 1; j < len; j++) p[j] = 0;
+    const real inv = 1 / sum;
+#pragma omp simd
+    for (int j = 0; j < len; j++) p[j] *= inv;
     return mx + real_log(sum);
 }
 
@@ -150,9 +159,9 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
                         const int last = i0 + i;
                         const real li = l[i0 + i];
                         real *pi = p + (size_t)i * cols;
+                        mask_row(pi, last, cols);
 #pragma omp simd
-                        for (int j = 0; j <= last; j++) pi[j] = vec_exp(pi[j] - li);
-                        for (int j = last + 1; j < cols; j++) pi[j] = 0;
+                        for (int j = 0; j < cols; j++) pi[j] = vec_exp(pi[j] - li);
                     }
                     // dp = dO v^T; dv += p^T dO (over the block's columns)
                     cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, 1, dOb, H * hd,
@@ -187,17 +196,18 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
 
 // One row of scores: e_j = exp(s_j - max) for j <= last, rounded into e16 (0 beyond: the
 // causal mask); *inv = 1 / sum_j e_j over the unrounded e_j; returns max + log(sum).
-static real exp_row_bf16(moe_bf16 *e16, real *inv, const real *s, int last, int len) {
+// The mask as causal_softmax_row's (s is overwritten beyond last).
+static real exp_row_bf16(moe_bf16 *e16, real *inv, real *s, int last, int len) {
+    mask_row(s, last, len);
     real mx = s[0], sum = 0;
 #pragma omp simd reduction(max : mx)
-    for (int j = 1; j <= last; j++) mx = s[j] > mx ? s[j] : mx;
+    for (int j = 1; j < len; j++) mx = s[j] > mx ? s[j] : mx;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= last; j++) {
+    for (int j = 0; j < len; j++) {
         const real e = vec_exp(s[j] - mx);
         sum += e;
         e16[j] = moe_f32_to_bf16((float)e);
     }
-    for (int j = last + 1; j < len; j++) e16[j] = 0;
     *inv = 1 / sum;
     return mx + real_log(sum);
 }
@@ -279,12 +289,12 @@ void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *do
                         const real li = l[i0 + i];
                         real *pi = p + (size_t)i * cols;
                         moe_bf16 *pi16 = p16 + (size_t)i * cols;
+                        mask_row(pi, last, cols);
 #pragma omp simd
-                        for (int j = 0; j <= last; j++) {
+                        for (int j = 0; j < cols; j++) {
                             pi[j] = vec_exp(pi[j] - li);
                             pi16[j] = moe_f32_to_bf16((float)pi[j]);
                         }
-                        for (int j = last + 1; j < cols; j++) pi[j] = 0, pi16[j] = 0;
                     }
                     // dp = dO v^T; dv += p16^T dO
                     cpu_gemm_bf16(st, ws, 0, 1, n, cols, hd, 1, dOb, H * hd, v, row, 0, ds, cols);

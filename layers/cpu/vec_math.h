@@ -5,6 +5,8 @@
 // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 (|r| <= ln2/2), exp(r) by the
 // Cephes degree-6 polynomial: ~1 ulp in [-87, 88]. NaN propagates (comparisons with NaN
 // are false, and the polynomial of NaN is NaN); the input is clamped so 2^n stays normal.
+// Below -87 (exp < 2^-125, at the edge of fp32's normal range) the result is 0, so that
+// exp(-inf) = 0 exactly: the causal masks write -inf and then run their loops unmasked.
 #ifndef MOE_VEC_MATH_H
 #define MOE_VEC_MATH_H
 
@@ -17,6 +19,7 @@
 static inline double vec_exp(double x) { return exp(x); }
 #else
 static inline float vec_exp(float x) {
+    const int under = x < -87.0f;
     x = x > 88.0f ? 88.0f : x;
     x = x < -87.0f ? -87.0f : x;
     const float magic = 12582912.0f; // 1.5 * 2^23: adding it rounds to an integer
@@ -35,7 +38,7 @@ static inline float vec_exp(float x) {
     uint32_t scale_bits = (tb - 0x4B400000u + 127u) << 23; // 2^n
     float scale;
     memcpy(&scale, &scale_bits, sizeof scale);
-    return p * scale;
+    return under ? 0.0f : p * scale;
 }
 #endif
 
