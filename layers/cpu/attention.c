@@ -26,10 +26,6 @@
 #define cblas_gemm cblas_sgemm
 #endif
 
-// One row of scores in place: softmax over columns 0..last, zero beyond (the causal mask);
-// returns the row's log-sum-exp, max + log(sum exp(p - max)). The loops vectorise: vec_exp
-// instead of libm, and simd reductions (lane-wise partial sums, a fixed order) for the max
-// and the sum.
 // The masked entries are set to -inf first, so the loops run over the whole row without a
 // condition (vec_exp(-inf) = 0): a loop to `last`, which ends anywhere, left a scalar
 // remainder of up to 15 exps per row, and a masked loop was split back into two by GCC.
@@ -37,6 +33,10 @@ static void mask_row(real *p, int last, int len) {
     for (int j = last + 1; j < len; j++) p[j] = -INFINITY;
 }
 
+// One row of scores in place: softmax over columns 0..last, zero beyond (the causal mask);
+// returns the row's log-sum-exp, max + log(sum exp(p - max)). The loops vectorise: vec_exp
+// instead of libm, and simd reductions (lane-wise partial sums, a fixed order) for the max
+// and the sum.
 static real causal_softmax_row(real *p, int last, int len) {
     mask_row(p, last, len);
     real mx = p[0], sum = 0;

@@ -150,4 +150,25 @@ void cpu_adamw_update(moe_backend *be, real *params, real *m, real *v, const rea
 void cpu_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr,
                     real grad_scale);
 
+// The order in which the grouped GEMMs (gemm.c, gemm_bf16.c) hand their experts to the threads:
+// most rows first (longest-processing-time first), so that the dynamic schedule ends
+// balanced when routing is skewed (real text at initialisation: max/mean 3; measured on the
+// bf16 shakespeare step: experts 37.3 -> 35.7 ms). Each expert's GEMM writes its own rows,
+// so the order changes no result. Beyond EXPERT_ORDER_MAX experts: the natural order.
+#define EXPERT_ORDER_MAX 1024
+static inline void largest_first(int *order, const int *offsets, int n_experts) {
+    for (int t = 0; t < n_experts; t++) {
+        const int rows = offsets[t + 1] - offsets[t]; // insertion sort, stable
+        int u = t;
+        for (; u > 0 && offsets[order[u - 1] + 1] - offsets[order[u - 1]] < rows; u--)
+            order[u] = order[u - 1];
+        order[u] = t;
+    }
+}
+#define EXPERT_ORDER                                   \
+    int order[EXPERT_ORDER_MAX];                       \
+    const int ordered = n_experts <= EXPERT_ORDER_MAX; \
+    if (ordered) largest_first(order, offsets, n_experts)
+#define EXPERT_AT(t) (ordered ? order[t] : (t))
+
 #endif

@@ -34,9 +34,10 @@ void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, i
 void cpu_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
                                const int *offsets, int n_experts, int n_out, int n_in) {
     CPU_KERNEL(be);
+    EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
-    for (int e = 0; e < n_experts; e++) {
-        int rows = offsets[e + 1] - offsets[e];
+    for (int t = 0; t < n_experts; t++) {
+        const int e = EXPERT_AT(t), rows = offsets[e + 1] - offsets[e];
         const real *w = weight + (size_t)e * n_out * n_in;
         // out_e [rows, n_out] = inp_e [rows, n_in] @ w^T
         gemm(0, 1, rows, n_out, n_in, 1, inp + (size_t)offsets[e] * n_in, n_in, w, n_in, 0,
@@ -48,9 +49,10 @@ void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *d
                                       const real *weight, const int *offsets, int n_experts,
                                       int n_out, int n_in, int accumulate) {
     CPU_KERNEL(be);
+    EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
-    for (int e = 0; e < n_experts; e++) {
-        int rows = offsets[e + 1] - offsets[e];
+    for (int t = 0; t < n_experts; t++) {
+        const int e = EXPERT_AT(t), rows = offsets[e + 1] - offsets[e];
         const real *w = weight + (size_t)e * n_out * n_in;
         // dinp_e [rows, n_in] (+)= dout_e [rows, n_out] @ w [n_out, n_in]
         gemm(0, 0, rows, n_in, n_out, 1, dout + (size_t)offsets[e] * n_out, n_out, w, n_in,
@@ -62,9 +64,10 @@ void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const rea
                                        const real *inp, const int *offsets, int n_experts,
                                        int n_out, int n_in) {
     CPU_KERNEL(be);
+    EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) if (n_experts >= 4 * omp_get_max_threads())
-    for (int e = 0; e < n_experts; e++) {
-        int rows = offsets[e + 1] - offsets[e];
+    for (int t = 0; t < n_experts; t++) {
+        const int e = EXPERT_AT(t), rows = offsets[e + 1] - offsets[e];
         if (rows == 0) continue;
         // dw_e [n_out, n_in] += dout_e^T [n_out, rows] @ inp_e [rows, n_in]
         gemm(1, 0, n_out, n_in, rows, 1, dout + (size_t)offsets[e] * n_out, n_out,

@@ -322,11 +322,14 @@ void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *
     cpu_state *s = be->state;
     const size_t per = ((size_t)max_rows(offsets, n_experts) + n_out) * n_in;
     real *ws = workspace(s, per, omp_get_max_threads());
+    EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int e = 0; e < n_experts; e++) // out_e [rows, n_out] = inp_e w_e^T
+    for (int t = 0; t < n_experts; t++) { // out_e [rows, n_out] = inp_e w_e^T
+        const int e = EXPERT_AT(t);
         cpu_gemm_bf16(s, slot(ws, per), 0, 1, offsets[e + 1] - offsets[e], n_out, n_in, 1,
                       inp + (size_t)offsets[e] * n_in, n_in, weight + (size_t)e * n_out * n_in,
                       n_in, 0, out + (size_t)offsets[e] * n_out, n_out);
+    }
 }
 
 void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
@@ -336,11 +339,14 @@ void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const mo
     cpu_state *s = be->state;
     const size_t per = (size_t)max_rows(offsets, n_experts) * n_out + (size_t)n_out * n_in;
     real *ws = workspace(s, per, omp_get_max_threads());
+    EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int e = 0; e < n_experts; e++) // dinp_e [rows, n_in] (+)= dout_e w_e
+    for (int t = 0; t < n_experts; t++) { // dinp_e [rows, n_in] (+)= dout_e w_e
+        const int e = EXPERT_AT(t);
         cpu_gemm_bf16(s, slot(ws, per), 0, 0, offsets[e + 1] - offsets[e], n_in, n_out, 1,
                       dout + (size_t)offsets[e] * n_out, n_out, weight + (size_t)e * n_out * n_in,
                       n_in, accumulate ? 1 : 0, dinp + (size_t)offsets[e] * n_in, n_in);
+    }
 }
 
 void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
@@ -350,9 +356,10 @@ void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, cons
     cpu_state *s = be->state;
     const size_t per = (size_t)max_rows(offsets, n_experts) * (n_out + n_in);
     real *ws = workspace(s, per, omp_get_max_threads());
+    EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int e = 0; e < n_experts; e++) { // dw_e [n_out, n_in] += dout_e^T inp_e
-        const int rows = offsets[e + 1] - offsets[e];
+    for (int t = 0; t < n_experts; t++) { // dw_e [n_out, n_in] += dout_e^T inp_e
+        const int e = EXPERT_AT(t), rows = offsets[e + 1] - offsets[e];
         if (rows)
             cpu_gemm_bf16(s, slot(ws, per), 1, 0, n_out, n_in, rows, 1,
                           dout + (size_t)offsets[e] * n_out, n_out, inp + (size_t)offsets[e] * n_in,
