@@ -26,11 +26,24 @@
 #define cblas_gemm cblas_sgemm
 #endif
 
-// The masked entries are set to -inf first, so the loops run over the whole row without a
-// condition (vec_exp(-inf) = 0): a loop to `last`, which ends anywhere, left a scalar
-// remainder of up to 15 exps per row, and a masked loop was split back into two by GCC.
-static void mask_row(real *p, int last, int len) {
-    for (int j = last + 1; j < len; j++) p[j] = -INFINITY;
+// A causal row's loops: entries (last, w) are set to -inf, so the loops run over [0, w)
+// without a condition (vec_exp(-inf) = 0), w = last + 1 rounded up to 16 floats (a whole
+// AVX-512 vector; at most len); entries from w on are simply 0. A loop to `last`, which ends
+// anywhere, left a scalar remainder of up to 15 exps per row, a masked loop was split back
+// into two by GCC, and a loop over the whole block computed its masked triangle (a quarter
+// of the elementwise work at S = 256).
+static int row_width(int last, int len) {
+    const int w = (last + 16) & ~15;
+    return w < len ? w : len;
+}
+static void mask_row(real *p, int last, int w) {
+    for (int j = last + 1; j < w; j++) p[j] = -INFINITY;
+}
+static void zero_tail(real *p, int w, int len) {
+    for (int j = w; j < len; j++) p[j] = 0;
+}
+static void zero_tail16(moe_bf16 *p, int w, int len) {
+    for (int j = w; j < len; j++) p[j] = 0;
 }
 
 // One row of scores in place: softmax over columns 0..last, zero beyond (the causal mask);
@@ -38,18 +51,20 @@ static void mask_row(real *p, int last, int len) {
 // instead of libm, and simd reductions (lane-wise partial sums, a fixed order) for the max
 // and the sum.
 static real causal_softmax_row(real *p, int last, int len) {
-    mask_row(p, last, len);
+    const int w = row_width(last, len);
+    mask_row(p, last, w);
     real mx = p[0], sum = 0;
 #pragma omp simd reduction(max : mx)
-    for (int j = 1; j < len; j++) mx = p[j] > mx ? p[j] : mx;
+    for (int j = 1; j < w; j++) mx = p[j] > mx ? p[j] : mx;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < len; j++) {
+    for (int j = 0; j < w; j++) {
         p[j] = vec_exp(p[j] - mx);
         sum += p[j];
     }
     const real inv = 1 / sum;
 #pragma omp simd
-    for (int j = 0; j < len; j++) p[j] *= inv;
+    for (int j = 0; j < w; j++) p[j] *= inv;
+    zero_tail(p, w, len);
     return mx + real_log(sum);
 }
 
@@ -159,9 +174,11 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
                         const int last = i0 + i;
                         const real li = l[i0 + i];
                         real *pi = p + (size_t)i * cols;
-                        mask_row(pi, last, cols);
+                        const int w = row_width(last, cols);
+                        mask_row(pi, last, w);
 #pragma omp simd
-                        for (int j = 0; j < cols; j++) pi[j] = vec_exp(pi[j] - li);
+                        for (int j = 0; j < w; j++) pi[j] = vec_exp(pi[j] - li);
+                        zero_tail(pi, w, cols);
                     }
                     // dp = dO v^T; dv += p^T dO (over the block's columns)
                     cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, 1, dOb, H * hd,
@@ -173,10 +190,12 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
                         const real *oi = o + (size_t)(i0 + i) * H * hd,
                                    *dOi = dOb + (size_t)i * H * hd, *pi = p + (size_t)i * cols;
                         real *dsi = ds + (size_t)i * cols, D = 0;
+                        const int w = row_width(i0 + i, cols);
 #pragma omp simd reduction(+ : D)
                         for (int c = 0; c < hd; c++) D += dOi[c] * oi[c];
 #pragma omp simd
-                        for (int j = 0; j < cols; j++) dsi[j] = pi[j] * (dsi[j] - D) * scale;
+                        for (int j = 0; j < w; j++) dsi[j] = pi[j] * (dsi[j] - D) * scale;
+                        zero_tail(dsi, w, cols);
                     }
                     // dq = ds k; dk += ds^T q
                     cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, ds, cols,
@@ -198,16 +217,18 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
 // causal mask); *inv = 1 / sum_j e_j over the unrounded e_j; returns max + log(sum).
 // The mask as causal_softmax_row's (s is overwritten beyond last).
 static real exp_row_bf16(moe_bf16 *e16, real *inv, real *s, int last, int len) {
-    mask_row(s, last, len);
+    const int w = row_width(last, len);
+    mask_row(s, last, w);
     real mx = s[0], sum = 0;
 #pragma omp simd reduction(max : mx)
-    for (int j = 1; j < len; j++) mx = s[j] > mx ? s[j] : mx;
+    for (int j = 1; j < w; j++) mx = s[j] > mx ? s[j] : mx;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < len; j++) {
+    for (int j = 0; j < w; j++) {
         const real e = vec_exp(s[j] - mx);
         sum += e;
         e16[j] = moe_f32_to_bf16((float)e);
     }
+    zero_tail16(e16, w, len);
     *inv = 1 / sum;
     return mx + real_log(sum);
 }
@@ -289,12 +310,14 @@ void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *do
                         const real li = l[i0 + i];
                         real *pi = p + (size_t)i * cols;
                         moe_bf16 *pi16 = p16 + (size_t)i * cols;
-                        mask_row(pi, last, cols);
+                        const int w = row_width(last, cols);
+                        mask_row(pi, last, w);
 #pragma omp simd
-                        for (int j = 0; j < cols; j++) {
+                        for (int j = 0; j < w; j++) {
                             pi[j] = vec_exp(pi[j] - li);
                             pi16[j] = moe_f32_to_bf16((float)pi[j]);
                         }
+                        zero_tail16(pi16, w, cols);
                     }
                     // dp = dO v^T; dv += p16^T dO
                     cpu_gemm_bf16(st, ws, 0, 1, n, cols, hd, 1, dOb, H * hd, v, row, 0, ds, cols);
@@ -306,13 +329,15 @@ void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *do
                                        *dOi = dOb + (size_t)i * H * hd;
                         const real *pi = p + (size_t)i * cols, *dsi = ds + (size_t)i * cols;
                         moe_bf16 *dsi16 = ds16 + (size_t)i * cols;
+                        const int w = row_width(i0 + i, cols);
                         real D = 0;
 #pragma omp simd reduction(+ : D)
                         for (int c = 0; c < hd; c++)
                             D += moe_bf16_to_f32(dOi[c]) * moe_bf16_to_f32(oi[c]);
 #pragma omp simd
-                        for (int j = 0; j < cols; j++)
+                        for (int j = 0; j < w; j++)
                             dsi16[j] = moe_f32_to_bf16((float)(pi[j] * (dsi[j] - D) * scale));
+                        zero_tail16(dsi16, w, cols);
                     }
                     // dq = ds16 k; dk += ds16^T q
                     cpu_gemm_bf16(st, ws, 0, 0, n, hd, cols, 1, ds16, cols, k, row, 0,
