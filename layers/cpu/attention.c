@@ -108,103 +108,159 @@ static int attention_threads(size_t scratch_size, size_t slot, int S, const char
     return slots < (size_t)nt ? (int)slots : nt;
 }
 
+// ---- the task loops, shared by both precisions -------------------------------------------
+
+typedef struct {
+    int B, S, H, KV, hd;
+    int row;    // (H + 2 KV) hd, the length of a qkv row
+    real scale; // hd^-1/2
+} attn_shape;
+
+static attn_shape shape_of(int B, int S, int H, int KV, int hd) {
+    const attn_shape a = {B, S, H, KV, hd, (H + 2 * KV) * hd, (real)(1.0 / sqrt((double)hd))};
+    return a;
+}
+
+// One query block of one head, as element offsets: q of the block's rows and k, v of its kv
+// head from the sequence's first row (into qkv rows, and into dqkv for their gradients); o of
+// the block's rows (into out and dout rows [T, H hd]); l of its first row (into lse). Rows
+// i0 .. i0+n-1 attend to the columns [0, cols).
+typedef struct {
+    size_t q, k, v, o, l;
+    int i0, n, cols;
+} attn_block;
+
+static attn_block block_at(const attn_shape *a, int b, int h, int i0) {
+    attn_block k;
+    k.i0 = i0, k.n = a->S - i0 < ATTN_BLOCK ? a->S - i0 : ATTN_BLOCK, k.cols = i0 + k.n;
+    k.q = ((size_t)b * a->S + i0) * a->row + (size_t)h * a->hd;
+    k.k = (size_t)b * a->S * a->row + (size_t)(a->H + h / (a->H / a->KV)) * a->hd;
+    k.v = k.k + (size_t)a->KV * a->hd;
+    k.o = ((size_t)b * a->S + i0) * a->H * a->hd + (size_t)h * a->hd;
+    k.l = ((size_t)b * a->H + h) * a->S + i0;
+    return k;
+}
+
+// The work of one block, on the calling thread's slot of the scratch.
+typedef void (*block_fn)(const void *ctx, const attn_shape *a, const attn_block *k, real *slot);
+
+static int worth_threads(const attn_shape *a) {
+    return cpu_parallel_worth((size_t)a->B * a->H * a->S * a->S * a->hd);
+}
+
+// The forward: one task per (sequence, head, query block); each owns its rows of out and lse.
+static void forward_tasks(const attn_shape *a, real *scratch, size_t scratch_size, size_t slot,
+                          const char *who, block_fn fn, const void *ctx) {
+    const int nt = attention_threads(scratch_size, slot, a->S, who);
+    const int nb = (a->S + ATTN_BLOCK - 1) / ATTN_BLOCK;
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) num_threads(nt) if (worth_threads(a))
+    for (int b = 0; b < a->B; b++)
+        for (int h = 0; h < a->H; h++)
+            for (int blk = 0; blk < nb; blk++) {
+                const attn_block k = block_at(a, b, h, blk * ATTN_BLOCK);
+                fn(ctx, a, &k, scratch + (size_t)omp_get_thread_num() * slot);
+            }
+}
+
+// The backward: one task per (sequence, kv head); it zeroes dk and dv of that head and the
+// blocks of its query heads sum into them in a fixed order (no races, no atomics).
+static void backward_tasks(const attn_shape *a, real *dqkv, real *scratch, size_t scratch_size,
+                           size_t slot, const char *who, block_fn fn, const void *ctx) {
+    const int nt = attention_threads(scratch_size, slot, a->S, who), group = a->H / a->KV;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt) if (worth_threads(a))
+    for (int b = 0; b < a->B; b++)
+        for (int g = 0; g < a->KV; g++) {
+            const attn_block first = block_at(a, b, g * group, 0);
+            for (int t = 0; t < a->S; t++) {
+                memset(dqkv + first.k + (size_t)t * a->row, 0, (size_t)a->hd * sizeof(real));
+                memset(dqkv + first.v + (size_t)t * a->row, 0, (size_t)a->hd * sizeof(real));
+            }
+            for (int h = g * group; h < (g + 1) * group; h++)
+                for (int i0 = 0; i0 < a->S; i0 += ATTN_BLOCK) {
+                    const attn_block k = block_at(a, b, h, i0);
+                    fn(ctx, a, &k, scratch + (size_t)omp_get_thread_num() * slot);
+                }
+        }
+}
+
+// ---- fp32 --------------------------------------------------------------------------------
+
+// The forward writes out and lse_out; the backward reads dout, o and lse, writes dqkv.
+typedef struct {
+    real *out, *lse_out, *dqkv;
+    const real *qkv, *dout, *o, *lse;
+} tensors32;
+
+// p [n, cols] = scale * q_block k^T; softmax row by row; o_block = p v
+static void forward_block32(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
+    const tensors32 *t = ctx;
+    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row;
+    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, a->scale, t->qkv + k->q, row,
+               t->qkv + k->k, row, 0, p, cols);
+    for (int i = 0; i < n; i++)
+        t->lse_out[k->l + i] = causal_softmax_row(p + (size_t)i * cols, k->i0 + i, cols);
+    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, p, cols, t->qkv + k->v,
+               row, 0, t->out + k->o, a->H * hd);
+}
+
 void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
                            int H, int KV, int hd, real *scratch, size_t scratch_size) {
     CPU_KERNEL(be);
-    const int row = (H + 2 * KV) * hd, group = H / KV, nb = (S + ATTN_BLOCK - 1) / ATTN_BLOCK;
-    const real scale = (real)(1.0 / sqrt((double)hd));
-    const int nt = attention_threads(scratch_size, slot_reals(S), S, "attention_forward");
-    // one task per (sequence, head, query block): it owns its rows of out and lse
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) \
-    num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int blk = 0; blk < nb; blk++) {
-                const int i0 = blk * ATTN_BLOCK;
-                const int n = S - i0 < ATTN_BLOCK ? S - i0 : ATTN_BLOCK, cols = i0 + n;
-                const real *q = qkv + ((size_t)b * S + i0) * row + (size_t)h * hd;
-                const real *k = qkv + (size_t)b * S * row + (size_t)(H + h / group) * hd;
-                const real *v = k + (size_t)KV * hd;
-                real *p = scratch + (size_t)omp_get_thread_num() * slot_reals(S);
-                real *l = lse + ((size_t)b * H + h) * S + i0;
-                // p [n, cols] = scale * q_block k^T; softmax row by row; o_block = p v
-                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, scale, q, row, k,
-                           row, 0, p, cols);
-                for (int i = 0; i < n; i++)
-                    l[i] = causal_softmax_row(p + (size_t)i * cols, i0 + i, cols);
-                cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, p, cols, v,
-                           row, 0, out + ((size_t)b * S + i0) * H * hd + (size_t)h * hd, H * hd);
-            }
+    const attn_shape a = shape_of(B, S, H, KV, hd);
+    const tensors32 t = {out, lse, NULL, qkv, NULL, NULL, NULL};
+    forward_tasks(&a, scratch, scratch_size, slot_reals(S), "attention_forward", forward_block32,
+                  &t);
+}
+
+static void backward_block32(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
+    const tensors32 *t = ctx;
+    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd;
+    const real *q = t->qkv + k->q, *kk = t->qkv + k->k, *v = t->qkv + k->v, *dO = t->dout + k->o;
+    real *ds = p + (size_t)ATTN_BLOCK * a->S;
+    // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal
+    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, a->scale, q, row, kk, row, 0,
+               p, cols);
+    for (int i = 0; i < n; i++) {
+        const int last = k->i0 + i, w = row_width(last, cols);
+        const real li = t->lse[k->l + i];
+        real *pi = p + (size_t)i * cols;
+        mask_row(pi, last, w);
+#pragma omp simd
+        for (int j = 0; j < w; j++) pi[j] = vec_exp(pi[j] - li);
+        zero_tail(pi, w, cols);
+    }
+    // dp = dO v^T; dv += p^T dO (over the block's columns)
+    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, 1, dO, orow, v, row, 0, ds,
+               cols);
+    cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, p, cols, dO, orow, 1,
+               t->dqkv + k->v, row);
+    // ds = p * (dp - D) * scale, D_i = dO_i . o_i; masked entries have p = 0
+    for (int i = 0; i < n; i++) {
+        const real *oi = t->o + k->o + (size_t)i * orow, *dOi = dO + (size_t)i * orow,
+                   *pi = p + (size_t)i * cols;
+        real *dsi = ds + (size_t)i * cols, D = 0;
+        const int w = row_width(k->i0 + i, cols);
+#pragma omp simd reduction(+ : D)
+        for (int c = 0; c < hd; c++) D += dOi[c] * oi[c];
+#pragma omp simd
+        for (int j = 0; j < w; j++) dsi[j] = pi[j] * (dsi[j] - D) * a->scale;
+        zero_tail(dsi, w, cols);
+    }
+    // dq = ds k; dk += ds^T q
+    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, ds, cols, kk, row, 0,
+               t->dqkv + k->q, row);
+    cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, ds, cols, q, row, 1,
+               t->dqkv + k->k, row);
 }
 
 void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
                             const real *out, const real *lse, int B, int S, int H, int KV, int hd,
                             real *scratch, size_t scratch_size) {
     CPU_KERNEL(be);
-    const int row = (H + 2 * KV) * hd, group = H / KV;
-    const real scale = (real)(1.0 / sqrt((double)hd));
-    const int nt = attention_threads(scratch_size, slot_reals(S), S, "attention_backward");
-    // one task per (sequence, kv head): it owns dk and dv of that head and sums its query
-    // heads and blocks into them in a fixed order (no races, no atomics)
-#pragma omp parallel for collapse(2) schedule(static) \
-    num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < KV; g++) {
-            const size_t base = (size_t)b * S * row;
-            const real *k = qkv + base + (size_t)(H + g) * hd, *v = k + (size_t)KV * hd;
-            real *dk = dqkv + base + (size_t)(H + g) * hd, *dv = dk + (size_t)KV * hd;
-            real *p = scratch + (size_t)omp_get_thread_num() * slot_reals(S);
-            real *ds = p + (size_t)ATTN_BLOCK * S;
-            for (int t = 0; t < S; t++) { // the group's heads accumulate into dk, dv
-                memset(dk + (size_t)t * row, 0, (size_t)hd * sizeof(real));
-                memset(dv + (size_t)t * row, 0, (size_t)hd * sizeof(real));
-            }
-            for (int h = g * group; h < (g + 1) * group; h++) {
-                const real *q = qkv + base + (size_t)h * hd;
-                real *dq = dqkv + base + (size_t)h * hd;
-                const size_t ho = (size_t)b * S * H * hd + (size_t)h * hd;
-                const real *dO = dout + ho, *o = out + ho, *l = lse + ((size_t)b * H + h) * S;
-                for (int i0 = 0; i0 < S; i0 += ATTN_BLOCK) {
-                    const int n = S - i0 < ATTN_BLOCK ? S - i0 : ATTN_BLOCK, cols = i0 + n;
-                    const real *dOb = dO + (size_t)i0 * H * hd, *qb = q + (size_t)i0 * row;
-                    // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal
-                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, scale, qb, row,
-                               k, row, 0, p, cols);
-                    for (int i = 0; i < n; i++) {
-                        const int last = i0 + i;
-                        const real li = l[i0 + i];
-                        real *pi = p + (size_t)i * cols;
-                        const int w = row_width(last, cols);
-                        mask_row(pi, last, w);
-#pragma omp simd
-                        for (int j = 0; j < w; j++) pi[j] = vec_exp(pi[j] - li);
-                        zero_tail(pi, w, cols);
-                    }
-                    // dp = dO v^T; dv += p^T dO (over the block's columns)
-                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, 1, dOb, H * hd,
-                               v, row, 0, ds, cols);
-                    cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, p, cols,
-                               dOb, H * hd, 1, dv, row);
-                    // ds = p * (dp - D) * scale, D_i = dO_i . o_i; masked entries have p = 0
-                    for (int i = 0; i < n; i++) {
-                        const real *oi = o + (size_t)(i0 + i) * H * hd,
-                                   *dOi = dOb + (size_t)i * H * hd, *pi = p + (size_t)i * cols;
-                        real *dsi = ds + (size_t)i * cols, D = 0;
-                        const int w = row_width(i0 + i, cols);
-#pragma omp simd reduction(+ : D)
-                        for (int c = 0; c < hd; c++) D += dOi[c] * oi[c];
-#pragma omp simd
-                        for (int j = 0; j < w; j++) dsi[j] = pi[j] * (dsi[j] - D) * scale;
-                        zero_tail(dsi, w, cols);
-                    }
-                    // dq = ds k; dk += ds^T q
-                    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, ds, cols,
-                               k, row, 0, dq + (size_t)i0 * row, row);
-                    cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, ds, cols,
-                               qb, row, 1, dk, row);
-                }
-            }
-        }
+    const attn_shape a = shape_of(B, S, H, KV, hd);
+    const tensors32 t = {NULL, NULL, dqkv, qkv, dout, out, lse};
+    backward_tasks(&a, dqkv, scratch, scratch_size, slot_reals(S), "attention_backward",
+                   backward_block32, &t);
 }
 
 // ---- bf16 (DESIGN.md §5b) ------------------------------------------------------------
@@ -233,38 +289,84 @@ static real exp_row_bf16(moe_bf16 *e16, real *inv, real *s, int last, int len) {
     return mx + real_log(sum);
 }
 
+// As tensors32, with the backend's state for its bf16 GEMM path.
+typedef struct {
+    const cpu_state *st;
+    real *out, *lse_out, *dqkv;
+    const moe_bf16 *qkv, *dout, *o;
+    const real *lse;
+} tensors16;
+
+// p [n, cols] = scale * q_block k^T; e16 = bf16(exp(p - max)); o = (e16 v) / sum
+static void forward_block16(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
+    const tensors16 *t = ctx;
+    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd;
+    moe_bf16 *e16 = (moe_bf16 *)(p + (size_t)2 * ATTN_BLOCK * a->S);
+    real *ws = p + (size_t)3 * ATTN_BLOCK * a->S, *o = t->out + k->o, inv[ATTN_BLOCK];
+    cpu_gemm_bf16(t->st, ws, 0, 1, n, cols, hd, a->scale, t->qkv + k->q, row, t->qkv + k->k, row, 0,
+                  p, cols);
+    for (int i = 0; i < n; i++)
+        t->lse_out[k->l + i] =
+            exp_row_bf16(e16 + (size_t)i * cols, inv + i, p + (size_t)i * cols, k->i0 + i, cols);
+    cpu_gemm_bf16(t->st, ws, 0, 0, n, hd, cols, 1, e16, cols, t->qkv + k->v, row, 0, o, orow);
+    for (int i = 0; i < n; i++)
+#pragma omp simd
+        for (int c = 0; c < hd; c++) o[(size_t)i * orow + c] *= inv[i];
+}
+
 void cpu_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16, int B,
                                 int S, int H, int KV, int hd, real *scratch, size_t scratch_size) {
     CPU_KERNEL(be);
-    const cpu_state *st = be->state;
-    const int row = (H + 2 * KV) * hd, group = H / KV, nb = (S + ATTN_BLOCK - 1) / ATTN_BLOCK;
-    const real scale = (real)(1.0 / sqrt((double)hd));
-    const size_t slot = slot16_reals(S, hd);
-    const int nt = attention_threads(scratch_size, slot, S, "attention_forward_bf16");
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) \
-    num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int blk = 0; blk < nb; blk++) {
-                const int i0 = blk * ATTN_BLOCK;
-                const int n = S - i0 < ATTN_BLOCK ? S - i0 : ATTN_BLOCK, cols = i0 + n;
-                const moe_bf16 *q = qkv16 + ((size_t)b * S + i0) * row + (size_t)h * hd;
-                const moe_bf16 *k = qkv16 + (size_t)b * S * row + (size_t)(H + h / group) * hd;
-                const moe_bf16 *v = k + (size_t)KV * hd;
-                real *p = scratch + (size_t)omp_get_thread_num() * slot;
-                moe_bf16 *e16 = (moe_bf16 *)(p + (size_t)2 * ATTN_BLOCK * S);
-                real *ws = p + (size_t)3 * ATTN_BLOCK * S, *l = lse + ((size_t)b * H + h) * S + i0;
-                real *o = out + ((size_t)b * S + i0) * H * hd + (size_t)h * hd, inv[ATTN_BLOCK];
-                // p [n, cols] = scale * q_block k^T; e16 = bf16(exp(p - max)); o = (e16 v) / sum
-                cpu_gemm_bf16(st, ws, 0, 1, n, cols, hd, scale, q, row, k, row, 0, p, cols);
-                for (int i = 0; i < n; i++)
-                    l[i] = exp_row_bf16(e16 + (size_t)i * cols, inv + i, p + (size_t)i * cols,
-                                        i0 + i, cols);
-                cpu_gemm_bf16(st, ws, 0, 0, n, hd, cols, 1, e16, cols, v, row, 0, o, H * hd);
-                for (int i = 0; i < n; i++)
+    const attn_shape a = shape_of(B, S, H, KV, hd);
+    const tensors16 t = {be->state, out, lse, NULL, qkv16, NULL, NULL, NULL};
+    forward_tasks(&a, scratch, scratch_size, slot16_reals(S, hd), "attention_forward_bf16",
+                  forward_block16, &t);
+}
+
+static void backward_block16(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
+    const tensors16 *t = ctx;
+    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd;
+    const moe_bf16 *q = t->qkv + k->q, *kk = t->qkv + k->k, *v = t->qkv + k->v,
+                   *dO = t->dout + k->o;
+    real *ds = p + (size_t)ATTN_BLOCK * a->S, *ws = p + (size_t)3 * ATTN_BLOCK * a->S;
+    moe_bf16 *p16 = (moe_bf16 *)(p + (size_t)2 * ATTN_BLOCK * a->S),
+             *ds16 = p16 + (size_t)ATTN_BLOCK * a->S;
+    // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal; p16 = bf16(p)
+    cpu_gemm_bf16(t->st, ws, 0, 1, n, cols, hd, a->scale, q, row, kk, row, 0, p, cols);
+    for (int i = 0; i < n; i++) {
+        const int last = k->i0 + i, w = row_width(last, cols);
+        const real li = t->lse[k->l + i];
+        real *pi = p + (size_t)i * cols;
+        moe_bf16 *pi16 = p16 + (size_t)i * cols;
+        mask_row(pi, last, w);
 #pragma omp simd
-                    for (int c = 0; c < hd; c++) o[(size_t)i * H * hd + c] *= inv[i];
-            }
+        for (int j = 0; j < w; j++) {
+            pi[j] = vec_exp(pi[j] - li);
+            pi16[j] = moe_f32_to_bf16((float)pi[j]);
+        }
+        zero_tail16(pi16, w, cols);
+    }
+    // dp = dO v^T; dv += p16^T dO
+    cpu_gemm_bf16(t->st, ws, 0, 1, n, cols, hd, 1, dO, orow, v, row, 0, ds, cols);
+    cpu_gemm_bf16(t->st, ws, 1, 0, cols, hd, n, 1, p16, cols, dO, orow, 1, t->dqkv + k->v, row);
+    // ds16 = bf16(p * (dp - D) * scale), D_i = dO_i . o_i (both bf16, summed in fp32); masked
+    // entries have p = 0
+    for (int i = 0; i < n; i++) {
+        const moe_bf16 *oi = t->o + k->o + (size_t)i * orow, *dOi = dO + (size_t)i * orow;
+        const real *pi = p + (size_t)i * cols, *dsi = ds + (size_t)i * cols;
+        moe_bf16 *dsi16 = ds16 + (size_t)i * cols;
+        const int w = row_width(k->i0 + i, cols);
+        real D = 0;
+#pragma omp simd reduction(+ : D)
+        for (int c = 0; c < hd; c++) D += moe_bf16_to_f32(dOi[c]) * moe_bf16_to_f32(oi[c]);
+#pragma omp simd
+        for (int j = 0; j < w; j++)
+            dsi16[j] = moe_f32_to_bf16((float)(pi[j] * (dsi[j] - D) * a->scale));
+        zero_tail16(dsi16, w, cols);
+    }
+    // dq = ds16 k; dk += ds16^T q
+    cpu_gemm_bf16(t->st, ws, 0, 0, n, hd, cols, 1, ds16, cols, kk, row, 0, t->dqkv + k->q, row);
+    cpu_gemm_bf16(t->st, ws, 1, 0, cols, hd, n, 1, ds16, cols, q, row, 1, t->dqkv + k->k, row);
 }
 
 void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
@@ -272,80 +374,10 @@ void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *do
                                  int B, int S, int H, int KV, int hd, real *scratch,
                                  size_t scratch_size) {
     CPU_KERNEL(be);
-    const cpu_state *st = be->state;
-    const int row = (H + 2 * KV) * hd, group = H / KV;
-    const real scale = (real)(1.0 / sqrt((double)hd));
-    const size_t slot = slot16_reals(S, hd);
-    const int nt = attention_threads(scratch_size, slot, S, "attention_backward_bf16");
-    // one task per (sequence, kv head), as in the fp32 backward
-#pragma omp parallel for collapse(2) schedule(static) \
-    num_threads(nt) if (cpu_parallel_worth((size_t)B * H * S * S * hd))
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < KV; g++) {
-            const size_t base = (size_t)b * S * row;
-            const moe_bf16 *k = qkv16 + base + (size_t)(H + g) * hd, *v = k + (size_t)KV * hd;
-            real *dk = dqkv + base + (size_t)(H + g) * hd, *dv = dk + (size_t)KV * hd;
-            real *p = scratch + (size_t)omp_get_thread_num() * slot;
-            real *ds = p + (size_t)ATTN_BLOCK * S, *ws = p + (size_t)3 * ATTN_BLOCK * S;
-            moe_bf16 *p16 = (moe_bf16 *)(p + (size_t)2 * ATTN_BLOCK * S);
-            moe_bf16 *ds16 = p16 + (size_t)ATTN_BLOCK * S;
-            for (int t = 0; t < S; t++) { // the group's heads accumulate into dk, dv
-                memset(dk + (size_t)t * row, 0, (size_t)hd * sizeof(real));
-                memset(dv + (size_t)t * row, 0, (size_t)hd * sizeof(real));
-            }
-            for (int h = g * group; h < (g + 1) * group; h++) {
-                const moe_bf16 *q = qkv16 + base + (size_t)h * hd;
-                real *dq = dqkv + base + (size_t)h * hd;
-                const size_t ho = (size_t)b * S * H * hd + (size_t)h * hd;
-                const moe_bf16 *dO = dout16 + ho, *o = out16 + ho;
-                const real *l = lse + ((size_t)b * H + h) * S;
-                for (int i0 = 0; i0 < S; i0 += ATTN_BLOCK) {
-                    const int n = S - i0 < ATTN_BLOCK ? S - i0 : ATTN_BLOCK, cols = i0 + n;
-                    const moe_bf16 *dOb = dO + (size_t)i0 * H * hd, *qb = q + (size_t)i0 * row;
-                    // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal;
-                    // p16 = bf16(p)
-                    cpu_gemm_bf16(st, ws, 0, 1, n, cols, hd, scale, qb, row, k, row, 0, p, cols);
-                    for (int i = 0; i < n; i++) {
-                        const int last = i0 + i;
-                        const real li = l[i0 + i];
-                        real *pi = p + (size_t)i * cols;
-                        moe_bf16 *pi16 = p16 + (size_t)i * cols;
-                        const int w = row_width(last, cols);
-                        mask_row(pi, last, w);
-#pragma omp simd
-                        for (int j = 0; j < w; j++) {
-                            pi[j] = vec_exp(pi[j] - li);
-                            pi16[j] = moe_f32_to_bf16((float)pi[j]);
-                        }
-                        zero_tail16(pi16, w, cols);
-                    }
-                    // dp = dO v^T; dv += p16^T dO
-                    cpu_gemm_bf16(st, ws, 0, 1, n, cols, hd, 1, dOb, H * hd, v, row, 0, ds, cols);
-                    cpu_gemm_bf16(st, ws, 1, 0, cols, hd, n, 1, p16, cols, dOb, H * hd, 1, dv, row);
-                    // ds16 = bf16(p * (dp - D) * scale), D_i = dO_i . o_i (both bf16, summed
-                    // in fp32); masked entries have p = 0
-                    for (int i = 0; i < n; i++) {
-                        const moe_bf16 *oi = o + (size_t)(i0 + i) * H * hd,
-                                       *dOi = dOb + (size_t)i * H * hd;
-                        const real *pi = p + (size_t)i * cols, *dsi = ds + (size_t)i * cols;
-                        moe_bf16 *dsi16 = ds16 + (size_t)i * cols;
-                        const int w = row_width(i0 + i, cols);
-                        real D = 0;
-#pragma omp simd reduction(+ : D)
-                        for (int c = 0; c < hd; c++)
-                            D += moe_bf16_to_f32(dOi[c]) * moe_bf16_to_f32(oi[c]);
-#pragma omp simd
-                        for (int j = 0; j < w; j++)
-                            dsi16[j] = moe_f32_to_bf16((float)(pi[j] * (dsi[j] - D) * scale));
-                        zero_tail16(dsi16, w, cols);
-                    }
-                    // dq = ds16 k; dk += ds16^T q
-                    cpu_gemm_bf16(st, ws, 0, 0, n, hd, cols, 1, ds16, cols, k, row, 0,
-                                  dq + (size_t)i0 * row, row);
-                    cpu_gemm_bf16(st, ws, 1, 0, cols, hd, n, 1, ds16, cols, qb, row, 1, dk, row);
-                }
-            }
-        }
+    const attn_shape a = shape_of(B, S, H, KV, hd);
+    const tensors16 t = {be->state, NULL, NULL, dqkv, qkv16, dout16, out16, lse};
+    backward_tasks(&a, dqkv, scratch, scratch_size, slot16_reals(S, hd), "attention_backward_bf16",
+                   backward_block16, &t);
 }
 
 void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n,
