@@ -43,14 +43,10 @@ void cpu_to_bf16(moe_backend *be, moe_bf16 *out, const real *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = moe_f32_to_bf16((float)in[i]);
 }
 
-static void widen(real *out, const moe_bf16 *in, size_t n) {
-#pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
-    for (size_t i = 0; i < n; i++) out[i] = moe_bf16_to_f32(in[i]);
-}
-
 void cpu_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n) {
     CPU_KERNEL(be);
-    widen(out, in, n);
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
+    for (size_t i = 0; i < n; i++) out[i] = moe_bf16_to_f32(in[i]);
 }
 
 // ---- the native libraries ------------------------------------------------------------------
@@ -224,13 +220,6 @@ int cpu_backend_set_bf16_gemm(moe_backend *be, int path) {
 // a [rows, cols] bf16 with row stride ld, widened into w [rows, cols] (contiguous): on the
 // calling thread inside a parallel region (one task's operand), else spread over the threads.
 static void widen_block(real *w, const moe_bf16 *a, int rows, int cols, int ld) {
-    if (ld == cols) {
-        if (omp_in_parallel())
-            for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = moe_bf16_to_f32(a[i]);
-        else
-            widen(w, a, (size_t)rows * cols);
-        return;
-    }
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
                                               cpu_parallel_worth((size_t)rows * cols))
     for (int r = 0; r < rows; r++)
@@ -320,7 +309,7 @@ void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *
                                     int n_out, int n_in) {
     CPU_KERNEL(be);
     cpu_state *s = be->state;
-    const size_t per = ((size_t)max_rows(offsets, n_experts) + n_out) * n_in;
+    const size_t per = cpu_gemm_bf16_ws(max_rows(offsets, n_experts), n_out, n_in);
     real *ws = workspace(s, per, omp_get_max_threads());
     EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
@@ -337,7 +326,7 @@ void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const mo
                                            int n_experts, int n_out, int n_in, int accumulate) {
     CPU_KERNEL(be);
     cpu_state *s = be->state;
-    const size_t per = (size_t)max_rows(offsets, n_experts) * n_out + (size_t)n_out * n_in;
+    const size_t per = cpu_gemm_bf16_ws(max_rows(offsets, n_experts), n_in, n_out);
     real *ws = workspace(s, per, omp_get_max_threads());
     EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
@@ -354,7 +343,7 @@ void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, cons
                                             int n_out, int n_in) {
     CPU_KERNEL(be);
     cpu_state *s = be->state;
-    const size_t per = (size_t)max_rows(offsets, n_experts) * (n_out + n_in);
+    const size_t per = cpu_gemm_bf16_ws(n_out, n_in, max_rows(offsets, n_experts));
     real *ws = workspace(s, per, omp_get_max_threads());
     EXPERT_ORDER;
 #pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
