@@ -121,10 +121,10 @@ void cuda_cross_entropy_backward(moe_backend *be, real *dlogits, const real *log
 void cuda_add(moe_backend *be, real *out, const real *a, const real *b, size_t n);
 void cuda_sum_squares(moe_backend *be, double *host_out, const real *x, size_t n);
 void cuda_sum(moe_backend *be, double *host_out, const real *x, size_t n);
-void cuda_adamw_update(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n,
-                       real lr, real beta1, real beta2, real eps, real weight_decay, real bc1,
-                       real bc2, real grad_scale);
-void cuda_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr,
-                     real grad_scale);
+void cuda_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
+                       const real *grads, size_t n, real lr, real beta1, real beta2, real eps,
+                       real weight_decay, real bc1, real bc2, real grad_scale);
+void cuda_sgd_update(moe_backend *be, real *params, moe_bf16 *params16, const real *grads, size_t n,
+                     real lr, real grad_scale);
 
 #endif

@@ -260,28 +260,35 @@ void cuda_sum(moe_backend *be, double *host_out, const real *x, size_t n) {
 }
 
 // ---- optimizer updates -------------------------------------------------------------------
-__global__ void k_adamw(real *params, real *m, real *v, const real *grads, size_t n, real lr,
-                        real beta1, real beta2, real eps, real weight_decay, real bc1, real bc2,
-                        real grad_scale) {
-    GRID_STRIDE(i, n)
-    moe_hd_adamw(&params[i], &m[i], &v[i], grads[i], lr, beta1, beta2, eps, weight_decay, bc1, bc2,
-                 grad_scale);
+__global__ void k_adamw(real *params, moe_bf16 *params16, real *m, real *v, const real *grads,
+                        size_t n, real lr, real beta1, real beta2, real eps, real weight_decay,
+                        real bc1, real bc2, real grad_scale) {
+    GRID_STRIDE(i, n) {
+        moe_hd_adamw(&params[i], &m[i], &v[i], grads[i], lr, beta1, beta2, eps, weight_decay, bc1,
+                     bc2, grad_scale);
+        if (params16) params16[i] = moe_f32_to_bf16((float)params[i]);
+    }
 }
-void cuda_adamw_update(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n,
-                       real lr, real beta1, real beta2, real eps, real weight_decay, real bc1,
-                       real bc2, real grad_scale) {
+void cuda_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
+                       const real *grads, size_t n, real lr, real beta1, real beta2, real eps,
+                       real weight_decay, real bc1, real bc2, real grad_scale) {
     if (!n) return;
     k_adamw<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(
-        params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale);
+        params, params16, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
+        grad_scale);
     CUDA_LAUNCHED(be, "k_adamw");
 }
-__global__ void k_sgd(real *params, const real *grads, size_t n, real lr, real grad_scale) {
-    GRID_STRIDE(i, n) params[i] -= lr * grad_scale * grads[i];
+__global__ void k_sgd(real *params, moe_bf16 *params16, const real *grads, size_t n, real lr,
+                      real grad_scale) {
+    GRID_STRIDE(i, n) {
+        params[i] -= lr * grad_scale * grads[i];
+        if (params16) params16[i] = moe_f32_to_bf16((float)params[i]);
+    }
 }
-void cuda_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr,
-                     real grad_scale) {
+void cuda_sgd_update(moe_backend *be, real *params, moe_bf16 *params16, const real *grads, size_t n,
+                     real lr, real grad_scale) {
     if (!n) return;
-    k_sgd<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(params, grads, n, lr,
-                                                                            grad_scale);
+    k_sgd<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(params, params16, grads,
+                                                                            n, lr, grad_scale);
     CUDA_LAUNCHED(be, "k_sgd");
 }

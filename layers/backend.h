@@ -355,12 +355,14 @@ struct moe_backend {
     // AdamW (decoupled weight decay, as torch.optim.AdamW), with g = grad_scale * grads:
     //   p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     //   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t
-    void (*adamw_update)(moe_backend *be, real *params, real *m, real *v, const real *grads,
-                         size_t n, real lr, real beta1, real beta2, real eps, real weight_decay,
-                         real bc1, real bc2, real grad_scale);
-    // SGD without momentum: p -= lr * grad_scale * g
-    void (*sgd_update)(moe_backend *be, real *params, const real *grads, size_t n, real lr,
-                       real grad_scale);
+    // params16 [n] (NULL: none) is written bf16(p) of the updated p in the same pass: the bf16
+    // weights of the next forward without a second read of params (to_bf16's bits exactly).
+    void (*adamw_update)(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
+                         const real *grads, size_t n, real lr, real beta1, real beta2, real eps,
+                         real weight_decay, real bc1, real bc2, real grad_scale);
+    // SGD without momentum: p -= lr * grad_scale * g; params16 as in adamw_update
+    void (*sgd_update)(moe_backend *be, real *params, moe_bf16 *params16, const real *grads,
+                       size_t n, real lr, real grad_scale);
 };
 
 // An entry a backend may leave NULL (a kernel it does not implement, e.g. a bf16 twin the CUDA

@@ -596,6 +596,11 @@ void model_refresh_bf16(model *m) {
     if (m->params16) m->be->to_bf16(m->be, m->params16, m->params, m->n_params);
 }
 
+moe_bf16 *model_bf16_for_update(model *m) {
+    m->params16_current = m->params16 != NULL;
+    return m->params16;
+}
+
 // y [T, n_out] = x [T, n_in] W^T for a weight W [n_out, n_in] of the model, in its precision.
 // bf16: x is rounded into x16 (which the backward reads when it is a kept buffer) and the
 // GEMM reads W's bf16 copy; accumulation and y stay fp32.
@@ -649,7 +654,8 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     m->B = B, m->S = S;
     be->copy_to_device(be, m->tokens, tokens, (size_t)T * sizeof(int));
     if (targets) be->copy_to_device(be, m->targets, targets, (size_t)T * sizeof(int));
-    model_refresh_bf16(m); // the weights may have changed since the last forward
+    if (!m->params16_current) model_refresh_bf16(m); // the weights may have changed since
+    m->params16_current = 0;                          // the last forward
     moe_timer *tm = m->timer;
     moe_lap_start(tm);
 

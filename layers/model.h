@@ -86,9 +86,12 @@ typedef struct {
     size_t n_dense;       // the first n_dense reals are dense, the rest expert weights
     real *params, *grads; // device buffers, n_params each
     // dtype bf16 (cfg.moe.dtype): the parameters rounded to bf16 [n_params], what every GEMM
-    // reads; refreshed from params at each training forward and at the start of each inference
-    // sequence (pos0 = 0), so it can never be stale (NULL in fp32)
+    // reads; refreshed from params at each training forward (unless params16_current) and at
+    // the start of each inference sequence (pos0 = 0) (NULL in fp32)
     moe_bf16 *params16;
+    // set by model_bf16_for_update, cleared by the next training forward, which then skips
+    // its refresh: an optimizer has just written params16 with its update
+    int params16_current;
     model_params p, g; // views
     int n_tensors;
     model_tensor *tensors; // host table, HF names
@@ -229,6 +232,12 @@ double model_grad_sum_squares(model *m);
 // dtype bf16: params16 = bf16(params) (model_forward and model_infer at pos0 = 0 do it
 // themselves; exposed for tests and benchmarks). No-op in fp32.
 void model_refresh_bf16(model *m);
+// The bf16 weights for an optimizer step to write (optimizer_step's params16), NULL in fp32.
+// The caller promises params16 = bf16(params) once its update is done and no other write to
+// params before the next training forward, which then uses params16 as it is instead of
+// refreshing it (AdamW is bound by memory: one pass over params instead of two). Any later
+// forward refreshes again.
+moe_bf16 *model_bf16_for_update(model *m);
 
 // Device memory: parameters (with their bf16 copy in bf16), gradients, and everything else (activations, MoE buffers,
 // scratch, KV cache, RoPE tables), in bytes.

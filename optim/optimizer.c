@@ -67,20 +67,23 @@ void optimizer_destroy(optimizer *o) {
     memset(o, 0, sizeof *o);
 }
 
-void optimizer_step(optimizer *o, real *params, const real *grads, double lr, double grad_scale) {
+void optimizer_step(optimizer *o, real *params, moe_bf16 *params16, const real *grads, double lr,
+                    double grad_scale) {
     const optim_config *c = &o->cfg;
     const int64_t t = ++o->t;
     const double bc1 = 1 - pow(c->beta1, (double)t), bc2 = 1 - pow(c->beta2, (double)t);
     for (int i = 0; i < o->n_regions; i++) {
         const optim_region *r = &o->regions[i];
+        moe_bf16 *p16 = params16 ? params16 + r->offset : NULL;
         if (c->kind == OPTIM_SGD) {
-            o->be->sgd_update(o->be, params + r->offset, grads + r->offset, r->count, (real)lr,
-                              (real)grad_scale);
+            o->be->sgd_update(o->be, params + r->offset, p16, grads + r->offset, r->count,
+                              (real)lr, (real)grad_scale);
         } else {
-            o->be->adamw_update(
-                o->be, params + r->offset, o->m + r->offset, o->v + r->offset, grads + r->offset,
-                r->count, (real)lr, (real)c->beta1, (real)c->beta2, (real)c->eps,
-                (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2, (real)grad_scale);
+            o->be->adamw_update(o->be, params + r->offset, p16, o->m + r->offset, o->v + r->offset,
+                                grads + r->offset, r->count, (real)lr, (real)c->beta1,
+                                (real)c->beta2, (real)c->eps,
+                                (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2,
+                                (real)grad_scale);
         }
     }
 }

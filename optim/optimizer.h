@@ -39,8 +39,11 @@ moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *c
                             const optim_region *regions, int n_regions);
 void optimizer_destroy(optimizer *o);
 
-// One update of params with grad_scale * grads at learning rate lr.
-void optimizer_step(optimizer *o, real *params, const real *grads, double lr, double grad_scale);
+// One update of params with grad_scale * grads at learning rate lr. params16 (NULL: none) is
+// written bf16 of the updated params in the same pass, over the regions (what lies outside
+// them does not change).
+void optimizer_step(optimizer *o, real *params, moe_bf16 *params16, const real *grads, double lr,
+                    double grad_scale);
 
 // Learning rate at step (0-based): linear warmup lr*(step+1)/warmup over warmup steps,
 // then cosine from lr to min_lr over the remaining steps (constant: lr after warmup).

@@ -156,8 +156,8 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
     if (optimizer_create(&o1, be, &oc, one.n_params, &r1, 1) ||
         optimizer_create(&o2, be, &oc, par.n_params, &r2, 1))
         exit(1);
-    optimizer_step(&o1, one.params, one.grads, 0.5, clip_scale(sqrt(ss1), 0.1));
-    optimizer_step(&o2, par.params, par.grads, 0.5, clip_scale(sqrt(ss2), 0.1));
+    optimizer_step(&o1, one.params, NULL, one.grads, 0.5, clip_scale(sqrt(ss1), 0.1));
+    optimizer_step(&o2, par.params, NULL, par.grads, 0.5, clip_scale(sqrt(ss2), 0.1));
     double *p1 = ep_host_doubles(be, one.params, one.n_params),
            *p2 = ep_host_doubles(be, par.params, par.n_params);
     worst = fmax(worst, fmax(compare(&par, p2, &one, p1, 0, &missing, NULL),

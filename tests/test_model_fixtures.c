@@ -74,6 +74,22 @@ static void check_all_tensors(const model *m, const real *dev_buf, const fixture
     check_true(label, bad == 0);
 }
 
+// The bf16 weights the last optimizer step wrote beside its update are bit for bit
+// to_bf16(params): what the next forward would have refreshed them to.
+static void check_fused_bf16(model *m) {
+    const size_t bytes = m->n_params * sizeof(moe_bf16);
+    moe_bf16 *fused = malloc(bytes), *fresh = malloc(bytes);
+    m->be->copy_to_host(m->be, fused, m->params16, bytes);
+    model_refresh_bf16(m);
+    m->be->copy_to_host(m->be, fresh, m->params16, bytes);
+    size_t bad = 0;
+    for (size_t i = 0; i < m->n_params; i++) bad += fused[i] != fresh[i];
+    printf("bf16 weights written by the update: %zu of %zu differ from to_bf16(params)\n", bad,
+           m->n_params);
+    check_true("bf16 weights written by the update == to_bf16(params)", bad == 0);
+    free(fused), free(fresh);
+}
+
 static void run_fixture(const char *path) {
     fixture fx;
     fixture_load(&fx, path);
@@ -154,8 +170,12 @@ static void run_fixture(const char *path) {
         model_backward(&m, 1.0);
         m.be->sum_squares(m.be, &ss, m.grads, m.n_params);
         norms[s] = sqrt(ss);
-        optimizer_step(&opt, m.params, m.grads, lr, clip_scale(norms[s], clip));
+        // bf16: the update writes the bf16 weights too, and the next forward uses them as
+        // they are (model_bf16_for_update), as the trainer does
+        optimizer_step(&opt, m.params, model_bf16_for_update(&m), m.grads, lr,
+                       clip_scale(norms[s], clip));
     }
+    if (m.params16) check_fused_bf16(&m);
     check_rel("5 step losses", losses, fixture_get(&fx, "step_loss", steps)->data, steps,
               tol_steps);
     check_rel("5 step grad norms", norms, fixture_get(&fx, "step_grad_norm", steps)->data, steps,

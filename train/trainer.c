@@ -1156,7 +1156,7 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
 static void trainer_update(trainer *t, step_result *s, double t0) {
     t->consecutive_skips = 0;
     const double o0 = moe_clock_s();
-    optimizer_step(&t->opt, t->m.params, t->m.grads, s->lr,
+    optimizer_step(&t->opt, t->m.params, model_bf16_for_update(&t->m), t->m.grads, s->lr,
                    clip_scale(s->grad_norm, t->cfg->grad_clip));
     if (t->m.router_bias) update_router_bias(&t->m, t->sl.routed, t->cfg->bias_rate);
     if (t->be->synchronize) t->be->synchronize(t->be);

@@ -144,11 +144,11 @@ void cpu_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logi
 void cpu_add(moe_backend *be, real *out, const real *a, const real *b, size_t n);
 void cpu_sum_squares(moe_backend *be, double *host_out, const real *x, size_t n);
 void cpu_sum(moe_backend *be, double *host_out, const real *x, size_t n);
-void cpu_adamw_update(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n,
-                      real lr, real beta1, real beta2, real eps, real weight_decay, real bc1,
-                      real bc2, real grad_scale);
-void cpu_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr,
-                    real grad_scale);
+void cpu_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
+                      const real *grads, size_t n, real lr, real beta1, real beta2, real eps,
+                      real weight_decay, real bc1, real bc2, real grad_scale);
+void cpu_sgd_update(moe_backend *be, real *params, moe_bf16 *params16, const real *grads, size_t n,
+                    real lr, real grad_scale);
 
 // The order in which the grouped GEMMs (gemm.c, gemm_bf16.c) hand their experts to the threads:
 // most rows first (longest-processing-time first), so that the dynamic schedule ends

@@ -1,25 +1,47 @@
 // Optimizer update kernels (optim/ chooses the hyperparameters and the regions).
 #include <math.h>
 
+#include "layers/bf16.h"
 #include "layers/cpu/cpu_kernels.h"
 
-void cpu_adamw_update(moe_backend *be, real *params, real *m, real *v, const real *grads, size_t n,
-                      real lr, real beta1, real beta2, real eps, real weight_decay, real bc1,
-                      real bc2, real grad_scale) {
+// One AdamW element (backend.h's formula); returns the updated parameter.
+static inline real adamw_one(real *p, real *m, real *v, real grad, real lr, real beta1,
+                             real beta2, real eps, real weight_decay, real bc1, real bc2,
+                             real grad_scale) {
+    real g = grad_scale * grad;
+    real q = *p - lr * weight_decay * *p; // decoupled decay first (torch)
+    *m = beta1 * *m + (1 - beta1) * g;
+    *v = beta2 * *v + (1 - beta2) * g * g;
+    return *p = q - lr * (*m / bc1) / (real_sqrt(*v / bc2) + eps);
+}
+
+// With params16, the bf16 weights are written in the same pass: AdamW is bound by memory
+// (28 bytes per parameter), and a separate to_bf16 would read params once more. Two loops so
+// that each is one vector loop without a branch.
+void cpu_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
+                      const real *grads, size_t n, real lr, real beta1, real beta2, real eps,
+                      real weight_decay, real bc1, real bc2, real grad_scale) {
     CPU_KERNEL(be);
+    if (params16) {
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
-    for (size_t i = 0; i < n; i++) {
-        real g = grad_scale * grads[i];
-        real p = params[i] - lr * weight_decay * params[i]; // decoupled decay first (torch)
-        m[i] = beta1 * m[i] + (1 - beta1) * g;
-        v[i] = beta2 * v[i] + (1 - beta2) * g * g;
-        params[i] = p - lr * (m[i] / bc1) / (real_sqrt(v[i] / bc2) + eps);
+        for (size_t i = 0; i < n; i++)
+            params16[i] = moe_f32_to_bf16((float)adamw_one(&params[i], &m[i], &v[i], grads[i], lr,
+                                                           beta1, beta2, eps, weight_decay, bc1,
+                                                           bc2, grad_scale));
+    } else {
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
+        for (size_t i = 0; i < n; i++)
+            adamw_one(&params[i], &m[i], &v[i], grads[i], lr, beta1, beta2, eps, weight_decay, bc1,
+                      bc2, grad_scale);
     }
 }
 
-void cpu_sgd_update(moe_backend *be, real *params, const real *grads, size_t n, real lr,
-                    real grad_scale) {
+void cpu_sgd_update(moe_backend *be, real *params, moe_bf16 *params16, const real *grads, size_t n,
+                    real lr, real grad_scale) {
     CPU_KERNEL(be);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
-    for (size_t i = 0; i < n; i++) params[i] -= lr * grad_scale * grads[i];
+    for (size_t i = 0; i < n; i++) {
+        params[i] -= lr * grad_scale * grads[i];
+        if (params16) params16[i] = moe_f32_to_bf16((float)params[i]);
+    }
 }

@@ -253,6 +253,26 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
 }
 
+
+// On each backend, the bf16 weights an update wrote beside params are to_bf16(params) bit for
+// bit (each side against its own params: the twins' params agree only within TOL).
+static void check_written_bf16(const char *what, twin p16, twin params, size_t n) {
+    const size_t bytes = n * sizeof(moe_bf16);
+    twin ref = output(bytes);
+    C->to_bf16(C, (moe_bf16 *)ref.c, RC(params), n);
+    G->to_bf16(G, (moe_bf16 *)ref.g, RG(params), n);
+    moe_bf16 *a = malloc(bytes), *b = malloc(bytes);
+    int same = 1;
+    for (int side = 0; side < 2; side++) {
+        moe_backend *be = side ? G : C;
+        be->copy_to_host(be, a, side ? p16.g : p16.c, bytes);
+        be->copy_to_host(be, b, side ? ref.g : ref.c, bytes);
+        same &= !memcmp(a, b, bytes);
+    }
+    check_true(what, same);
+    free(a), free(b);
+    drop(ref);
+}
 static void test_elementwise(void) {
     printf("elementwise, SwiGLU, noise, optimizer, reductions\n");
     const size_t n = 100003;
@@ -288,17 +308,20 @@ static void test_elementwise(void) {
     twin pm = reals(n, 1), m = reals(n, 0.1), v = reals(n, 0.1), g = reals(n, 1);
     C->mul(C, RC(v), RC(v), RC(v), n, 0); // v >= 0
     G->mul(G, RG(v), RG(v), RG(v), n, 0);
-    C->adamw_update(C, RC(pm), RC(m), RC(v), RC(g), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f,
-                    0.0975f, 0.7f);
-    G->adamw_update(G, RG(pm), RG(m), RG(v), RG(g), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f,
-                    0.0975f, 0.7f);
+    twin p16 = output(n * sizeof(moe_bf16));
+    C->adamw_update(C, RC(pm), (moe_bf16 *)p16.c, RC(m), RC(v), RC(g), n, 1e-3f, 0.9f, 0.95f,
+                    1e-8f, 0.1f, 0.19f, 0.0975f, 0.7f);
+    G->adamw_update(G, RG(pm), (moe_bf16 *)p16.g, RG(m), RG(v), RG(g), n, 1e-3f, 0.9f, 0.95f,
+                    1e-8f, 0.1f, 0.19f, 0.0975f, 0.7f);
     same_reals("adamw params", pm, n, TOL);
     same_reals("adamw m", m, n, TOL);
     same_reals("adamw v", v, n, TOL);
-    C->sgd_update(C, RC(pm), RC(g), n, 0.1f, 0.5f);
-    G->sgd_update(G, RG(pm), RG(g), n, 0.1f, 0.5f);
+    check_written_bf16("adamw params16 == to_bf16(params)", p16, pm, n);
+    C->sgd_update(C, RC(pm), (moe_bf16 *)p16.c, RC(g), n, 0.1f, 0.5f);
+    G->sgd_update(G, RG(pm), (moe_bf16 *)p16.g, RG(g), n, 0.1f, 0.5f);
     same_reals("sgd", pm, n, TOL);
-    twin all[] = {a, b, o, h13, act, dh, pm, m, v, g};
+    check_written_bf16("sgd params16 == to_bf16(params)", p16, pm, n);
+    twin all[] = {a, b, o, h13, act, dh, pm, m, v, g, p16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
 }
 
