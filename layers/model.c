@@ -654,8 +654,10 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     m->B = B, m->S = S;
     be->copy_to_device(be, m->tokens, tokens, (size_t)T * sizeof(int));
     if (targets) be->copy_to_device(be, m->targets, targets, (size_t)T * sizeof(int));
-    if (!m->params16_current) model_refresh_bf16(m); // the weights may have changed since
-    m->params16_current = 0;                          // the last forward
+    // the weights may have changed since the last forward, unless the optimizer step that
+    // just changed them also wrote their bf16 copy (model_bf16_for_update)
+    if (!m->params16_current) model_refresh_bf16(m);
+    m->params16_current = 0;
     moe_timer *tm = m->timer;
     moe_lap_start(tm);
 

@@ -76,14 +76,13 @@ void optimizer_step(optimizer *o, real *params, moe_bf16 *params16, const real *
         const optim_region *r = &o->regions[i];
         moe_bf16 *p16 = params16 ? params16 + r->offset : NULL;
         if (c->kind == OPTIM_SGD) {
-            o->be->sgd_update(o->be, params + r->offset, p16, grads + r->offset, r->count,
-                              (real)lr, (real)grad_scale);
+            o->be->sgd_update(o->be, params + r->offset, p16, grads + r->offset, r->count, (real)lr,
+                              (real)grad_scale);
         } else {
-            o->be->adamw_update(o->be, params + r->offset, p16, o->m + r->offset, o->v + r->offset,
-                                grads + r->offset, r->count, (real)lr, (real)c->beta1,
-                                (real)c->beta2, (real)c->eps,
-                                (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2,
-                                (real)grad_scale);
+            o->be->adamw_update(
+                o->be, params + r->offset, p16, o->m + r->offset, o->v + r->offset,
+                grads + r->offset, r->count, (real)lr, (real)c->beta1, (real)c->beta2, (real)c->eps,
+                (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2, (real)grad_scale);
         }
     }
 }

@@ -5,9 +5,8 @@
 #include "layers/cpu/cpu_kernels.h"
 
 // One AdamW element (backend.h's formula); returns the updated parameter.
-static inline real adamw_one(real *p, real *m, real *v, real grad, real lr, real beta1,
-                             real beta2, real eps, real weight_decay, real bc1, real bc2,
-                             real grad_scale) {
+static inline real adamw_one(real *p, real *m, real *v, real grad, real lr, real beta1, real beta2,
+                             real eps, real weight_decay, real bc1, real bc2, real grad_scale) {
     real g = grad_scale * grad;
     real q = *p - lr * weight_decay * *p; // decoupled decay first (torch)
     *m = beta1 * *m + (1 - beta1) * g;
@@ -25,9 +24,9 @@ void cpu_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m
     if (params16) {
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
         for (size_t i = 0; i < n; i++)
-            params16[i] = moe_f32_to_bf16((float)adamw_one(&params[i], &m[i], &v[i], grads[i], lr,
-                                                           beta1, beta2, eps, weight_decay, bc1,
-                                                           bc2, grad_scale));
+            params16[i] =
+                moe_f32_to_bf16((float)adamw_one(&params[i], &m[i], &v[i], grads[i], lr, beta1,
+                                                 beta2, eps, weight_decay, bc1, bc2, grad_scale));
     } else {
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
         for (size_t i = 0; i < n; i++)

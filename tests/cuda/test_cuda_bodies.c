@@ -166,7 +166,8 @@ static void test_elementwise(void) {
          *v2 = malloc(n * sizeof(real));
     memcpy(p2, p1, n * sizeof(real)), memcpy(m2, m1, n * sizeof(real)),
         memcpy(v2, v1, n * sizeof(real));
-    cpu_adamw_update(cpu, p1, NULL, m1, v1, g, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f, 0.5f);
+    cpu_adamw_update(cpu, p1, NULL, m1, v1, g, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f,
+                     0.5f);
     for (size_t i = 0; i < n; i++)
         moe_hd_adamw(&p2[i], &m2[i], &v2[i], g[i], 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f,
                      0.5f);

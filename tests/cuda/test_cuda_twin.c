@@ -309,10 +309,10 @@ static void test_elementwise(void) {
     C->mul(C, RC(v), RC(v), RC(v), n, 0); // v >= 0
     G->mul(G, RG(v), RG(v), RG(v), n, 0);
     twin p16 = output(n * sizeof(moe_bf16));
-    C->adamw_update(C, RC(pm), (moe_bf16 *)p16.c, RC(m), RC(v), RC(g), n, 1e-3f, 0.9f, 0.95f,
-                    1e-8f, 0.1f, 0.19f, 0.0975f, 0.7f);
-    G->adamw_update(G, RG(pm), (moe_bf16 *)p16.g, RG(m), RG(v), RG(g), n, 1e-3f, 0.9f, 0.95f,
-                    1e-8f, 0.1f, 0.19f, 0.0975f, 0.7f);
+    C->adamw_update(C, RC(pm), (moe_bf16 *)p16.c, RC(m), RC(v), RC(g), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                    0.1f, 0.19f, 0.0975f, 0.7f);
+    G->adamw_update(G, RG(pm), (moe_bf16 *)p16.g, RG(m), RG(v), RG(g), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                    0.1f, 0.19f, 0.0975f, 0.7f);
     same_reals("adamw params", pm, n, TOL);
     same_reals("adamw m", m, n, TOL);
     same_reals("adamw v", v, n, TOL);
