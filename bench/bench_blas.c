@@ -21,6 +21,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_clock.h"
+
 typedef struct {
     const char *group; // shapes of one workload
     int m, n, k, ta, tb, times;
@@ -131,31 +133,20 @@ static void kernel_family(const char *name, char *buf, size_t n) {
     }
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 // Median seconds of one GEMM of shape s (fp32 when bg is NULL, else bf16 inputs).
 static double time_gemm(const shape *s, sgemm_fn sg, bgemm_fn bg, const float *a, const float *b,
                         const uint16_t *ab, const uint16_t *bb, float *c, int reps) {
     const int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
     double t[64];
     for (int r = -2; r < reps; r++) {
-        const double t0 = now();
+        const double t0 = bench_now();
         if (bg)
             bg(s->ta, s->tb, s->m, s->n, s->k, ab, lda, bb, ldb, c, s->n);
         else
             sg(s->ta, s->tb, s->m, s->n, s->k, a, lda, b, ldb, c, s->n);
-        if (r >= 0) t[r] = now() - t0;
+        if (r >= 0) t[r] = bench_now() - t0;
     }
-    qsort(t, reps, sizeof t[0], cmp);
-    return t[reps / 2];
+    return bench_median(t, reps);
 }
 
 static uint16_t to_bf16(float f) { // round to nearest even (inputs are finite)

@@ -1,6 +1,6 @@
 // MoE layer benchmark: forward+backward of the layer vs. the same expert GEMMs alone.
 //
-//   R_layer = median(layer fwd+bwd) / median(its 9 expert GEMMs per expert, cblas_sgemm)
+//   R_layer = bench_median(layer fwd+bwd) / bench_median(its 9 expert GEMMs per expert, cblas_sgemm)
 //
 // The GEMM-only baseline uses the row counts the layer's router produced in the same
 // run, so the ratio is the cost of everything that is not an expert GEMM (router,
@@ -21,23 +21,9 @@
 #include <time.h>
 
 #include "layers/cpu/cpu_backend.h"
+#include "bench/bench_clock.h"
 #include "layers/moe.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void fill_normal(float *x, size_t n, float std, unsigned *seed) {
     for (size_t i = 0; i < n; i += 2) {
@@ -161,27 +147,27 @@ int main(int argc, char **argv) {
     double *t_layer = malloc(reps * sizeof(double)), *t_gemm = malloc(reps * sizeof(double));
     moe_stats st = {0};
     for (int i = 0; i < warmup + reps; i++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st)) moe_fatal("%s", moe_last_error());
         if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
-        double t1 = now();
+        double t1 = bench_now();
         // the same expert GEMMs on the layer's own buffers and row counts
         double tg = t1, t2;
         if (bf16) {
             const size_t rows = (size_t)L.host_counts[2 * E]; // offsets[E]
             be->to_bf16(be, dye16, L.dye, rows * d);
             be->to_bf16(be, dh13_16, L.dh13, rows * 2 * ff);
-            tg = now(); // the roundings are not GEMM time
+            tg = bench_now(); // the roundings are not GEMM time
             expert_gemms_bf16(be, &L, &w, &g, dye16, dh13_16);
-            t2 = now();
+            t2 = bench_now();
         } else {
             expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact,
                          L.dh13, L.dxp, w.w13, w.w2, g.w13, g.w2);
-            t2 = now();
+            t2 = bench_now();
         }
         if (i >= warmup) t_layer[i - warmup] = t1 - t0, t_gemm[i - warmup] = t2 - tg;
     }
-    double ml = median(t_layer, reps), mg = median(t_gemm, reps);
+    double ml = bench_median(t_layer, reps), mg = bench_median(t_gemm, reps);
     double flops = 9.0 * 2.0 * (double)T * k * d * ff; // dropless: N = T*k rows
     const char *path = bf16 ? ((cpu_state *)be->state)->bf16_line : "fp32";
     if (json)

@@ -4,7 +4,7 @@
 // repeats.
 //
 //   TFLOP/s  = 18 T k d ff / (the six expert GEMMs of fwd+bwd, alone)   (dropless: N = T k)
-//   R_layer  = median(layer fwd+bwd) / median(its expert GEMMs alone, same mode and math)
+//   R_layer  = bench_median(layer fwd+bwd) / bench_median(its expert GEMMs alone, same mode and math)
 //
 // The GEMMs alone run on the layer's own buffers and row offsets of the same iteration.
 // Prints one JSON line per (math, mode) with --json. Exit 77 without a CUDA device.
@@ -14,18 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_clock.h"
 #include "cuda/cuda_backend.h"
 #include "layers/moe.h"
 #include "layers/rng.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Uniform with standard deviation std (a = std sqrt 3), counter-based, made on the host and
 // uploaded in chunks: the coarse shape's weights are 1.6 GB, so no Box-Muller here.
@@ -122,7 +114,7 @@ int main(int argc, char **argv) {
                 const double mg = cuda_backend_timer_stop_ms(be);
                 if (i >= warmup) t_layer[i - warmup] = ml * 1e-3, t_gemm[i - warmup] = mg * 1e-3;
             }
-            const double ml = median(t_layer, reps), mg = median(t_gemm, reps);
+            const double ml = bench_median(t_layer, reps), mg = bench_median(t_gemm, reps);
             const char *math = tf32 ? "tf32" : "fp32", *impl = mode ? "grouped" : "loop";
             if (json)
                 printf("{\"impl\":\"moe.c cuda\",\"math\":\"%s\",\"expert_gemm\":\"%s\",\"T\":%d,"

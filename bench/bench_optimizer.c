@@ -12,19 +12,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_clock.h"
 #include "layers/backend.h"
 #include "layers/status.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 enum { SEPARATE, FUSED, ALONE, VARIANTS };
 
@@ -58,9 +49,9 @@ int main(int argc, char **argv) {
         p[i] = 0.01f * (real)(i % 97), m[i] = v[i] = 0, g[i] = 0.001f * (real)(i % 13);
     for (int r = 0; r < reps; r++)
         for (int k = 0; k < VARIANTS; k++) {
-            const double t0 = now();
+            const double t0 = bench_now();
             step(be, k, p, p16, m, v, g, n);
-            t[k * reps + r] = now() - t0;
+            t[k * reps + r] = bench_now() - t0;
         }
     printf("%s\n", be->describe(be));
     printf("AdamW step over %zu parameters, medians of %d alternating runs\n", n, reps);
@@ -69,8 +60,7 @@ int main(int argc, char **argv) {
     const double bytes[VARIANTS] = {34, 30, 28};
     double med[VARIANTS];
     for (int k = 0; k < VARIANTS; k++) {
-        qsort(t + k * reps, (size_t)reps, sizeof(double), cmp);
-        med[k] = t[k * reps + reps / 2];
+        med[k] = bench_median(t + k * reps, reps);
         printf("  %-34s %7.2f ms  %6.1f GB/s\n", name[k], 1e3 * med[k],
                bytes[k] * (double)n / med[k] / 1e9);
     }

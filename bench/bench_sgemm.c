@@ -10,21 +10,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_clock.h"
 #include "layers/backend.h"
 #include "layers/bf16.h"
 #include "layers/cpu/cpu_backend.h"
 #include "layers/status.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 int main(int argc, char **argv) {
     int m = 2048, n = 1024, k = 1024, reps = 7, json = 0, bf16 = 0;
@@ -64,20 +55,20 @@ int main(int argc, char **argv) {
     }
     double *t = malloc(reps * sizeof(double));
     for (int r = -2; r < reps; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (bf16)
             be->matmul_bf16(be, c, a16, b16, m, n, k, 0, 0, 0);
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1, a, k, b, n, 0, c, n);
-        if (r >= 0) t[r] = now() - t0;
+        if (r >= 0) t[r] = bench_now() - t0;
     }
-    qsort(t, reps, sizeof *t, cmp);
-    double gflops = 2.0 * m * n * k / t[reps / 2] * 1e-9;
+    const double med = bench_median(t, reps);
+    double gflops = 2.0 * m * n * k / med * 1e-9;
     const char *dtype = bf16 ? "bf16" : "fp32";
     if (json)
         printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"dtype\":\"%s\",\"median_s\":%.6f,\"gflops\":%.2f,"
                "\"blas_kernel\":\"%s\",\"gemm_path\":\"%s\"}\n",
-               m, n, k, dtype, t[reps / 2], gflops, moe_blas_kernel(), path);
+               m, n, k, dtype, med, gflops, moe_blas_kernel(), path);
     else
         printf("%s GEMM %dx%dx%d: %.2f GFLOP/s (median of %d, BLAS kernels %s, %s)\n", dtype, m, n,
                k, gflops, reps, moe_blas_kernel(), path);
