@@ -20,10 +20,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "layers/cpu/cpu_backend.h"
 #include "bench/bench_clock.h"
+#include "layers/cpu/cpu_backend.h"
 #include "layers/moe.h"
-
 
 static void fill_normal(float *x, size_t n, float std, unsigned *seed) {
     for (size_t i = 0; i < n; i += 2) {

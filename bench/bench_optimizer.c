@@ -16,7 +16,6 @@
 #include "layers/backend.h"
 #include "layers/status.h"
 
-
 enum { SEPARATE, FUSED, ALONE, VARIANTS };
 
 static void step(moe_backend *be, int variant, real *p, moe_bf16 *p16, real *m, real *v,

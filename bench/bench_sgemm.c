@@ -16,7 +16,6 @@
 #include "layers/cpu/cpu_backend.h"
 #include "layers/status.h"
 
-
 int main(int argc, char **argv) {
     int m = 2048, n = 1024, k = 1024, reps = 7, json = 0, bf16 = 0;
     for (int i = 1; i < argc; i++) {

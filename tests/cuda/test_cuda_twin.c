@@ -253,7 +253,6 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
 }
 
-
 // On each backend, the bf16 weights an update wrote beside params are to_bf16(params) bit for
 // bit (each side against its own params: the twins' params agree only within TOL).
 static void check_written_bf16(const char *what, twin p16, twin params, size_t n) {
@@ -273,6 +272,7 @@ static void check_written_bf16(const char *what, twin p16, twin params, size_t n
     free(a), free(b);
     drop(ref);
 }
+
 static void test_elementwise(void) {
     printf("elementwise, SwiGLU, noise, optimizer, reductions\n");
     const size_t n = 100003;
