@@ -1,4 +1,5 @@
-"""What scripts/bench_moe_layer and scripts/bench_train share: the PyTorch columns.
+"""What the benchmark scripts share: the CPU they ran on, and (bench_moe_layer, bench_train)
+the PyTorch columns.
 
 Each column is (label, python, extra arguments, environment, is fp32):
   PyTorch 1.13           Debian's torch (/usr/bin/python3), as installed
@@ -50,20 +51,61 @@ def torch2_python():
     return py
 
 
-def cpu_has_bf16():
-    with open("/proc/cpuinfo") as f:
-        flags = next((l for l in f if l.startswith("flags")), "").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+# Microarchitectures by (vendor, family, model) as far as this table knows them (AMD's and
+# Intel's published family/model numbers); anything else prints its numbers alone. Zen 4's
+# AVX-512 runs on 256-bit units (half Zen 5's fp32 GEMM rate on the same cores), so the
+# name matters when figures from two sessions are compared.
+AMD_UARCH = [(23, range(0x00, 0x30), "Zen/Zen+"), (23, range(0x30, 0x100), "Zen 2"),
+             (25, range(0x00, 0x10), "Zen 3"), (25, range(0x10, 0x20), "Zen 4"),
+             (25, range(0x20, 0x60), "Zen 3"), (25, range(0x60, 0x80), "Zen 4"),
+             (25, range(0xa0, 0xb0), "Zen 4"), (26, range(0x00, 0x100), "Zen 5")]
+INTEL_UARCH = {0x3f: "Haswell-EP", 0x4f: "Broadwell-EP", 0x55: "Skylake-SP/Cascade Lake/Cooper Lake",
+               0x6a: "Ice Lake-SP", 0x6c: "Ice Lake-D", 0x8f: "Sapphire Rapids",
+               0xcf: "Emerald Rapids", 0xad: "Granite Rapids", 0xae: "Granite Rapids-D"}
+ISA = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
-def cpu_line(threads):
-    """'CPU: <model name> (<the ISA flags that matter>), N threads', for the report's header."""
-    name, flags = "unknown CPU", []
-    with open("/proc/cpuinfo") as f:
+def cpu_info(cpuinfo="/proc/cpuinfo"):
+    """The first CPU of /proc/cpuinfo: dict of name, vendor, family, model, uarch (or None),
+    flags (a set)."""
+    c = {"name": "unknown CPU", "vendor": "", "family": None, "model": None, "flags": set()}
+    keys = {"model name": "name", "vendor_id": "vendor", "cpu family": "family", "model": "model"}
+    with open(cpuinfo) as f:
         for line in f:
-            if line.startswith("model name") and name == "unknown CPU":
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = line.split(":", 1)[1].split()
-    isa = [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if x in flags]
-    return "CPU: %s (%s), %d threads" % (name, " ".join(isa) or "no AVX2", threads)
+            if not line.strip():
+                break  # the end of the first processor's block
+            key, _, value = (x.strip() for x in line.partition(":"))
+            if key in keys:
+                c[keys[key]] = int(value) if key in ("cpu family", "model") and value.isdigit() else value
+            elif key == "flags":
+                c["flags"] = set(value.split())
+    fam, model = c["family"], c["model"]
+    c["uarch"] = None
+    if c["vendor"] == "AuthenticAMD" and model is not None:
+        c["uarch"] = next((u for f, r, u in AMD_UARCH if f == fam and model in r), None)
+    elif c["vendor"] == "GenuineIntel" and fam == 6:
+        c["uarch"] = INTEL_UARCH.get(model)
+    return c
+
+
+def cpu_has_bf16():
+    return bool(cpu_info()["flags"] & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_name(c=None):
+    """'<model name>, family F model M (<uarch>)': the model name alone does not tell a
+    virtual machine's Zen 4 from its Zen 5 ('AMD EPYC' on both)."""
+    c = c or cpu_info()
+    s = c["name"]
+    if c["family"] is not None and c["model"] is not None:
+        s += ", family %d model %d" % (c["family"], c["model"])
+        if c["uarch"]:
+            s += " (%s)" % c["uarch"]
+    return s
+
+
+def cpu_line(threads, c=None):
+    """'CPU: <cpu_name> (<the ISA flags that matter>), N threads', for the report's header."""
+    c = c or cpu_info()
+    isa = [x for x in ISA if x in c["flags"]]
+    return "CPU: %s [%s], %d threads" % (cpu_name(c), " ".join(isa) or "no AVX2", threads)
