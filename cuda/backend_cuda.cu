@@ -149,6 +149,8 @@ static void cuda_fill_table(moe_backend *be) {
     be->moe_copy_chunks = cuda_moe_copy_chunks;
     be->moe_combine_forward = cuda_moe_combine_forward;
     be->moe_combine_backward = cuda_moe_combine_backward;
+    be->moe_permute_bf16 = cuda_moe_permute_bf16;
+    be->moe_combine_backward_bf16 = cuda_moe_combine_backward_bf16;
     be->moe_unpermute_add = cuda_moe_unpermute_add;
     be->swiglu_forward = cuda_swiglu_forward;
     be->swiglu_backward = cuda_swiglu_backward;

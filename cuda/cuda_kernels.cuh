@@ -65,6 +65,11 @@ void cuda_moe_combine_forward(moe_backend *be, real *out, const real *y, const r
 void cuda_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
                                const real *y, const real *weights, const int *assign_row, int T,
                                int k, int d);
+void cuda_moe_permute_bf16(moe_backend *be, moe_bf16 *xe16, const real *x, const int *row_token,
+                           int N, int d);
+void cuda_moe_combine_backward_bf16(moe_backend *be, moe_bf16 *dy16, real *dweights,
+                                    const real *dout, const real *y, const real *weights,
+                                    const int *assign_row, int T, int k, int d);
 void cuda_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row,
                             int T, int k, int d);
 

@@ -141,20 +141,37 @@ void cuda_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int 
     CUDA_LAUNCHED(be, "k_assign_rows");
 }
 
-__global__ void k_gather_rows(real *xp, const real *x, const int *row_token, size_t N, int d) {
+// A row kernel's store: fp32 as is, bf16 rounded (the bf16 layer's twins of permute and
+// combine backward are these kernels with bf16 outputs).
+__device__ inline void store_row_elem(real *p, real v) { *p = v; }
+__device__ inline void store_row_elem(moe_bf16 *p, real v) { *p = moe_f32_to_bf16((float)v); }
+
+template <typename Out>
+__global__ void k_gather_rows(Out *xp, const real *x, const int *row_token, size_t N, int d) {
     GRID_STRIDE(i, N * d) {
         const size_t r = i / d, c = i % d;
-        xp[i] = x[(size_t)row_token[r] * d + c];
+        store_row_elem(&xp[i], x[(size_t)row_token[r] * d + c]);
     }
 }
 
-void cuda_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_token, int N,
-                      int d) {
+template <typename Out>
+static void gather_rows(moe_backend *be, Out *xp, const real *x, const int *row_token, int N,
+                        int d) {
     const size_t n = (size_t)N * d;
     if (!n) return;
     k_gather_rows<<<cuda_grid(n, CUDA_THREADS), CUDA_THREADS, 0, cuda_stream(be)>>>(
         xp, x, row_token, (size_t)N, d);
     CUDA_LAUNCHED(be, "k_gather_rows");
+}
+
+void cuda_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_token, int N,
+                      int d) {
+    gather_rows(be, xp, x, row_token, N, d);
+}
+
+void cuda_moe_permute_bf16(moe_backend *be, moe_bf16 *xe16, const real *x, const int *row_token,
+                           int N, int d) {
+    gather_rows(be, xe16, x, row_token, N, d);
 }
 
 void cuda_moe_copy_chunks(moe_backend *be, real *dst, const real *src, const moe_row_chunk *chunks,
@@ -186,7 +203,8 @@ void cuda_moe_combine_forward(moe_backend *be, real *out, const real *y, const r
 
 // One block per slot (t, j): dy[r,:] = w dout[t,:], dweights = dout[t,:] . y[r,:] (a block sum
 // in a fixed order).
-__global__ void k_combine_backward(real *dy, real *dweights, const real *dout, const real *y,
+template <typename Out>
+__global__ void k_combine_backward(Out *dy, real *dweights, const real *dout, const real *y,
                                    const real *weights, const int *assign_row, int k, int d) {
     const size_t s = blockIdx.x;
     const int r = assign_row[s];
@@ -195,25 +213,38 @@ __global__ void k_combine_backward(real *dy, real *dweights, const real *dout, c
         return; // uniform over the block
     }
     const real *g = dout + (s / k) * d, *yr = y + (size_t)r * d;
-    real *dyr = dy + (size_t)r * d;
+    Out *dyr = dy + (size_t)r * d;
     const real w = weights[s];
     real dot = 0;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         dot += g[i] * yr[i];
-        dyr[i] = w * g[i];
+        store_row_elem(&dyr[i], w * g[i]);
     }
     dot = block_sum(dot);
     if (threadIdx.x == 0) dweights[s] = dot;
 }
 
-void cuda_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
-                               const real *y, const real *weights, const int *assign_row, int T,
-                               int k, int d) {
+template <typename Out>
+static void combine_backward(moe_backend *be, Out *dy, real *dweights, const real *dout,
+                             const real *y, const real *weights, const int *assign_row, int T,
+                             int k, int d) {
     const size_t n = (size_t)T * k;
     if (!n) return;
     k_combine_backward<<<(unsigned)n, 128, 0, cuda_stream(be)>>>(dy, dweights, dout, y, weights,
                                                                  assign_row, k, d);
     CUDA_LAUNCHED(be, "k_combine_backward");
+}
+
+void cuda_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
+                               const real *y, const real *weights, const int *assign_row, int T,
+                               int k, int d) {
+    combine_backward(be, dy, dweights, dout, y, weights, assign_row, T, k, d);
+}
+
+void cuda_moe_combine_backward_bf16(moe_backend *be, moe_bf16 *dy16, real *dweights,
+                                    const real *dout, const real *y, const real *weights,
+                                    const int *assign_row, int T, int k, int d) {
+    combine_backward(be, dy16, dweights, dout, y, weights, assign_row, T, k, d);
 }
 
 __global__ void k_unpermute_add(real *dx, const real *dxp, const int *assign_row, size_t T, int k,

@@ -211,6 +211,15 @@ struct moe_backend {
     void (*moe_combine_backward)(moe_backend *be, real *dy, real *dweights, const real *dout,
                                  const real *y, const real *weights, const int *assign_row, int T,
                                  int k, int d);
+    // The bf16 layer's twins, each in one pass (the same bits as the fp32 kernel followed by
+    // to_bf16 of its row output, on one backend): xe16[r,:] = bf16(x[row_token[r],:]), and
+    // dy16[r,:] = bf16(weights[t,j] * dout[t,:]) with dweights as moe_combine_backward's.
+    //                               xe16 [N,d] bf16; x [T,d]; dy16 [N,d] bf16; dweights [T,k]
+    void (*moe_permute_bf16)(moe_backend *be, moe_bf16 *xe16, const real *x, const int *row_token,
+                             int N, int d);
+    void (*moe_combine_backward_bf16)(moe_backend *be, moe_bf16 *dy16, real *dweights,
+                                      const real *dout, const real *y, const real *weights,
+                                      const int *assign_row, int T, int k, int d);
     // dx[t,:] += sum_j dxp[assign_row[t,j],:] (kept only)     dx [T,d]; dxp [N,d]
     void (*moe_unpermute_add)(moe_backend *be, real *dx, const real *dxp, const int *assign_row,
                               int T, int k, int d);

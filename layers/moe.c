@@ -293,9 +293,10 @@ static moe_status create_exchange_buffers(moe_layer *L) {
 }
 
 // bf16: the fp32 xp, xe, act and h13 are read only by the bf16 rounding (and SwiGLU) right
-// after the kernel that writes them (the backward reads xe16, act16 and h13_16), so they need
-// no memory of their own per layer: the backward scratch's dxp, dxe, dact and h13_stage (same
-// shapes) hold them in the forward, which never overlaps a backward. Frees the layer's own.
+// after the kernel that writes them (the backward reads xe16, act16 and h13_16; on one rank
+// xp and xe are not written at all: dispatch rounds as it gathers), so they need no memory
+// of their own per layer: the backward scratch's dxp, dxe, dact and h13_stage (same shapes)
+// hold them in the forward, which never overlaps a backward. Frees the layer's own.
 static moe_status stage_in_scratch(moe_layer *L) {
     moe_backend *be = L->be;
     const size_t N = (size_t)L->max_tokens * L->cfg.top_k, Ne = L->max_expert_rows,
@@ -321,8 +322,9 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     if (st) return st;
     if (cfg->dtype == MOE_DTYPE_BF16 &&
         (!be->to_bf16 || !be->from_bf16 || !be->matmul_bf16 || !be->expert_matmul_forward_bf16 ||
-         !be->swiglu_forward_bf16 || !be->swiglu_backward_bf16 ||
-         !be->expert_matmul_backward_input_bf16 || !be->expert_matmul_backward_weight_bf16))
+         !be->swiglu_forward_bf16 || !be->swiglu_backward_bf16 || !be->moe_permute_bf16 ||
+         !be->moe_combine_backward_bf16 || !be->expert_matmul_backward_input_bf16 ||
+         !be->expert_matmul_backward_weight_bf16))
         return moe_error(MOE_EINVAL,
                          "moe: backend %s has no bf16 kernels yet (dtype bf16 needs them; fp32 "
                          "runs on it)",
@@ -660,9 +662,15 @@ static void combine_packets(moe_layer *L, real *out, int T) {
     be->moe_unpermute_add(be, out, L->ye, L->d_pk_home, T, L->ep_size, d);
 }
 
+// bf16 on one rank: the expert rows are rounded as they are gathered (dispatch) and their
+// gradient as combine's backward writes it; under expert parallelism the rows travel in fp32
+// and are rounded at the experts.
+static int bf16_rows_direct(const moe_layer *L) { return L->cfg.dtype == MOE_DTYPE_BF16 && !L->ep; }
+
 // Dispatch: xp = the kept rows in expert order (rows for expert e contiguous), the rows this
-// rank sends. One rank: the experts read xp itself. Expert parallelism: each rank's rows go
-// to the rank holding their experts, and are regrouped by local expert there (xe).
+// rank sends. One rank: the experts read xp itself (bf16: xe16, gathered and rounded in one
+// pass). Expert parallelism: each rank's rows go to the rank holding their experts, and are
+// regrouped by local expert there (xe).
 static void dispatch(moe_layer *L, const real *inp, const int *offsets, int T) {
     moe_backend *be = L->be;
     const int E = L->cfg.n_experts, d = L->cfg.d_model;
@@ -670,7 +678,10 @@ static void dispatch(moe_layer *L, const real *inp, const int *offsets, int T) {
         dispatch_packets(L, inp, T);
         return;
     }
-    be->moe_permute(be, L->xp, inp, L->row_token, offsets[E], d);
+    if (bf16_rows_direct(L))
+        be->moe_permute_bf16(be, L->xe16, inp, L->row_token, offsets[E], d);
+    else
+        be->moe_permute(be, L->xp, inp, L->row_token, offsets[E], d);
     if (!L->ep) {
         L->expert_offsets = offsets, L->expert_rows = offsets[E];
         return;
@@ -687,7 +698,7 @@ static void experts(moe_layer *L, const moe_weights *w) {
     const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
     const int *offsets = L->expert_offsets;
     if (L->cfg.dtype == MOE_DTYPE_BF16) { // the GEMM inputs rounded to bf16 and kept so
-        be->to_bf16(be, L->xe16, L->xe, (size_t)N * d);
+        if (!bf16_rows_direct(L)) be->to_bf16(be, L->xe16, L->xe, (size_t)N * d);
         be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16, offsets, E, 2 * ff, d);
         be->swiglu_forward_bf16(be, L->act16, L->h13_16, L->h13, N, ff); // h13_16: the backward's
         be->expert_matmul_forward_bf16(be, L->ye_local, L->act16, w->w2_16, offsets, E, d, ff);
@@ -769,11 +780,16 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     return MOE_OK;
 }
 
-// Combine backward: dye = w * dout (per kept row), dweights = dout . ye.
+// Combine backward: dye = w * dout (per kept row), dweights = dout . ye (bf16 on one rank:
+// dye rounded into g16 as it is written, for the experts' backward GEMMs).
 static void combine_backward(moe_layer *L, const real *dout, int T) {
     const moe_config *c = &L->cfg;
-    L->be->moe_combine_backward(L->be, L->dye, L->dweights, dout, L->ye, L->weights, L->assign_row,
-                                T, c->top_k, c->d_model);
+    if (bf16_rows_direct(L))
+        L->be->moe_combine_backward_bf16(L->be, L->bwd->g16, L->dweights, dout, L->ye, L->weights,
+                                         L->assign_row, T, c->top_k, c->d_model);
+    else
+        L->be->moe_combine_backward(L->be, L->dye, L->dweights, dout, L->ye, L->weights,
+                                    L->assign_row, T, c->top_k, c->d_model);
 }
 
 // Combine backward, exchange: under expert parallelism dye travels to the experts like the
@@ -823,7 +839,7 @@ static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_w
     const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
     const int *offsets = L->expert_offsets;
     if (L->cfg.dtype == MOE_DTYPE_BF16) { // each output gradient rounded once, for two GEMMs
-        be->to_bf16(be, s->g16, s->dye_e, (size_t)N * d);
+        if (!bf16_rows_direct(L)) be->to_bf16(be, s->g16, s->dye_e, (size_t)N * d);
         be->expert_matmul_backward_weight_bf16(be, grads->w2, s->g16, L->act16, offsets, E, d, ff);
         be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16, offsets, E, d, ff, 0);
         be->swiglu_backward_bf16(be, s->g16, s->dact, L->h13_16, N, ff);

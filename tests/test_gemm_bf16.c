@@ -324,6 +324,55 @@ static void test_swiglu_bf16(void) {
     free(h), free(g);
 }
 
+// ---- the bf16 dispatch twins ---------------------------------------------------------------
+// moe_permute_bf16 and moe_combine_backward_bf16 against the kernels they fuse, on this
+// backend: the same bits as moe_permute + to_bf16, and moe_combine_backward + to_bf16 of dy
+// (dweights equal); a quarter of the slots dropped, the kept ones on shuffled rows.
+static void test_dispatch_bf16(void) {
+    printf("-- fused dispatch and combine backward (bf16)\n");
+    const int T = 23, k = 3, d = 41;
+    int assign[T * k], row_token[T * k], perm[T * k], N = 0;
+    for (int s = 0; s < T * k; s++) perm[s] = s;
+    for (int i = T * k - 1; i > 0; i--) { // Fisher-Yates: the kept slots' rows in random order
+        const int j = (int)(rng_uniform(&rng) * (i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int s = 0; s < T * k; s++) assign[s] = rng_uniform(&rng) < 0.25 ? -1 : N++;
+    for (int s = 0, r = 0; s < T * k; s++) // rows 0..N-1 in the order perm visits slots
+        if (assign[perm[s]] >= 0) assign[perm[s]] = r++;
+    for (int s = 0; s < T * k; s++)
+        if (assign[s] >= 0) row_token[assign[s]] = s / k;
+    const size_t nx = (size_t)T * d, ny = (size_t)N * d, nw = (size_t)T * k;
+    real *x = malloc(nx * sizeof(real)), *y = malloc(ny * sizeof(real)),
+         *w = malloc(nw * sizeof(real));
+    for (size_t i = 0; i < nx; i++) x[i] = (real)(3 * rng_normal(&rng));
+    for (size_t i = 0; i < ny; i++) y[i] = (real)rng_normal(&rng);
+    for (size_t i = 0; i < nw; i++) w[i] = (real)rng_uniform(&rng);
+    real *d_x = upload(x, nx * sizeof(real)), *d_y = upload(y, ny * sizeof(real));
+    real *d_w = upload(w, nw * sizeof(real));
+    int *d_tok = upload(row_token, (size_t)N * sizeof(int)),
+        *d_arow = upload(assign, sizeof assign);
+    real *xp = be->alloc(be, ny * sizeof(real)), *dy = be->alloc(be, ny * sizeof(real));
+    real *dw = be->alloc(be, nw * sizeof(real)), *dw16 = be->alloc(be, nw * sizeof(real));
+    moe_bf16 *xe16 = be->alloc(be, ny * 2), *ref_xe16 = be->alloc(be, ny * 2);
+    moe_bf16 *dy16 = be->alloc(be, ny * 2), *ref_dy16 = be->alloc(be, ny * 2);
+    be->moe_permute(be, xp, d_x, d_tok, N, d); // the unfused path
+    be->to_bf16(be, ref_xe16, xp, ny);
+    be->moe_combine_backward(be, dy, dw, d_x, d_y, d_w, d_arow, T, k, d); // dout = x
+    be->to_bf16(be, ref_dy16, dy, ny);
+    be->moe_permute_bf16(be, xe16, d_x, d_tok, N, d);
+    check_true("moe_permute_bf16 = to_bf16(moe_permute(x)), bit for bit",
+               same_bits(xe16, ref_xe16, ny * 2));
+    be->moe_combine_backward_bf16(be, dy16, dw16, d_x, d_y, d_w, d_arow, T, k, d);
+    check_true("moe_combine_backward_bf16: dy16 = to_bf16(dy), bit for bit",
+               same_bits(dy16, ref_dy16, ny * 2));
+    check_true("moe_combine_backward_bf16: dweights as moe_combine_backward's, bit for bit",
+               same_bits(dw16, dw, nw * sizeof(real)));
+    void *bufs[] = {d_x, d_y, d_w, d_tok, d_arow, xp, dy, dw, dw16, xe16, ref_xe16, dy16, ref_dy16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    free(x), free(y), free(w);
+}
+
 int main(int argc, char **argv) {
     // --require-native: the native path must run (test_gemm_bf16_standin links a stand-in)
     const int require_native = argc > 1 && !strcmp(argv[1], "--require-native");
@@ -332,6 +381,7 @@ int main(int argc, char **argv) {
     printf("backend: %s\n", be->describe(be));
     test_conversions();
     test_swiglu_bf16();
+    test_dispatch_bf16();
     if (strncmp(be->name, "cpu", 3) == 0) {
         // auto picks a native path wherever one can run: a CPU with bf16 instructions and
         // oneDNN installed (sanitizer builds leave oneDNN out, layers/cpu/gemm_bf16.c)

@@ -82,6 +82,8 @@ void cpu_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *
 void cpu_moe_permute_index(moe_backend *be, int *offsets, int *assign_row, int *row_token,
                            const int *topk_idx, const int *keep, int T, int k, int E);
 void cpu_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_token, int N, int d);
+void cpu_moe_permute_bf16(moe_backend *be, moe_bf16 *xe16, const real *x, const int *row_token,
+                          int N, int d);
 void cpu_moe_copy_chunks(moe_backend *be, real *dst, const real *src, const moe_row_chunk *chunks,
                          int n_chunks, int d);
 void cpu_moe_combine_forward(moe_backend *be, real *out, const real *y, const real *weights,
@@ -89,6 +91,9 @@ void cpu_moe_combine_forward(moe_backend *be, real *out, const real *y, const re
 void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
                               const real *y, const real *weights, const int *assign_row, int T,
                               int k, int d);
+void cpu_moe_combine_backward_bf16(moe_backend *be, moe_bf16 *dy16, real *dweights,
+                                   const real *dout, const real *y, const real *weights,
+                                   const int *assign_row, int T, int k, int d);
 void cpu_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row, int T,
                            int k, int d);
 

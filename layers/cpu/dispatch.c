@@ -4,6 +4,7 @@
 // An "assignment" is a slot s = t*k + j: token t's j-th choice, expert topk_idx[s].
 #include <string.h>
 
+#include "layers/bf16.h"
 #include "layers/cpu/cpu_kernels.h"
 
 void cpu_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k,
@@ -85,6 +86,19 @@ void cpu_moe_permute(moe_backend *be, real *xp, const real *x, const int *row_to
         memcpy(xp + (size_t)r * d, x + (size_t)row_token[r] * d, (size_t)d * sizeof(real));
 }
 
+// The bf16 layer's dispatch: the rows gathered and rounded in one pass, so that the fp32 copy
+// of the expert rows (k times the layer's input) is never written and read back.
+void cpu_moe_permute_bf16(moe_backend *be, moe_bf16 *xe16, const real *x, const int *row_token,
+                          int N, int d) {
+    CPU_KERNEL(be);
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)N * d))
+    for (int r = 0; r < N; r++) {
+        const real *src = x + (size_t)row_token[r] * d;
+        moe_bf16 *dst = xe16 + (size_t)r * d;
+        for (int i = 0; i < d; i++) dst[i] = moe_f32_to_bf16((float)src[i]);
+    }
+}
+
 void cpu_moe_copy_chunks(moe_backend *be, real *dst, const real *src, const moe_row_chunk *chunks,
                          int n_chunks, int d) {
     CPU_KERNEL(be);
@@ -113,10 +127,13 @@ void cpu_moe_combine_forward(moe_backend *be, real *out, const real *y, const re
     }
 }
 
-void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
-                              const real *y, const real *weights, const int *assign_row, int T,
-                              int k, int d) {
-    CPU_KERNEL(be);
+// Both combine backwards: dy[r,:] = w dout[t,:] (fp32, or rounded into dy16 when dy16 is not
+// NULL), dweights = dout[t,:] . y[r,:] as a simd reduction: lane-wise partial sums (a fixed
+// order, so still deterministic); a strict left-to-right sum would be one dependent add per
+// element.
+static void combine_backward(real *dy, moe_bf16 *dy16, real *dweights, const real *dout,
+                             const real *y, const real *weights, const int *assign_row, int T,
+                             int k, int d) {
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * k * d))
     for (int t = 0; t < T; t++) {
         const real *g = dout + (size_t)t * d;
@@ -127,19 +144,36 @@ void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const r
                 dweights[s] = 0;
                 continue;
             }
-            const real *yr = y + (size_t)r * d;
-            real *dyr = dy + (size_t)r * d;
-            real w = weights[s], dot = 0;
-            // simd reduction: lane-wise partial sums (a fixed order, so still deterministic);
-            // a strict left-to-right sum would be one dependent add per element
-#pragma omp simd reduction(+ : dot)
-            for (int i = 0; i < d; i++) {
-                dot += g[i] * yr[i];
-                dyr[i] = w * g[i];
+            const real *yr = y + (size_t)r * d, w = weights[s];
+            if (dy16) {
+                moe_bf16 *dyr16 = dy16 + (size_t)r * d;
+                for (int i = 0; i < d; i++) dyr16[i] = moe_f32_to_bf16((float)(w * g[i]));
+            } else {
+                real *dyr = dy + (size_t)r * d;
+                for (int i = 0; i < d; i++) dyr[i] = w * g[i];
             }
+            real dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int i = 0; i < d; i++) dot += g[i] * yr[i];
             dweights[s] = dot;
         }
     }
+}
+
+void cpu_moe_combine_backward(moe_backend *be, real *dy, real *dweights, const real *dout,
+                              const real *y, const real *weights, const int *assign_row, int T,
+                              int k, int d) {
+    CPU_KERNEL(be);
+    combine_backward(dy, NULL, dweights, dout, y, weights, assign_row, T, k, d);
+}
+
+// The bf16 layer's combine backward: the expert rows' gradient rounded as it is written (its
+// two GEMMs read bf16), without the fp32 copy the rounding would read back.
+void cpu_moe_combine_backward_bf16(moe_backend *be, moe_bf16 *dy16, real *dweights,
+                                   const real *dout, const real *y, const real *weights,
+                                   const int *assign_row, int T, int k, int d) {
+    CPU_KERNEL(be);
+    combine_backward(NULL, dy16, dweights, dout, y, weights, assign_row, T, k, d);
 }
 
 void cpu_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int *assign_row, int T,

@@ -146,6 +146,9 @@ static void test_gemm(double tol, const char *tag) {
 }
 
 // The MoE layer's kernels in the order of a forward and a backward, on shared inputs.
+static void check_dispatch_bf16(twin x, twin rtok, twin y, twin dout, twin w, twin arow, int T,
+                                int N, int k, int d);
+
 static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacity,
                                  moe_drop_policy policy) {
     printf("router + dispatch (%s%s, capacity %d, %s)\n",
@@ -224,6 +227,7 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     G->moe_combine_backward(G, RG(dy), RG(dw), RG(dout), RG(y), RG(w), IG(arow), T, k, d);
     same_reals("combine backward dy", dy, (size_t)N * d, TOL);
     same_reals("combine backward dweights", dw, (size_t)T * k, TOL);
+    check_dispatch_bf16(x, rtok, y, dout, w, arow, T, N, k, d);
     twin dx = reals((size_t)T * d, 1);
     C->moe_unpermute_add(C, RC(dx), RC(dy), IC(arow), T, k, d);
     G->moe_unpermute_add(G, RG(dx), RG(dy), IG(arow), T, k, d);
@@ -470,6 +474,23 @@ static void same_halves(const char *what, twin t, size_t n, double tol) {
     for (size_t i = 0; i < n; i++) da[i] = moe_bf16_to_f32(a[i]), db[i] = moe_bf16_to_f32(b[i]);
     check_rel(what, da, db, n, tol);
     free(a), free(b), free(da), free(db);
+}
+
+// The bf16 layer's dispatch twins: a rounding of the fp32 kernels' rows (the same bits), and
+// combine backward's dweights as the fp32 kernel's.
+static void check_dispatch_bf16(twin x, twin rtok, twin y, twin dout, twin w, twin arow, int T,
+                                int N, int k, int d) {
+    twin xe16 = output((size_t)(N + 1) * d * sizeof(moe_bf16));
+    twin dy16 = output((size_t)(N + 1) * d * sizeof(moe_bf16));
+    twin dw = output((size_t)T * k * sizeof(real));
+    C->moe_permute_bf16(C, HC(xe16), RC(x), IC(rtok), N, d);
+    G->moe_permute_bf16(G, HG(xe16), RG(x), IG(rtok), N, d);
+    same_halves("permute_bf16", xe16, (size_t)N * d, 0);
+    C->moe_combine_backward_bf16(C, HC(dy16), RC(dw), RC(dout), RC(y), RC(w), IC(arow), T, k, d);
+    G->moe_combine_backward_bf16(G, HG(dy16), RG(dw), RG(dout), RG(y), RG(w), IG(arow), T, k, d);
+    same_halves("combine_backward_bf16 dy16", dy16, (size_t)N * d, 0);
+    same_reals("combine_backward_bf16 dweights", dw, (size_t)T * k, TOL);
+    drop(xe16), drop(dy16), drop(dw);
 }
 
 static void test_swiglu_bf16(void) {
