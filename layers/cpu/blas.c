@@ -110,8 +110,9 @@ const char *moe_blas_best_kernel(moe_isa isa, int amd, int avx512_bf16) {
     return isa >= MOE_ISA_AVX ? "sandybridge" : NULL;
 #else
     // AMD with AVX-512 (Zen 4, Zen 5) too: measured on a Zen 5 EPYC, OpenBLAS 0.3.21's
-    // Cooperlake/SkylakeX sgemm ran at 2x its Zen (AVX2) kernels (README "BLAS"), and OpenBLAS
-    // itself runs Zen 4 on them from 0.3.22
+    // Cooperlake/SkylakeX sgemm ran at 2x its Zen (AVX2) kernels (README "BLAS"); Debian's
+    // 0.3.21 picks Cooperlake itself on the Zen 4 and Zen 5 EPYCs measured, so there this
+    // matters when the environment forces less (OPENBLAS_CORETYPE=Haswell)
     if (isa >= MOE_ISA_AVX512) return avx512_bf16 ? "Cooperlake" : "SkylakeX";
     if (isa >= MOE_ISA_AVX2) return amd ? "Zen" : "Haswell";
     return isa >= MOE_ISA_AVX ? "Sandybridge" : NULL;
