@@ -88,8 +88,9 @@ def cpu_info(cpuinfo="/proc/cpuinfo"):
     return c
 
 
-def cpu_has_bf16():
-    return bool(cpu_info()["flags"] & {"avx512_bf16", "amx_bf16"})
+def cpu_has_bf16(c=None):
+    """Whether the CPU has bf16 instructions (AVX512_BF16 or AMX)."""
+    return bool((c or cpu_info())["flags"] & {"avx512_bf16", "amx_bf16"})
 
 
 def cpu_name(c=None):
@@ -105,7 +106,7 @@ def cpu_name(c=None):
 
 
 def cpu_line(threads, c=None):
-    """'CPU: <cpu_name> (<the ISA flags that matter>), N threads', for the report's header."""
+    """'CPU: <cpu_name> [<the ISA flags that matter>], N threads', for the report's header."""
     c = c or cpu_info()
     isa = [x for x in ISA if x in c["flags"]]
     return "CPU: %s [%s], %d threads" % (cpu_name(c), " ".join(isa) or "no AVX2", threads)

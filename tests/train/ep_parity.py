@@ -43,8 +43,8 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     # The text: 3,300 random bytes whose 92 training windows of 32 tokens each open with a byte
-    # of their own, so no two sequences share a prefix (shared prefixes give exactly tied router
-    # scores). Parity holds to rounding only while no routing or capacity decision sits on a
+    # of their own, so no two tokens of different sequences enter the router with the same
+    # history. Parity holds to rounding only while no routing or capacity decision sits on a
     # near-tie; the earlier text (60,000 bytes of 20 letters) met one at step 5 under OpenBLAS's
     # SkylakeX/Cooperlake kernels, which moe picks on an AVX-512 CPU: losses equal to 1e-9 up to
     # step 4, then one token kept in one run and dropped in the other, weights 1.2e-5 apart.
