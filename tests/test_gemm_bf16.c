@@ -255,6 +255,33 @@ static void test_experts(const int *rows, int E, int n_out, int n_in) {
     free_operand(&x), free_operand(&w), free_operand(&dy);
 }
 
+// A row's result against the row count: the first 16 rows of a 200-row matmul_bf16 and a
+// 16-row one of the same operands, bit for bit. Required of the reference path (the parity
+// tests of expert parallelism rely on it); printed for the others (a BLAS may differ).
+static void test_row_count(const char *path, int required) {
+    const int m = 200, few = 16, n = 48, kd = 40;
+    operand a = make_operand((size_t)m * kd, 1.0), b = make_operand((size_t)kd * n, 0.05);
+    float *c = be->alloc(be, (size_t)m * n * 4), *c16 = be->alloc(be, (size_t)few * n * 4);
+    float *h = malloc((size_t)m * n * 4), *h16 = malloc((size_t)few * n * 4);
+    be->matmul_bf16(be, c, a.d, b.d, m, n, kd, 0, 1, 0);
+    be->matmul_bf16(be, c16, a.d, b.d, few, n, kd, 0, 1, 0);
+    be->copy_to_host(be, h, c, (size_t)m * n * 4);
+    be->copy_to_host(be, h16, c16, (size_t)few * n * 4);
+    int differ = 0;
+    for (int i = 0; i < few * n; i++) differ += memcmp(&h[i], &h16[i], 4) != 0;
+    char what[160];
+    snprintf(what, sizeof what,
+             "%s: rows 0-15 of a 200-row GEMM == a 16-row GEMM's (%d of %d "
+             "differ)",
+             path, differ, few * n);
+    if (required)
+        check_true(what, differ == 0);
+    else
+        printf("  info  %s\n", what);
+    be->free(be, c), be->free(be, c16), free(h), free(h16);
+    free_operand(&a), free_operand(&b);
+}
+
 static void test_gemms(const char *path) {
     printf("-- %s path\n", path);
     for (int ta = 0; ta < 2; ta++)
@@ -395,10 +422,11 @@ int main(int argc, char **argv) {
         check_true("auto: a native path where the CPU and an installed library allow one",
                    !could || picked != CPU_BF16_EMULATED);
         int natives = 0;
-        for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_ONEDNN; path++) {
+        for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_REFERENCE; path++) {
             if (cpu_backend_set_bf16_gemm(be, path)) {
                 test_gemms(cpu_bf16_path_name(path));
-                natives += path != CPU_BF16_EMULATED;
+                test_row_count(cpu_bf16_path_name(path), path == CPU_BF16_REFERENCE);
+                natives += path == CPU_BF16_SBGEMM || path == CPU_BF16_ONEDNN;
             } else {
                 printf("-- %s: not run, its library is not here\n", cpu_bf16_path_name(path));
             }

@@ -23,7 +23,7 @@ typedef struct cpu_state {
     char line[448]; // describe()
     // bf16 GEMMs (layers/cpu/gemm_bf16.c)
     int bf16_native;     // the *_bf16 GEMMs' path: CPU_BF16_EMULATED (widen, then sgemm),
-                         // CPU_BF16_SBGEMM (OpenBLAS) or CPU_BF16_ONEDNN
+                         // CPU_BF16_SBGEMM (OpenBLAS), CPU_BF16_ONEDNN or CPU_BF16_REFERENCE
     char bf16_line[200]; // the path, for describe()
     real *bf16_ws;       // the emulated path's widening workspace (host), bf16_ws_n reals
     size_t bf16_ws_n;
@@ -45,8 +45,11 @@ int cpu_backend_set_threads(moe_backend *be, int requested);
 // bf16 GEMM path (layers/cpu/gemm_bf16.c): picks native (OpenBLAS's cblas_sbgemm, else
 // oneDNN's dnnl_gemm_bf16bf16f32, on a CPU with bf16 instructions) or emulated for a new
 // backend's state from the CPU, the libraries found and MOE_BF16_GEMM; MOE_EINVAL for a bad
-// MOE_BF16_GEMM or a forced native path without its library.
-enum { CPU_BF16_EMULATED = 0, CPU_BF16_SBGEMM = 1, CPU_BF16_ONEDNN = 2 };
+// MOE_BF16_GEMM or a forced native path without its library. CPU_BF16_REFERENCE (only when
+// asked for: tests, MOE_BF16_GEMM=reference) is a plain loop whose every output is one sum in
+// k order, so a row's result never depends on how many rows the GEMM has (a BLAS's does:
+// other row counts, other kernels), which parity tests between row groupings need in bf16.
+enum { CPU_BF16_EMULATED = 0, CPU_BF16_SBGEMM = 1, CPU_BF16_ONEDNN = 2, CPU_BF16_REFERENCE = 3 };
 // AddressSanitizer builds leave oneDNN out (CPU_NO_ONEDNN 1): once libdnnl is loaded,
 // LeakSanitizer's exit-time scan of thread-local storage crashes ("Tracer caught signal 11";
 // GCC 12's ASan, oneDNN 2.6.3), and ASan cannot see into oneDNN's JIT kernels anyway. Those
@@ -62,7 +65,7 @@ enum { CPU_BF16_EMULATED = 0, CPU_BF16_SBGEMM = 1, CPU_BF16_ONEDNN = 2 };
 #define CPU_NO_ONEDNN 0
 #endif
 moe_status cpu_bf16_select(cpu_state *s);
-// "OpenBLAS sbgemm", "oneDNN dnnl_gemm_bf16bf16f32", "emulated".
+// "OpenBLAS sbgemm", "oneDNN dnnl_gemm_bf16bf16f32", "emulated", "reference".
 const char *cpu_bf16_path_name(int path);
 // 1 when the CPU has AVX512-BF16 or AMX-BF16 (CPUID).
 int cpu_has_bf16_instructions(void);
@@ -73,6 +76,7 @@ int cpu_backend_set_bf16_gemm(moe_backend *be, int path);
 // as stored), c fp32 with ldc: one GEMM on the state's bf16 path. Native: the library reads a
 // and b in place. Emulated: op(a) and op(b) are widened into ws (cpu_gemm_bf16_ws(m, n, kd)
 // reals; the calling thread's when inside a parallel region) and cblas_sgemm multiplies them.
+// Reference: the loop (ws unused).
 void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m, int n, int kd,
                    real alpha, const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
                    real *c, int ldc);

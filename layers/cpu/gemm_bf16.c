@@ -15,9 +15,17 @@
 //             them. A product of two bf16 values (8-bit mantissas) is exact in fp32 and the
 //             sums are fp32, so this is the same arithmetic as the native path up to the
 //             summation order; it costs sgemm plus one pass over the operands.
+//   reference only when asked for: c[i,j] = alpha sum_l a[i,l] b[l,j] + beta c[i,j], the sum
+//             in l order, one output at a time. Slow (no blocking), but a row's result
+//             depends on that row alone; a BLAS's sgemm gives the same row other last bits
+//             for other row counts (OpenBLAS's Haswell kernels: a tenth of the outputs of an
+//             M = 16 GEMM differ from the first 16 rows of an M = 200 one), which bf16's next
+//             rounding can turn into a whole bf16 step. The parity tests of expert parallelism, whose
+//             experts see other row counts than one rank's, run bf16 on it.
 //
-// MOE_BF16_GEMM=auto|native|sbgemm|onednn|emulated (environment, read at create) forces a
-// path; the tests use cpu_backend_set_bf16_gemm. describe() says which path runs and why.
+// MOE_BF16_GEMM=auto|native|sbgemm|onednn|emulated|reference (environment, read at create)
+// forces a path; the tests use cpu_backend_set_bf16_gemm. describe() says which path runs
+// and why.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <omp.h>
@@ -120,6 +128,7 @@ const char *cpu_bf16_path_name(int path) {
     switch (path) {
     case CPU_BF16_SBGEMM: return "OpenBLAS sbgemm";
     case CPU_BF16_ONEDNN: return "oneDNN dnnl_gemm_bf16bf16f32";
+    case CPU_BF16_REFERENCE: return "reference";
     default: return "emulated";
     }
 }
@@ -130,8 +139,8 @@ static int first_native(void) {
 }
 
 static int path_available(int path) {
-    return path == CPU_BF16_EMULATED || (path == CPU_BF16_SBGEMM && sbgemm) ||
-           (path == CPU_BF16_ONEDNN && dnnl_gemm);
+    return path == CPU_BF16_EMULATED || path == CPU_BF16_REFERENCE ||
+           (path == CPU_BF16_SBGEMM && sbgemm) || (path == CPU_BF16_ONEDNN && dnnl_gemm);
 }
 
 int cpu_has_bf16_instructions(void) {
@@ -154,8 +163,8 @@ static moe_status chosen_path(int hw, int *path) {
     const char *env = getenv("MOE_BF16_GEMM");
     if (!env || !*env || !strcmp(env, "auto")) {
         *path = hw ? first : CPU_BF16_EMULATED;
-    } else if (!strcmp(env, "emulated")) {
-        *path = CPU_BF16_EMULATED;
+    } else if (!strcmp(env, "emulated") || !strcmp(env, "reference")) {
+        *path = !strcmp(env, "emulated") ? CPU_BF16_EMULATED : CPU_BF16_REFERENCE;
     } else if (!strcmp(env, "native") || !strcmp(env, "sbgemm") || !strcmp(env, "onednn")) {
         *path = !strcmp(env, "sbgemm")   ? CPU_BF16_SBGEMM
                 : !strcmp(env, "onednn") ? CPU_BF16_ONEDNN
@@ -168,7 +177,8 @@ static moe_status chosen_path(int hw, int *path) {
                              dnnl_gemm ? ", whose bf16 GEMM works: MOE_BF16_GEMM=onednn" : "");
     } else {
         return moe_error(MOE_EINVAL,
-                         "MOE_BF16_GEMM='%s': expected auto, native, sbgemm, onednn or emulated",
+                         "MOE_BF16_GEMM='%s': expected auto, native, sbgemm, onednn, emulated or "
+                         "reference",
                          env);
     }
     return MOE_OK;
@@ -185,6 +195,9 @@ moe_status cpu_bf16_select(cpu_state *s) {
     else if (s->bf16_native == CPU_BF16_SBGEMM)
         snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (OpenBLAS sbgemm%s)",
                  hw ? "" : "; forced, no AVX512-BF16/AMX: slow");
+    else if (s->bf16_native == CPU_BF16_REFERENCE)
+        snprintf(s->bf16_line, sizeof s->bf16_line,
+                 "bf16: reference (forced by MOE_BF16_GEMM: a plain loop, slow)");
     else if (!hw)
         snprintf(s->bf16_line, sizeof s->bf16_line,
                  "bf16: emulated (no AVX512-BF16/AMX: operands widened to fp32 for sgemm)");
@@ -227,12 +240,35 @@ static void widen_block(real *w, const moe_bf16 *a, int rows, int cols, int ld) 
             w[(size_t)r * cols + c] = moe_bf16_to_f32(a[(size_t)r * ld + c]);
 }
 
+// The reference path: each output one sum in l order (a bf16 x bf16 product is exact in
+// fp32, so whether the compiler fuses it into an FMA changes nothing); beta = 0 does not
+// read c.
+static void gemm_reference(int trans_a, int trans_b, int m, int n, int kd, real alpha,
+                           const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
+                           real *c, int ldc) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
+                                              cpu_parallel_worth((size_t)m * n * kd))
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            real sum = 0;
+            for (int l = 0; l < kd; l++)
+                sum += moe_bf16_to_f32(trans_a ? a[(size_t)l * lda + i] : a[(size_t)i * lda + l]) *
+                       moe_bf16_to_f32(trans_b ? b[(size_t)j * ldb + l] : b[(size_t)l * ldb + j]);
+            real *out = c + (size_t)i * ldc + j;
+            *out = beta == 0 ? alpha * sum : alpha * sum + beta * *out;
+        }
+}
+
 size_t cpu_gemm_bf16_ws(int m, int n, int kd) { return (size_t)m * kd + (size_t)kd * n; }
 
 void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m, int n, int kd,
                    real alpha, const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
                    real *c, int ldc) {
     if (m == 0 || n == 0) return;
+    if (s->bf16_native == CPU_BF16_REFERENCE) {
+        gemm_reference(trans_a, trans_b, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
     const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
                                tb = trans_b ? CblasTrans : CblasNoTrans;
 #ifndef MOE_REAL_DOUBLE // the f64 build (finite differences) has only the emulated path

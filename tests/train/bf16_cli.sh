@@ -3,7 +3,8 @@
 # same 20 steps in fp32 and bf16 end at validation losses within 3% of each other; a bf16
 # run resumes from an fp32 checkpoint (checkpoints are fp32 either way); moe eval --dtype
 # bf16 is within 1% of fp32 eval on the same checkpoint and says its precision; moe generate
-# --dtype bf16 runs; a bad dtype is refused naming the key or option.
+# --dtype bf16 runs; MOE_BF16_GEMM=reference evaluates the same within 1e-4; a bad dtype
+# or MOE_BF16_GEMM is refused naming the key, option or variable.
 #   bf16_cli.sh MOE_BINARY WORKDIR
 set -u
 moe=$1 work=$2
@@ -51,7 +52,15 @@ check "eval --dtype bf16 says so on stderr" "grep -q 'moe eval: precision bf16' 
 "$moe" generate --ckpt "$ck" --prompt "the cat" -n 16 --temperature 0 --dtype bf16 > "$work/g16.out" 2>&1
 check "generate --dtype bf16 (exit $?)" "grep -q 'moe generate: precision bf16' '$work/g16.out' && [ \$(wc -c < '$work/g16.out') -gt 16 ]"
 
+MOE_BF16_GEMM=reference "$moe" eval --ckpt "$ck" --data "$work/data/val.bin" --seq-len 32 --dtype bf16 \
+  > "$work/eref.out" 2> "$work/eref.err"
+lr=$(awk '{print $2}' "$work/eref.out")
+check "MOE_BF16_GEMM=reference: says so, eval $lr vs $l16 within 1e-4 (the same arithmetic, other sums)" \
+  "grep -q 'bf16: reference (forced by MOE_BF16_GEMM' '$work/eref.err' && within $lr $l16 1e-4"
+
 echo "a bad dtype is refused"
+MOE_BF16_GEMM=fast "$moe" eval --ckpt "$ck" --data "$work/data/val.bin" --dtype bf16 > "$work/bad0.out" 2>&1
+check "MOE_BF16_GEMM=fast: exit 1 naming the variable and the choices (rc $?)" "grep -q \"MOE_BF16_GEMM='fast': expected auto, native, sbgemm, onednn, emulated or reference\" '$work/bad0.out'"
 "$moe" eval --ckpt "$ck" --data "$work/data/val.bin" --dtype fp16 > "$work/bad.out" 2>&1
 check "--dtype fp16: exit 1 naming the option (rc $?)" "grep -q \"dtype 'fp16': expected fp32 or bf16\" '$work/bad.out'"
 "$moe" train "$work/tiny.cfg" --set train.dtype='"f16"' --set log.dir="\"$work/bad\"" > "$work/bad2.out" 2>&1

@@ -9,7 +9,7 @@
   and the factor converges to it on a skewed router;
 - an auto run resumed mid-window continues exactly (losses and factors bit-identical);
 - under expert parallelism (2 ranks against one with grad_accum 2) the decisions agree and
-  the losses stay within 1e-6.
+  the losses stay within 1e-6 for the first window, 1e-5 over 20 steps.
 
   capacity.py MOE MPIRUN_ARGS... -- WORKDIR      (MPIRUN_ARGS empty: no EP case)
 """
@@ -148,18 +148,25 @@ checkpoint = { interval = %d; keep = 5; };
     # expert parallelism: 2 ranks against one rank with grad_accum 2
     if mpirun:
         # (SGD: AdamW's first steps amplify last-bit gradient differences, see ep_parity.py)
-        # (20 steps, windows of 5: rounding differences of the two summation orders grow with
-        # the steps; 1e-6 is the ep_parity bar of 5 steps, and sanitizer builds round apart more)
+        # (20 steps, windows of 5: the first window, at the initial factor, within the
+        # ep_parity bar of 5 steps, 1e-6; then the rounding differences of the two summation
+        # orders grow with the steps and each change of capacity: 20 steps within 1e-5, since
+        # the expert GEMMs of the two runs see other row counts and so, on some BLAS kernel
+        # families, other last bits (20 steps: 3.5e-7 with OpenBLAS's Sandybridge kernels,
+        # 1.2e-6 Zen, 1.4e-6 Prescott on a Zen 3; the first 5 steps 4e-8 to 1.4e-7). A wrong gradient
+        # or capacity under EP moves the losses by far more, and the factors.)
         auto5 = auto.replace("capacity_window = %d;" % W, "capacity_window = 5;")
         train(cfg("auto_one", auto5, 20, G=2, opt="sgd"))
         train(cfg("auto_ep", auto5, 20, G=1, opt="sgd"), 2)
         one = records(os.path.join(work, "run_auto_one", "metrics.jsonl"))
         ep = records(os.path.join(work, "run_auto_ep", "metrics.jsonl"))
-        dl = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(one, ep))
+        rel = [abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(one, ep)]
+        d5, dl = max(rel[:5], default=1), max(rel, default=1)
         same = [x["capacity_factor"] for x in one] == [y["capacity_factor"] for y in ep]
-        report(same and dl <= 1e-6 and len(ep) == 20,
+        report(same and d5 <= 1e-6 and dl <= 1e-5 and len(ep) == 20,
                "auto under expert parallelism (2 ranks vs grad_accum 2): the same factors at every "
-               "step, losses within %.1e (%d decisions)" % (dl, sum("capacity_decision" in y for y in ep)))
+               "step, losses within %.1e over steps 1-5 (bar 1e-6), %.1e over 20 (bar 1e-5; %d "
+               "decisions)" % (d5, dl, sum("capacity_decision" in y for y in ep)))
     report.exit()
 
 
