@@ -163,8 +163,10 @@ static moe_status chosen_path(int hw, int *path) {
     const char *env = getenv("MOE_BF16_GEMM");
     if (!env || !*env || !strcmp(env, "auto")) {
         *path = hw ? first : CPU_BF16_EMULATED;
-    } else if (!strcmp(env, "emulated") || !strcmp(env, "reference")) {
-        *path = !strcmp(env, "emulated") ? CPU_BF16_EMULATED : CPU_BF16_REFERENCE;
+    } else if (!strcmp(env, "emulated")) {
+        *path = CPU_BF16_EMULATED;
+    } else if (!strcmp(env, "reference")) {
+        *path = CPU_BF16_REFERENCE;
     } else if (!strcmp(env, "native") || !strcmp(env, "sbgemm") || !strcmp(env, "onednn")) {
         *path = !strcmp(env, "sbgemm")   ? CPU_BF16_SBGEMM
                 : !strcmp(env, "onednn") ? CPU_BF16_ONEDNN
@@ -284,8 +286,6 @@ void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m
                       e, m, n, kd);
         return;
     }
-#else
-    (void)s;
 #endif
     // op(a) is [m, kd]: a itself is [kd, m] when transposed; likewise b
     const int ra = trans_a ? kd : m, ca = trans_a ? m : kd, rb = trans_b ? n : kd,
