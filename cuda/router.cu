@@ -62,49 +62,21 @@ void cuda_router_backward(moe_backend *be, real *dlogits, const real *dweights, 
     CUDA_LAUNCHED(be, "k_router_backward");
 }
 
-// One block: the sums of cpu_router_losses in double (a fixed-shape tree), then the slots.
+// One block: layers/router_rows.h's per-token sums in double (a fixed-shape tree per field),
+// then its formulas, as on the CPU.
 __global__ void k_router_losses(real *out, const real *probs, const real *logits, const real *lse,
                                 const int *counts, const int *seq_counts, int T, int E, int k,
                                 int seq_len, real aux_coef, real seq_aux_coef, real z_coef) {
-    double aux_sum = 0, seq_sum = 0, z_sum = 0, ent_sum = 0, zsum = 0, zsq = 0, zmax = 0,
-           lse_sum = 0;
-    for (int t = threadIdx.x; t < T; t += blockDim.x) {
-        const real *p = probs + (size_t)t * E, *z = logits + (size_t)t * E;
-        const int *sc = seq_counts + (size_t)(t / seq_len) * E;
-        double a = 0, sa = 0, h = 0;
-        for (int e = 0; e < E; e++) {
-            a += (double)counts[e] * p[e];
-            if (seq_aux_coef != 0) sa += (double)sc[e] * p[e];
-            if (p[e] > 0) h -= (double)p[e] * log((double)p[e]);
-            zsum += z[e], zsq += (double)z[e] * z[e];
-            if (fabs((double)z[e]) > zmax || z[e] != z[e]) zmax = fabs((double)z[e]);
-        }
-        aux_sum += a;
-        seq_sum += sa;
-        ent_sum += h;
-        z_sum += (double)lse[t] * lse[t];
-        lse_sum += lse[t];
-    }
-    aux_sum = block_sum(aux_sum);
-    seq_sum = block_sum(seq_sum);
-    z_sum = block_sum(z_sum);
-    ent_sum = block_sum(ent_sum);
-    zsum = block_sum(zsum);
-    zsq = block_sum(zsq);
-    lse_sum = block_sum(lse_sum);
-    zmax = block_max(zmax);
-    if (threadIdx.x != 0) return;
-    const int B = T / seq_len;
-    const double n = (double)T * E, mean = zsum / n;
-    out[MOE_LOSS_AUX] = (real)((double)aux_coef * E * aux_sum / ((double)k * T * T));
-    out[MOE_LOSS_Z] = (real)((double)z_coef * z_sum / T);
-    out[MOE_LOSS_ENTROPY] = (real)(ent_sum / T);
-    out[MOE_LOSS_SEQ_AUX] =
-        (real)((double)seq_aux_coef * E * seq_sum / ((double)B * k * seq_len * seq_len));
-    out[MOE_LOSS_LOGIT_MEAN] = (real)mean;
-    out[MOE_LOSS_LOGIT_STD] = (real)sqrt(fmax(zsq / n - mean * mean, 0.0));
-    out[MOE_LOSS_LOGIT_MAX_ABS] = (real)zmax;
-    out[MOE_LOSS_LSE_MEAN] = (real)(lse_sum / T);
+    moe_router_loss_sums s = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int t = threadIdx.x; t < T; t += blockDim.x)
+        s = moe_router_loss_sums_add(
+            s, moe_router_loss_row(probs + (size_t)t * E, logits + (size_t)t * E, lse[t], counts,
+                                   seq_counts + (size_t)(t / seq_len) * E, E, seq_aux_coef != 0));
+    s.aux = block_sum(s.aux), s.seq = block_sum(s.seq), s.ent = block_sum(s.ent);
+    s.z = block_sum(s.z), s.lse = block_sum(s.lse);
+    s.zsum = block_sum(s.zsum), s.zsq = block_sum(s.zsq), s.zmax = block_max(s.zmax);
+    if (threadIdx.x == 0)
+        moe_router_losses_of(out, s, T, E, k, seq_len, aux_coef, seq_aux_coef, z_coef);
 }
 
 void cuda_router_losses(moe_backend *be, real *out, const real *probs, const real *logits,

@@ -1,9 +1,10 @@
 // The router's per-token bodies, shared by every backend (MOE_HD: the CPU compiles them as C,
 // CUDA as __host__ __device__ functions), so that scores, the top-k tie rule (strict '>': the
 // lower expert index wins), the combine weights, the router gradient and the jitter noise
-// are one text: layers/cpu/router.c and cuda/router.cu call these per token / per element.
-// Contracts: layers/backend.h (router_topk, router_backward, uniform_noise); DESIGN.md §3.1,
-// §3.8, §3.12.
+// are one text: layers/cpu/router.c, losses.c and cuda/router.cu call these per token / per
+// element, and the router losses' sums and formulas are one text too.
+// Contracts: layers/backend.h (router_topk, router_backward, router_losses, uniform_noise);
+// DESIGN.md §3.1, §3.6-3.8, §3.12.
 #ifndef MOE_ROUTER_ROWS_H
 #define MOE_ROUTER_ROWS_H
 
@@ -111,6 +112,58 @@ MOE_HD static inline void moe_router_backward_row(real *g, const real *dw, const
     }
     // z-loss: d/dz_e of z_coef mean_t lse^2 = (2 z_coef / T) lse softmax(z)_e
     for (int e = 0; e < E; e++) g[e] += sc_.z_scale * lse * real_exp(z[e] - lse);
+}
+
+// The router losses' sums over tokens, in double (router_losses; DESIGN.md §3.6, §3.7):
+// aux = sum_t sum_e c_e p_e(t) (f_e P_e = aux / (k T^2)), seq = the same with each token's
+// sequence's counts, ent = sum_t H(p(t)), z = sum_t lse_t^2, lse = sum_t lse_t, and the
+// logits' sum, sum of squares and largest |z| (a NaN logit makes zmax NaN).
+typedef struct {
+    double aux, seq, ent, z, lse, zsum, zsq, zmax;
+} moe_router_loss_sums;
+
+MOE_HD static inline moe_router_loss_sums moe_router_loss_sums_add(moe_router_loss_sums a,
+                                                                   moe_router_loss_sums b) {
+    a.aux += b.aux, a.seq += b.seq, a.ent += b.ent, a.z += b.z, a.lse += b.lse;
+    a.zsum += b.zsum, a.zsq += b.zsq;
+    a.zmax = b.zmax > a.zmax || b.zmax != b.zmax ? b.zmax : a.zmax;
+    return a;
+}
+
+// One token's terms: p, z [E] its distribution and logits, lse its log-sum-exp; counts [E]
+// the micro-batch's assignments, sc [E] its sequence's (read only when seq_on).
+MOE_HD static inline moe_router_loss_sums moe_router_loss_row(const real *p, const real *z,
+                                                              real lse, const int *counts,
+                                                              const int *sc, int E, int seq_on) {
+    moe_router_loss_sums r = {0, 0, 0, (double)lse * lse, lse, 0, 0, 0};
+    for (int e = 0; e < E; e++) {
+        r.aux += (double)counts[e] * p[e];
+        if (seq_on) r.seq += (double)sc[e] * p[e];
+        if (p[e] > 0) r.ent -= (double)p[e] * log((double)p[e]);
+        r.zsum += z[e], r.zsq += (double)z[e] * z[e];
+        const double a = fabs((double)z[e]);
+        r.zmax = a > r.zmax || a != a ? a : r.zmax;
+    }
+    return r;
+}
+
+// The loss slots (MOE_LOSS_*) from the sums over all T tokens of B = T / seq_len sequences:
+// L_aux = aux_coef E aux / (k T^2), L_seq = seq_aux_coef E seq / (B k seq_len^2),
+// L_z = z_coef z / T, and the statistics (mean entropy, logits' mean, std, max |z|, mean lse).
+MOE_HD static inline void moe_router_losses_of(real *out, moe_router_loss_sums s, int T, int E,
+                                               int k, int seq_len, real aux_coef, real seq_aux_coef,
+                                               real z_coef) {
+    const int B = T / seq_len;
+    const double n = (double)T * E, mean = s.zsum / n;
+    out[MOE_LOSS_AUX] = (real)((double)aux_coef * E * s.aux / ((double)k * T * T));
+    out[MOE_LOSS_Z] = (real)((double)z_coef * s.z / T);
+    out[MOE_LOSS_ENTROPY] = (real)(s.ent / T);
+    out[MOE_LOSS_SEQ_AUX] =
+        (real)((double)seq_aux_coef * E * s.seq / ((double)B * k * seq_len * seq_len));
+    out[MOE_LOSS_LOGIT_MEAN] = (real)mean;
+    out[MOE_LOSS_LOGIT_STD] = (real)sqrt(fmax(s.zsq / n - mean * mean, 0.0));
+    out[MOE_LOSS_LOGIT_MAX_ABS] = (real)s.zmax;
+    out[MOE_LOSS_LSE_MEAN] = (real)(s.lse / T);
 }
 
 // Jitter: element i of the noise of `key`, uniform in [lo, hi) (24 random bits), counter-based.
