@@ -182,35 +182,48 @@ static void say_precision(const char *cmd, moe_dtype dtype, moe_backend *be) {
                 be->describe(be));
 }
 
+// The options eval and generate share: checkpoint, device, precision and the serving stats.
+typedef struct {
+    const char *ckpt, *device, *stats_out;
+    moe_dtype dtype;
+    int stats, stats_window;
+} infer_opts;
+
+// Takes option a with its value v when it is one of infer_opts'; returns whether it was.
+static int infer_opt(infer_opts *o, const char *a, const char *v) {
+    if (!strcmp(a, "--stats-out"))
+        o->stats_out = v, o->stats = 1;
+    else if (!strcmp(a, "--stats-window"))
+        o->stats_window = (int)number_arg(a, v, 1, 1 << 20);
+    else if (!strcmp(a, "--ckpt"))
+        o->ckpt = v;
+    else if (!strcmp(a, "--device"))
+        o->device = v;
+    else if (!strcmp(a, "--dtype"))
+        o->dtype = dtype_arg(v);
+    else
+        return 0;
+    return 1;
+}
+
 static int cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *logits = NULL, *device = "cpu";
+    const char *data = NULL, *logits = NULL;
     int seq_len = 128;
     long max_windows = 0;
-    moe_dtype dtype = MOE_DTYPE_F32;
-    int stats = 0, stats_window = 32;
-    const char *stats_out = NULL;
+    infer_opts o = {.device = "cpu", .dtype = MOE_DTYPE_F32, .stats_window = 32};
     for (int i = 0; i < argc; i += 2) { // options with a value step by 2, --stats by 1
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--stats")) {
-            stats = 1;
+            o.stats = 1;
             i--;
             continue;
         }
         if (!v) return usage_error("eval", usage_eval, "'%s' needs a value", a);
-        if (!strcmp(a, "--stats-out"))
-            stats_out = v, stats = 1;
-        else if (!strcmp(a, "--stats-window"))
-            stats_window = (int)number_arg(a, v, 1, 1 << 20);
-        else if (!strcmp(a, "--ckpt"))
-            ckpt = v;
-        else if (!strcmp(a, "--data"))
+        if (infer_opt(&o, a, v)) continue;
+        if (!strcmp(a, "--data"))
             data = v;
         else if (!strcmp(a, "--logits"))
             logits = v;
-        else if (!strcmp(a, "--device"))
-            device = v;
-        else if (!strcmp(a, "--dtype"))
-            dtype = dtype_arg(v);
         else if (!strcmp(a, "--seq-len"))
             seq_len = (int)number_arg(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--max-windows"))
@@ -218,28 +231,29 @@ static int cmd_eval(int argc, char **argv) {
         else
             return usage_error("eval", usage_eval, "unknown argument '%s'", a);
     }
-    if (!ckpt || !data) return usage_error("eval", usage_eval, "--ckpt and --data are required");
+    if (!o.ckpt || !data) return usage_error("eval", usage_eval, "--ckpt and --data are required");
     token_file tf;
     if (token_file_read(&tf, data)) moe_fatal("%s", moe_last_error());
     // under mpirun the experts spread over the ranks; rank 0 prints
     moe_comm *world;
     if (moe_comm_world(&world)) moe_fatal("%s", moe_last_error());
     if (world->rank && !freopen("/dev/null", "w", stdout)) moe_fatal("cannot silence stdout");
-    moe_backend *be = open_device(device);
+    moe_backend *be = open_device(o.device);
     model m;
-    say_precision("eval", dtype, be);
-    if (infer_load_parallel(&m, be, world->size > 1 ? world : NULL, ckpt, seq_len, seq_len, dtype))
+    say_precision("eval", o.dtype, be);
+    if (infer_load_parallel(&m, be, world->size > 1 ? world : NULL, o.ckpt, seq_len, seq_len,
+                            o.dtype))
         moe_fatal("%s", moe_last_error());
     double loss;
     long n;
     serve_stats ss;
-    if (stats && serve_stats_init(&ss, &m, stats_window, world->rank ? NULL : stats_out))
+    if (o.stats && serve_stats_init(&ss, &m, o.stats_window, world->rank ? NULL : o.stats_out))
         moe_fatal("%s", moe_last_error());
-    if (infer_eval(&m, &tf, seq_len, max_windows, logits, &loss, &n, stats ? &ss : NULL))
+    if (infer_eval(&m, &tf, seq_len, max_windows, logits, &loss, &n, o.stats ? &ss : NULL))
         moe_fatal("%s", moe_last_error());
-    if (stats && serve_stats_finish(&ss, world->rank ? stdout : stderr))
+    if (o.stats && serve_stats_finish(&ss, world->rank ? stdout : stderr))
         moe_fatal("%s", moe_last_error()); // (stdout: rank > 0's /dev/null)
-    if (stats) serve_stats_free(&ss);
+    if (o.stats) serve_stats_free(&ss);
     // what the number is: the mean over the n predicted tokens of -ln p(next token), in nats;
     // with the byte tokenizer a token is a byte, so loss / ln 2 is bits per byte. The byte
     // tokenizer is taken to be vocab_size == 256 for now (checkpoints do not name their
@@ -303,36 +317,26 @@ static char *decode_tokens(const char *folder, int hf_tok, const int *ids, int n
 }
 
 static int cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = NULL, *device = "cpu", *prompts_file = NULL;
-    int n_new = 200, stats = 0, stats_window = 32, batch = 1;
-    const char *stats_out = NULL;
-    moe_dtype dtype = MOE_DTYPE_F32;
+    const char *prompt = NULL, *prompts_file = NULL;
+    int n_new = 200, batch = 1;
+    infer_opts o = {.device = "cpu", .dtype = MOE_DTYPE_F32, .stats_window = 32};
     sampling s = {.temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 1, .prefill_chunk = 64};
     for (int i = 0; i < argc; i += 2) { // options with a value step by 2, --stats by 1
         const char *a = argv[i];
         if (!strcmp(a, "--stats")) {
-            stats = 1;
+            o.stats = 1;
             i--;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage_error("generate", usage_generate, "'%s' needs a value", a);
-        if (!strcmp(a, "--stats-out"))
-            stats_out = v, stats = 1;
-        else if (!strcmp(a, "--stats-window"))
-            stats_window = (int)number_arg(a, v, 1, 1 << 20);
-        else if (!strcmp(a, "--ckpt"))
-            ckpt = v;
-        else if (!strcmp(a, "--prompt"))
+        if (infer_opt(&o, a, v)) continue;
+        if (!strcmp(a, "--prompt"))
             prompt = v;
         else if (!strcmp(a, "--prompts"))
             prompts_file = v;
         else if (!strcmp(a, "--batch"))
             batch = (int)number_arg(a, v, 1, 4096);
-        else if (!strcmp(a, "--device"))
-            device = v;
-        else if (!strcmp(a, "--dtype"))
-            dtype = dtype_arg(v);
         else if (!strcmp(a, "-n"))
             n_new = (int)number_arg(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--temperature"))
@@ -348,12 +352,12 @@ static int cmd_generate(int argc, char **argv) {
         else
             return usage_error("generate", usage_generate, "unknown argument '%s'", a);
     }
-    if (!ckpt || !!prompt == !!prompts_file)
+    if (!o.ckpt || !!prompt == !!prompts_file)
         return usage_error("generate", usage_generate,
                            "--ckpt and one of --prompt or --prompts are required");
     // the tokenizer: the folder's tokenizer.json unless it is the byte tokenizer's
     char folder[MOE_PATH_MAX + 64];
-    if (checkpoint_resolve(folder, sizeof folder, ckpt)) moe_fatal("%s", moe_last_error());
+    if (checkpoint_resolve(folder, sizeof folder, o.ckpt)) moe_fatal("%s", moe_last_error());
     const int hf_tok = tokenizer_has_hf(folder) && !tokenizer_is_byte_hf(folder);
     char **texts = NULL;
     int n_seq = prompt ? 1 : read_prompts(prompts_file, &texts);
@@ -366,11 +370,11 @@ static int cmd_generate(int argc, char **argv) {
         tokens[i] = encode_prompt(folder, hf_tok, texts[i], &n_tok[i]);
         if (n_tok[i] > longest) longest = n_tok[i];
     }
-    moe_backend *be = open_device(device);
+    moe_backend *be = open_device(o.device);
     model m;
     // the KV cache holds what this call needs (at most max_position_embeddings), per sequence
-    say_precision("generate", dtype, be);
-    if (infer_load_batch(&m, be, NULL, ckpt, longest + n_new, s.prefill_chunk, dtype, batch))
+    say_precision("generate", o.dtype, be);
+    if (infer_load_batch(&m, be, NULL, o.ckpt, longest + n_new, s.prefill_chunk, o.dtype, batch))
         moe_fatal("%s", moe_last_error());
     if (!hf_tok && m.cfg.vocab_size < 256)
         moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",
@@ -384,9 +388,9 @@ static int cmd_generate(int argc, char **argv) {
     int **outs = calloc((size_t)n_seq, sizeof *outs), *n_out = calloc((size_t)n_seq, sizeof(int));
     for (int i = 0; i < n_seq; i++) outs[i] = malloc((size_t)n_new * sizeof(int));
     serve_stats ss;
-    if (stats && serve_stats_init(&ss, &m, stats_window, stats_out))
+    if (o.stats && serve_stats_init(&ss, &m, o.stats_window, o.stats_out))
         moe_fatal("%s", moe_last_error());
-    s.stats = stats ? &ss : NULL;
+    s.stats = o.stats ? &ss : NULL;
     for (int i = 0; i < n_seq; i += batch) { // prompts in groups of --batch, decoded together
         const int B = n_seq - i < batch ? n_seq - i : batch;
         moe_status st = prompt
@@ -408,7 +412,7 @@ static int cmd_generate(int argc, char **argv) {
                     i + 1, n_out[i], m.max_pos);
         free(text);
     }
-    if (stats) {
+    if (o.stats) {
         const int E = m.cfg.moe.n_experts;
         printf("expert hits per layer while decoding (top-%d assignments%s):\n", m.cfg.moe.top_k,
                n_seq > 1 ? ", the last batch" : "");
