@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "bench/bench_clock.h"
+#include "bench/bench_layer_args.h"
 #include "layers/cpu/cpu_backend.h"
 #include "layers/moe.h"
 
@@ -82,27 +83,12 @@ static void expert_gemms_bf16(moe_backend *be, const moe_layer *L, const moe_wei
 }
 
 int main(int argc, char **argv) {
-    int T = 4096, d = 512, ff = 1408, E = 8, k = 2, reps = 7, warmup = 2, json = 0;
+    bench_layer_args o = {.T = 4096, .d = 512, .ff = 1408, .E = 8, .k = 2, .reps = 7, .warmup = 2};
     moe_dtype dtype = MOE_DTYPE_F32;
     for (int i = 1; i < argc; i++) {
         int more = i + 1 < argc;
-        if (!strcmp(argv[i], "--T") && more)
-            T = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--d") && more)
-            d = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ff") && more)
-            ff = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--E") && more)
-            E = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--k") && more)
-            k = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && more)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--warmup") && more)
-            warmup = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--dtype") && more && !strcmp(argv[i + 1], "bf16"))
+        if (bench_layer_arg(&o, argc, argv, &i)) continue;
+        if (!strcmp(argv[i], "--dtype") && more && !strcmp(argv[i + 1], "bf16"))
             dtype = MOE_DTYPE_BF16, i++;
         else if (!strcmp(argv[i], "--dtype") && more && !strcmp(argv[i + 1], "fp32"))
             dtype = MOE_DTYPE_F32, i++;
@@ -111,7 +97,9 @@ int main(int argc, char **argv) {
                       "--warmup --json --dtype fp32|bf16)",
                       argv[i]);
     }
-    if (reps < 1 || reps > 1000) moe_fatal("bench_moe_layer: --reps must be in [1, 1000]");
+    if (o.reps < 1 || o.reps > 1000) moe_fatal("bench_moe_layer: --reps must be in [1, 1000]");
+    const int T = o.T, d = o.d, ff = o.ff, E = o.E, k = o.k, reps = o.reps, warmup = o.warmup,
+              json = o.json;
     moe_config cfg = moe_config_default(d, ff, E, k);
     cfg.dtype = dtype;
     const int bf16 = dtype == MOE_DTYPE_BF16;

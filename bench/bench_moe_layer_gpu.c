@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bench/bench_clock.h"
+#include "bench/bench_layer_args.h"
 #include "cuda/cuda_backend.h"
 #include "layers/moe.h"
 #include "layers/rng.h"
@@ -48,31 +49,16 @@ static void expert_gemms(moe_backend *be, moe_layer *L, const moe_weights *w, co
 }
 
 int main(int argc, char **argv) {
-    int T = 4096, d = 1024, ff = 1024, E = 8, k = 2, reps = 5, warmup = 2, json = 0;
+    bench_layer_args o = {.T = 4096, .d = 1024, .ff = 1024, .E = 8, .k = 2, .reps = 5, .warmup = 2};
     for (int i = 1; i < argc; i++) {
-        int more = i + 1 < argc;
-        if (!strcmp(argv[i], "--T") && more)
-            T = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--d") && more)
-            d = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ff") && more)
-            ff = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--E") && more)
-            E = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--k") && more)
-            k = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && more)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--warmup") && more)
-            warmup = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else
+        if (!bench_layer_arg(&o, argc, argv, &i))
             moe_fatal("bench_moe_layer_gpu: unknown argument '%s' (--T --d --ff --E --k --reps "
                       "--warmup --json)",
                       argv[i]);
     }
-    if (reps < 1 || reps > 1000) moe_fatal("bench_moe_layer_gpu: --reps must be in [1, 1000]");
+    if (o.reps < 1 || o.reps > 1000) moe_fatal("bench_moe_layer_gpu: --reps must be in [1, 1000]");
+    const int T = o.T, d = o.d, ff = o.ff, E = o.E, k = o.k, reps = o.reps, warmup = o.warmup,
+              json = o.json;
     moe_backend *be;
     if (moe_backend_create(&be, "cuda", NULL)) {
         printf("skipped: %s\n", moe_last_error());
