@@ -25,9 +25,18 @@ static void cpu_copy(moe_backend *be, void *dst, const void *src, size_t bytes) 
     CPU_KERNEL(be);
     if (bytes) memcpy(dst, src, bytes);
 }
+// Large buffers (the gradients: 30 MB for shakespeare.cfg) are cleared in 1 MiB slices over
+// the threads: one core's stores do not reach the memory's write bandwidth.
 static void cpu_zero(moe_backend *be, void *ptr, size_t bytes) {
     CPU_KERNEL(be);
-    if (bytes) memset(ptr, 0, bytes);
+    const size_t slice = (size_t)1 << 20;
+    if (bytes < 4 * slice) {
+        if (bytes) memset(ptr, 0, bytes);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t o = 0; o < bytes; o += slice)
+        memset((char *)ptr + o, 0, bytes - o < slice ? bytes - o : slice);
 }
 
 static const char *cpu_describe(moe_backend *be) {
