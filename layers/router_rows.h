@@ -135,7 +135,8 @@ MOE_HD static inline moe_router_loss_sums moe_router_loss_sums_add(moe_router_lo
 MOE_HD static inline moe_router_loss_sums moe_router_loss_row(const real *p, const real *z,
                                                               real lse, const int *counts,
                                                               const int *sc, int E, int seq_on) {
-    moe_router_loss_sums r = {0, 0, 0, (double)lse * lse, lse, 0, 0, 0};
+    moe_router_loss_sums r = {0, 0, 0, 0, 0, 0, 0, 0};
+    r.z = (double)lse * lse, r.lse = lse;
     for (int e = 0; e < E; e++) {
         r.aux += (double)counts[e] * p[e];
         if (seq_on) r.seq += (double)sc[e] * p[e];
