@@ -1,44 +1,198 @@
-// Whole small files (see files.h).
+// Files a user names, and whole small files (see files.h).
 #define _POSIX_C_SOURCE 200809L // fsync, fileno
 
 #include "data/files.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-moe_status file_read_all(const char *path, size_t max, char **out, size_t *len) {
+// What st_mode is, for "not a regular file (...)".
+static const char *file_kind(mode_t m) {
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a file";
+}
+
+// "16 MiB", "64 GiB", or the bytes: the cap in words.
+static void human_bytes(char *buf, size_t size, uint64_t n) {
+    if (n >= (1ull << 30) && n % (1ull << 30) == 0)
+        snprintf(buf, size, "%llu GiB", (unsigned long long)(n >> 30));
+    else if (n >= (1ull << 20) && n % (1ull << 20) == 0)
+        snprintf(buf, size, "%llu MiB", (unsigned long long)(n >> 20));
+    else
+        snprintf(buf, size, "%llu bytes", (unsigned long long)n);
+}
+
+static moe_status too_large(const char *path, const char *what, uint64_t n, uint64_t max) {
+    char cap[32];
+    human_bytes(cap, sizeof cap, max);
+    return moe_error(MOE_EIO, "%s: is %llu bytes, more than the %llu (%s) %s file may have", path,
+                     (unsigned long long)n, (unsigned long long)max, cap, what);
+}
+
+moe_status file_open_input(const char *path, const char *what, uint64_t max, FILE **out,
+                           uint64_t *size) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
-    char *s = NULL;
-    size_t n = 0, cap = 0, r = 1;
-    while (r > 0 && n <= max) { // read until EOF or past max, doubling the buffer
-        if (n + 1 >= cap) {
-            char *t = realloc(s, cap ? 2 * cap : 4096);
-            if (!t) {
-                free(s), fclose(f);
-                return moe_error(MOE_ENOMEM, "%s: out of memory reading it", path);
-            }
-            s = t, cap = cap ? 2 * cap : 4096;
-        }
-        r = fread(s + n, 1, cap - n - 1, f);
-        n += r;
+    // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused below)
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        const int e = errno;
+        moe_status st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(e));
+        errno = e;
+        return st;
     }
-    int bad = ferror(f);
+    struct stat sb;
+    moe_status st = MOE_OK;
+    if (fstat(fd, &sb) != 0)
+        st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
+    else if (S_ISDIR(sb.st_mode))
+        st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(EISDIR));
+    else if (!S_ISREG(sb.st_mode))
+        st = moe_error(MOE_EIO, "%s: not a regular file (%s): %s must be a regular file", path,
+                       file_kind(sb.st_mode), what);
+    else if ((uint64_t)sb.st_size > max)
+        st = too_large(path, what, (uint64_t)sb.st_size, max);
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ||
+             !(*out = fdopen(fd, "rb")))
+        st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
+    if (st) {
+        close(fd);
+        return st;
+    }
+    if (size) *size = (uint64_t)sb.st_size;
+    return MOE_OK;
+}
+
+moe_status file_read_input(const char *path, const char *what, size_t max, int text, char **out,
+                           size_t *len) {
+    *out = NULL;
+    FILE *f;
+    uint64_t size;
+    moe_status st = file_open_input(path, what, max, &f, &size);
+    if (st) return st;
+    size_t cap = (size_t)size + 2, n = 0; // room to see one byte more than fstat said
+    char *s = malloc(cap);
+    while (s) {
+        n += fread(s + n, 1, cap - 1 - n, f);
+        if (n > max || ferror(f) || feof(f) || n < cap - 1) break;
+        cap = cap * 2 > max + 2 ? max + 2 : cap * 2; // it grew since fstat
+        char *t = realloc(s, cap);
+        if (!t) free(s);
+        s = t;
+    }
+    if (!s) {
+        fclose(f);
+        return moe_error(MOE_ENOMEM, "%s: out of memory reading it", path);
+    }
+    const int bad = ferror(f);
     fclose(f);
     if (bad || n > max) {
         free(s);
-        return bad ? moe_error(MOE_EIO, "%s: read error", path)
-                   : moe_error(MOE_EIO, "%s: larger than %zu bytes", path, max);
+        return bad ? moe_error(MOE_EIO, "%s: read error", path) : too_large(path, what, n, max);
     }
     s[n] = 0;
+    const char *nul = text ? memchr(s, 0, n) : NULL;
+    if (nul) {
+        const size_t at = (size_t)(nul - s);
+        free(s);
+        return moe_error(MOE_EINVAL, "%s: contains a NUL byte at offset %zu: not %s file", path, at,
+                         what);
+    }
     *out = s;
     if (len) *len = n;
     return MOE_OK;
+}
+
+moe_status file_read_all(const char *path, size_t max, char **out, size_t *len) {
+    return file_read_input(path, "a file", max, 0, out, len);
+}
+
+#define FILE_LINES_BLOCK ((size_t)1 << 16)
+
+moe_status file_lines_open(file_lines *r, const char *path, const char *what, uint64_t max_file,
+                           size_t max_line) {
+    memset(r, 0, sizeof *r);
+    r->path = path;
+    r->max_line = max_line;
+    moe_status st = file_open_input(path, what, max_file, &r->f, NULL);
+    if (st) return st;
+    if (!(r->block = malloc(FILE_LINES_BLOCK)) || !(r->line = malloc(r->cap = 256))) {
+        file_lines_close(r);
+        return moe_error(MOE_ENOMEM, "%s: out of memory", path);
+    }
+    return MOE_OK;
+}
+
+// Appends n bytes to the line, within max_line.
+static int line_append(file_lines *r, const char *p, size_t n, moe_status *st) {
+    if (r->len + n > r->max_line) {
+        *st = moe_error(MOE_EIO, "%s:%ld: line longer than %zu bytes", r->path, r->lineno,
+                        r->max_line);
+        return -1;
+    }
+    if (r->len + n + 1 > r->cap) {
+        size_t cap = r->cap;
+        while (cap < r->len + n + 1) cap *= 2;
+        char *t = realloc(r->line, cap);
+        if (!t) {
+            *st = moe_error(MOE_ENOMEM, "%s:%ld: out of memory", r->path, r->lineno);
+            return -1;
+        }
+        r->line = t, r->cap = cap;
+    }
+    memcpy(r->line + r->len, p, n);
+    r->len += n;
+    return 0;
+}
+
+int file_lines_next(file_lines *r, moe_status *st) {
+    *st = MOE_OK;
+    r->len = 0;
+    r->has_newline = 0;
+    r->lineno++;
+    for (;;) {
+        if (r->pos == r->end) {
+            r->pos = 0;
+            r->end = fread(r->block, 1, FILE_LINES_BLOCK, r->f);
+            if (r->end == 0) {
+                if (ferror(r->f)) {
+                    *st = moe_error(MOE_EIO, "%s: read error", r->path);
+                    return -1;
+                }
+                if (r->len == 0) return 0; // the end
+                break;                     // a last line without its newline
+            }
+        }
+        const char *p = r->block + r->pos, *nl = memchr(p, '\n', r->end - r->pos);
+        const size_t n = nl ? (size_t)(nl - p) : r->end - r->pos;
+        if (line_append(r, p, n, st)) return -1;
+        r->pos += n + (nl != NULL);
+        if (nl) {
+            r->has_newline = 1;
+            break;
+        }
+    }
+    r->line[r->len] = 0;
+    const char *nul = memchr(r->line, 0, r->len);
+    if (nul) {
+        *st = moe_error(MOE_EIO, "%s:%ld: NUL byte at column %zu", r->path, r->lineno,
+                        (size_t)(nul - r->line) + 1);
+        return -1;
+    }
+    return 1;
+}
+
+void file_lines_close(file_lines *r) {
+    if (r->f) fclose(r->f);
+    free(r->line), free(r->block);
+    memset(r, 0, sizeof *r);
 }
 
 moe_status file_write_synced(const char *path, const void *data, size_t n) {
@@ -52,7 +206,7 @@ moe_status file_write_synced(const char *path, const void *data, size_t n) {
 moe_status file_read_json_object(const char *path, size_t max, cJSON **out) {
     char *text;
     *out = NULL;
-    moe_status st = file_read_all(path, max, &text, NULL);
+    moe_status st = file_read_input(path, "a JSON", max, 1, &text, NULL);
     if (st) return st;
     cJSON *j = cJSON_Parse(text);
     free(text);

@@ -58,7 +58,9 @@ struct moe_comm {
 
 // The world: "mpi" when this process was started by mpirun (and the build has MPI), else
 // "single". MOE_EINVAL with the reason when mpirun started R > 1 ranks of a build without
-// MPI. The world is created once per process; destroying it finalises MPI.
+// MPI. An MPI world is created once per process and shared: each call returns the same
+// communicator, each call is matched by one destroy, and the last destroy finalises MPI (which
+// cannot start again in that process).
 moe_status moe_comm_world(moe_comm **out);
 
 // The one-rank communicator (tests; what moe_comm_world gives outside mpirun).

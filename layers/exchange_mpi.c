@@ -147,8 +147,15 @@ static void abort_world(int code) {
     MPI_Abort(MPI_COMM_WORLD, code);
 }
 
+// The world of this process (moe_comm_world), and how many of its holders have not destroyed it
+// yet: the last destroy finalises MPI.
+static moe_comm *the_world;
+static int world_holders;
+
 static void mpi_destroy(moe_comm *c) {
     mpi_state *s = c->state;
+    if (c == the_world && --world_holders > 0) return;
+    if (c == the_world) the_world = NULL;
     free(s->stage[0]), free(s->stage[1]);
     if (s->owns_mpi) {
         moe_set_fatal_exit(NULL, -1);
@@ -205,6 +212,11 @@ static moe_status mpi_split(moe_comm *c, int color, int key, moe_comm **out) {
 moe_status moe_comm_world(moe_comm **out) {
     *out = NULL;
     if (moe_launch_size() <= 1) return moe_comm_single(out); // not under mpirun (or -np 1)
+    if (the_world) { // one world per process, shared by its holders
+        world_holders++;
+        *out = the_world;
+        return MOE_OK;
+    }
     int provided;
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
         return moe_error(MOE_EIO, "exchange: MPI_Init failed");
@@ -213,5 +225,6 @@ moe_status moe_comm_world(moe_comm **out) {
     MPI_Comm_dup(MPI_COMM_WORLD, &world);
     moe_status st = wrap(world, 1, out);
     if (!st) moe_set_fatal_exit(abort_world, (*out)->rank); // one rank's fatal error ends all
+    if (!st) the_world = *out, world_holders = 1;
     return st;
 }

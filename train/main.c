@@ -2,12 +2,14 @@
 // help; moe --version.
 #define _POSIX_C_SOURCE 200809L // getline, strdup
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/files.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -16,6 +18,7 @@
 #include "train/ckpt/checkpoint.h"
 #include "train/config/config.h"
 #include "train/infer.h"
+#include "train/launch.h"
 #include "train/smoke.h"
 #include "train/serve_stats.h"
 #include "train/stats/stats.h"
@@ -237,6 +240,11 @@ static int cmd_eval(int argc, char **argv) {
     // under mpirun the experts spread over the ranks; rank 0 prints
     moe_comm *world;
     if (moe_comm_world(&world)) moe_fatal("%s", moe_last_error());
+    launch_intent me = {.command = "eval", .resume_step = -1};
+    snprintf(me.inputs, sizeof me.inputs, "--ckpt %s --data %s --seq-len %d --max-windows %ld%s%s",
+             o.ckpt, data, seq_len, max_windows, o.dtype == MOE_DTYPE_BF16 ? " --dtype bf16" : "",
+             o.stats ? " --stats" : "");
+    if (launch_agree(world, &me)) moe_fatal("eval: %s", moe_last_error()); // (before any work)
     if (world->rank && !freopen("/dev/null", "w", stdout)) moe_fatal("cannot silence stdout");
     moe_backend *be = open_device(o.device);
     model m;
@@ -269,24 +277,28 @@ static int cmd_eval(int argc, char **argv) {
     return 0;
 }
 
-// The prompts of --prompts FILE: one per line, empty lines skipped (a fatal error names the
-// file when it cannot be read or holds none).
+#define PROMPTS_MAX_BYTES ((uint64_t)16 << 20)
+
+// The prompts of --prompts FILE: one per line, empty lines skipped; a regular file of at most
+// 16 MiB without NUL bytes (data/files.h). A fatal error names the file (and the line) when it
+// cannot be read or holds no prompt.
 static int read_prompts(const char *path, char ***out) {
-    FILE *f = fopen(path, "r");
-    if (!f) moe_fatal("generate: --prompts %s: cannot open", path);
-    char *line = NULL;
-    size_t cap = 0;
-    int n = 0, room = 0;
+    file_lines r;
+    moe_status st =
+        file_lines_open(&r, path, "a prompt list", PROMPTS_MAX_BYTES, (size_t)PROMPTS_MAX_BYTES);
+    if (st) moe_fatal("generate: --prompts %s", moe_last_error());
+    int n = 0, room = 0, got;
     char **v = NULL;
-    for (ssize_t len; (len = getline(&line, &cap, f)) >= 0;) {
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+    while ((got = file_lines_next(&r, &st)) == 1) {
+        size_t len = r.len;
+        if (len > 0 && r.line[len - 1] == '\r') r.line[--len] = 0;
         if (!len) continue;
         if (n == room && !(v = realloc(v, (size_t)(room = room ? 2 * room : 16) * sizeof *v)))
             moe_fatal("generate: out of memory");
-        if (!(v[n++] = strdup(line))) moe_fatal("generate: out of memory");
+        if (!(v[n++] = strdup(r.line))) moe_fatal("generate: out of memory");
     }
-    free(line);
-    fclose(f);
+    file_lines_close(&r);
+    if (got < 0) moe_fatal("generate: --prompts %s", moe_last_error());
     if (!n) moe_fatal("generate: --prompts %s: no prompt in it (one per line)", path);
     *out = v;
     return n;
@@ -464,10 +476,17 @@ static int cmd_export(int argc, char **argv) {
     if (!ckpt || !out) return usage_error("export", usage_export, "--ckpt and --out are required");
     moe_backend *be = open_device(device);
     model m;
-    if (infer_load(&m, be, ckpt, 1, 1)) moe_fatal("%s", moe_last_error());
-    // (with ckpt's tokenizer files)
-    if (hf_export_from(out, ckpt, &m, dtype, CHECKPOINT_SHARD_BYTES))
+    // a refusal frees what it holds first (the backend, the model): the error is the only output
+    if (infer_load(&m, be, ckpt, 1, 1)) {
+        moe_backend_destroy(be);
         moe_fatal("%s", moe_last_error());
+    }
+    // (with ckpt's tokenizer files)
+    if (hf_export_from(out, ckpt, &m, dtype, CHECKPOINT_SHARD_BYTES)) {
+        model_destroy(&m);
+        moe_backend_destroy(be);
+        moe_fatal("%s", moe_last_error());
+    }
     printf("exported %s (%s, %.2fM parameters) to %s\n", ckpt, st_dtype_name(dtype),
            m.n_params / 1e6, out);
     model_destroy(&m);
@@ -510,6 +529,30 @@ static int cmd_prepare(int argc, char **argv) {
     printf("%s/train.bin: %llu tokens, %s/val.bin: %llu tokens\n", out, (unsigned long long)n_train,
            out, (unsigned long long)n_val);
     return 0;
+}
+
+// The world of a launch of several ranks (NULL on one), after its ranks agreed to train the
+// same config the same way: the same checkpoint and step to resume, --overwrite, --dry-run.
+static moe_comm *agree_on_train(const moe_train_config *cfg, const char *resume, int overwrite,
+                                int dry_run) {
+    if (moe_launch_size() <= 1) return NULL;
+    moe_comm *world;
+    if (moe_comm_world(&world)) moe_fatal("%s", moe_last_error());
+    launch_intent me = {.command = "train",
+                        .config_hash = launch_config_hash(cfg),
+                        .resume_step = -1,
+                        .overwrite = overwrite,
+                        .dry_run = dry_run};
+    char folder[MOE_PATH_MAX + 64];
+    checkpoint_state cs;
+    if (resume) snprintf(me.resume, sizeof me.resume, "%s", resume);
+    if (resume && !checkpoint_resolve(folder, sizeof folder, resume) &&
+        !checkpoint_state_read(&cs, folder)) {
+        me.resume_step = cs.ts.step;
+        free(cs.ts.capacity.need);
+    }
+    if (launch_agree(world, &me)) moe_fatal("train: %s", moe_last_error());
+    return world;
 }
 
 // usage_error, freeing the --set list first
@@ -568,6 +611,8 @@ static int cmd_train(int argc, char **argv) {
             moe_fatal("%s", moe_last_error());
         resume = resolved;
     }
+    // under mpirun: every rank agrees on what it is about to do before any of it (launch.h)
+    moe_comm *world = agree_on_train(cfg, resume, overwrite, dry_run);
     const int holds = trainer_run_dir_holds(cfg->run_dir, what, sizeof what);
     if (dry_run) {
         if (trainer_dry_run(cfg)) moe_fatal("%s", moe_last_error());
@@ -580,6 +625,7 @@ static int cmd_train(int argc, char **argv) {
             printf("log.dir: %s (a new run)\n", cfg->run_dir);
         printf("dry run: nothing trained, no run directory created, no data read or prepared\n");
         free(cfg);
+        if (world) world->destroy(world);
         return 0;
     }
     if (!resume && holds) {
@@ -600,6 +646,7 @@ static int cmd_train(int argc, char **argv) {
     trainer_result_free(&res);
     free(cfg);
     if (st) moe_fatal("%s", moe_last_error());
+    if (world) world->destroy(world); // the last holder: MPI ends here
     return 0;
 }
 
@@ -762,5 +809,12 @@ int main(int argc, char **argv) {
     if (!help && (!strcmp(name, "train") || !strcmp(name, "eval") || !strcmp(name, "generate") ||
                   !strcmp(name, "smoke")))
         moe_blas_check(argv);
-    return c->run(argc - 2, argv + 2);
+    const int rc = c->run(argc - 2, argv + 2);
+    // the result is what the user asked for: a stdout that cannot take it (a full disk,
+    // > /dev/full, a closed pipe) is a failure, not an exit 0 with the result lost
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        moe_fatal("%s: cannot write the output to standard output: %s", name,
+                  errno ? strerror(errno) : "write error");
+    return rc;
 }

@@ -24,6 +24,7 @@
 #include "data/tokenizer.h"
 #include "optim/optimizer.h"
 #include "train/ckpt/checkpoint.h"
+#include "train/launch.h"
 #include "train/log.h"
 #include "layers/rng.h"
 
@@ -1644,29 +1645,13 @@ static moe_status write_run_config(const moe_train_config *cfg) {
     return st;
 }
 
-// Every rank must train the same run: the resolved configs (as config.cfg writes them) are
-// hashed and compared; a rank whose config differs from rank 0's is named.
+// Every rank must train the same run: the resolved configs are hashed and compared
+// (train/launch.h; `moe train` compared the rest of its intent before); a rank whose config
+// differs from rank 0's is named.
 static moe_status trainer_same_config(trainer *t, const moe_train_config *cfg) {
-    char *text = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&text, &n);
-    if (!f || moe_train_config_write(cfg, f) || fclose(f)) moe_fatal("trainer: out of memory");
-    uint64_t h = 1469598103934665603ull; // FNV-1a over the text
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
-    free(text);
-    uint64_t *all = malloc((size_t)t->R * sizeof *all);
-    if (!all) moe_fatal("trainer: out of memory");
-    t->world->allgather(t->world, all, &h, sizeof h);
-    int differs = 0;
-    for (int r = 1; r < t->R && !differs; r++)
-        if (all[r] != all[0]) differs = r;
-    free(all);
-    if (differs)
-        return moe_error(MOE_EINVAL,
-                         "the ranks were given different configs: rank %d's resolved "
-                         "config differs from rank 0's (the same file and --set on every rank)",
-                         differs);
-    return MOE_OK;
+    launch_intent me = {.command = "train", .config_hash = launch_config_hash(cfg)};
+    me.resume_step = -1;
+    return launch_agree(t->world, &me);
 }
 
 // The world of the run (mpirun's ranks, else one), then the run directory and its config.cfg

@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/files.h"
 #include "layers/backend.h" // moe_drop_policy: drop_policy's ints are its values
 
 _Static_assert(MOE_DROP_PROBS == 0 && MOE_DROP_POSITION == 1,
@@ -1496,78 +1497,11 @@ out:
 
 // ---- load -----------------------------------------------------------------------------------
 
-static const char *file_kind(mode_t m) {
-    if (S_ISFIFO(m)) return "a FIFO";
-    if (S_ISCHR(m)) return "a character device";
-    if (S_ISBLK(m)) return "a block device";
-    if (S_ISSOCK(m)) return "a socket";
-    return "not a file";
-}
-
-static moe_status too_large(const char *path, size_t n) {
-    return moe_error(MOE_EIO, "%s: is %zu bytes, more than the %d (%d MiB) a config file may have",
-                     path, n, MOE_CONFIG_MAX_BYTES, MOE_CONFIG_MAX_BYTES >> 20);
-}
-
-// The bytes of fd, at most MOE_CONFIG_MAX_BYTES (a file that grows past it while being read
-// is refused too), NUL-terminated.
-static moe_status read_fd(int fd, const char *path, size_t size, char **out) {
-    size_t cap = size + 2, len = 0; // room to see one byte more than fstat said
-    char *text = malloc(cap);
-    for (;;) {
-        if (!text) return moe_error(MOE_ENOMEM, "%s: out of memory", path);
-        ssize_t r = read(fd, text + len, cap - 1 - len);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            int e = errno;
-            free(text);
-            return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(e));
-        }
-        if (r == 0) break;
-        len += (size_t)r;
-        if (len > MOE_CONFIG_MAX_BYTES) {
-            free(text);
-            return too_large(path, len);
-        }
-        if (len == cap - 1) { // it grew since fstat
-            cap = cap * 2 > MOE_CONFIG_MAX_BYTES + 2 ? MOE_CONFIG_MAX_BYTES + 2 : cap * 2;
-            char *bigger = realloc(text, cap);
-            if (!bigger) free(text);
-            text = bigger;
-        }
-    }
-    text[len] = '\0';
-    *out = text;
-    if (strlen(text) == len) return MOE_OK;
-    size_t at = strlen(text);
-    free(text);
-    *out = NULL;
-    return moe_error(MOE_EINVAL, "%s: contains a NUL byte at offset %zu: not a config file", path,
-                     at);
-}
-
-// A config file (the main one or an @included one). Only a regular file of at most
-// MOE_CONFIG_MAX_BYTES is read: /dev/zero would never end, and a FIFO would block (it is
-// opened O_NONBLOCK, so not even the open waits for a writer). A NUL byte is refused too:
-// libconfig would stop reading at it.
+// A config file (the main one or an @included one): a regular file of at most
+// MOE_CONFIG_MAX_BYTES without NUL bytes (data/files.h: /dev/zero would never end, a FIFO would
+// block, and libconfig would stop reading at a NUL).
 static moe_status read_whole_file(const char *path, char **out) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
-    struct stat sb;
-    moe_status st;
-    if (fstat(fd, &sb) != 0)
-        st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
-    else if (S_ISDIR(sb.st_mode))
-        st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(EISDIR));
-    else if (!S_ISREG(sb.st_mode))
-        st = moe_error(MOE_EIO, "%s: not a regular file (%s): a config must be a regular file",
-                       path, file_kind(sb.st_mode));
-    else if (sb.st_size > MOE_CONFIG_MAX_BYTES)
-        st = too_large(path, (size_t)sb.st_size);
-    else
-        st = read_fd(fd, path, (size_t)sb.st_size, out);
-    close(fd);
-    return st;
+    return file_read_input(path, "a config", MOE_CONFIG_MAX_BYTES, 1, out, NULL);
 }
 
 moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_set,

@@ -1,6 +1,6 @@
 # train/config: library moe_train_config (libconfig file -> validated struct) and its tests.
 moe_component(moe_train_config SOURCES ${CMAKE_CURRENT_LIST_DIR}/config.c
-  LINK moe_layers PkgConfig::LIBCONFIG m)
+  LINK moe_data moe_layers PkgConfig::LIBCONFIG m)
 
 if(MOE_BUILD_TESTS)
   # One program, one ctest per case (tests/config/test_config.c lists the same names); each

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/stats/records.h"
 #include "train/stats/stats.h"
 
 #define MAX_E 4096
@@ -67,75 +68,55 @@ static int add_layer(plan_in *p, int l) {
     return 1;
 }
 
-// Reads RUN_DIR/expert_load.jsonl (a partial last line is ignored).
-static int read_load(plan_in *p, const char *dir, FILE *err) {
-    char path[4200];
+// One validated record (records.h) into the plan's inputs.
+static moe_status on_record(void *ctx, const stats_load_rec *r) {
+    plan_in *p = ctx;
+    const int E = p->E, l = (int)r->layer;
+    if (!add_layer(p, l)) return moe_error(MOE_ENOMEM, "out of memory");
+    if (p->n[l] == p->cap[l]) {
+        size_t nc = p->cap[l] ? 2 * p->cap[l] : 256;
+        long *nb = realloc(p->counts[l], nc * E * sizeof(long));
+        if (!nb) return moe_error(MOE_ENOMEM, "out of memory");
+        p->counts[l] = nb, p->cap[l] = nc;
+    }
+    memcpy(p->counts[l] + p->n[l]++ * E, r->counts, (size_t)E * sizeof(long));
+    if (r->tokens > 0) p->tokens[l] += (double)r->tokens;
+    if (r->coact) {
+        p->have_coact = 1;
+        const long *v = r->coact;
+        for (int i = 0; i < E; i++)
+            for (int j = i + 1; j < E; j++, v++)
+                p->coact[l][i * E + j] += (double)*v, p->coact[l][j * E + i] += (double)*v;
+    }
+    return MOE_OK;
+}
+
+// Reads RUN_DIR/expert_load.jsonl with the validated reader (a partial last line is ignored).
+static int read_load(plan_in *p, const char *dir, const moe_train_config *cfg, FILE *err) {
+    char path[MOE_PATH_MAX + 32], cfg_path[MOE_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/expert_load.jsonl", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(err, "moe stats: error: %s: cannot open\n", path);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.cfg", dir);
+    p->E = cfg->model.moe.n_experts;
+    if (p->E > MAX_E) {
+        fprintf(err, "moe stats: error: --placement plans at most %d experts (%s: %d)\n", MAX_E,
+                cfg_path, p->E);
         return 1;
     }
-    char *line = NULL;
-    size_t len = 0;
-    long lineno = 0;
-    int rc = 0;
-    while (!rc && getline(&line, &len, f) > 0) {
-        lineno++;
-        if (line[strlen(line) - 1] != '\n') break; // a run in progress
-        cJSON *o = cJSON_Parse(line);
-        const cJSON *lay = cJSON_GetObjectItemCaseSensitive(o, "layer"),
-                    *cnt = cJSON_GetObjectItemCaseSensitive(o, "counts"),
-                    *co = cJSON_GetObjectItemCaseSensitive(o, "coactivation"),
-                    *tok = cJSON_GetObjectItemCaseSensitive(o, "tokens");
-        const int E = cJSON_IsArray(cnt) ? cJSON_GetArraySize(cnt) : 0;
-        if (!o || !cJSON_IsNumber(lay) || lay->valuedouble < 0 || lay->valuedouble > 65535 ||
-            E < 1 || E > MAX_E || (p->E && E != p->E)) {
-            fprintf(err, "moe stats: error: %s:%ld: not a load record (layer, counts)\n", path,
-                    lineno);
-            rc = 1;
-        } else {
-            p->E = E;
-            const int l = (int)lay->valuedouble;
-            if (!add_layer(p, l)) {
-                fprintf(err, "moe stats: error: out of memory\n");
-                rc = 1;
-            } else {
-                if (p->n[l] == p->cap[l]) {
-                    size_t nc = p->cap[l] ? 2 * p->cap[l] : 256;
-                    long *nb = realloc(p->counts[l], nc * E * sizeof(long));
-                    if (!nb)
-                        rc = 1;
-                    else
-                        p->counts[l] = nb, p->cap[l] = nc;
-                }
-                long *row = rc ? NULL : p->counts[l] + p->n[l] * E;
-                const cJSON *x;
-                int e = 0;
-                cJSON_ArrayForEach(x, cnt) if (row) row[e++] =
-                    cJSON_IsNumber(x) ? (long)x->valuedouble : 0;
-                if (row) p->n[l]++;
-                p->tokens[l] += cJSON_IsNumber(tok) ? tok->valuedouble : 0;
-                if (cJSON_IsArray(co) && cJSON_GetArraySize(co) == E * (E - 1) / 2) {
-                    p->have_coact = 1;
-                    const cJSON *v = co->child;
-                    for (int i = 0; i < E; i++)
-                        for (int j = i + 1; j < E; j++, v = v->next) {
-                            const double c = cJSON_IsNumber(v) ? v->valuedouble : 0;
-                            p->coact[l][i * E + j] += c, p->coact[l][j * E + i] += c;
-                        }
-                }
-            }
-        }
-        cJSON_Delete(o);
+    stats_log lg = {.path = path,
+                    .cfg_path = cfg_path,
+                    .E = p->E,
+                    .n_layers = cfg->model.n_layers,
+                    .grad_accum = cfg->grad_accum,
+                    .required = 1};
+    if (stats_read_load(&lg, on_record, p)) {
+        fprintf(err, "moe stats: error: %s\n", moe_last_error());
+        return 1;
     }
-    free(line);
-    fclose(f);
-    if (!rc && !p->L) {
-        fprintf(err, "moe stats: error: %s: no load records\n", path);
-        rc = 1;
+    if (!p->L) {
+        fprintf(err, "moe stats: error: %s: no expert-load records\n", path);
+        return 1;
     }
-    return rc;
+    return 0;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -248,9 +229,11 @@ static cJSON *jcost(const char *name, const plan_cost *c, const int *rank_of, in
     return o;
 }
 
-int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *out, FILE *err) {
-    plan_in p = {.R = R, .k = k, .row_bytes = 4.0 * d_model};
-    if (read_load(&p, dir, err)) {
+int stats_placement(const char *dir, const moe_train_config *cfg, int R, int json, FILE *out,
+                    FILE *err) {
+    const int d_model = cfg->model.d_model;
+    plan_in p = {.R = R, .k = cfg->model.moe.top_k, .row_bytes = 4.0 * d_model};
+    if (read_load(&p, dir, cfg, err)) {
         plan_free(&p);
         return 1;
     }

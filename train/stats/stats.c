@@ -17,14 +17,14 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "layers/moe.h"
 #include "layers/status.h"
 #include "layers/timing.h"
 #include "train/config/config.h"
+#include "train/stats/records.h"
 
-#define STATS_MAX_EXPERTS 65536
-#define STATS_MAX_LAYERS 65536
 #define STATS_DEFAULT_WINDOW 100
 #define STATS_DEFAULT_ALERT 1.5
 #define STATS_DEFAULT_MAX_DROP 0.01
@@ -141,9 +141,6 @@ typedef struct {
     size_t ring_rows;
 } layer_t;
 
-// metrics.jsonl's "time" (layers/timing.h): the phases, then these
-enum { TIME_OPTIMIZER = MOE_T_PHASES, TIME_EXCHANGE, TIME_VALIDATION, TIME_CHECKPOINT, TIME_N };
-static const char *const time_extra[] = {"optimizer", "exchange_wait", "validation", "checkpoint"};
 
 typedef struct {
     long step;
@@ -170,16 +167,14 @@ typedef struct {
     int ranks;         // the ranks of an expert-parallel run ("ranks" in its records), 0: one
     layer_t *layers;
     int n_layers; // slots: 1 + the largest layer index seen
-    long *tmp;    // [E]
     metric_t *m;
     size_t m_n, m_cap;
     long m_skipped;
     double last_cf; // capacity_factor of the latest metrics record (schedule/auto), NAN: none
     long last_cf_step;
     int have_metrics;
-    long load_partial, metrics_partial; // line numbers of an ignored partial last line
+    stats_log *lg; // the expert_load.jsonl reader while it reads (its E: the records')
     long tokens_mismatch_line, tokens_seen;
-    long *micro;           // [groups][E] the micro_counts of the record being read
     size_t approx_records; // records of a grad_accum > 1 run without micro_counts
 } run_t;
 
@@ -189,252 +184,13 @@ static void run_free(run_t *rd) {
         free(rd->layers[l].ring);
     }
     free(rd->layers);
-    free(rd->tmp);
-    free(rd->micro);
     free(rd->m);
     free(rd->cfg);
 }
 
-// ---- JSON fields --------------------------------------------------------------------
-
-typedef struct {
-    const char *path;
-    long line;
-} where_t;
-
-static moe_status bad(where_t w, const char *key, const char *what) {
-    return moe_error(MOE_EIO, "%s:%ld: \"%s\" %s", w.path, w.line, key, what);
-}
-
-// A number, or NaN for null or a missing key; an error for any other type.
-static moe_status get_num(where_t w, const cJSON *o, const char *key, double *v) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-    *v = NAN;
-    if (!it || cJSON_IsNull(it)) return MOE_OK;
-    if (!cJSON_IsNumber(it)) return bad(w, key, "is not a number");
-    *v = it->valuedouble;
-    return MOE_OK;
-}
-
-static int is_count(double v) { return v >= 0 && v <= 9007199254740992.0 && v == floor(v); }
-
-// An integer in [lo, hi]; *v = dflt when the key is missing (required: an error) or null.
-static moe_status get_int(where_t w, const cJSON *o, const char *key, int required, long lo,
-                          long hi, long dflt, long *v) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-    *v = dflt;
-    if (!it || (cJSON_IsNull(it) && !required)) {
-        if (required) return bad(w, key, "is missing");
-        return MOE_OK;
-    }
-    if (!cJSON_IsNumber(it)) return bad(w, key, "is not a number");
-    const double d = it->valuedouble;
-    if (!(d == floor(d) && d >= (double)lo && d <= (double)hi)) {
-        char what[96];
-        snprintf(what, sizeof what, "= %.17g is not an integer in [%ld, %ld]", d, lo, hi);
-        return bad(w, key, what);
-    }
-    *v = (long)d;
-    return MOE_OK;
-}
-
-// An array of E non-negative integers into out; `key` names it in errors.
-static moe_status get_counts_array(where_t w, const char *key, const cJSON *a, int E, long *out) {
-    if (!cJSON_IsArray(a)) return bad(w, key, a ? "is not an array" : "is missing");
-    const int n = cJSON_GetArraySize(a);
-    if (n != E) {
-        char what[96];
-        snprintf(what, sizeof what, "has %d entries, expected %d (one per expert)", n, E);
-        return bad(w, key, what);
-    }
-    int e = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, a) {
-        if (!cJSON_IsNumber(it) || !is_count(it->valuedouble)) {
-            char what[96];
-            snprintf(what, sizeof what, "entry %d is not a non-negative integer", e);
-            return bad(w, key, what);
-        }
-        out[e++] = (long)it->valuedouble;
-    }
-    return MOE_OK;
-}
-
-// The member `key` of o: an array of E non-negative integers.
-static moe_status get_counts(where_t w, const cJSON *o, const char *key, int E, long *out) {
-    return get_counts_array(w, key, cJSON_GetObjectItemCaseSensitive(o, key), E, out);
-}
-
-// ---- reading ------------------------------------------------------------------------
-
-typedef moe_status (*line_fn)(run_t *rd, where_t w, const cJSON *obj);
-
-// Calls fn for every JSON object line of path. A missing file is an error when required,
-// else *missing = 1. A last line without its newline that does not parse is a partial
-// write of a run in progress: it is skipped and its number stored in *partial.
-static moe_status read_jsonl(run_t *rd, const char *path, int required, line_fn fn, int *missing,
-                             long *partial) {
-    *missing = 0;
-    *partial = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        if (errno == ENOENT && !required) {
-            *missing = 1;
-            return MOE_OK;
-        }
-        return moe_error(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    long lineno = 0;
-    moe_status st = MOE_OK;
-    while ((len = getline(&line, &cap, f)) != -1) {
-        lineno++;
-        const int has_newline = len > 0 && line[len - 1] == '\n';
-        while (len > 0 && isspace((unsigned char)line[len - 1])) line[--len] = 0;
-        char *p = line;
-        while (*p && isspace((unsigned char)*p)) p++;
-        if (!*p) {
-            if ((size_t)(p - line) != (size_t)len) { // a NUL byte before the end
-                st = moe_error(MOE_EIO, "%s:%ld: NUL byte in the line", path, lineno);
-                break;
-            }
-            continue; // blank line
-        }
-        const size_t n = (size_t)len - (size_t)(p - line);
-        const char *end = NULL;
-        cJSON *obj = strlen(p) == n ? cJSON_ParseWithLengthOpts(p, n, &end, 0) : NULL;
-        if (obj && (!cJSON_IsObject(obj) || end != p + n)) {
-            cJSON_Delete(obj);
-            obj = NULL;
-        }
-        if (!obj) {
-            if (!has_newline) { // the last line, cut short by a writer in progress
-                *partial = lineno;
-                break;
-            }
-            st = moe_error(MOE_EIO, "%s:%ld: not a JSON object: %.60s%s", path, lineno, p,
-                           n > 60 ? "..." : "");
-            break;
-        }
-        st = fn(rd, (where_t){path, lineno}, obj);
-        cJSON_Delete(obj);
-        if (st) break;
-    }
-    if (!st && ferror(f)) st = moe_error(MOE_EIO, "%s: read error: %s", path, strerror(errno));
-    free(line);
-    fclose(f);
-    return st;
-}
-
-// "micro_counts": grad_accum arrays of E counts (one per micro-batch) whose sum is "counts".
-static moe_status get_micro_counts(run_t *rd, where_t w, const cJSON *mc, const long *counts) {
-    const int E = rd->E, n = rd->groups;
-    char what[128];
-    if (!cJSON_IsArray(mc)) return bad(w, "micro_counts", "is not an array");
-    if (cJSON_GetArraySize(mc) != n) {
-        snprintf(what, sizeof what, "has %d entries, expected train.grad_accum%s = %d",
-                 cJSON_GetArraySize(mc), rd->ranks ? " x ranks" : "", n);
-        return bad(w, "micro_counts", what);
-    }
-    if (!rd->micro && !(rd->micro = malloc((size_t)n * E * sizeof *rd->micro)))
-        return moe_error(MOE_ENOMEM, "out of memory");
-    const cJSON *row;
-    int i = 0;
-    cJSON_ArrayForEach(row, mc) {
-        moe_status st = get_counts_array(w, "micro_counts", row, E, rd->micro + (size_t)i * E);
-        if (st) return st;
-        i++;
-    }
-    for (int e = 0; e < E; e++) {
-        long sum = 0;
-        for (i = 0; i < n; i++) sum += rd->micro[(size_t)i * E + e];
-        if (sum != counts[e]) {
-            snprintf(what, sizeof what, "sums to %ld for expert %d, but \"counts\" has %ld", sum, e,
-                     counts[e]);
-            return bad(w, "micro_counts", what);
-        }
-    }
-    return MOE_OK;
-}
-
-static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
-    moe_status st;
-    long step, layer;
-    if ((st = get_int(w, o, "step", 1, 1, LONG_MAX / 2, 0, &step))) return st;
-    if ((st = get_int(w, o, "layer", 1, 0, STATS_MAX_LAYERS - 1, 0, &layer))) return st;
-    if (step < rd->from) return MOE_OK; // --from
-    if (rd->cfg && layer >= rd->cfg->model.n_layers)
-        return moe_error(MOE_EIO,
-                         "%s:%ld: \"layer\" = %ld, but the run has model.n_layers = %d (%s)",
-                         w.path, w.line, layer, rd->cfg->model.n_layers, rd->cfg_path);
-    if (rd->E == 0) { // no config: the first record says how many experts there are
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "counts");
-        if (!cJSON_IsArray(a)) return bad(w, "counts", a ? "is not an array" : "is missing");
-        const int n = cJSON_GetArraySize(a);
-        if (n < 1 || n > STATS_MAX_EXPERTS) {
-            char what[96];
-            snprintf(what, sizeof what, "has %d entries (expected 1..%d experts)", n,
-                     STATS_MAX_EXPERTS);
-            return bad(w, "counts", what);
-        }
-        rd->E = n;
-    }
+// Record r of layer `layer` (its counts [E] into the ring of the last `window` rows).
+static moe_status layer_add(run_t *rd, int layer, const rec_t *r, const long *counts) {
     const int E = rd->E;
-    if (!rd->tmp && !(rd->tmp = malloc(2 * (size_t)E * sizeof *rd->tmp)))
-        return moe_error(MOE_ENOMEM, "out of memory");
-    long *counts = rd->tmp, *kept = rd->tmp + E;
-    if ((st = get_counts(w, o, "counts", E, counts))) return st;
-    const cJSON *kj = cJSON_GetObjectItemCaseSensitive(o, "kept");
-    const int have_kept = kj && !cJSON_IsNull(kj);
-    if (have_kept && (st = get_counts(w, o, "kept", E, kept))) return st;
-
-    rec_t r = {.step = step};
-    if ((st = get_int(w, o, "tokens", 0, 0, LONG_MAX / 2, -1, &r.tokens))) return st;
-    if ((st = get_int(w, o, "capacity", 0, 0, LONG_MAX / 2, -1, &r.capacity))) return st;
-    if ((st = get_num(w, o, "dropped", &r.dropped))) return st;
-    if ((st = get_num(w, o, "entropy", &r.entropy))) return st;
-    if ((st = get_num(w, o, "aux", &r.aux))) return st;
-    if ((st = get_num(w, o, "z", &r.z))) return st;
-    if ((st = get_num(w, o, "exchange_s", &r.exch_s))) return st;
-
-    // max/mean and CV from the counts (the logged fields may be null)
-    double sum = 0;
-    for (int e = 0; e < E; e++) sum += (double)counts[e];
-    int hot;
-    r.routed = sum;
-    moe_load_summary(counts, E, &r.mom, &r.cv, &hot);
-    if (!isfinite(r.dropped) && have_kept) {
-        double d = 0;
-        for (int e = 0; e < E; e++) d += (double)(counts[e] - kept[e]);
-        r.dropped = d;
-    }
-    const cJSON *rk = cJSON_GetObjectItemCaseSensitive(o, "ranks"); // expert parallelism
-    if (rk) {
-        long ranks;
-        if ((st = get_int(w, o, "ranks", 1, 1, 65536, 0, &ranks))) return st;
-        if (rd->ranks && ranks != rd->ranks) return bad(w, "ranks", "changes within the run");
-        if (!rd->ranks) rd->ranks = (int)ranks, rd->groups *= (int)ranks; // grad_accum x ranks
-    }
-    if (rd->capacity) {
-        const cJSON *mc = cJSON_GetObjectItemCaseSensitive(o, "micro_counts");
-        if (mc && !cJSON_IsNull(mc)) { // exact: each micro-batch's own counts
-            if ((st = get_micro_counts(rd, w, mc, counts))) return st;
-            r.need_C = stats_needed_capacity(rd->micro, rd->groups, E, 1, rd->max_drop);
-        } else { // older logs: the step's sum, approximated as equal micro-batches
-            if (rd->groups > 1) rd->approx_records++;
-            r.need_C = stats_needed_capacity(counts, 1, E, rd->groups, rd->max_drop);
-        }
-        if (r.need_C > rd->T_group) r.need_C = rd->T_group; // counts beyond T: a config mismatch
-        r.need_cf = stats_capacity_factor(r.need_C, rd->T_group, rd->top_k, E);
-        if (r.tokens >= 0 && r.tokens != rd->T_group * rd->groups && !rd->tokens_mismatch_line) {
-            rd->tokens_mismatch_line = w.line;
-            rd->tokens_seen = r.tokens;
-        }
-    }
-
-    // the layer
     if (layer >= rd->n_layers) {
         layer_t *nl = realloc(rd->layers, (size_t)(layer + 1) * sizeof *nl);
         if (!nl) return moe_error(MOE_ENOMEM, "out of memory");
@@ -443,10 +199,6 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
         rd->n_layers = (int)layer + 1;
     }
     layer_t *L = &rd->layers[layer];
-    if (L->n > 0 && step <= L->r[L->n - 1].step)
-        return moe_error(MOE_EIO,
-                         "%s:%ld: step %ld of layer %ld comes after step %ld (steps must increase)",
-                         w.path, w.line, step, layer, L->r[L->n - 1].step);
     if (L->n == L->cap) {
         size_t nc = L->cap ? 2 * L->cap : 256;
         rec_t *nr = realloc(L->r, nc * sizeof *nr);
@@ -464,34 +216,63 @@ static moe_status on_load_record(run_t *rd, where_t w, const cJSON *o) {
         L->ring_rows = rows;
     }
     memcpy(L->ring + (L->n % rd->window) * (size_t)E, counts, (size_t)E * sizeof *counts);
-    L->r[L->n++] = r;
+    L->r[L->n++] = *r;
     return MOE_OK;
 }
 
-static moe_status on_metrics_record(run_t *rd, where_t w, const cJSON *o) {
-    moe_status st;
-    metric_t m;
-    if ((st = get_int(w, o, "step", 1, 1, LONG_MAX / 2, 0, &m.step))) return st;
-    if (m.step < rd->from) return MOE_OK; // --from
-    if ((st = get_num(w, o, "step_s", &m.step_s))) return st;
-    const cJSON *sk = cJSON_GetObjectItemCaseSensitive(o, "skipped");
-    if (sk && !cJSON_IsBool(sk) && !cJSON_IsNull(sk)) return bad(w, "skipped", "is not a boolean");
-    if (cJSON_IsTrue(sk)) {
-        rd->m_skipped++;
-        m.step_s = NAN;
+
+// ---- reading (records.h checks every field) ----------------------------------------
+
+// A validated expert_load.jsonl record into the run: its scalars, and its counts in the
+// layer's ring of the last `window` rows.
+static moe_status on_load_record(void *ctx, const stats_load_rec *in) {
+    run_t *rd = ctx;
+    const int E = rd->E = rd->lg->E; // (without config.cfg: the first record's)
+    const long *counts = in->counts;
+    rec_t r = {.step = in->step,
+               .tokens = in->tokens,
+               .capacity = in->capacity,
+               .dropped = in->dropped,
+               .entropy = in->entropy,
+               .aux = in->aux,
+               .z = in->z,
+               .exch_s = in->exch_s};
+    // max/mean and CV from the counts (the logged fields may be null)
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += (double)counts[e];
+    int hot;
+    r.routed = sum;
+    moe_load_summary(counts, E, &r.mom, &r.cv, &hot);
+    if (!isfinite(r.dropped) && in->kept) {
+        double d = 0;
+        for (int e = 0; e < E; e++) d += (double)(counts[e] - in->kept[e]);
+        r.dropped = d;
     }
-    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "time");
-    m.has_time = cJSON_IsObject(tm) && !cJSON_IsTrue(sk);
-    for (int i = 0; i < TIME_N && m.has_time; i++) {
-        const char *name = i < MOE_T_PHASES ? moe_phase_names[i] : time_extra[i - MOE_T_PHASES];
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(tm, name);
-        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0))
-            return bad(w, "time", "lacks a number >= 0 for a phase");
-        m.time[i] = v->valuedouble;
+    if (in->ranks && !rd->ranks) rd->ranks = (int)in->ranks, rd->groups *= (int)in->ranks;
+    if (rd->capacity) {
+        if (in->micro) { // exact: each micro-batch's own counts
+            r.need_C = stats_needed_capacity(in->micro, in->n_micro, E, 1, rd->max_drop);
+        } else { // older logs: the step's sum, approximated as equal micro-batches
+            if (rd->groups > 1) rd->approx_records++;
+            r.need_C = stats_needed_capacity(counts, 1, E, rd->groups, rd->max_drop);
+        }
+        if (r.need_C > rd->T_group) r.need_C = rd->T_group; // counts beyond T: a config mismatch
+        r.need_cf = stats_capacity_factor(r.need_C, rd->T_group, rd->top_k, E);
+        if (r.tokens >= 0 && r.tokens != rd->T_group * rd->groups && !rd->tokens_mismatch_line) {
+            rd->tokens_mismatch_line = in->line;
+            rd->tokens_seen = r.tokens;
+        }
     }
-    const cJSON *cf = cJSON_GetObjectItemCaseSensitive(o, "capacity_factor");
-    if (cJSON_IsNumber(cf) && m.step > rd->last_cf_step)
-        rd->last_cf = cf->valuedouble, rd->last_cf_step = m.step;
+    return layer_add(rd, (int)in->layer, &r, counts);
+}
+
+static moe_status on_metrics_record(void *ctx, const stats_metrics_rec *in) {
+    run_t *rd = ctx;
+    metric_t m = {.step = in->step, .step_s = in->step_s, .has_time = in->has_time};
+    memcpy(m.time, in->time, sizeof m.time);
+    rd->m_skipped += in->skipped;
+    if (isfinite(in->capacity_factor) && m.step > rd->last_cf_step)
+        rd->last_cf = in->capacity_factor, rd->last_cf_step = m.step;
     if (rd->m_n == rd->m_cap) {
         size_t nc = rd->m_cap ? 2 * rd->m_cap : 256;
         metric_t *nm = realloc(rd->m, nc * sizeof *nm);
@@ -501,11 +282,6 @@ static moe_status on_metrics_record(run_t *rd, where_t w, const cJSON *o) {
     }
     rd->m[rd->m_n++] = m;
     return MOE_OK;
-}
-
-static int cmp_metric(const void *a, const void *b) {
-    const long x = ((const metric_t *)a)->step, y = ((const metric_t *)b)->step;
-    return (x > y) - (x < y);
 }
 
 static const metric_t *find_metric(const run_t *rd, long step) {
@@ -526,9 +302,8 @@ static moe_status load_run(run_t *rd, FILE *err) {
     snprintf(rd->metrics_path, sizeof rd->metrics_path, "%s/metrics.jsonl", rd->dir);
 
     // config.cfg: required by --capacity (micro-batch, model sizes); else optional
-    FILE *probe = fopen(rd->cfg_path, "r");
-    if (probe || errno != ENOENT || rd->capacity) {
-        if (probe) fclose(probe);
+    struct stat sb;
+    if (stat(rd->cfg_path, &sb) == 0 || errno != ENOENT || rd->capacity) {
         if (!(rd->cfg = malloc(sizeof *rd->cfg))) return moe_error(MOE_ENOMEM, "out of memory");
         moe_status st = moe_train_config_load(rd->cfg, rd->cfg_path, 0, NULL);
         if (st) {
@@ -542,12 +317,20 @@ static moe_status load_run(run_t *rd, FILE *err) {
         rd->T_group = (long)rd->cfg->batch_size * rd->cfg->seq_len;
     }
 
-    int missing;
-    moe_status st = read_jsonl(rd, rd->load_path, 1, on_load_record, &missing, &rd->load_partial);
+    stats_log lg = {.path = rd->load_path,
+                    .cfg_path = rd->cfg ? rd->cfg_path : NULL,
+                    .E = rd->E,
+                    .n_layers = rd->cfg ? rd->cfg->model.n_layers : 0,
+                    .grad_accum = rd->cfg ? rd->cfg->grad_accum : 0,
+                    .from = rd->from,
+                    .required = 1};
+    rd->lg = &lg;
+    moe_status st = stats_read_load(&lg, on_load_record, rd);
+    rd->lg = NULL;
     if (st) return st;
-    if (rd->load_partial)
+    if (lg.partial)
         fprintf(err, "moe stats: note: %s:%ld: partial last line ignored (run in progress?)\n",
-                rd->load_path, rd->load_partial);
+                rd->load_path, lg.partial);
     size_t total = 0;
     for (int l = 0; l < rd->n_layers; l++) total += rd->layers[l].n;
     if (total == 0 && rd->from > 0)
@@ -555,13 +338,12 @@ static moe_status load_run(run_t *rd, FILE *err) {
                          rd->load_path, rd->from);
     if (total == 0) return moe_error(MOE_EIO, "%s: no expert-load records", rd->load_path);
 
-    st = read_jsonl(rd, rd->metrics_path, 0, on_metrics_record, &missing, &rd->metrics_partial);
-    if (st) return st;
-    rd->have_metrics = !missing;
-    if (rd->metrics_partial)
+    stats_log ml = {.path = rd->metrics_path, .from = rd->from};
+    if ((st = stats_read_metrics(&ml, on_metrics_record, rd))) return st;
+    rd->have_metrics = !ml.missing;
+    if (ml.partial)
         fprintf(err, "moe stats: note: %s:%ld: partial last line ignored (run in progress?)\n",
-                rd->metrics_path, rd->metrics_partial);
-    if (rd->m_n) qsort(rd->m, rd->m_n, sizeof *rd->m, cmp_metric);
+                rd->metrics_path, ml.partial);
     return MOE_OK;
 }
 
@@ -887,7 +669,7 @@ static void time_report(const run_t *rd, FILE *out, cJSON *doc) {
         cJSON *mean = cJSON_AddObjectToObject(t, "mean_s"),
               *share = cJSON_AddObjectToObject(t, "share");
         for (int k = 0; k < TIME_N; k++) {
-            const char *name = k < MOE_T_PHASES ? moe_phase_names[k] : time_extra[k - MOE_T_PHASES];
+            const char *name = stats_time_name(k);
             cJSON_AddNumberToObject(mean, name, sum[k] / n);
             if (k <= TIME_EXCHANGE) cJSON_AddNumberToObject(share, name, sum[k] / step);
         }
@@ -1387,7 +1169,7 @@ static int placement_cli(int argc, char **argv, FILE *out, FILE *err) {
         fprintf(err, "moe stats: error: %s\n", moe_last_error());
         return 1;
     }
-    return stats_placement(dir, (int)R, cfg.model.moe.top_k, cfg.model.d_model, json, out, err);
+    return stats_placement(dir, &cfg, (int)R, json, out, err);
 }
 
 int stats_cli(int argc, char **argv, FILE *out, FILE *err) {

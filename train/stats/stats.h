@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "train/config/config.h"
+
 // The subcommand: argv[0..argc) are its arguments (RUN_DIR and the options, in any order).
 // Writes the report to stdout and messages to stderr. Returns 0 when the report was printed
 // (alerts or not), 1 when an input file is missing or malformed, 2 on a usage error.
@@ -37,9 +39,11 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err);
 int stats_watch(int argc, char **argv, FILE *out, FILE *err);
 
 // --placement R (placement.c): an expert-to-rank mapping for R ranks from dir's
-// expert_load.jsonl, against the contiguous default, random and greedy ones (k = top_k,
-// d_model for the bytes). 0 printed, 1 a bad or missing log, 2 a bad R.
-int stats_placement(const char *dir, int R, int k, int d_model, int json, FILE *out, FILE *err);
+// expert_load.jsonl (read by records.h against cfg, the run's config.cfg: its experts, layers,
+// top_k, d_model for the bytes), against the contiguous default, random and greedy ones.
+// 0 printed, 1 a bad or missing log, 2 a bad R.
+int stats_placement(const char *dir, const moe_train_config *cfg, int R, int json, FILE *out,
+                    FILE *err);
 
 // numpy.percentile(a, p) with its default method ('linear'), a sorted ascending, n >= 1,
 // p in [0, 100]; evaluated in the same order as numpy so that results agree to the last bit.

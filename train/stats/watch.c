@@ -14,20 +14,20 @@
 #include <unistd.h>
 
 #include "train/config/config.h"
+#include "train/stats/records.h"
 #include "train/stats/stats.h"
 
-// The step of the last complete line of path (0: none yet).
+static moe_status keep_step(void *ctx, const stats_metrics_rec *m) {
+    *(long *)ctx = m->step;
+    return MOE_OK;
+}
+
+// The step of the last valid record of metrics.jsonl at path (0: none yet). A damaged log
+// stops the count where it is; the report drawn next names the damage.
 static long last_logged_step(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[1 << 16];
-    long step = 0, s;
-    while (fgets(line, sizeof line, f)) {
-        const size_t n = strlen(line);
-        const char *k = strstr(line, "\"step\":");
-        if (n && line[n - 1] == '\n' && k && sscanf(k + 7, "%ld", &s) == 1) step = s;
-    }
-    fclose(f);
+    long step = 0;
+    stats_log lg = {.path = path};
+    stats_read_metrics(&lg, keep_step, &step);
     return step;
 }
 
