@@ -64,6 +64,7 @@ moe_status file_open_input(const char *path, const char *what, uint64_t max, FIL
         st = moe_error(MOE_EIO, "%s: cannot read: %s", path, strerror(errno));
     if (st) {
         close(fd);
+        errno = 0; // (not an open() failure)
         return st;
     }
     if (size) *size = (uint64_t)sb.st_size;

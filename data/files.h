@@ -13,7 +13,8 @@
 #include "layers/status.h"
 
 // Opens path for reading when it is a regular file of at most max bytes, else MOE_EIO naming
-// it: "PATH: cannot read: why" (errno is left as open() set it, so ENOENT can be told apart),
+// it: "PATH: cannot read: why" (errno is left as open() set it, so ENOENT can be told apart;
+// errno is 0 after the refusals that follow),
 // "PATH: not a regular file (a FIFO): WHAT must be a regular file" (a FIFO is opened without
 // waiting for a writer, a device such as /dev/zero is never read), "PATH: is N bytes, more than
 // the MAX (H) WHAT file may have". what: a noun phrase ("a config", "a log", "a prompt list").

@@ -66,8 +66,10 @@ static moe_status corpus_reserve(corpus *c, size_t extra) {
 
 // Appends the whole file and one '\n'. Reads to EOF rather than trusting the size.
 static moe_status corpus_add_file(corpus *c, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_error(MOE_EIO, "prepare: cannot open '%s': %s", path, strerror(errno));
+    FILE *f; // a regular file (a FIFO would block, /dev/zero never end: data/files.h)
+    if (file_open_input(path, "a text source", UINT64_MAX, &f, NULL))
+        return errno ? moe_error(MOE_EIO, "prepare: cannot open '%s': %s", path, strerror(errno))
+                     : moe_error_context(MOE_EIO, "prepare");
     moe_status s = MOE_OK;
     for (;;) {
         if ((s = corpus_reserve(c, (size_t)1 << 16)) != MOE_OK) break;

@@ -3,6 +3,8 @@
 
 #include "data/token_file.h"
 
+#include "data/files.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,16 +161,14 @@ moe_status token_file_read(token_file *tf, const char *path) {
     memset(tf, 0, sizeof *tf);
     if (!path || !*path) return moe_error(MOE_EINVAL, "token_file_read: empty path");
 
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_error(MOE_EIO, "token file '%s': cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return moe_error(MOE_EIO, "token file '%s': not a regular file", path);
-    }
+    FILE *f; // a regular file (a FIFO would block, /dev/zero never end: data/files.h)
+    uint64_t size;
+    if (file_open_input(path, "token data", UINT64_MAX, &f, &size))
+        return errno ? moe_error(MOE_EIO, "token file '%s': cannot open: %s", path, strerror(errno))
+                     : moe_error_context(MOE_EIO, "token file '%s'", path);
     uint32_t dtype = 0, vocab_size = 0;
     uint64_t count = 0;
-    moe_status s = read_header(f, path, (uint64_t)st.st_size, &dtype, &count, &vocab_size);
+    moe_status s = read_header(f, path, size, &dtype, &count, &vocab_size);
     if (s != MOE_OK) {
         fclose(f);
         return s;

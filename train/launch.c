@@ -25,16 +25,18 @@ static void describe_mode(char *buf, size_t size, const launch_intent *x) {
         snprintf(buf, size, "resume from %s (step %lld)%s", x->resume, (long long)x->resume_step,
                  dry);
     else
-        snprintf(buf, size, "%s%s", x->overwrite ? "overwrite the run (--overwrite)" : "start a run",
-                 dry);
+        snprintf(buf, size, "%s%s",
+                 x->overwrite ? "overwrite the run (--overwrite)" : "start a run", dry);
 }
 
 // The first field in which a differs from b, as "rank r ... , rank 0 ...".
 static moe_status differs(int r, const launch_intent *a, const launch_intent *b) {
     const char *what = "the ranks were told different things";
     if (strcmp(a->command, b->command))
-        return moe_error(MOE_EINVAL, "%s: rank %d runs `moe %s`, rank 0 `moe %s` (one command for "
-                         "every rank)", what, r, a->command, b->command);
+        return moe_error(MOE_EINVAL,
+                         "%s: rank %d runs `moe %s`, rank 0 `moe %s` (one command for "
+                         "every rank)",
+                         what, r, a->command, b->command);
     if (a->config_hash != b->config_hash)
         return moe_error(MOE_EINVAL,
                          "the ranks were given different configs: rank %d's resolved config "

@@ -18,12 +18,13 @@
 #include "train/config/config.h"
 
 typedef struct {
-    char command[16];     // "train", "eval"
-    uint64_t config_hash; // launch_config_hash of the resolved config (0: none)
+    char command[16];               // "train", "eval"
+    uint64_t config_hash;           // launch_config_hash of the resolved config (0: none)
     char resume[MOE_PATH_MAX + 64]; // the checkpoint folder a train resumes from ("": none)
-    int64_t resume_step;  // its trainer_state.json step (-1: unknown or none)
+    int64_t resume_step;            // its trainer_state.json step (-1: unknown or none)
     int overwrite, dry_run;
-    char inputs[3 * MOE_PATH_MAX]; // what else the command reads and how ("--ckpt X --data Y ..."), or ""
+    char inputs
+        [3 * MOE_PATH_MAX]; // what else the command reads and how ("--ckpt X --data Y ..."), or ""
 } launch_intent;
 
 // FNV-1a over the resolved config as config.cfg writes it (two ranks given the same file and

@@ -5,12 +5,26 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+// Always opened for appending (O_APPEND): every record goes to the file's end as it is then,
+// so a log that someone truncates while the run writes (clearing it, logrotate's
+// copytruncate) starts again at the next record, instead of the old offset that "w" keeps
+// (which leaves a hole of NUL bytes before it). A new run empties the file once, here.
 moe_status jsonl_open(jsonl_file *j, const char *dir, const char *name, int append) {
     snprintf(j->path, sizeof j->path, "%s/%s", dir, name);
-    j->f = fopen(j->path, append ? "a" : "w");
+    j->f = fopen(j->path, "a");
     if (!j->f)
         return moe_error(MOE_EIO, "%s: cannot open for writing: %s", j->path, strerror(errno));
+    struct stat sb;
+    if (!append && fstat(fileno(j->f), &sb) == 0 && S_ISREG(sb.st_mode) &&
+        ftruncate(fileno(j->f), 0) != 0) { // (not /dev/null, the other ranks' log)
+        const int e = errno;
+        fclose(j->f);
+        j->f = NULL;
+        return moe_error(MOE_EIO, "%s: cannot empty it for a new run: %s", j->path, strerror(e));
+    }
     return MOE_OK;
 }
 

@@ -16,7 +16,8 @@ typedef struct {
     char path[2048];
 } jsonl_file;
 
-// Opens dir/name for writing (append=0 truncates); MOE_EIO with the path on failure.
+// Opens dir/name for appending (append=0 empties it first: a new run); every record goes to
+// the file's end. MOE_EIO with the path on failure.
 moe_status jsonl_open(jsonl_file *j, const char *dir, const char *name, int append);
 // Keeps only the records of dir/name whose "step" is <= max_step (a missing file is fine);
 // MOE_EIO naming the file when a read or write fails (the file is then left as it was).

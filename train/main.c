@@ -546,10 +546,10 @@ static moe_comm *agree_on_train(const moe_train_config *cfg, const char *resume,
     char folder[MOE_PATH_MAX + 64];
     checkpoint_state cs;
     if (resume) snprintf(me.resume, sizeof me.resume, "%s", resume);
-    if (resume && !checkpoint_resolve(folder, sizeof folder, resume) &&
-        !checkpoint_state_read(&cs, folder)) {
-        me.resume_step = cs.ts.step;
-        free(cs.ts.capacity.need);
+    if (resume && !checkpoint_resolve(folder, sizeof folder, resume)) {
+        snprintf(me.resume, sizeof me.resume, "%s", folder); // (latest: the folder it names)
+        if (!checkpoint_state_read(&cs, folder)) me.resume_step = cs.ts.step;
+        if (me.resume_step >= 0) free(cs.ts.capacity.need);
     }
     if (launch_agree(world, &me)) moe_fatal("train: %s", moe_last_error());
     return world;

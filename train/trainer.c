@@ -772,7 +772,8 @@ typedef struct {
 typedef struct {
     int64_t step; // 0-based
     double lr, ce, aux, z, loss, grad_norm;
-    int finite; // the forward of every micro-batch was finite
+    int finite;      // the forward of every micro-batch was finite
+    int ce_overflow; // ... but a micro-batch's cross-entropy was beyond TRAIN_MAX_CE
     double dt, tok_per_s, worst_mom, drop_frac, val_loss;
     int worst_layer, evaluated;
     double optimizer_s, val_s;  // timing: the update's and the validation's seconds
@@ -1029,8 +1030,14 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
     return MOE_OK;
 }
 
-// The forward and backward of every micro-batch; a non-finite forward stops the step with
-// s->finite = 0 (not an error: the step is skipped).
+// A cross-entropy whose perplexity exp(CE) overflows a double (CE > ln(DBL_MAX) = 709.78
+// nats/token) is no result either: the model gives the data a probability below e^-709 per
+// token, which only damaged weights do (a norm weight of 1e30 gives CE 1.7e29). Such a
+// forward is skipped like a NaN (and train.max_skipped of them in a row stop the run).
+#define TRAIN_MAX_CE 709.78
+
+// The forward and backward of every micro-batch; a non-finite forward (or one beyond
+// TRAIN_MAX_CE) stops the step with s->finite = 0 (not an error: the step is skipped).
 static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     const moe_train_config *cfg = t->cfg;
     moe_status st;
@@ -1042,10 +1049,12 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
         data_loader_next(&t->loader, t->inputs, t->targets);
         t->m.noise_key = trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
         st = model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len, 1);
-        long bad = st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z));
-        if (t->R > 1) t->world->allreduce_sum_long(t->world, &bad, 1); // one rank's NaN: all
-        if (bad) {
+        long bad[2] = {st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z)),
+                       !st && t->m.ce > TRAIN_MAX_CE};
+        if (t->R > 1) t->world->allreduce_sum_long(t->world, bad, 2); // one rank's NaN: all
+        if (bad[0] || bad[1]) {
             s->finite = 0;
+            s->ce_overflow = !bad[0];
             return MOE_OK;
         }
         if (st) return st;
@@ -1127,9 +1136,13 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
     r->skipped++;
     t->consecutive_skips++;
     fprintf(stderr,
-            "warning: step %lld: non-finite %s; first non-finite gradient: %s; update "
+            "warning: step %lld: %s; first non-finite gradient: %s; update "
             "skipped (%lld consecutive, %lld in all)\n",
-            (long long)s->step + 1, !s->finite || !isfinite(s->loss) ? "loss" : "gradient norm",
+            (long long)s->step + 1,
+            s->ce_overflow ? "cross-entropy beyond 709.78 nats/token (its perplexity overflows: "
+                             "damaged weights?)"
+            : !s->finite || !isfinite(s->loss) ? "non-finite loss"
+                                               : "non-finite gradient norm",
             s->finite ? first_nonfinite_grad(&t->m) : "not computed (forward failed)",
             (long long)t->consecutive_skips, (long long)r->skipped);
     cJSON *rec = cJSON_CreateObject();
@@ -1143,7 +1156,7 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
     if (t->consecutive_skips >= cfg->max_skipped)
         return moe_error(MOE_ENUMERIC,
                          "stopping at step %lld: %lld consecutive steps had a non-finite "
-                         "loss or gradient norm (train.max_skipped = %d)",
+                         "(or overflowing) loss or gradient norm (train.max_skipped = %d)",
                          (long long)s->step + 1, (long long)t->consecutive_skips, cfg->max_skipped);
     // no checkpoint of a skipped step: with `keep`, saving the states of a diverging
     // run would rotate out the last good one, and a resume would diverge again

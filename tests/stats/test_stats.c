@@ -710,6 +710,154 @@ static void case_malformed(void) {
                  "run_missing", NULL, NULL);
 }
 
+// Replaces line `line` (1-based) of path by the n bytes of data (NUL bytes allowed).
+static void replace_line_bytes(const char *path, int line, const char *data, size_t n) {
+    size_t len;
+    char *s = slurp(path, &len), *p = s;
+    for (int i = 1; i < line; i++) p = strchr(p, '\n') + 1;
+    char *e = strchr(p, '\n');
+    FILE *f = fopen(path, "wb");
+    fwrite(s, 1, (size_t)(p - s), f);
+    fwrite(data, 1, n, f);
+    fwrite(e, 1, len - (size_t)(e - s), f);
+    fclose(f);
+    free(s);
+}
+
+// Every mode of moe stats on run_hostile: exit 1 and msg in what it printed (--watch draws
+// the error into its refresh, on stdout).
+static void expect_all_modes(const char *what, const char *msg) {
+    static char dir[] = "run_hostile", capacity[] = "--capacity", placement[] = "--placement",
+                two[] = "2", watch[] = "--watch", count[] = "--count", one[] = "1";
+    char *modes[4][4] = {{dir}, {dir, capacity}, {dir, placement, two}, {dir, watch, count, one}};
+    const int argc[4] = {1, 2, 3, 4};
+    const char *names[4] = {"report", "--capacity", "--placement 2", "--watch"};
+    for (int m = 0; m < 4; m++) {
+        char *out, *err, name[200];
+        size_t no, ne;
+        FILE *fo = open_memstream(&out, &no), *fe = open_memstream(&err, &ne);
+        const int rc = stats_cli(argc[m], modes[m], fo, fe);
+        fclose(fo), fclose(fe);
+        snprintf(name, sizeof name, "%s, %s: exit 1 naming it", what, names[m]);
+        const int ok = rc == 1 && (contains(err, msg) || contains(out, msg));
+        check_true(name, ok);
+        if (!ok) printf("    rc %d, stdout: %.300s\n    stderr: %.300s\n", rc, out, err);
+        free(out), free(err);
+    }
+}
+
+// Issue 28 (items 1, 3, 4, 5): damaged logs, FIFOs and devices, in every mode. Each of these
+// was either read (--placement printed a mapping from it, exit 0), blocked, grew without
+// bound, or read out of bounds before the one validated reader (train/stats/records.h).
+static void case_hostile(void) {
+    alarm(120); // a reader that blocks on a FIFO fails the case instead of hanging ctest
+    const char *load = "run_hostile/expert_load.jsonl", *metrics = "run_hostile/metrics.jsonl";
+    static const struct {
+        const char *what, *line, *msg;
+    } load_cases[] = {
+        {"negative count", "{\"step\":29,\"layer\":0,\"counts\":[1,2,-3,4]}",
+         "expert_load.jsonl:57: \"counts\" entry 2 is not a non-negative integer"},
+        {"count 1e300", "{\"step\":29,\"layer\":0,\"counts\":[1e300,2,3,4]}",
+         "expert_load.jsonl:57: \"counts\" entry 0 is not a non-negative integer"},
+        {"string count", "{\"step\":29,\"layer\":0,\"counts\":[\"1\",2,3,4]}",
+         "expert_load.jsonl:57: \"counts\" entry 0 is not a non-negative integer"},
+        {"repeated step", "{\"step\":28,\"layer\":0,\"counts\":[1,2,3,4]}",
+         "expert_load.jsonl:57: step 28 of layer 0 comes after step 28"},
+        {"decreasing step", "{\"step\":3,\"layer\":0,\"counts\":[1,2,3,4]}",
+         "expert_load.jsonl:57: step 3 of layer 0 comes after step 28"},
+        {"step 1e300", "{\"step\":1e300,\"layer\":0,\"counts\":[1,2,3,4]}",
+         "expert_load.jsonl:57: \"step\" = 1.0000000000000001e+300 is not an integer"},
+        {"negative step", "{\"step\":-29,\"layer\":0,\"counts\":[1,2,3,4]}",
+         "expert_load.jsonl:57: \"step\" = -29 is not an integer"},
+        {"negative tokens", "{\"step\":29,\"layer\":0,\"tokens\":-1,\"counts\":[1,2,3,4]}",
+         "expert_load.jsonl:57: \"tokens\" = -1 is not an integer"},
+        {"layer 99 of 2", "{\"step\":29,\"layer\":99,\"counts\":[1,2,3,4]}",
+         "expert_load.jsonl:57: \"layer\" = 99, but the run has model.n_layers = 2"},
+        {"layer 1e300", "{\"step\":29,\"layer\":1e300,\"counts\":[1,2,3,4]}",
+         "expert_load.jsonl:57: \"layer\" = 1.0000000000000001e+300 is not an integer"},
+        {"8 experts for 4", "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4,5,6,7,8]}",
+         "expert_load.jsonl:57: \"counts\" has 8 entries, expected 4"},
+        {"coactivation of 2 pairs",
+         "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"coactivation\":[1,2]}",
+         "expert_load.jsonl:57: \"coactivation\" has 2 entries, expected 6"},
+        {"negative coactivation",
+         "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"coactivation\":[1,2,3,4,5,-6]}",
+         "expert_load.jsonl:57: \"coactivation\" entry 5 is not a non-negative integer"},
+        {"kept above counts", "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"kept\":[1,2,9,4]}",
+         "expert_load.jsonl:57: \"kept\" entry 2 (9) exceeds \"counts\" (3)"},
+        {"micro_counts not summing",
+         "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"micro_counts\":[[1,2,3,3]]}",
+         "expert_load.jsonl:57: \"micro_counts\" sums to 3 for expert 3"},
+        {"exchange_s -1e300",
+         "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"exchange_s\":-1e300}",
+         "expert_load.jsonl:57: \"exchange_s\" = -1e+300 is not a finite number in [0, 1e+07]"},
+        {"a string layer", "{\"step\":29,\"layer\":\"0\",\"counts\":[1,2,3,4]}",
+         "expert_load.jsonl:57: \"layer\" is not a number"},
+    };
+    for (size_t i = 0; i < sizeof load_cases / sizeof *load_cases; i++) {
+        write_run("run_hostile", 1, 1.25, 0);
+        replace_line(load, 57, load_cases[i].line);
+        expect_all_modes(load_cases[i].what, load_cases[i].msg);
+    }
+    // item 1: a line that starts with a NUL byte (--placement read before its buffer)
+    write_run("run_hostile", 1, 1.25, 0);
+    replace_line_bytes(load, 57, "\0{\"step\":29}", 12);
+    expect_all_modes("a line starting with NUL", "expert_load.jsonl:57: NUL byte at column 1");
+    write_run("run_hostile", 1, 1.25, 0);
+    replace_line_bytes(load, 57, "{\"step\":29,\0\"layer\":0}", 22);
+    expect_all_modes("a NUL byte inside a line", "expert_load.jsonl:57: NUL byte at column 12");
+    // item 5: metrics.jsonl times (the report printed a 300-digit time per step)
+    static const struct {
+        const char *what, *line, *msg;
+    } metric_cases[] = {
+        {"step_s -1e300", "{\"step\":10,\"step_s\":-1e300}",
+         "metrics.jsonl:10: \"step_s\" = -1e+300 is not a finite number in [0, 1e+07]"},
+        {"step_s 1e300", "{\"step\":10,\"step_s\":1e300}",
+         "metrics.jsonl:10: \"step_s\" = 1e+300 is not a finite number in [0, 1e+07]"},
+        {"a phase of 1e300 s",
+         "{\"step\":10,\"step_s\":0.1,\"time\":{\"attention\":1e300,\"router\":0,\"dispatch\":0,"
+         "\"experts\":0,\"combine\":0,\"dense\":0,\"optimizer\":0,\"exchange_wait\":0,"
+         "\"validation\":0,\"checkpoint\":0}}",
+         "metrics.jsonl:10: \"time\" phase \"attention\" = 1e+300 s is beyond 1e+07 s"},
+        {"a repeated metrics step", "{\"step\":9,\"step_s\":0.1}",
+         "metrics.jsonl:10: step 9 comes after step 9"},
+        {"a string loss", "{\"step\":10,\"loss\":\"low\"}",
+         "metrics.jsonl:10: \"loss\" is not a number"},
+    };
+    for (size_t i = 0; i < sizeof metric_cases / sizeof *metric_cases; i++) {
+        write_run("run_hostile", 1, 1.25, 0);
+        replace_line(metrics, 10, metric_cases[i].line);
+        char *out, *err, name[160];
+        const int rc = run_stats(&out, &err, 1, "run_hostile");
+        snprintf(name, sizeof name, "%s: report exits 1 naming it", metric_cases[i].what);
+        check_true(name, rc == 1 && contains(err, metric_cases[i].msg));
+        if (!(rc == 1 && contains(err, metric_cases[i].msg))) printf("    stderr: %s\n", err);
+        free(out), free(err);
+    }
+    // item 3: a FIFO or a device as the log, in every mode (they blocked, or grew to 2 GB)
+    write_run("run_hostile", 1, 1.25, 0);
+    remove(load);
+    if (mkfifo(load, 0600)) die("mkfifo", load);
+    expect_all_modes(
+        "expert_load.jsonl a FIFO",
+        "expert_load.jsonl: not a regular file (a FIFO): a log must be a regular file");
+    remove(load);
+    if (symlink("/dev/zero", load)) die("symlink", load);
+    expect_all_modes("expert_load.jsonl -> /dev/zero",
+                     "expert_load.jsonl: not a regular file (a character device)");
+    remove(load);
+    write_run("run_hostile", 1, 1.25, 0);
+    remove(metrics);
+    if (mkfifo(metrics, 0600)) die("mkfifo", metrics);
+    char *out, *err;
+    int rc = run_stats(&out, &err, 1, "run_hostile");
+    check_true("metrics.jsonl a FIFO: exit 1 naming it",
+               rc == 1 && contains(err, "metrics.jsonl: not a regular file (a FIFO)"));
+    free(out), free(err);
+    remove(metrics);
+    alarm(0);
+}
+
 // --from STEP: the records (and metrics) of earlier steps are ignored, for the report and for
 // --capacity. From step 103 (records 101..200): layer 1 is [256,128,128,0] on every step.
 static void case_from(void) {
@@ -847,8 +995,9 @@ static int case_plot(const char *python, const char *script) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_stats units|report|capacity|partial|malformed|usage|from|plot "
-                        "PYTHON SCRIPT\n");
+        fprintf(stderr,
+                "usage: test_stats units|report|capacity|partial|malformed|usage|from|hostile|plot "
+                "PYTHON SCRIPT\n");
         return 2;
     }
     const char *c = argv[1];
@@ -866,6 +1015,8 @@ int main(int argc, char **argv) {
         case_usage();
     else if (!strcmp(c, "from"))
         case_from();
+    else if (!strcmp(c, "hostile"))
+        case_hostile();
     else if (!strcmp(c, "plot")) {
         if (argc < 4 || !argv[2][0] || access(argv[2], X_OK)) {
             printf("no python3: skipped\n");

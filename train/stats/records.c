@@ -207,9 +207,9 @@ static moe_status get_step_layer(load_state *s, where_t w, const cJSON *o, stats
         (st = get_int(w, o, "layer", 1, 0, STATS_MAX_LAYERS - 1, 0, &r->layer)))
         return st;
     if (lg->n_layers && r->layer >= lg->n_layers)
-        return moe_error(MOE_EIO, "%s:%ld: \"layer\" = %ld, but the run has model.n_layers = %d (%s)",
-                         w.path, w.line, r->layer, lg->n_layers,
-                         lg->cfg_path ? lg->cfg_path : "config.cfg");
+        return moe_error(
+            MOE_EIO, "%s:%ld: \"layer\" = %ld, but the run has model.n_layers = %d (%s)", w.path,
+            w.line, r->layer, lg->n_layers, lg->cfg_path ? lg->cfg_path : "config.cfg");
     if (r->layer >= s->n_last) {
         const int n = (int)r->layer + 1;
         long *ls = realloc(s->last_step, (size_t)n * sizeof *ls);
@@ -279,7 +279,8 @@ static moe_status on_load_object(void *state, where_t w, const cJSON *o) {
         return st;
     double unused;
     if ((st = get_num(w, o, "seq_aux", -HUGE_VAL, HUGE_VAL, &unused))) return st;
-    if (r.ranks && lg->ranks && r.ranks != lg->ranks) return bad(w, "ranks", "changes within the run");
+    if (r.ranks && lg->ranks && r.ranks != lg->ranks)
+        return bad(w, "ranks", "changes within the run");
     if (r.ranks) lg->ranks = (int)r.ranks;
     const cJSON *mc = cJSON_GetObjectItemCaseSensitive(o, "micro_counts");
     if (mc && !cJSON_IsNull(mc) && (st = get_micro(s, w, mc, &r))) return st;

@@ -46,12 +46,12 @@ const char *stats_time_name(int i);
 typedef struct {
     long line; // its line in the file
     long step, layer;
-    const long *counts;                       // [E] assignments routed to each expert
-    const long *kept;                         // [E], or NULL when absent or null
-    long tokens, capacity;                    // -1 when absent or null
-    long ranks;                               // 0 when absent (one rank)
-    double dropped, entropy, aux, z, exch_s;  // NaN when absent or null
-    const long *micro;                        // [n_micro][E] per micro-batch, or NULL
+    const long *counts;                      // [E] assignments routed to each expert
+    const long *kept;                        // [E], or NULL when absent or null
+    long tokens, capacity;                   // -1 when absent or null
+    long ranks;                              // 0 when absent (one rank)
+    double dropped, entropy, aux, z, exch_s; // NaN when absent or null
+    const long *micro;                       // [n_micro][E] per micro-batch, or NULL
     int n_micro;
     const long *coact; // [E (E-1) / 2] pair counts, or NULL when absent or null
 } stats_load_rec;
