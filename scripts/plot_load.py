@@ -20,57 +20,25 @@ Writes into DIR (PNG, fixed sizes so that tests can check them):
                                          the step's dropped fraction (all layers)
 --smooth N draws an N-step moving average over the raw curves (thin) of the line plots.
 
-Works on a run in progress: a partial last line is ignored; any other malformed line is an
-error naming the file and the line (exit 1). Exit 77 when matplotlib cannot be imported
-(Debian: apt-get install python3-matplotlib; run with /usr/bin/python3).
+Works on a run in progress: a partial last line is ignored (a note). A damaged log (either)
+is an error naming the file and the line, exit 1, before anything is drawn (what is refused:
+--help, scripts/moe_logs.py). Exit 77 when matplotlib cannot be imported (Debian: apt-get
+install python3-matplotlib; run with /usr/bin/python3).
 """
 import argparse
-import json
 import math
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moe_logs import HELP, LogError, dropped, read_log, run_config  # noqa: E402
 
 DPI = 100
 HEATMAP_SIZE = (10, 4)  # inches: 1000 x 400 px at DPI
 LINE_SIZE = (10, 5)     # 1000 x 500 px
 AUX_Z_SIZE = (10, 8)    # 1000 x 800 px
 COACT_SIZE = (6, 5)     # 600 x 500 px
-
-
-class LogError(Exception):
-    pass
-
-
-def read_jsonl(path, required=True):
-    """The JSON objects of a log, skipping a partial last line (no newline, does not parse)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        if required:
-            raise LogError(f"{path}: cannot open: no such file")
-        return []
-    except OSError as e:
-        raise LogError(f"{path}: cannot open: {e.strerror}")
-    lines = data.split(b"\n")
-    records = []
-    for i, raw in enumerate(lines):
-        text = raw.strip()
-        if not text:
-            continue
-        last = i == len(lines) - 1  # no newline after it
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            obj = None
-        if not isinstance(obj, dict):
-            if last and obj is None:
-                print(f"plot_load.py: note: {path}:{i + 1}: partial last line ignored "
-                      "(run in progress?)", file=sys.stderr)
-                break
-            raise LogError(f"{path}:{i + 1}: not a JSON object")
-        records.append((i + 1, obj))
-    return records
+PROG = "plot_load.py"
 
 
 def number(v):
@@ -80,29 +48,17 @@ def number(v):
     return float(v)
 
 
-def load_layers(path):
-    """{layer: dict of per-step arrays} from expert_load.jsonl."""
+def load_layers(records):
+    """{layer: dict of per-step arrays} from the (checked) expert_load.jsonl records."""
     import numpy as np
 
     layers = {}
     E = None
-    for lineno, r in read_jsonl(path):
-        where = f"{path}:{lineno}"
-        step, layer, counts = r.get("step"), r.get("layer"), r.get("counts")
-        if not isinstance(step, (int, float)) or isinstance(step, bool) or step < 1:
-            raise LogError(f'{where}: "step" is missing or not a step number')
-        if not isinstance(layer, (int, float)) or isinstance(layer, bool) or layer < 0 \
-                or layer != int(layer):
-            raise LogError(f'{where}: "layer" is missing or not a layer index')
-        if not isinstance(counts, list) or not counts or not all(
-                isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 0 for c in counts):
-            raise LogError(f'{where}: "counts" is not an array of non-negative numbers')
-        if E is None:
-            E = len(counts)
-        elif len(counts) != E:
-            raise LogError(f'{where}: "counts" has {len(counts)} entries, expected {E}')
-        d = layers.setdefault(int(layer), {k: [] for k in
-                                           ("step", "counts", "dropped", "aux", "z", "entropy")})
+    for r in records:
+        step, layer, counts = r["step"], int(r["layer"]), r["counts"]
+        E = len(counts)
+        d = layers.setdefault(layer, {k: [] for k in
+                                      ("step", "counts", "dropped", "aux", "z", "entropy")})
         d.setdefault("coact", None)
         d.setdefault("ranks", {})
         co = r.get("coactivation")
@@ -111,18 +67,12 @@ def load_layers(path):
         rows, wait = r.get("received_rows"), r.get("exchange_wait_s")
         if isinstance(rows, list) and isinstance(wait, list) and len(rows) == len(wait):
             d["ranks"][int(step)] = (rows, wait)
-        dropped = number(r.get("dropped"))
-        kept = r.get("kept")
-        if math.isnan(dropped) and isinstance(kept, list) and len(kept) == E:
-            dropped = float(sum(counts) - sum(number(k) for k in kept))
         d.setdefault("tokens", []).append(number(r.get("tokens")))
         d["step"].append(int(step))
         d["counts"].append(counts)
-        d["dropped"].append(dropped)
+        d["dropped"].append(number(dropped(r)))
         for k in ("aux", "z", "entropy"):
             d[k].append(number(r.get(k)))
-    if not layers:
-        raise LogError(f"{path}: no expert-load records")
     out = {}
     for layer, d in sorted(layers.items()):
         extra = {"coact": d.pop("coact"), "ranks": d.pop("ranks")}
@@ -144,7 +94,7 @@ def TOPK(a, E):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Expert-load plots of a moe.c run.")
+    ap = argparse.ArgumentParser(description="Expert-load plots of a moe.c run.", epilog=HELP)
     ap.add_argument("run_dir", help="the run directory (log.dir of the config)")
     ap.add_argument("--out", required=True, help="folder for the PNG files (created)")
     ap.add_argument("--alert", type=float, default=1.5,
@@ -153,6 +103,17 @@ def main():
                     help="draw an N-step moving average over the line plots (default 0: off)")
     args = ap.parse_args()
 
+    # the logs first: a damaged one is an error with or without matplotlib
+    try:
+        cfg = run_config(args.run_dir)
+        load = read_log(args.run_dir, "expert_load.jsonl", PROG, cfg, required=True)
+        if not load:
+            raise LogError(f"{os.path.join(args.run_dir, 'expert_load.jsonl')}: no expert-load records")
+        metrics = read_log(args.run_dir, "metrics.jsonl", PROG, cfg, required=False)
+    except LogError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -160,19 +121,15 @@ def main():
         from matplotlib.ticker import MaxNLocator
         import numpy  # noqa: F401 (matplotlib needs it too)
     except ImportError as e:
-        print(f"plot_load.py: matplotlib is not available ({e}); "
+        print(f"{PROG}: matplotlib is not available ({e}); "
               "install python3-matplotlib and run with /usr/bin/python3", file=sys.stderr)
         return 77
 
-    try:
-        layers, E = load_layers(os.path.join(args.run_dir, "expert_load.jsonl"))
-    except LogError as e:
-        print(f"plot_load.py: error: {e}", file=sys.stderr)
-        return 1
+    layers, E = load_layers(load)
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
-        print(f"plot_load.py: error: {args.out}: {e.strerror}", file=sys.stderr)
+        print(f"{PROG}: error: {args.out}: {e.strerror}", file=sys.stderr)
         return 1
 
     def save(fig, name):
@@ -266,7 +223,8 @@ def main():
                     m[i, j] = m[j, i] = (c / tokens) / (p[i] * p[j])
         lifts[layer] = m
     if lifts:
-        top = max(float(numpy.nanmax(m)) for m in lifts.values() if numpy.isfinite(m).any())
+        top = max((float(numpy.nanmax(m)) for m in lifts.values() if numpy.isfinite(m).any()),
+                  default=1.0)  # none finite: no expert had a token (or E = 1)
         for layer, m in lifts.items():
             fig, ax = plt.subplots(figsize=COACT_SIZE, dpi=DPI, constrained_layout=True)
             im = ax.imshow(m, origin="lower", interpolation="nearest", cmap="magma", vmin=0,
@@ -311,12 +269,7 @@ def main():
         n_plots += 1
 
     # capacity: the factor per step (a schedule's or auto's) and what it dropped
-    try:
-        metrics = [r for _, r in read_jsonl(os.path.join(args.run_dir, "metrics.jsonl"), required=False)]
-    except LogError as e:
-        print(f"plot_load.py: error: {e}", file=sys.stderr)
-        return 1
-    cap = [(r["step"], number(r.get("capacity_factor"))) for r in metrics if "step" in r]
+    cap = [(r["step"], number(r.get("capacity_factor"))) for r in metrics]
     if any(f > 0 for _, f in cap):
         drop = {}
         for a in layers.values():
@@ -327,11 +280,12 @@ def main():
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=AUX_Z_SIZE, dpi=DPI, sharex=True,
                                        constrained_layout=True)
         ax1.plot([c[0] for c in cap], [c[1] for c in cap], linewidth=1.2, label="capacity factor")
-        dec = [(r["step"], r["capacity_decision"]) for r in metrics if "capacity_decision" in r]
+        dec = [(r["step"], r["capacity_decision"]) for r in metrics
+               if isinstance(r.get("capacity_decision"), dict)]
         if dec:
-            ax1.scatter([d[0] for d in dec], [d[1].get("new", math.nan) for d in dec], s=18,
+            ax1.scatter([d[0] for d in dec], [number(d[1].get("new")) for d in dec], s=18,
                         color="black", zorder=3, label="auto: decision (new factor)")
-            ax1.scatter([d[0] for d in dec], [d[1].get("p99_need", math.nan) for d in dec],
+            ax1.scatter([d[0] for d in dec], [number(d[1].get("p99_need")) for d in dec],
                         s=14, marker="x", color="red", zorder=3,
                         label="auto: P99 need of the window (before clamping)")
         ax1.set_ylabel("capacity factor")

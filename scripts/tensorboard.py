@@ -14,27 +14,22 @@ scale for every layer: 0 .. 2/E). --follow keeps reading while the run writes (a
 line waits for its end) and stops once the run has logged train.steps (from its config.cfg),
 or on Ctrl-C. Needs `pip install tensorboardX` (scripts/install_hf5.sh puts it in
 /opt/moe-hf5); exits 77 when it is missing.
+
+The logs are checked before anything is written (each poll's records with --follow): a damaged
+log is refused with one message naming the file and the line, exit 1 (what is refused:
+--help, scripts/moe_logs.py).
 """
 import argparse
-import json
 import os
-import re
 import sys
 import time
 
-try:
-    import numpy as np
-    from tensorboardX import SummaryWriter
-except ImportError:
-    print("tensorboard.py: needs numpy and tensorboardX (pip install tensorboardX)", file=sys.stderr)
-    sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moe_logs import HELP, Log, LoadChecker, LogError, dropped, run_config  # noqa: E402
 
-try:
-    import PIL  # noqa: F401 (tensorboardX's images need it)
-    HAVE_PIL = True
-except ImportError:
-    HAVE_PIL = False
-    print("tensorboard.py: no pillow: the share heatmaps are left out (pip install pillow)", file=sys.stderr)
+PROG = "tensorboard.py"
+np = SummaryWriter = None  # imported once the logs passed their checks (writer())
+HAVE_PIL = False
 
 SCALARS = ["loss", "ce", "aux", "z", "lr", "grad_norm", "tokens_per_s", "step_s", "max_over_mean",
            "drop_frac", "capacity_factor"]
@@ -42,39 +37,30 @@ LAYER_SCALARS = ["max_over_mean", "cv", "entropy", "aux", "z", "exchange_bytes",
 HEATMAP_EVERY = 50
 
 
-class Follower:
-    """The complete lines appended to a file since the last call."""
-
-    def __init__(self, path):
-        self.path, self.pos, self.rest = path, 0, ""
-
-    def lines(self):
-        if not os.path.exists(self.path):
-            return []
-        with open(self.path) as f:
-            f.seek(self.pos)
-            data = f.read()
-            self.pos = f.tell()
-        data = self.rest + data
-        parts = data.split("\n")
-        self.rest = parts.pop()  # a partial last line: kept for the next call
-        return [json.loads(p) for p in parts if p.strip()]
-
-
-def run_steps(run):
-    """train.steps of the run's config.cfg (None when unreadable)."""
+def writer(out):
+    """A SummaryWriter on out; exits 77 without numpy or tensorboardX."""
+    global np, SummaryWriter, HAVE_PIL
     try:
-        text = open(os.path.join(run, "config.cfg")).read()
-        m = re.search(r"train = \{[^}]*?\bsteps = (\d+)", text, re.S)
-        return int(m.group(1)) if m else None
-    except OSError:
-        return None
+        import numpy as np
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        print(f"{PROG}: needs numpy and tensorboardX (pip install tensorboardX)", file=sys.stderr)
+        sys.exit(77)
+    try:
+        import PIL  # noqa: F401 (tensorboardX's images need it)
+        HAVE_PIL = True
+    except ImportError:
+        print(f"{PROG}: no pillow: the share heatmaps are left out (pip install pillow)", file=sys.stderr)
+    try:
+        return SummaryWriter(logdir=out)
+    except OSError as e:
+        raise LogError(f"{out}: cannot write: {e.strerror or e}")
 
 
 def write_metrics(w, rec):
     step = rec["step"]
     if rec.get("skipped"):
-        w.add_scalar("train/skipped_total", rec.get("skipped_total", 0), step)
+        w.add_scalar("train/skipped_total", rec.get("skipped_total") or 0, step)
         return
     for k in SCALARS:
         if isinstance(rec.get(k), (int, float)):
@@ -97,7 +83,9 @@ def write_load(w, rec, windows):
         if isinstance(rec.get(k), (int, float)):
             w.add_scalar("layer%d/%s" % (l, k), rec[k], step)
     if total:
-        w.add_scalar("layer%d/drop_frac" % l, rec.get("dropped", 0) / total, step)
+        d = dropped(rec)
+        if d is not None:
+            w.add_scalar("layer%d/drop_frac" % l, d / total, step)
         share = [c / total for c in counts]
         # bucket e = expert e: the histogram is the load profile of the step
         w.add_histogram_raw("layer%d/expert_share" % l, min=0, max=E, num=E, sum=float(sum(
@@ -116,35 +104,57 @@ def write_load(w, rec, windows):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=HELP)
     ap.add_argument("run")
     ap.add_argument("--out")
     ap.add_argument("--follow", action="store_true")
     ap.add_argument("--interval", type=float, default=2.0)
     a = ap.parse_args()
-    metrics = Follower(os.path.join(a.run, "metrics.jsonl"))
-    load = Follower(os.path.join(a.run, "expert_load.jsonl"))
-    if not os.path.exists(metrics.path) and not a.follow:
-        sys.exit("tensorboard.py: %s: no such file (a run directory?)" % metrics.path)
+    try:
+        return convert(a)
+    except LogError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+
+
+def convert(a):
+    cfg = run_config(a.run)
+    metrics, load = Log(a.run, "metrics.jsonl", PROG, cfg), Log(a.run, "expert_load.jsonl", PROG, cfg)
     out = a.out or os.path.join(a.run, "tensorboard")
-    w = SummaryWriter(logdir=out)
-    windows, last, steps = {}, 0, run_steps(a.run)
+    w, windows, last, steps, final = None, {}, 0, cfg.get("steps"), not a.follow
     try:
         while True:
-            for rec in metrics.lines():
+            # each poll's records are checked before any of them is written
+            recs = metrics.read(final), load.read(final)
+            if not metrics.exists and not a.follow:
+                raise LogError(f"{metrics.path}: no such file (a run directory?)")
+            if w is None:
+                w = writer(out)
+            for rec in recs[0]:
                 write_metrics(w, rec)
                 last = max(last, rec["step"])
-            for rec in load.lines():
+            for rec in recs[1]:
                 write_load(w, rec, windows)
             w.flush()
-            steps = steps or run_steps(a.run)
-            if not a.follow or (steps and last >= steps):
+            if final:
                 break
-            time.sleep(a.interval)
+            if not steps:  # a run starting: its config.cfg may come later
+                cfg = run_config(a.run)
+                steps = cfg.get("steps")
+                if not load.check.last:  # no record checked yet: the checks take the config
+                    load.check = LoadChecker(load.path, cfg)
+            # the run's last step is logged: once more to the end of the files (a last line
+            # without its newline included), then done
+            final = bool(steps and last >= steps)
+            if not final:
+                time.sleep(a.interval)
     except KeyboardInterrupt:
         pass
-    w.close()
-    print("tensorboard.py: %s -> %s (%d steps)" % (a.run, out, last))
+    finally:
+        if w is not None:
+            w.close()
+    print("%s: %s -> %s (%d steps)" % (PROG, a.run, out, last))
+    return 0
 
 
-main()
+sys.exit(main())
