@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/json_check.h"
+
 // What st_mode is, for "not a regular file (...)".
 static const char *file_kind(mode_t m) {
     if (S_ISFIFO(m)) return "a FIFO";
@@ -214,6 +216,10 @@ moe_status file_read_json_object(const char *path, size_t max, cJSON **out) {
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return moe_error(MOE_EIO, "%s: not a JSON object (parse error)", path);
+    }
+    if ((st = json_refuse_duplicates(j, path))) { // cJSON takes the first, Python the last
+        cJSON_Delete(j);
+        return st;
     }
     *out = j;
     return MOE_OK;

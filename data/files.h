@@ -59,7 +59,7 @@ void file_lines_close(file_lines *r);
 moe_status file_write_synced(const char *path, const void *data, size_t n);
 
 // file_read_input (text: NUL bytes refused) of at most max bytes, parsed: MOE_EIO unless it is
-// a JSON object.
+// a JSON object in which no object repeats a key (data/json_check.h).
 moe_status file_read_json_object(const char *path, size_t max, cJSON **out);
 
 // mkdir -p: creates every missing folder of path (mode 0777 less the umask). MOE_EIO

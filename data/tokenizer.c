@@ -10,8 +10,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,8 +430,8 @@ moe_status tokenizer_write_byte_hf(const char *dir) {
 }
 
 static moe_status copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) return moe_error(MOE_EIO, "%s: cannot read: %s", src, strerror(errno));
+    FILE *in; // a regular file (a FIFO would block: data/files.h)
+    if (file_open_input(src, "a tokenizer", UINT64_MAX, &in, NULL)) return MOE_EIO;
     FILE *out = fopen(dst, "wb");
     if (!out) {
         fclose(in);
@@ -484,21 +486,58 @@ static const char *token_text(const cJSON *cfg, const char *key) {
     return cJSON_IsString(t) ? t->valuestring : NULL;
 }
 
-static int token_id(const cJSON *tok, const char *text) {
+// A token id of tokenizer.json (path) is an integer in [0, limit); else MOE_EIO naming the
+// token (`what`: "added token", "bos_token", ...), its text and the id.
+static moe_status check_id(const cJSON *id, const char *path, const char *what, const char *text,
+                           int64_t limit) {
+    const double x = cJSON_IsNumber(id) ? id->valuedouble : -1;
+    if (cJSON_IsNumber(id) && x >= 0 && x < (double)limit && x == floor(x)) return MOE_OK;
+    char range[64] = "[0, 2147483647]";
+    if (limit <= INT_MAX)
+        snprintf(range, sizeof range, "[0, %lld) (the model's vocabulary)", (long long)limit);
+    if (!cJSON_IsNumber(id))
+        return moe_error(MOE_EIO,
+                         "%s: %s \"%.100s\" has no numeric id (it must be an integer in %s)", path,
+                         what, text, range);
+    return moe_error(MOE_EIO, "%s: %s \"%.100s\" has id %.15g, not an integer in %s", path, what,
+                     text, x, range);
+}
+
+// Every entry of tokenizer.json's added_tokens has an integer id in [0, limit).
+static moe_status check_added_ids(const cJSON *tok, const char *path, int64_t limit) {
     const cJSON *e, *added = cJSON_GetObjectItemCaseSensitive(tok, "added_tokens");
     cJSON_ArrayForEach(e, added) {
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-        if (cJSON_IsString(c) && cJSON_IsNumber(id) && !strcmp(c->valuestring, text))
-            return id->valueint;
+        moe_status st = check_id(cJSON_GetObjectItemCaseSensitive(e, "id"), path, "added token",
+                                 cJSON_IsString(c) ? c->valuestring : "?", limit);
+        if (st) return st;
     }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(tok, "model");
-    const cJSON *id =
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "vocab"), text);
-    return cJSON_IsNumber(id) && id->valueint >= 0 ? id->valueint : -1;
+    return MOE_OK;
 }
 
-moe_status tokenizer_special_ids(const char *dir, int *bos, int *eos, int *pad) {
+// *id = the id of token `text` (the special token `key`): its added_tokens entry (checked by
+// check_added_ids), else model.vocab's, checked here; -1 when neither has it.
+static moe_status token_id(const cJSON *tok, const char *path, const char *key, const char *text,
+                           int64_t limit, int *id) {
+    const cJSON *e, *added = cJSON_GetObjectItemCaseSensitive(tok, "added_tokens");
+    cJSON_ArrayForEach(e, added) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
+        if (cJSON_IsString(c) && !strcmp(c->valuestring, text)) {
+            *id = (int)cJSON_GetObjectItemCaseSensitive(e, "id")->valuedouble;
+            return MOE_OK;
+        }
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(tok, "model");
+    const cJSON *v =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "vocab"), text);
+    *id = -1;
+    if (!v) return MOE_OK;
+    moe_status st = check_id(v, path, key, text, limit);
+    if (!st) *id = (int)v->valuedouble;
+    return st;
+}
+
+moe_status tokenizer_special_ids(const char *dir, int vocab_size, int *bos, int *eos, int *pad) {
     int *ids[3] = {bos, eos, pad};
     static const char *const keys[3] = {"bos_token", "eos_token", "pad_token"};
     for (int i = 0; i < 3; i++) *ids[i] = -1;
@@ -512,17 +551,20 @@ moe_status tokenizer_special_ids(const char *dir, int *bos, int *eos, int *pad) 
         join(p, sizeof p, dir, cfg_files[f]);
         if (readable_file(p)) st = file_read_json_object(p, (size_t)1 << 30, &cfg[f]);
     }
+    join(p, sizeof p, dir, "tokenizer.json");
+    const int64_t limit = vocab_size > 0 ? vocab_size : (int64_t)INT_MAX + 1;
+    if (!st) st = check_added_ids(tok, p, limit);
     for (int i = 0; i < 3 && !st; i++) {
         const char *text = token_text(cfg[0], keys[i]);
         if (!text) text = token_text(cfg[1], keys[i]);
-        if (text) *ids[i] = token_id(tok, text);
+        if (text) st = token_id(tok, p, keys[i], text, limit, ids[i]);
     }
     cJSON_Delete(tok), cJSON_Delete(cfg[0]), cJSON_Delete(cfg[1]);
     return st;
 }
 
 moe_status tokenizer_write_generation_config(const char *src_dir, const char *tok_dir,
-                                             const char *out_dir) {
+                                             int vocab_size, const char *out_dir) {
     char src[TOK_PATH], dst[TOK_PATH];
     join(dst, sizeof dst, out_dir, "generation_config.json");
     if (src_dir) {
@@ -530,7 +572,8 @@ moe_status tokenizer_write_generation_config(const char *src_dir, const char *to
         if (readable_file(src)) return copy_file(src, dst);
     }
     int id[3] = {-1, -1, -1};
-    moe_status st = tok_dir ? tokenizer_special_ids(tok_dir, &id[0], &id[1], &id[2]) : MOE_OK;
+    moe_status st =
+        tok_dir ? tokenizer_special_ids(tok_dir, vocab_size, &id[0], &id[1], &id[2]) : MOE_OK;
     if (st) return st;
     // only what the tokenizer defines: a made-up eos would stop generation at a real token
     char text[512] = "{\n", line[64];

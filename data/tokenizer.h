@@ -78,14 +78,18 @@ moe_status tokenizer_same_hf(const char *a, const char *b, int *same);
 
 // The BOS, EOS and PAD ids of dir's tokenizer (-1 each when it defines none): the tokens
 // tokenizer_config.json (or special_tokens_map.json) names, looked up in tokenizer.json's
-// added_tokens, then its model vocabulary. A folder without tokenizer.json gives -1s.
-moe_status tokenizer_special_ids(const char *dir, int *bos, int *eos, int *pad);
+// added_tokens, then its model vocabulary. A folder without tokenizer.json gives -1s. Every
+// added token's id and each special token's id must be an integer in [0, vocab_size) (the
+// model's vocabulary; vocab_size <= 0: unknown, [0, INT_MAX]): else MOE_EIO naming the file,
+// the token and the id. A key twice in any of the files is MOE_EIO too (data/json_check.h).
+moe_status tokenizer_special_ids(const char *dir, int vocab_size, int *bos, int *eos, int *pad);
 
 // generation_config.json for an export into out_dir: a copy of src_dir's when it has one
 // (an HF model folder), else {bos/eos/pad_token_id (those the tokenizer in tok_dir defines),
-// "transformers_version"}. tok_dir may be NULL (no token ids).
+// "transformers_version"}. tok_dir may be NULL (no token ids); vocab_size bounds them as in
+// tokenizer_special_ids.
 moe_status tokenizer_write_generation_config(const char *src_dir, const char *tok_dir,
-                                             const char *out_dir);
+                                             int vocab_size, const char *out_dir);
 
 // The tokenizer of a training run: data.tokenizer when set (it must hold a tokenizer.json),
 // else train.init_from's folder (a folder, or a `latest` file naming one) when that holds a

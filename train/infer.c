@@ -4,6 +4,7 @@
 #include "layers/timing.h"
 #include "train/serve_stats.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,44 @@ moe_status npy_write_f32(const char *path, const float *data, int rows, int cols
     int ok = fwrite(data, sizeof(float), count, f) == count;
     if (fclose(f) != 0 || !ok) return moe_error(MOE_EIO, "%s: write failed", path);
     return MOE_OK;
+}
+
+// The largest |w| of m's weights into *value, the tensor holding it into *name (NULL when
+// out of memory): each tensor copied to the host in turn, on the error path only.
+static void largest_weight(const model *m, double *value, const char **name) {
+    *value = -1, *name = NULL;
+    size_t most = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const size_t n = (size_t)m->tensors[i].rows * (m->tensors[i].cols ? m->tensors[i].cols : 1);
+        most = n > most ? n : most;
+    }
+    real *host = most ? malloc(most * sizeof(real)) : NULL;
+    for (int i = 0; host && i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        const size_t n = (size_t)t->rows * (t->cols ? t->cols : 1);
+        m->be->copy_to_host(m->be, host, m->params + t->offset, n * sizeof(real));
+        for (size_t k = 0; k < n; k++)
+            if (fabs((double)host[k]) > *value) *value = fabs((double)host[k]), *name = t->name;
+    }
+    free(host);
+}
+
+// A finite mean loss whose perplexity exp(loss) overflows a double (loss > log(DBL_MAX), about
+// 709.78 nats/token) is no result: the weights are damaged (MOE_ENUMERIC naming the largest).
+static moe_status check_perplexity(const model *m, double loss) {
+    if (!(loss > log(DBL_MAX))) return MOE_OK;
+    double w;
+    const char *name;
+    largest_weight(m, &w, &name);
+    if (!name)
+        return moe_error(MOE_ENUMERIC,
+                         "eval: the mean loss is %.3g nats/token: its perplexity overflows; the "
+                         "checkpoint's weights look damaged",
+                         loss);
+    return moe_error(MOE_ENUMERIC,
+                     "eval: the mean loss is %.3g nats/token: its perplexity overflows; the "
+                     "checkpoint's weights look damaged (largest |w|: %.3g in %s)",
+                     loss, w, name);
 }
 
 moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_windows,
@@ -137,7 +176,7 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
     *loss = sum / (double)*n_tokens;
     if (!st && !isfinite(*loss)) // finite logits give a finite loss; never print nan
         st = moe_error(MOE_ENUMERIC, "eval: the mean cross-entropy is not finite (%g)", *loss);
-    return st;
+    return st ? st : check_perplexity(m, *loss);
 }
 
 typedef struct {

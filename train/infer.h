@@ -28,6 +28,9 @@ moe_status infer_load_batch(model *m, moe_backend *be, moe_comm *ep, const char 
 // first S, targets its last S (at most max_windows windows; 0 = all). If logits_npy is not
 // NULL, the logits of the first window's inputs ([S, V] float32) go there as a .npy file.
 // stats: serving telemetry of each window's forward (train/serve_stats.h), NULL: none.
+// MOE_ENUMERIC for a non-finite logit or mean loss, and for a mean loss whose perplexity
+// exp(loss) overflows a double (> 709.78 nats/token: damaged weights; the message names the
+// largest |w| and its tensor).
 moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_windows,
                       const char *logits_npy, double *loss, long *n_tokens,
                       struct serve_stats *stats);

@@ -4,7 +4,9 @@
 # - generate sizes its KV cache for the prompt plus -n tokens: a config.json that says
 #   max_position_embeddings = 2^20 (legal) does not make it allocate gigabytes (checked under
 #   a 1 GiB address-space limit; before the fix this model asked for 2 GiB of KV cache);
-# - eval, generate and export of a damaged moe.c checkpoint exit non-zero naming the file.
+# - eval, generate and export of a damaged moe.c checkpoint exit non-zero naming the file;
+# - eval of a checkpoint whose final norm weight is 1e30 (CRC32 updated, so it loads) exits 1:
+#   its loss (~1e29) has no finite perplexity (it printed "ppl inf" and exited 0).
 set -u
 moe=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
@@ -61,5 +63,31 @@ for cmd in "eval --data $work/tok/val.bin --seq-len 16" "generate --prompt abc -
     "[ $rc -eq 1 ] && grep -q 'CRC32 mismatch' '$work/dmg.out' && grep -q '$(basename "$shard")' '$work/dmg.out'"
 done
 check "export wrote nothing" "[ ! -e '$work/never' ]"
+
+echo "a checkpoint whose model.norm.weight is 1e30, CRC32 updated: eval exits 1"
+mkdir -p "$work/norm" && cp -r "$work/run/ckpt/step_00000002" "$work/norm/"
+python3 - "$work/norm/step_00000002" <<'PY'
+import json, os, struct, sys, zlib
+d = sys.argv[1]
+index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+shard = os.path.join(d, index["weight_map"]["model.norm.weight"])
+b = bytearray(open(shard, "rb").read())
+n = struct.unpack_from("<Q", b, 0)[0]
+begin, end = json.loads(b[8:8 + n])["model.norm.weight"]["data_offsets"]
+for at in range(8 + n + begin, 8 + n + end, 4):
+    struct.pack_into("<f", b, at, 1e30)
+open(shard, "wb").write(b)
+state_path = os.path.join(d, "trainer_state.json")
+state = json.load(open(state_path))
+state["crc32"][os.path.basename(shard)] = "%08x" % zlib.crc32(bytes(b))
+json.dump(state, open(state_path, "w"), indent=1)
+PY
+"$moe" eval --ckpt "$work/norm/step_00000002" --data "$work/tok/val.bin" --seq-len 16 \
+  > "$work/norm.out" 2>&1
+rc=$?
+check "eval: exit 1, 'perplexity overflows', the largest weight named (rc $rc)" \
+  "[ $rc -eq 1 ] && grep -q 'perplexity overflows' '$work/norm.out' &&
+   grep -qF 'largest |w|: 1e+30 in model.norm.weight' '$work/norm.out'"
+[ $rc -eq 1 ] && grep -q 'perplexity overflows' "$work/norm.out" || tail -3 "$work/norm.out"
 [ $fail -eq 0 ] && rm -rf "$work"
 exit $fail

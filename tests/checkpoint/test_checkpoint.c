@@ -66,6 +66,7 @@ static void round_trip(void) {
     printf("save -> load round trip is bitwise (and sharded)\n");
     moe_train_config c;
     tiny(&c, "roundtrip");
+    c.steps = 20; // the state below is at step 17: a run stops at train.steps (schedule.steps)
     model_config mc = trainer_model_config(&c);
     model a, b;
     model_create(&a, test_backend(), &mc, 1, 8);

@@ -1,9 +1,11 @@
-// Loading hostile or damaged checkpoints (issue 8, defects 1-4 and 7): every path that
-// loads a moe.c checkpoint verifies it, trainer_state.json and config.json are validated
-// field by field before anything is allocated from them, and non-finite weights or results
-// are errors, never a printed nan.
+// Loading hostile or damaged checkpoints (issue 8, defects 1-4 and 7; issue 28, items 7, 8, 9
+// and 13): every path that loads a moe.c checkpoint verifies it, trainer_state.json and
+// config.json are validated field by field (and across fields) before anything is allocated
+// from them, non-finite weights or results are errors, never a printed nan or inf, a key
+// twice in a JSON file is refused, and so are special-token ids outside the vocabulary.
 //
 //   test_ckpt_hardening CASE     CASE: uaf | integrity | state | sizes | nonfinite | rope | hf5
+//                                      | duplicates | special_ids
 #define _POSIX_C_SOURCE 200809L // mkdtemp
 
 #include <cjson/cJSON.h>
@@ -75,6 +77,11 @@ static void sh(const char *fmt, const char *a, const char *b) {
     if (system(cmd) != 0) printf("    command failed: %s\n", cmd);
 }
 
+static void write_text_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) fputs(text, f), fclose(f);
+}
+
 static cJSON *read_json_file(const char *path) {
     char *text = test_read_file(path);
     cJSON *j = text ? cJSON_Parse(text) : NULL;
@@ -107,6 +114,22 @@ static void set_field(const char *folder, const char *file, const char *key, con
         cJSON_ReplaceItemInObject(obj, key, v);
     else
         cJSON_AddItemToObject(obj, key, v);
+    write_json_file(path, j);
+}
+
+// Adds a second `key` (dotted one level deep, as set_field) = json to folder/file, after the
+// one it has: cJSON keeps both, and writes both.
+static void add_duplicate(const char *folder, const char *file, const char *key, const char *json) {
+    char path[600], group[64] = "";
+    snprintf(path, sizeof path, "%s/%s", folder, file);
+    cJSON *j = read_json_file(path), *obj = j;
+    const char *dot = strchr(key, '.');
+    if (dot) {
+        snprintf(group, sizeof group, "%.*s", (int)(dot - key), key);
+        obj = cJSON_GetObjectItem(j, group);
+        key = dot + 1;
+    }
+    cJSON_AddItemToObject(obj, key, cJSON_Parse(json));
     write_json_file(path, j);
 }
 
@@ -292,6 +315,23 @@ static void state_error(const char *what, const char *src, const char *key, cons
     printf("    -> %s\n", st ? moe_last_error() : "(accepted)");
 }
 
+// The issue's case: "step": 100 with schedule.steps = 4, in a folder not named step_N (so the
+// folder's name does not refuse it first): refused by schedule.steps.
+static void state_outside_step_folder(const char *src) {
+    char dir[300], renamed[300];
+    copy_folder(src, "state_named", dir, sizeof dir);
+    snprintf(renamed, sizeof renamed, "%s/state_named/my_checkpoint", work);
+    if (rename(dir, renamed) != 0) printf("    rename failed\n");
+    set_field(renamed, "trainer_state.json", "step", "100");
+    set_field(renamed, "trainer_state.json", "schedule.steps", "4");
+    checkpoint_state cs;
+    moe_status st = checkpoint_state_read(&cs, renamed);
+    check_true("step 100 with schedule.steps = 4 refused (not \"run already finished\")",
+               st == MOE_EIO && strstr(moe_last_error(), "trainer_state.json") &&
+                   strstr(moe_last_error(), "\"schedule.steps\" = 4"));
+    printf("    -> %s\n", st ? moe_last_error() : "(accepted)");
+}
+
 static void case_state(void) {
     char ck[300];
     make_checkpoint("state_src", OPTIM_ADAMW, ck, sizeof ck);
@@ -325,6 +365,30 @@ static void case_state(void) {
     state_error("an ep_size beyond the world refused", ck, "world", "{\"size\": 2, \"ep_size\": 4}",
                 "ep_size");
     state_error("unknown format version refused", ck, "version", "2", "\"version\"");
+    // across fields (issue 28, item 13): the folder's name, the schedule
+    state_error("a step other than the folder's step_00000003 refused", ck, "step", "100",
+                "step_00000003");
+    state_error("a schedule that is not an object refused", ck, "schedule", "5", "\"schedule\"");
+    state_error("an unknown schedule kind refused", ck, "schedule.kind", "\"linear\"",
+                "\"schedule.kind\"");
+    state_error("schedule.lr = \"nan\" (a string) refused", ck, "schedule.lr", "\"nan\"",
+                "\"schedule.lr\"");
+    state_error("schedule.lr = null refused", ck, "schedule.lr", "null", "\"schedule.lr\"");
+    state_error("a negative schedule.min_lr refused", ck, "schedule.min_lr", "-1e-4",
+                "\"schedule.min_lr\"");
+    state_error("a fractional schedule.warmup_steps refused", ck, "schedule.warmup_steps", "2.5",
+                "\"schedule.warmup_steps\"");
+    state_error("schedule.steps as a string refused", ck, "schedule.steps", "\"4\"",
+                "\"schedule.steps\"");
+    state_error("a step beyond schedule.steps refused", ck, "schedule.steps", "2",
+                "\"schedule.steps\"");
+    state_outside_step_folder(ck);
+    char dir[300];
+    copy_folder(ck, "state", dir, sizeof dir);
+    remove_field(dir, "trainer_state.json", "schedule");
+    st = checkpoint_state_read(&cs, dir);
+    check_true("a state without \"schedule\" (older checkpoints) is still read", st == MOE_OK);
+    if (st) printf("    -> %s\n", moe_last_error());
 
     // resuming with another optimizer: refused, naming both
     char sgd[300];
@@ -431,6 +495,21 @@ static void case_nonfinite(void) {
                st == MOE_ENUMERIC && n_out == 0 && strstr(moe_last_error(), "non-finite logit"));
     printf("    -> %s\n", moe_last_error());
     model_destroy(&back);
+
+    // finite logits, but a loss whose perplexity overflows (issue 28, item 7): an error naming
+    // the largest weight, never "ppl inf"
+    model_init_weights(&m, 4, 0.1);
+    for (int i = 0; i < mc.d_model; i++) m.p.final_norm[i] = 1e30f;
+    snprintf(dir, sizeof dir, "%s/nf_norm", work);
+    hf_export(dir, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    const moe_status loaded = infer_load(&back, test_backend(), dir, 32, 32);
+    st = loaded ? loaded : infer_eval(&back, &tf, 16, 1, NULL, &loss, &n, NULL);
+    check_true("eval: a loss whose perplexity overflows is an error naming the largest weight",
+               st == MOE_ENUMERIC && strstr(moe_last_error(), "perplexity overflows") &&
+                   strstr(moe_last_error(), "1e+30 in model.norm.weight"));
+    printf("    -> %s\n", st ? moe_last_error() : "(accepted)");
+    if (!st) printf("    (loss %g)\n", loss);
+    if (!loaded) model_destroy(&back);
     model_destroy(&m);
 }
 
@@ -487,10 +566,117 @@ static void case_hf5(void) {
                st == MOE_EINVAL && strstr(moe_last_error(), "architectures"));
 }
 
+// ---- a key twice in a JSON file (issue 28, item 9): cJSON reads the first, Python the last --
+
+// A copy of src as an HF folder (without trainer_state.json, not named step_N): work/name/hf.
+static void hf_copy(const char *src, const char *name, char *out, size_t n) {
+    char dir[300], path[400];
+    copy_folder(src, name, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    unlink(path);
+    snprintf(out, n, "%s/%s/hf", work, name);
+    if (rename(dir, out) != 0) printf("    rename failed\n");
+}
+
+static void case_duplicates(void) {
+    char ck[300], dir[300];
+    make_checkpoint("dup_src", OPTIM_ADAMW, ck, sizeof ck);
+    hf_copy(ck, "dup_config", dir, sizeof dir);
+    add_duplicate(dir, "config.json", "hidden_size", "64");
+    expect_load_error("config.json with \"hidden_size\" twice is refused, naming the key", dir,
+                      MOE_EIO, "config.json", "key \"hidden_size\" appears twice in the top level");
+    hf_copy(ck, "dup_rope", dir, sizeof dir);
+    remove_field(dir, "config.json", "rope_theta");
+    set_field(dir, "config.json", "rope_parameters",
+              "{\"rope_theta\": 10000.0, \"rope_type\": \"default\"}");
+    add_duplicate(dir, "config.json", "rope_parameters.rope_theta", "500000.0");
+    expect_load_error("a nested key twice is named with its object", dir, MOE_EIO, "config.json",
+                      "key \"rope_theta\" appears twice in rope_parameters");
+    hf_copy(ck, "dup_index", dir, sizeof dir);
+    add_duplicate(dir, "model.safetensors.index.json", "weight_map.model.norm.weight",
+                  "\"model-00001-of-00001.safetensors\"");
+    expect_load_error("a tensor twice in the index's weight_map is refused", dir, MOE_EIO,
+                      "model.safetensors.index.json",
+                      "key \"model.norm.weight\" appears twice in weight_map");
+    copy_folder(ck, "dup_state", dir, sizeof dir);
+    add_duplicate(dir, "trainer_state.json", "step", "2");
+    checkpoint_state cs;
+    moe_status st = checkpoint_state_read(&cs, dir);
+    check_true("trainer_state.json with \"step\" twice is refused",
+               st == MOE_EIO && strstr(moe_last_error(), "trainer_state.json") &&
+                   strstr(moe_last_error(), "key \"step\" appears twice in the top level"));
+    printf("    -> %s\n", st ? moe_last_error() : "(accepted)");
+    expect_load_error("  and so is every load of that checkpoint", dir, MOE_EIO,
+                      "trainer_state.json", "appears twice");
+}
+
+// ---- special-token ids of tokenizer.json (issue 28, item 8) --------------------------------
+
+// A tokenizer folder work/tok_K: <s> (the bos token) an added token of id `added`, <pad> (the
+// pad token) in model.vocab with id `vocab`; its path goes to dir.
+static void tokenizer_folder(char *dir, size_t n, const char *added, const char *vocab) {
+    static int k;
+    char path[400], text[512];
+    snprintf(dir, n, "%s/tok_%d", work, k++);
+    sh("mkdir -p %s%s", dir, "");
+    snprintf(text, sizeof text,
+             "{\"added_tokens\": [{\"id\": %s, \"content\": \"<s>\", \"special\": true}], "
+             "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"<pad>\": %s}}}",
+             added, vocab);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    write_text_file(path, text);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    snprintf(text, sizeof text, "{\"bos_token\": \"<s>\", \"pad_token\": \"<pad>\"}");
+    write_text_file(path, text);
+}
+
+// The export of m with such a tokenizer is refused naming tokenizer.json and `expect`, and
+// leaves nothing behind.
+static void special_id_error(const char *what, const model *m, const char *added, const char *vocab,
+                             const char *expect) {
+    char src[300], out[400];
+    tokenizer_folder(src, sizeof src, added, vocab);
+    snprintf(out, sizeof out, "%s_export", src);
+    moe_status st = hf_export_from(out, src, m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    check_true(what, st == MOE_EIO && strstr(moe_last_error(), "tokenizer.json") &&
+                         strstr(moe_last_error(), expect) && access(out, F_OK) != 0);
+    printf("    -> %s\n", st ? moe_last_error() : "(exported)");
+}
+
+static void case_special_ids(void) {
+    model_config mc = small_config(); // a vocabulary of 256
+    model m;
+    model_create_inference(&m, test_backend(), &mc, 32, 32);
+    model_init_weights(&m, 4, 0.1);
+    char src[300], out[400], path[500];
+    tokenizer_folder(src, sizeof src, "1", "7");
+    snprintf(out, sizeof out, "%s_export", src);
+    moe_status st = hf_export_from(out, src, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    snprintf(path, sizeof path, "%s/generation_config.json", out);
+    cJSON *gen = st ? NULL : read_json_file(path);
+    const cJSON *bos = cJSON_GetObjectItem(gen, "bos_token_id"),
+                *pad = cJSON_GetObjectItem(gen, "pad_token_id");
+    check_true("ids in the vocabulary are exported (bos 1, pad 7)",
+               !st && cJSON_IsNumber(bos) && bos->valueint == 1 && cJSON_IsNumber(pad) &&
+                   pad->valueint == 7);
+    if (st) printf("    -> %s\n", moe_last_error());
+    cJSON_Delete(gen);
+    special_id_error("an added token with id 4e9 is refused (it became bos_token_id 2147483647)",
+                     &m, "4e9", "7", "added token \"<s>\" has id 4000000000");
+    special_id_error("a negative id is refused", &m, "-3", "7", "\"<s>\" has id -3");
+    special_id_error("a fractional id is refused", &m, "1.5", "7", "\"<s>\" has id 1.5");
+    special_id_error("an id as a string is refused", &m, "\"1\"", "7", "\"<s>\" has no numeric id");
+    special_id_error("an id beyond the model's vocabulary is refused", &m, "256", "7",
+                     "has id 256, not an integer in [0, 256)");
+    special_id_error("a special token's model.vocab id beyond the vocabulary is refused", &m, "1",
+                     "4e9", "pad_token \"<pad>\" has id 4000000000");
+    model_destroy(&m);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr,
-                "usage: test_ckpt_hardening uaf|integrity|state|sizes|nonfinite|rope|hf5\n");
+        fprintf(stderr, "usage: test_ckpt_hardening "
+                        "uaf|integrity|state|sizes|nonfinite|rope|hf5|duplicates|special_ids\n");
         return 2;
     }
     snprintf(work, sizeof work, "/tmp/moe_ckhard_XXXXXX");
@@ -510,6 +696,10 @@ int main(int argc, char **argv) {
         case_rope();
     else if (!strcmp(c, "hf5"))
         case_hf5();
+    else if (!strcmp(c, "duplicates"))
+        case_duplicates();
+    else if (!strcmp(c, "special_ids"))
+        case_special_ids();
     else {
         fprintf(stderr, "unknown case '%s'\n", c);
         return 2;

@@ -331,6 +331,15 @@ static void test_errors(void) {
     refuse("duplicate name", "dup.safetensors",
            "{" META T("a", "F32", "[2]", 0, 8) "," T("a", "F32", "[2]", 8, 16) "}", REAL, 16,
            "duplicate tensor name 'a'");
+    // a key twice inside an entry or __metadata__: cJSON reads the first, Python's json the last
+    refuse("a key twice in an entry", "dup_dtype.safetensors",
+           "{" META "\"a\":{\"dtype\":\"F32\",\"dtype\":\"F16\",\"shape\":[2],"
+           "\"data_offsets\":[0,8]}}",
+           REAL, 8, "key \"dtype\" appears twice in a");
+    refuse(
+        "a key twice in __metadata__", "dup_meta.safetensors",
+        "{\"__metadata__\":{\"format\":\"pt\",\"format\":\"np\"}," T("a", "F32", "[2]", 0, 8) "}",
+        REAL, 8, "key \"format\" appears twice in __metadata__");
     refuse("entry missing data_offsets", "no_offsets.safetensors",
            "{" META "\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", REAL, 8,
            "tensor 'a': missing 'data_offsets'");

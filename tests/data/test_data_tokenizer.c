@@ -96,10 +96,10 @@ static void byte_files(void) {
                    !same);
     int bos, eos, pad;
     check_true("the byte tokenizer has no special ids",
-               tokenizer_special_ids(d, &bos, &eos, &pad) == MOE_OK && bos == -1 && eos == -1 &&
-                   pad == -1);
+               tokenizer_special_ids(d, 256, &bos, &eos, &pad) == MOE_OK && bos == -1 &&
+                   eos == -1 && pad == -1);
     check_true("generation_config.json without a source",
-               tokenizer_write_generation_config(NULL, d, d) == MOE_OK);
+               tokenizer_write_generation_config(NULL, d, 256, d) == MOE_OK);
     cJSON *gen = read_json(test_path(d, "generation_config.json"));
     check_true("  has transformers_version and no token ids",
                cJSON_IsString(get(gen, "transformers_version")) && !get(gen, "eos_token_id") &&
@@ -129,12 +129,12 @@ static void special_ids(void) {
     const char *d = special_folder();
     int bos, eos, pad;
     check_true("bos/eos from tokenizer_config.json, pad from special_tokens_map.json",
-               tokenizer_special_ids(d, &bos, &eos, &pad) == MOE_OK && bos == 0 && eos == 1 &&
+               tokenizer_special_ids(d, 8, &bos, &eos, &pad) == MOE_OK && bos == 0 && eos == 1 &&
                    pad == 7);
     const char *out = test_path(dir, "export");
     test_mkdirs(out);
     check_true("generation_config.json from the tokenizer",
-               tokenizer_write_generation_config(NULL, d, out) == MOE_OK);
+               tokenizer_write_generation_config(NULL, d, 0, out) == MOE_OK);
     cJSON *gen = read_json(test_path(out, "generation_config.json"));
     check_true("  bos 0, eos 1, pad 7", cJSON_IsNumber(get(gen, "bos_token_id")) &&
                                             get(gen, "bos_token_id")->valueint == 0 &&
@@ -145,7 +145,7 @@ static void special_ids(void) {
     test_mkdirs(hf);
     test_write_file(test_path(hf, "generation_config.json"), "{\"eos_token_id\": 2}\n", 20);
     check_true("an HF folder's own generation_config.json is copied",
-               tokenizer_write_generation_config(hf, d, out) == MOE_OK);
+               tokenizer_write_generation_config(hf, d, 0, out) == MOE_OK);
     char *text = test_read_file(test_path(out, "generation_config.json"));
     check_true("  verbatim", text && !strcmp(text, "{\"eos_token_id\": 2}\n"));
     free(text);
@@ -176,6 +176,39 @@ static void special_ids(void) {
                    !tok[0] && !from_init);
     check_true("init_from without a tokenizer: byte",
                tokenizer_for_run(tok, sizeof tok, "", hf, NULL) == MOE_OK && !tok[0]);
+}
+
+// Special-token ids outside [0, vocab_size) (issue 28, item 8), and a key twice in a file
+// (item 9): refused naming the file, the token and the id (or the key).
+static void special_refusals(void) {
+    printf("special token ids out of range, duplicate keys\n");
+    const char *d = special_folder();
+    int bos, eos, pad;
+    check_refused("pad <pad> = 7 with a vocabulary of 7",
+                  tokenizer_special_ids(d, 7, &bos, &eos, &pad), "tokenizer.json",
+                  "pad_token \"<pad>\" has id 7, not an integer in [0, 7)");
+    const char *tok = "{\"added_tokens\": [{\"id\": 4e9, \"content\": \"<s>\"}], \"model\": "
+                      "{\"vocab\": {}}}";
+    test_write_file(test_path(d, "tokenizer.json"), tok, strlen(tok));
+    check_refused("an added token of id 4e9, vocabulary unknown",
+                  tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer.json",
+                  "added token \"<s>\" has id 4000000000, not an integer in [0, 2147483647]");
+    const char *out = test_path(dir, "export_bad");
+    test_mkdirs(out);
+    check_refused("  generation_config.json is not written from it",
+                  tokenizer_write_generation_config(NULL, d, 0, out), "tokenizer.json", "<s>");
+    tok = "{\"added_tokens\": [{\"id\": -1, \"content\": \"<unused>\"}], \"model\": {}}";
+    test_write_file(test_path(d, "tokenizer.json"), tok, strlen(tok));
+    check_refused("a negative id, even of a token no special id names",
+                  tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer.json",
+                  "added token \"<unused>\" has id -1");
+    special_folder();
+    const char *cfg = "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"bos_token\": \"a\"}";
+    test_write_file(test_path(d, "tokenizer_config.json"), cfg, strlen(cfg));
+    check_refused("tokenizer_config.json with bos_token twice",
+                  tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer_config.json",
+                  "key \"bos_token\" appears twice in the top level");
+    special_folder(); // as it was, for what follows
 }
 
 // The runner, with a shell script in place of hf_tokenizer.py.
@@ -249,6 +282,7 @@ int main(int argc, char **argv) {
     test_mkdirs(dir);
     byte_files();
     special_ids();
+    special_refusals();
     runner();
     printf("%s\n", test_failures() ? "FAILED" : "all passed");
     return test_failures() != 0;

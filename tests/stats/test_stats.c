@@ -793,6 +793,9 @@ static void case_hostile(void) {
          "expert_load.jsonl:57: \"exchange_s\" = -1e+300 is not a finite number in [0, 1e+07]"},
         {"a string layer", "{\"step\":29,\"layer\":\"0\",\"counts\":[1,2,3,4]}",
          "expert_load.jsonl:57: \"layer\" is not a number"},
+        {"a key twice (cJSON reads the first, Python the last)",
+         "{\"step\":29,\"layer\":0,\"counts\":[1,2,3,4],\"layer\":1}",
+         "expert_load.jsonl:57: key \"layer\" appears twice in the top level"},
     };
     for (size_t i = 0; i < sizeof load_cases / sizeof *load_cases; i++) {
         write_run("run_hostile", 1, 1.25, 0);

@@ -74,6 +74,13 @@ for cmd in "export --ckpt $work/damaged --out $work/export" \
     "[ $rc -eq 1 ] && grep -q 'moe: error: ' '$work/d.err' && no_leak '$work/d.err' && [ ! -e '$work/export' ]"
 done
 
+cp -a "$ckpt" "$work/fifo_ckpt"
+rm "$work/fifo_ckpt/$(basename "$shard")" && mkfifo "$work/fifo_ckpt/$(basename "$shard")"
+timeout 30 "$moe" eval --ckpt "$work/fifo_ckpt" --data "$work/evaldata/val.bin" > "$work/d.out" 2> "$work/d.err"
+rc=$?
+check "eval of a checkpoint whose shard is a FIFO: exit 1 (got $rc, 124: it blocked)" \
+  "[ $rc -eq 1 ] && grep -q 'not a regular file (a FIFO)' '$work/d.err'"
+
 echo "a resumed run at a loss of 1e29 is not training (item 7)"
 cp -a "$work/run" "$work/run_huge"
 python3 - "$work/run_huge/ckpt/step_00000004" <<'PY'

@@ -316,18 +316,24 @@ static moe_status load_weights(model *m, const char *folder) {
     return st;
 }
 
+// 1 and *step when the last component of folder (trailing slashes allowed) is step_NNNNNNNN.
+static int folder_step(const char *folder, long long *step) {
+    char path[PATH_BUF];
+    path_fmt(path, sizeof path, "%s", folder);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') path[--n] = 0;
+    const char *base = strrchr(path, '/');
+    return parse_step_name(base ? base + 1 : path, step);
+}
+
 // A folder whose name is step_NNNNNNNN, or that has a trainer_state.json, is a moe.c
 // checkpoint: it is loaded only when intact.
 static int is_moe_checkpoint(const char *folder) {
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/trainer_state.json", folder);
     if (access(path, F_OK) == 0) return 1;
-    path_fmt(path, sizeof path, "%s", folder);
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') path[--n] = 0;
-    const char *base = strrchr(path, '/');
     long long step;
-    return parse_step_name(base ? base + 1 : path, &step);
+    return folder_step(folder, &step);
 }
 
 moe_status hf_load_weights(model *m, const char *folder) {
@@ -766,7 +772,50 @@ static moe_status parse_capacity(capacity_state *cap, const cJSON *c, const char
     return MOE_OK;
 }
 
-static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const char *file) {
+// A save names its folder after its step: in a folder step_NNNNNNNN, "step" must be NNNNNNNN
+// (else a renamed or damaged checkpoint resumes at another step than its name says).
+static moe_status check_folder_step(const char *folder, const char *file, int64_t step) {
+    long long named;
+    if (!folder_step(folder, &named) || named == step) return MOE_OK;
+    return moe_error(MOE_EIO,
+                     "%s: \"step\" = %lld, but the folder is named step_%08lld (a renamed or "
+                     "damaged checkpoint)",
+                     file, (long long)step, named);
+}
+
+// "schedule" (older states have none): {kind "cosine" | "constant", lr and min_lr finite
+// numbers >= 0, warmup_steps and steps integers >= 0}; a run stops at its steps, so step <=
+// schedule.steps.
+static moe_status check_schedule(const cJSON *state, const char *file, int64_t step) {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(state, "schedule");
+    if (!s) return MOE_OK;
+    if (!cJSON_IsObject(s)) return moe_error(MOE_EIO, "%s: \"schedule\" is not an object", file);
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(s, "kind");
+    if (!cJSON_IsString(kind) ||
+        (strcmp(kind->valuestring, "cosine") && strcmp(kind->valuestring, "constant")))
+        return moe_error(MOE_EIO, "%s: \"schedule.kind\" is not \"cosine\" or \"constant\"", file);
+    static const char *const rates[2] = {"schedule.lr", "schedule.min_lr"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = ckpt_json_field(s, rates[i]);
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0)
+            return moe_error(MOE_EIO, "%s: \"%s\" is missing or not a finite number >= 0", file,
+                             rates[i]);
+    }
+    int64_t warmup, steps;
+    moe_status st;
+    if ((st = st_int64(s, file, "schedule.warmup_steps", 0, STATE_MAX_STEPS, &warmup)) ||
+        (st = st_int64(s, file, "schedule.steps", 0, STATE_MAX_STEPS, &steps)))
+        return st;
+    if (step > steps)
+        return moe_error(MOE_EIO,
+                         "%s: \"step\" = %lld is beyond \"schedule.steps\" = %lld (a run stops "
+                         "at train.steps)",
+                         file, (long long)step, (long long)steps);
+    return MOE_OK;
+}
+
+static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const char *folder,
+                              const char *file) {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(state, "format");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "moe.c trainer state"))
         return moe_error(MOE_EIO, "%s: \"format\" is not \"moe.c trainer state\"", file);
@@ -777,7 +826,9 @@ static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const ch
     train_state *ts = &cs->ts;
     if ((st = st_int64(state, file, "step", 0, STATE_MAX_STEPS, &ts->step)) ||
         (st = st_int64(state, file, "skipped", 0, ts->step, &ts->skipped)) ||
-        (st = st_int64(state, file, "consecutive_skips", 0, ts->skipped, &ts->consecutive_skips)))
+        (st = st_int64(state, file, "consecutive_skips", 0, ts->skipped, &ts->consecutive_skips)) ||
+        (st = check_folder_step(folder, file, ts->step)) ||
+        (st = check_schedule(state, file, ts->step)))
         return st;
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(state, "optimizer");
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(o, "kind");
@@ -819,7 +870,7 @@ static moe_status read_state(cJSON **json, checkpoint_state *cs, const char *fol
     char file[PATH_BUF];
     path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
     moe_status st = file_read_json_object(file, SMALL_FILE_MAX, json);
-    if (!st && (st = parse_state(cs, *json, file))) cJSON_Delete(*json), *json = NULL;
+    if (!st && (st = parse_state(cs, *json, folder, file))) cJSON_Delete(*json), *json = NULL;
     return st; // (parse_state frees what it allocated when it fails)
 }
 
@@ -1061,6 +1112,24 @@ moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_sta
 
 // ---- export ---------------------------------------------------------------------------
 
+// What a user needs to run an export (into tmp): the tokenizer of the weights (the files of
+// src, "" for none; else the byte tokenizer's for a vocabulary of 256), its special ids (in
+// [0, vocab_size), read from src's files so that an error names them) and
+// generation_config.json.
+static moe_status export_tokenizer(const char *src, const char *tmp, int vocab_size, int *bos,
+                                   int *eos, int *pad) {
+    const int from_src = src[0] && tokenizer_has_hf(src);
+    moe_status st = MOE_OK;
+    if (from_src)
+        st = tokenizer_copy_hf(src, tmp, NULL);
+    else if (vocab_size == BYTE_VOCAB_SIZE)
+        st = tokenizer_write_byte_hf(tmp);
+    const char *tok = from_src ? src : tmp;
+    if (!st) st = tokenizer_special_ids(tok, vocab_size, bos, eos, pad);
+    if (!st) st = tokenizer_write_generation_config(src[0] ? src : NULL, tok, vocab_size, tmp);
+    return st;
+}
+
 moe_status hf_export_from(const char *out_folder, const char *src_folder, const model *m,
                           st_dtype dtype, uint64_t max_shard_bytes) {
     char tmp[PATH_BUF], path[PATH_BUF + 32], src[PATH_BUF] = "";
@@ -1074,15 +1143,8 @@ moe_status hf_export_from(const char *out_folder, const char *src_folder, const 
     if ((st = fresh_folder(tmp))) return st;
     real *host = malloc(m->n_params * sizeof(real));
     if (!host) st = moe_error(MOE_ENOMEM, "export: out of memory");
-    // what a user needs to run the export: the tokenizer of the weights (the source's files,
-    // else the byte tokenizer's for a vocabulary of 256) and generation_config.json
     int bos = -1, eos = -1, pad = -1;
-    if (!st && src[0] && tokenizer_has_hf(src))
-        st = tokenizer_copy_hf(src, tmp, NULL);
-    else if (!st && m->cfg.vocab_size == BYTE_VOCAB_SIZE)
-        st = tokenizer_write_byte_hf(tmp);
-    if (!st) st = tokenizer_special_ids(tmp, &bos, &eos, &pad);
-    if (!st) st = tokenizer_write_generation_config(src[0] ? src : NULL, tmp, tmp);
+    if (!st) st = export_tokenizer(src, tmp, m->cfg.vocab_size, &bos, &eos, &pad);
     if (!st) {
         path_fmt(path, sizeof path, "%s/config.json", tmp);
         cJSON *cj = hf_config_json(&m->cfg, dtype == ST_BF16  ? "bfloat16"

@@ -3,6 +3,8 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "train/ckpt/safetensors.h"
+#include "data/files.h"
+#include "data/json_check.h"
 #include "layers/bf16.h"
 
 #include <cjson/cJSON.h>
@@ -154,10 +156,22 @@ uint32_t crc32_update(uint32_t crc, const void *buf, size_t n) {
     return ~crc;
 }
 
+// path opened for reading through data/files.h (a regular file: a FIFO in a checkpoint folder
+// must not block a load): MOE_EIO "PATH: cannot open: why", "PATH: not a regular file ...".
+static moe_status open_regular(const char *path, FILE **fp) {
+    if (!file_open_input(path, "a checkpoint", UINT64_MAX, fp, NULL)) return MOE_OK;
+    struct stat sb;
+    if (errno) return moe_error(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return moe_error(MOE_EIO, "%s: not a regular file (a folder)", path);
+    return MOE_EIO; // file_open_input's message: not a regular file (a FIFO) ...
+}
+
 moe_status file_crc32(const char *path, uint32_t *crc) {
     *crc = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return moe_error(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    moe_status st = open_regular(path, &fp);
+    if (st) return st;
     enum { CHUNK = 1 << 20 };
     uint8_t *buf = malloc(CHUNK);
     if (!buf) {
@@ -396,6 +410,8 @@ static moe_status parse_header(st_file *f, const char *hdr, size_t len) {
             st = moe_error(MOE_EIO, "%s: duplicate tensor name '%s'", path, order[i]->name);
             goto done;
         }
+    // and a key twice inside an entry or __metadata__ ("dtype" twice: which one is it?)
+    if ((st = json_refuse_duplicates(root, path))) goto done;
 
     // the tensors must tile the data section exactly
     qsort(order, (size_t)n, sizeof *order, cmp_by_offsets);
@@ -499,8 +515,9 @@ static moe_status st_open(st_file *f, const char *path, int with_data) {
     memcpy(f->path, path, plen);
     f->path[plen] = 0;
 
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return moe_error(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    moe_status st0 = open_regular(path, &fp);
+    if (st0) return st0;
     char *hdr = NULL;
     size_t hdr_len = 0;
     moe_status st = read_file(f, fp, &hdr, &hdr_len, with_data);

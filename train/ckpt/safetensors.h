@@ -39,7 +39,8 @@ typedef struct {
 // the file; JSON that does not parse or is not an object; an entry that is not an object or
 // lacks dtype/shape/data_offsets; unknown dtype; a shape with negative or too many dims;
 // data_offsets whose size differs from shape x dtype size; overlapping or gapped offsets, or
-// data not ending at the end of the file; duplicate names.
+// data not ending at the end of the file; duplicate names, and a key twice in any object of
+// the header (data/json_check.h).
 moe_status st_read(st_file *f, const char *path);
 // st_read without the data (f->data stays NULL; data_size is the file's): the same checks,
 // for looking at the tensors' names and shapes before allocating anything for them.

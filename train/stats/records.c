@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "data/files.h"
+#include "data/json_check.h"
 
 #define LOG_MAX_BYTES ((uint64_t)64 << 30) // 64 GiB: far more than a long run writes
 #define LOG_MAX_LINE ((size_t)256 << 20)   // a coactivation record of 4096 experts fits
@@ -124,10 +125,12 @@ static moe_status read_lines(stats_log *lg, object_fn fn, void *state) {
             lg->partial = r.lineno;
             break;
         }
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%ld", lg->path, r.lineno);
         if (!obj)
-            st = moe_error(MOE_EIO, "%s:%ld: not a JSON object: %.60s%s", lg->path, r.lineno, p,
+            st = moe_error(MOE_EIO, "%s: not a JSON object: %.60s%s", where, p,
                            e - p > 60 ? "..." : "");
-        else
+        else if (!(st = json_refuse_duplicates(obj, where))) // cJSON: the first, Python: the last
             st = fn(state, (where_t){lg->path, r.lineno}, obj);
         cJSON_Delete(obj);
     }
