@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1034,7 +1035,7 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
 // nats/token) is no result either: the model gives the data a probability below e^-709 per
 // token, which only damaged weights do (a norm weight of 1e30 gives CE 1.7e29). Such a
 // forward is skipped like a NaN (and train.max_skipped of them in a row stop the run).
-#define TRAIN_MAX_CE 709.78
+#define TRAIN_MAX_CE log(DBL_MAX)
 
 // The forward and backward of every micro-batch; a non-finite forward (or one beyond
 // TRAIN_MAX_CE) stops the step with s->finite = 0 (not an error: the step is skipped).

@@ -97,18 +97,22 @@ static void write_json_file(const char *path, cJSON *j) {
     cJSON_Delete(j);
 }
 
-// Sets folder/file's top-level `key` (a dotted path one level deep: "optimizer.t") to the
-// JSON value `json`.
+// The object of j that holds *key, a dotted path one level deep ("optimizer.t"): *key moves
+// past the dot.
+static cJSON *field_parent(cJSON *j, const char **key) {
+    const char *dot = strchr(*key, '.');
+    if (!dot) return j;
+    char group[64];
+    snprintf(group, sizeof group, "%.*s", (int)(dot - *key), *key);
+    *key = dot + 1;
+    return cJSON_GetObjectItem(j, group);
+}
+
+// Sets folder/file's `key` (dotted one level deep) to the JSON value `json`.
 static void set_field(const char *folder, const char *file, const char *key, const char *json) {
-    char path[600], group[64] = "";
+    char path[600];
     snprintf(path, sizeof path, "%s/%s", folder, file);
-    cJSON *j = read_json_file(path), *obj = j;
-    const char *dot = strchr(key, '.');
-    if (dot) {
-        snprintf(group, sizeof group, "%.*s", (int)(dot - key), key);
-        obj = cJSON_GetObjectItem(j, group);
-        key = dot + 1;
-    }
+    cJSON *j = read_json_file(path), *obj = field_parent(j, &key);
     cJSON *v = cJSON_Parse(json);
     if (cJSON_GetObjectItem(obj, key))
         cJSON_ReplaceItemInObject(obj, key, v);
@@ -120,15 +124,9 @@ static void set_field(const char *folder, const char *file, const char *key, con
 // Adds a second `key` (dotted one level deep, as set_field) = json to folder/file, after the
 // one it has: cJSON keeps both, and writes both.
 static void add_duplicate(const char *folder, const char *file, const char *key, const char *json) {
-    char path[600], group[64] = "";
+    char path[600];
     snprintf(path, sizeof path, "%s/%s", folder, file);
-    cJSON *j = read_json_file(path), *obj = j;
-    const char *dot = strchr(key, '.');
-    if (dot) {
-        snprintf(group, sizeof group, "%.*s", (int)(dot - key), key);
-        obj = cJSON_GetObjectItem(j, group);
-        key = dot + 1;
-    }
+    cJSON *j = read_json_file(path), *obj = field_parent(j, &key); // (key: past the dot)
     cJSON_AddItemToObject(obj, key, cJSON_Parse(json));
     write_json_file(path, j);
 }

@@ -152,6 +152,8 @@ if [ ${#mpirun[@]} -gt 0 ]; then
   check "... and the run directory is as it was" "diff -r '$work/run' '$work/run.before' > /dev/null"
   mpmd "train on rank 0, eval on rank 1" "rank 1 runs \`moe eval\`, rank 0 \`moe train\`" \
     train "$work/tiny.cfg" --set "log.dir=\"$work/run_mpmd\"" -- eval --ckpt "$ckpt" --data "$work/evaldata/val.bin"
+  mpmd "train on rank 0, generate on rank 1" "only moe train and moe eval run on several ranks" \
+    train "$work/tiny.cfg" --set "log.dir=\"$work/run_mpmd\"" -- generate --ckpt "$ckpt" --prompt ab
   mpmd "eval of two data files" "rank 1 reads --ckpt $ckpt --data $work/evaldata/train.bin" \
     eval --ckpt "$ckpt" --data "$work/evaldata/val.bin" -- eval --ckpt "$ckpt" --data "$work/evaldata/train.bin"
   mpmd "--dry-run on one rank only" "rank 1 would start a run (--dry-run), rank 0 start a run" \
