@@ -22,8 +22,8 @@ static const char *file_kind(mode_t m) {
     return "not a file";
 }
 
-// "16 MiB", "64 GiB", or the bytes: the cap in words.
-static void human_bytes(char *buf, size_t size, uint64_t n) {
+// A cap in words: "16 MiB", "64 GiB" (whole units only), else the bytes.
+static void cap_words(char *buf, size_t size, uint64_t n) {
     if (n >= (1ull << 30) && n % (1ull << 30) == 0)
         snprintf(buf, size, "%llu GiB", (unsigned long long)(n >> 30));
     else if (n >= (1ull << 20) && n % (1ull << 20) == 0)
@@ -34,7 +34,7 @@ static void human_bytes(char *buf, size_t size, uint64_t n) {
 
 static moe_status too_large(const char *path, const char *what, uint64_t n, uint64_t max) {
     char cap[32];
-    human_bytes(cap, sizeof cap, max);
+    cap_words(cap, sizeof cap, max);
     return moe_error(MOE_EIO, "%s: is %llu bytes, more than the %llu (%s) %s file may have", path,
                      (unsigned long long)n, (unsigned long long)max, cap, what);
 }
