@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real tokenizers end to end, against Hugging Face transformers (README "Tokenizers").
+"""Real tokenizers end to end, against Hugging Face transformers (docs/checkpoints.md "Tokenizers").
 
     python3 scripts/check_hf_tokenizer.py --moe build/moe [--workdir DIR]
 

@@ -1,5 +1,5 @@
-"""Reading a moe.c run's logs (README "Training", logs; docs/DESIGN.md 5.4) with the rules of
-`moe stats`: scripts/plot_load.py and scripts/tensorboard.py read through this module, so a
+"""Reading a moe.c run's logs (docs/training.md "Console and logs"; docs/DESIGN.md 5.4) with the
+rules of `moe stats`: scripts/plot_load.py and scripts/tensorboard.py read through this module, so a
 damaged log gives one message naming the file and the line (LogError), never a traceback.
 
 What is refused:

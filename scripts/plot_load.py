@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Expert-load plots of a moe.c run (RUN_DIR/expert_load.jsonl; README "Training", logs).
+"""Expert-load plots of a moe.c run (RUN_DIR/expert_load.jsonl; docs/expert-load.md "Plots").
 
     scripts/plot_load.py RUN_DIR --out DIR [--alert 1.5] [--smooth N]
 

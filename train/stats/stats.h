@@ -1,5 +1,6 @@
 // `moe stats`: the expert-load report and capacity planning, read from a run's logs
-// (RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg; README "Training", logs).
+// (RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg; docs/training.md "Console and
+// logs", docs/expert-load.md "moe stats").
 //
 //   moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--from STEP] [--wide] [--json]
 //       per MoE layer: max/mean load (mean, P95, P99 over steps), CV, the hottest expert and
