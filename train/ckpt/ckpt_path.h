@@ -1,4 +1,4 @@
-// Paths inside checkpoint folders (checkpoint.c, hf_config.c). Every folder argument is
+// Paths inside checkpoint folders (the checkpoint files, hf_config.c). Every folder argument is
 // checked against PATH_ARG_MAX on entry (check_path_arg), so the names appended with
 // path_fmt always fit in a PATH_BUF.
 #ifndef MOE_CKPT_PATH_H

@@ -1,5 +1,5 @@
 // Checked fields of a parsed JSON object: the readers of config.json (hf_config.c) and of
-// trainer_state.json (checkpoint.c) refuse a field of the wrong type or range by name; and the
+// trainer_state.json (state.c) refuse a field of the wrong type or range by name; and the
 // one writer of the JSON files of a checkpoint.
 #ifndef MOE_CKPT_JSON_FIELDS_H
 #define MOE_CKPT_JSON_FIELDS_H

@@ -1,5 +1,11 @@
 # train/config: library moe_train_config (libconfig file -> validated struct) and its tests.
-moe_component(moe_train_config SOURCES ${CMAKE_CURRENT_LIST_DIR}/config.c
+# One file per concept: config_internal.h (private) says which does what.
+moe_component(moe_train_config
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/config.c ${CMAKE_CURRENT_LIST_DIR}/schema.c
+          ${CMAKE_CURRENT_LIST_DIR}/suggest.c ${CMAKE_CURRENT_LIST_DIR}/message.c
+          ${CMAKE_CURRENT_LIST_DIR}/scan.c ${CMAKE_CURRENT_LIST_DIR}/literal.c
+          ${CMAKE_CURRENT_LIST_DIR}/read.c ${CMAKE_CURRENT_LIST_DIR}/check.c
+          ${CMAKE_CURRENT_LIST_DIR}/set.c ${CMAKE_CURRENT_LIST_DIR}/write.c
   LINK moe_data moe_layers PkgConfig::LIBCONFIG m)
 
 if(MOE_BUILD_TESTS)
