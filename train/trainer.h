@@ -8,6 +8,7 @@
 
 #include "layers/model.h"
 #include "train/config/config.h"
+#include "train/run_dir.h" // the run directory: moe train clears it, resolves --resume
 
 // Test-only hooks (never set from a config file): plant a NaN in one gradient element of
 // the last layer's w2 at step indexes [nan_from, nan_to] (0-based, inclusive; -1 = never).
@@ -62,23 +63,6 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume, const tr
 // prepares no data and creates no run directory; a model that does not allocate is a
 // warning, not an error.
 moe_status trainer_dry_run(const moe_train_config *cfg);
-
-// Run directories (moe train applies these; trainer_run itself truncates the logs of a new
-// run). A run directory holds a previous run when metrics.jsonl or expert_load.jsonl is not
-// empty or ckpt/ has anything in it: trainer_run_dir_holds says which of them ("what", e.g.
-// "metrics.jsonl, ckpt/"), 0 when none.
-int trainer_run_dir_holds(const char *run_dir, char *what, size_t n);
-
-// Deletes what a run writes into run_dir and nothing else: metrics.jsonl, expert_load.jsonl,
-// config.cfg (and their .tmp files), ckpt/latest, and the ckpt/step_* folders (the plain
-// files in them). MOE_EIO naming the path when one cannot be deleted (for instance a step
-// folder holding a folder of the user's).
-moe_status trainer_clear_run_dir(const char *run_dir);
-
-// The checkpoint --resume ARG names: for a run directory, RUN_DIR/ckpt/latest; for a ckpt
-// folder, its `latest`; else ARG (a step folder or a `latest` file). MOE_EIO saying so when
-// ARG is a run directory without a checkpoint.
-moe_status trainer_resolve_resume(char *out, size_t n, const char *arg);
 
 // The router-jitter noise key of micro-batch `micro` of step `step` (both 0-based), a
 // function of (seed, step, micro) alone, so a resumed run draws the same noise. Distinct for

@@ -1,0 +1,205 @@
+// The run header (train/run_header.h): the model, its parameters, FLOPs per token and memory,
+// printed before step 1 of `moe train` and by `moe train --dry-run`, with the formatting
+// helpers they share.
+#define _POSIX_C_SOURCE 200809L // stat
+
+#include "train/run_header.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "train/run_data.h"
+#include "train/trainer.h"
+
+static void human_bytes(char *buf, size_t n, double b) {
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, u++;
+    snprintf(buf, n, "%.1f %s", b, unit[u]);
+}
+
+// 1234567 -> "1,234,567"
+static const char *grouped(char *buf, size_t n, uint64_t v) {
+    char digits[32];
+    const int len = snprintf(digits, sizeof digits, "%llu", (unsigned long long)v);
+    size_t at = 0;
+    for (int i = 0; i < len && at + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) buf[at++] = ',';
+        buf[at++] = digits[i];
+    }
+    buf[at] = 0;
+    return buf;
+}
+
+// 2304000 -> "2.30M" (K, M, G, T, P)
+static const char *si(char *buf, size_t n, double v) {
+    const char *unit[] = {"", "K", "M", "G", "T", "P"};
+    int u = 0;
+    while (fabs(v) >= 1000 && u < 5) v /= 1000, u++;
+    snprintf(buf, n, u ? "%.2f%s" : "%.0f%s", v, unit[u]);
+    return buf;
+}
+
+typedef struct {
+    size_t params, grads, optimizer, activations, experts; // bytes; activations without experts
+} run_memory;
+
+// The memory of a training model as allocated (model_memory), with the optimizer's state.
+static run_memory memory_of(const model *m, const moe_train_config *cfg) {
+    run_memory r = {0};
+    size_t acts;
+    model_memory(m, &r.params, &r.grads, &acts);
+    for (int l = 0; l < m->n_moe; l++) r.experts += m->moe[l].bytes;
+    r.activations = acts - r.experts;
+    r.optimizer =
+        cfg->optimizer == OPTIM_SGD ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
+    return r;
+}
+
+// model, parameter counts, FLOPs per token, memory (NULL: not measured, why in mem_note),
+// the data line, BLAS and threads.
+static void print_header(const moe_train_config *cfg, const model_config *mc, size_t n_params,
+                         size_t n_dense, const run_memory *mem, const char *mem_note,
+                         const char *data_line, moe_backend *be) {
+    const int L = mc->n_layers, E = mc->moe.n_experts, k = mc->moe.top_k;
+    const double d = mc->d_model, ff = mc->moe.d_ff, V = mc->vocab_size;
+    const double hd = d / mc->n_heads, q_rows = (mc->n_heads + 2.0 * mc->n_kv_heads) * hd;
+    const double expert = 3 * d * ff; // w1, w3 (stacked as w13) and w2 of one expert
+    const double active = (double)n_dense + (double)L * k * expert;
+    printf("model: %d layers, d=%d, %d heads (%d kv), %d experts top-%d, ff=%d: %.2fM parameters "
+           "(%.2fM in experts)\n",
+           L, mc->d_model, mc->n_heads, mc->n_kv_heads, E, k, mc->moe.d_ff, n_params / 1e6,
+           (n_params - n_dense) / 1e6);
+    char a[32], b[32], c[32], e[32];
+    printf("parameters: %s total, %s active per token (%s dense + top-%d of %d experts of %s\n"
+           "  in each of %d layers)\n",
+           grouped(a, sizeof a, n_params), grouped(b, sizeof b, (uint64_t)active),
+           grouped(c, sizeof c, n_dense), k, E, grouped(e, sizeof e, (uint64_t)expert), L);
+    // forward FLOPs per token: 2 per weight of every matmul a token goes through (q/k/v, o,
+    // router, its top_k experts, lm_head; the embedding is a lookup), and attention's
+    // QK^T and AV: 2 x 2 x S x (heads x head_dim) per layer over the whole S x S window
+    const double matmul = L * (q_rows * d + d * mc->n_heads * hd + E * d + k * expert) + V * d;
+    const double attn = L * 4.0 * cfg->seq_len * mc->n_heads * hd;
+    const double fwd = 2 * matmul + attn;
+    char f1[32], f2[32], f3[32], f4[32];
+    printf("FLOPs per token: %s forward (2 x %s matmul weights + %s attention: 4 x S x d per\n"
+           "  layer at S = %d, the full S x S, not halved for the causal mask); %s to train "
+           "(3 x forward)\n",
+           si(f1, sizeof f1, fwd), si(f2, sizeof f2, matmul), si(f3, sizeof f3, attn), cfg->seq_len,
+           si(f4, sizeof f4, 3 * fwd));
+    if (mem) {
+        char p[32], g[32], o[32], act[32], ex[32], all[32];
+        human_bytes(p, sizeof p, (double)mem->params);
+        human_bytes(g, sizeof g, (double)mem->grads);
+        human_bytes(o, sizeof o, (double)mem->optimizer);
+        human_bytes(act, sizeof act, (double)mem->activations);
+        human_bytes(ex, sizeof ex, (double)mem->experts);
+        human_bytes(
+            all, sizeof all,
+            (double)(mem->params + mem->grads + mem->optimizer + mem->activations + mem->experts));
+        printf("memory (%s, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
+               "  %s %s, activations %s, expert buffers %s\n",
+               mc->moe.dtype == MOE_DTYPE_BF16 ? "bf16" : "fp32", cfg->batch_size, cfg->seq_len,
+               all, p, g, cfg->optimizer == OPTIM_SGD ? "SGD state" : "AdamW moments", o, act, ex);
+    } else {
+        printf("memory: not measured: %s\n", mem_note);
+    }
+    printf("%s\n", data_line);
+    printf("precision: %s (train.dtype)\n",
+           mc->moe.dtype == MOE_DTYPE_BF16
+               ? "bf16: bf16 GEMM operands with fp32 accumulation; fp32 master weights, "
+                 "optimizer, norms, softmax, routing and losses"
+               : "fp32");
+    printf("device: %s (model.device)\n%s%s\n", be->name, be->describe(be),
+           cfg->threads > 0 ? " (train.threads)" : " (automatic)");
+}
+
+// What run_data_open would read, without reading or preparing anything.
+static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
+    data_paths d;
+    run_data_paths(cfg, &d);
+    size_t at = (size_t)snprintf(buf, n, "data:");
+    for (int i = 0; i < 2 && at < n; i++) {
+        struct stat sb;
+        char size[32];
+        const char *what = size;
+        if (stat(d.path[i], &sb) == 0)
+            human_bytes(size, sizeof size, (double)sb.st_size);
+        else if (d.from_dir && cfg->n_text)
+            what = "missing: prepared from data.text by the run";
+        else
+            what = "missing";
+        at += (size_t)snprintf(buf + at, n - at, "%s %s (%s, %s)", i ? ",\n " : "", d.path[i],
+                               d.key[i], what);
+    }
+    if (at < n)
+        snprintf(buf + at, n - at, "; %d x %d tokens x %d micro-batch%s per step", cfg->batch_size,
+                 cfg->seq_len, cfg->grad_accum, cfg->grad_accum == 1 ? "" : "es");
+}
+
+moe_status trainer_dry_run(const moe_train_config *cfg) {
+    printf("# the resolved config: %s with the --set overrides, every key\n",
+           cfg->source[0] ? cfg->source : "(defaults)");
+    moe_status st = moe_train_config_write(cfg, stdout);
+    if (st) return st;
+    printf("\n");
+    moe_backend *be;
+    const moe_backend_options bo = {.threads = cfg->threads, .tf32 = cfg->tf32};
+    if ((st = moe_backend_create(&be, cfg->device, &bo)))
+        return trainer_key_error(st, "model.device", cfg->device);
+    model_config mc = trainer_model_config(cfg);
+    const size_t n_params = model_param_count(&mc);
+    const size_t n_dense =
+        n_params - (size_t)mc.n_layers * mc.moe.n_experts * 3 * (size_t)mc.d_model * mc.moe.d_ff;
+    char data_line[3 * MOE_PATH_MAX + 256];
+    dry_data_line(cfg, data_line, sizeof data_line);
+    // the model allocated as the run would (not initialised, no data): its real buffers
+    model m = {0};
+    run_memory mem;
+    st = model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
+    if (!st) mem = memory_of(&m, cfg);
+    print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line, be);
+    if (st) fprintf(stderr, "warning: the model does not allocate here: %s\n", moe_last_error());
+    model_destroy(&m);
+    moe_backend_destroy(be);
+    data_paths d;
+    run_data_paths(cfg, &d);
+    if (run_data_from_text(cfg, &d) && run_data_check_text(cfg))
+        fprintf(stderr, "warning: moe train would stop here: %s\n", moe_last_error());
+    return MOE_OK;
+}
+
+void run_header_print(const moe_train_config *cfg, const model *m, moe_backend *be,
+                      const token_file *train, const token_file *val, int ranks,
+                      const char *transport) {
+    const int E = m->cfg.moe.n_experts;
+    char data_line[2 * MOE_PATH_MAX + 256];
+    snprintf(data_line, sizeof data_line,
+             "data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step",
+             train->path, (unsigned long long)train->count, val->path,
+             (unsigned long long)val->count, cfg->batch_size, cfg->seq_len, cfg->grad_accum);
+    const run_memory mem = memory_of(m, cfg);
+    print_header(cfg, &m->cfg, m->n_params, m->n_dense, &mem, NULL, data_line, be);
+    printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
+           "top_k times this\n");
+    if (ranks > 1 && !m->placement) // the figures above are rank 0's: its experts and buffers
+        printf("expert parallelism: %d ranks (%s), groups of %d: each rank holds experts %d..%d "
+               "of %d and trains on its own %d x %d tokens x %d micro-batches; memory and "
+               "parameters above are per rank\n",
+               ranks, transport, m->ep ? m->ep->size : 1, m->expert0, m->expert0 + m->E_local - 1,
+               E, cfg->batch_size, cfg->seq_len, cfg->grad_accum);
+    if (ranks > 1 && m->placement) { // parallel.expert_placement: the global experts of each rank
+        const int El = m->E_local;
+        printf("expert parallelism: %d ranks (%s), groups of %d, %d experts placed by "
+               "parallel.expert_placement:",
+               ranks, transport, m->ep ? m->ep->size : 1, E);
+        for (int s = 0; s < E; s++) {
+            if (s % El == 0) printf("%s rank %d [", s ? "]," : "", s / El);
+            printf("%s%d", s % El ? ", " : "", m->placement[s]);
+        }
+        printf("]; each trains on its own %d x %d tokens x %d micro-batches; memory and "
+               "parameters above are per rank\n",
+               cfg->batch_size, cfg->seq_len, cfg->grad_accum);
+    }
+}

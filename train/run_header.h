@@ -1,0 +1,18 @@
+// The run header: what `moe train` prints before step 1 and `moe train --dry-run`
+// (trainer_dry_run, train/trainer.h) prints without training: the model, parameter counts,
+// FLOPs per token, memory as allocated, the data, precision, device, BLAS and threads.
+#ifndef MOE_RUN_HEADER_H
+#define MOE_RUN_HEADER_H
+
+#include "data/token_file.h"
+#include "layers/model.h"
+#include "train/config/config.h"
+
+// The header of a run about to start on model m (rank 0's view of it) with its token files
+// open; under expert parallelism (ranks > 1; transport: the world's name) also which experts
+// each rank holds.
+void run_header_print(const moe_train_config *cfg, const model *m, moe_backend *be,
+                      const token_file *train, const token_file *val, int ranks,
+                      const char *transport);
+
+#endif
