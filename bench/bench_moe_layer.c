@@ -82,24 +82,23 @@ static void expert_gemms_bf16(moe_backend *be, const moe_layer *L, const moe_wei
     be->expert_matmul_backward_input_bf16(be, L->dxp, dh13_16, w->w13_16, off, E, 2 * ff, d, 0);
 }
 
+static const char *const dtypes[] = {"fp32", "bf16", NULL};
+
+static const cli_option options[] = {
+    BENCH_LAYER_OPTIONS(4096, 512, 1408, 8, 2, 7, 2),
+    {"--dtype", CLI_CHOICE(bench_layer_args, dtype), .choices = dtypes, .def = "fp32",
+     .help = "the layer's precision; bf16: bf16 GEMM operands, fp32 accumulation"},
+    {0}};
+
+static const cli_command cli = {.name = "bench_moe_layer", .options = options};
+
 int main(int argc, char **argv) {
-    bench_layer_args o = {.T = 4096, .d = 512, .ff = 1408, .E = 8, .k = 2, .reps = 7, .warmup = 2};
-    moe_dtype dtype = MOE_DTYPE_F32;
-    for (int i = 1; i < argc; i++) {
-        int more = i + 1 < argc;
-        if (bench_layer_arg(&o, argc, argv, &i)) continue;
-        if (!strcmp(argv[i], "--dtype") && more && !strcmp(argv[i + 1], "bf16"))
-            dtype = MOE_DTYPE_BF16, i++;
-        else if (!strcmp(argv[i], "--dtype") && more && !strcmp(argv[i + 1], "fp32"))
-            dtype = MOE_DTYPE_F32, i++;
-        else
-            moe_fatal("bench_moe_layer: unknown argument '%s' (--T --d --ff --E --k --reps "
-                      "--warmup --json --dtype fp32|bf16)",
-                      argv[i]);
-    }
-    if (o.reps < 1 || o.reps > 1000) moe_fatal("bench_moe_layer: --reps must be in [1, 1000]");
-    const int T = o.T, d = o.d, ff = o.ff, E = o.E, k = o.k, reps = o.reps, warmup = o.warmup,
-              json = o.json;
+    bench_layer_args o = {0};
+    const int rc = cli_args(&cli, argc - 1, argv + 1, &o, stdout, stderr);
+    if (rc != CLI_RUN) return rc;
+    const moe_dtype dtype = o.dtype ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+    const int T = (int)o.T, d = (int)o.d, ff = (int)o.ff, E = (int)o.E, k = (int)o.k,
+              reps = (int)o.reps, warmup = (int)o.warmup, json = o.json;
     moe_config cfg = moe_config_default(d, ff, E, k);
     cfg.dtype = dtype;
     const int bf16 = dtype == MOE_DTYPE_BF16;

@@ -48,17 +48,16 @@ static void expert_gemms(moe_backend *be, moe_layer *L, const moe_weights *w, co
     be->expert_matmul_backward_input(be, L->dxp, L->dh13, w->w13, off, E, 2 * ff, d, 0);
 }
 
+static const cli_option options[] = {BENCH_LAYER_OPTIONS(4096, 1024, 1024, 8, 2, 5, 2), {0}};
+
+static const cli_command cli = {.name = "bench_moe_layer_gpu", .options = options};
+
 int main(int argc, char **argv) {
-    bench_layer_args o = {.T = 4096, .d = 1024, .ff = 1024, .E = 8, .k = 2, .reps = 5, .warmup = 2};
-    for (int i = 1; i < argc; i++) {
-        if (!bench_layer_arg(&o, argc, argv, &i))
-            moe_fatal("bench_moe_layer_gpu: unknown argument '%s' (--T --d --ff --E --k --reps "
-                      "--warmup --json)",
-                      argv[i]);
-    }
-    if (o.reps < 1 || o.reps > 1000) moe_fatal("bench_moe_layer_gpu: --reps must be in [1, 1000]");
-    const int T = o.T, d = o.d, ff = o.ff, E = o.E, k = o.k, reps = o.reps, warmup = o.warmup,
-              json = o.json;
+    bench_layer_args o = {0};
+    const int rc = cli_args(&cli, argc - 1, argv + 1, &o, stdout, stderr);
+    if (rc != CLI_RUN) return rc;
+    const int T = (int)o.T, d = (int)o.d, ff = (int)o.ff, E = (int)o.E, k = (int)o.k,
+              reps = (int)o.reps, warmup = (int)o.warmup, json = o.json;
     moe_backend *be;
     if (moe_backend_create(&be, "cuda", NULL)) {
         printf("skipped: %s\n", moe_last_error());

@@ -3,6 +3,25 @@
 #ifndef MOE_SMOKE_H
 #define MOE_SMOKE_H
 
+#include <stdint.h>
+
+#include "cli/options.h"
+
+// The arguments of moe smoke, as smoke_cli reads them.
+typedef struct {
+    const char *config; // CONFIG
+    int64_t steps;      // --steps N
+    cli_list sets;      // --set group.key=value, in order
+} smoke_opts;
+
+// moe smoke's options: its parser (cli_args) and its --help (cli_help).
+extern const cli_command smoke_cli;
+
+// The smoke run and its report on stdout: 0 when the gate passes, 1 when a check failed.
+int smoke_run(const smoke_opts *o);
+
+// smoke_run with the arguments argv[0..argc) read by smoke_cli: also 0 after --help and 2
+// after a usage error (the message and the usage on stderr).
 int smoke_main(int argc, char **argv);
 
 #endif

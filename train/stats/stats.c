@@ -22,6 +22,7 @@
 #include "layers/moe.h"
 #include "layers/status.h"
 #include "layers/timing.h"
+#include "cli/options.h"
 #include "train/config/config.h"
 #include "train/stats/records.h"
 
@@ -29,36 +30,6 @@
 #define STATS_DEFAULT_ALERT 1.5
 #define STATS_DEFAULT_MAX_DROP 0.01
 #define STATS_COLUMNS 100 // the default tables and prose fit this; --wide: the full tables
-
-static const char *usage =
-    "usage: moe stats RUN_DIR [--layer L] [--window N] [--alert A] [--from STEP] [--wide] "
-    "[--json]\n"
-    "       moe stats RUN_DIR --capacity [--max-drop F] [--layer L] [--from STEP] [--wide] "
-    "[--json]\n"
-    "       moe stats RUN_DIR --watch [--interval S] [--count N] [--capacity] [options]\n"
-    "       moe stats RUN_DIR --placement R [--json]\n"
-    "\n"
-    "  Reads RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg.\n"
-    "  report      per MoE layer: max/mean load (mean, P95, P99 over steps), CV, hottest and\n"
-    "              dead experts of the last window, drop fraction in the first and last window,\n"
-    "              router entropy, aux and z loss trend, exchange share of step time; alerts\n"
-    "  --layer L   only MoE layer L\n"
-    "  --window N  steps in the first and the last window (default 100)\n"
-    "  --alert A   max/mean load alert threshold (default 1.5): alert when the median over\n"
-    "              the last window exceeds it\n"
-    "  --capacity  the capacity factor each layer needed to drop at most --max-drop\n"
-    "              (default 0.01) of its assignments on the P99 step and on the worst step,\n"
-    "              and the expert activation memory at that factor\n"
-    "  --from STEP ignore the records of the steps before STEP (e.g. the warm-up's)\n"
-    "  --wide      the full tables (more than 100 columns): with the report, the aux and z\n"
-    "              loss trends, the entropy in nats, the exchange share and the dead experts'\n"
-    "              indexes; with --capacity, rows and the memory of all layers\n"
-    "  --json      one JSON document instead of the tables\n"
-    "  --placement R  an expert-to-rank mapping for R ranks from the load and co-activation\n"
-    "              logs: the hottest rank's P99 load, rows per token, the hottest link, for the\n"
-    "              contiguous default, random, greedy (LPT) and the proposal (greedy + swaps)\n"
-    "  --watch     redraw the report (or --capacity) every --interval S seconds (default 2)\n"
-    "              while the run writes its logs, until its last step (or --count N times)\n";
 
 // ---- numbers ------------------------------------------------------------------------
 
@@ -1114,135 +1085,105 @@ static int capacity_report(run_t *rd, FILE *out) {
 
 // ---- the command line ---------------------------------------------------------------
 
-static int parse_long(const char *s, long lo, long hi, long *v) {
-    char *end;
-    errno = 0;
-    long x = strtol(s, &end, 10);
-    if (errno || end == s || *end || x < lo || x > hi) return -1;
-    *v = x;
-    return 0;
-}
+// The forms of moe stats (its synopsis lines): bits of cli_option.forms.
+enum { FORM_REPORT, FORM_CAPACITY, FORM_WATCH, FORM_WATCH_CAPACITY, FORM_PLACEMENT, N_FORMS };
+#define FORM(f) (1u << FORM_##f)
+#define WATCHES (FORM(WATCH) | FORM(WATCH_CAPACITY))
+#define TABLES (FORM(REPORT) | FORM(CAPACITY) | WATCHES) // the forms that print the tables
+#define STATS_STR_(x) #x
+#define STATS_STR(x) STATS_STR_(x)
 
-static int parse_double(const char *s, double lo, double hi, int lo_open, double *v) {
-    char *end;
-    errno = 0;
-    double x = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(x) || x > hi || x < lo || (lo_open && x == lo))
-        return -1;
-    *v = x;
-    return 0;
-}
+// What the command line asks for.
+typedef struct {
+    const char *dir;
+    int watch, capacity, wide, json;
+    int64_t placement, layer, window, from, count; // placement 0: none; layer -1: all
+    double alert, max_drop, interval;
+} stats_args;
 
-__attribute__((format(printf, 2, 3))) static int usage_error(FILE *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(err, "moe stats: ");
-    vfprintf(err, fmt, ap);
-    fprintf(err, "\n%s", usage);
-    va_end(ap);
-    return 2;
-}
+static const cli_option stats_options[] = {
+    {"RUN_DIR", CLI_POSITIONAL(stats_args, dir), .flags = CLI_REQUIRED, .expect = "a RUN_DIR"},
+    {"--watch", CLI_FLAG(stats_args, watch), .flags = CLI_SELECTOR, .forms = WATCHES,
+     .help = "redraw the report (or --capacity) every --interval S seconds while the run writes "
+             "its logs, until its last step (or --count N times)"},
+    {"--capacity", CLI_FLAG(stats_args, capacity), .flags = CLI_SELECTOR,
+     .forms = FORM(CAPACITY) | FORM(WATCH_CAPACITY),
+     .help = "the capacity factor each layer needed to drop at most --max-drop of its "
+             "assignments on the P99 step and on the worst step, and the expert activation "
+             "memory at that factor"},
+    {"--placement", CLI_INT(stats_args, placement), .value = "R", .lo = 2, .hi = 64,
+     .expect = "a number of ranks in [2, 64]", .flags = CLI_SELECTOR, .forms = FORM(PLACEMENT),
+     .help = "an expert-to-rank mapping for R ranks from the load and co-activation logs: the "
+             "hottest rank's P99 load, rows per token, the hottest link, for the contiguous "
+             "default, random, greedy (LPT) and the proposal (greedy + swaps)"},
+    {"--interval", CLI_NUMBER(stats_args, interval), .value = "S", .lo = 0, .hi = 86400,
+     .flags = CLI_LO_OPEN, .expect = "seconds in (0, 86400]", .def = "2", .forms = WATCHES,
+     .help = "seconds between two refreshes of --watch"},
+    {"--count", CLI_INT(stats_args, count), .value = "N", .lo = 1, .hi = 9e18,
+     .expect = "an integer >= 1", .forms = WATCHES, .help = "at most N refreshes of --watch"},
+    {"--max-drop", CLI_NUMBER(stats_args, max_drop), .value = "F", .lo = 0, .hi = 1,
+     .flags = CLI_HI_OPEN, .def = STATS_STR(STATS_DEFAULT_MAX_DROP),
+     .forms = FORM(CAPACITY) | FORM(WATCH_CAPACITY),
+     .help = "the share of its assignments a layer may drop, for --capacity"},
+    {"--layer", CLI_INT(stats_args, layer), .value = "L", .lo = 0, .hi = STATS_MAX_LAYERS - 1,
+     .expect = "a layer index >= 0", .forms = TABLES, .help = "only MoE layer L"},
+    {"--window", CLI_INT(stats_args, window), .value = "N", .lo = 1, .hi = 1e9,
+     .expect = "an integer in [1, 1e9]", .def = STATS_STR(STATS_DEFAULT_WINDOW),
+     .forms = FORM(REPORT) | FORM(WATCH), .help = "steps in the first and the last window"},
+    {"--alert", CLI_NUMBER(stats_args, alert), .value = "A", .lo = 0, .hi = 1e300,
+     .flags = CLI_LO_OPEN, .expect = "a number > 0", .def = STATS_STR(STATS_DEFAULT_ALERT),
+     .forms = FORM(REPORT) | FORM(WATCH),
+     .help = "max/mean load alert threshold: alert when the median over the last window "
+             "exceeds it"},
+    {"--from", CLI_INT(stats_args, from), .value = "STEP", .lo = 1, .hi = LONG_MAX / 2,
+     .expect = "a step >= 1", .forms = TABLES,
+     .help = "ignore the records of the steps before STEP (e.g. the warm-up's)"},
+    {"--wide", CLI_FLAG(stats_args, wide), .forms = TABLES,
+     .help = "the full tables (more than 100 columns): with the report, the aux and z loss "
+             "trends, the entropy in nats, the exchange share and the dead experts' indexes; "
+             "with --capacity, rows and the memory of all layers"},
+    {"--json", CLI_FLAG(stats_args, json), .forms = FORM(REPORT) | FORM(CAPACITY) | FORM(PLACEMENT),
+     .help = "one JSON document instead of the tables"},
+    {0}};
+
+static const cli_command stats_command = {
+    .name = "moe stats",
+    .about =
+        "  Reads RUN_DIR/expert_load.jsonl, metrics.jsonl and config.cfg. The report: per MoE\n"
+        "  layer, max/mean load (mean, P95, P99 over steps), CV, hottest and dead experts of\n"
+        "  the last window, drop fraction in the first and last window, router entropy, aux\n"
+        "  and z loss trend, exchange share of step time; alerts.\n",
+    .options = stats_options,
+    .n_forms = N_FORMS};
 
 // moe stats RUN_DIR --placement R [--json]: the run's config gives top_k and d_model.
-static int placement_cli(int argc, char **argv, FILE *out, FILE *err) {
-    const char *dir = NULL;
-    long R = 0;
-    int json = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--placement")) {
-            if (i + 1 == argc || parse_long(argv[i + 1], 2, 64, &R))
-                return usage_error(err, "--placement R: expected a number of ranks in [2, 64]");
-            i++;
-        } else if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if (argv[i][0] != '-' && !dir) {
-            dir = argv[i];
-        } else {
-            return usage_error(err, "--placement takes RUN_DIR, R and --json only ('%s')", argv[i]);
-        }
-    }
-    if (!dir) return usage_error(err, "a RUN_DIR is required");
+static int placement_cli(const stats_args *a, FILE *out, FILE *err) {
     char path[MOE_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/config.cfg", dir);
+    snprintf(path, sizeof path, "%s/config.cfg", a->dir);
     static moe_train_config cfg;
     if (moe_train_config_load(&cfg, path, 0, NULL)) {
         fprintf(err, "moe stats: error: %s\n", moe_last_error());
         return 1;
     }
-    return stats_placement(dir, &cfg, (int)R, json, out, err);
+    return stats_placement(a->dir, &cfg, (int)a->placement, a->json, out, err);
 }
 
-int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
-    run_t rd = {.only_layer = -1,
+// The report (or --capacity) of the run, once: 0 printed, 1 a bad or missing log, 2 a layer
+// without records. ctx: the stats_args (so that --watch can redraw it).
+static int report_once(void *ctx, FILE *out, FILE *err) {
+    const stats_args *a = ctx;
+    run_t rd = {.dir = a->dir,
+                .only_layer = (int)a->layer,
                 .last_cf = NAN,
-                .window = STATS_DEFAULT_WINDOW,
-                .alert = STATS_DEFAULT_ALERT,
-                .max_drop = STATS_DEFAULT_MAX_DROP,
+                .window = (size_t)a->window,
+                .alert = a->alert,
+                .max_drop = a->max_drop,
+                .from = (long)a->from,
+                .capacity = a->capacity,
+                .wide = a->wide,
+                .json = a->json,
                 .groups = 1,
                 .top_k = 1};
-    int report_opt = 0, max_drop_opt = 0;
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--watch")) return stats_watch(argc, argv, out, err);
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--placement")) return placement_cli(argc, argv, out, err);
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage, out);
-            return 0;
-        }
-        if (!strcmp(a, "--json")) {
-            rd.json = 1;
-            continue;
-        }
-        if (!strcmp(a, "--capacity")) {
-            rd.capacity = 1;
-            continue;
-        }
-        if (!strcmp(a, "--wide")) {
-            rd.wide = 1;
-            continue;
-        }
-        if (a[0] != '-' || !a[1]) {
-            if (rd.dir) return usage_error(err, "more than one RUN_DIR: '%s' and '%s'", rd.dir, a);
-            rd.dir = a;
-            continue;
-        }
-        const int known = !strcmp(a, "--layer") || !strcmp(a, "--window") ||
-                          !strcmp(a, "--alert") || !strcmp(a, "--max-drop") || !strcmp(a, "--from");
-        if (!known) return usage_error(err, "unknown option '%s'", a);
-        if (!v) return usage_error(err, "'%s' needs a value", a);
-        i++;
-        long n;
-        if (!strcmp(a, "--layer")) {
-            if (parse_long(v, 0, STATS_MAX_LAYERS - 1, &n))
-                return usage_error(err, "--layer '%s': expected a layer index >= 0", v);
-            rd.only_layer = (int)n;
-        } else if (!strcmp(a, "--from")) {
-            if (parse_long(v, 1, LONG_MAX / 2, &n))
-                return usage_error(err, "--from '%s': expected a step >= 1", v);
-            rd.from = n;
-        } else if (!strcmp(a, "--window")) {
-            if (parse_long(v, 1, 1000000000L, &n))
-                return usage_error(err, "--window '%s': expected an integer in [1, 1e9]", v);
-            rd.window = (size_t)n;
-            report_opt = 1;
-        } else if (!strcmp(a, "--alert")) {
-            if (parse_double(v, 0, 1e300, 1, &rd.alert))
-                return usage_error(err, "--alert '%s': expected a number > 0", v);
-            report_opt = 1;
-        } else {
-            if (parse_double(v, 0, 1, 0, &rd.max_drop) || rd.max_drop >= 1)
-                return usage_error(err, "--max-drop '%s': expected a number in [0, 1)", v);
-            max_drop_opt = 1;
-        }
-    }
-    if (!rd.dir) return usage_error(err, "a RUN_DIR is required");
-    if (rd.capacity && report_opt)
-        return usage_error(err,
-                           "--window and --alert are options of the report, not of --capacity");
-    if (!rd.capacity && max_drop_opt) return usage_error(err, "--max-drop needs --capacity");
-
     int rc;
     if (load_run(&rd, err)) {
         fprintf(err, "moe stats: error: %s\n", moe_last_error());
@@ -1259,6 +1200,23 @@ int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
     fflush(out);
     run_free(&rd);
     return rc;
+}
+
+// --watch (watch.c): report(ctx, ...) redrawn every interval seconds while dir's run writes its
+// logs, at most count times. Declared here and in watch.c, not in stats.h: a part of moe
+// stats, not of its interface.
+int stats_watch_loop(const char *dir, double interval, long count,
+                     int (*report)(void *ctx, FILE *out, FILE *err), void *ctx, FILE *out,
+                     FILE *err);
+
+int stats_cli(int argc, char **argv, FILE *out, FILE *err) {
+    stats_args a = {.layer = -1, .count = LONG_MAX};
+    const int rc = cli_args(&stats_command, argc, argv, &a, out, err);
+    if (rc != CLI_RUN) return rc;
+    if (a.placement) return placement_cli(&a, out, err);
+    if (a.watch)
+        return stats_watch_loop(a.dir, a.interval, (long)a.count, report_once, &a, out, err);
+    return report_once(&a, out, err);
 }
 
 int stats_main(int argc, char **argv) { return stats_cli(argc, argv, stdout, stderr); }

@@ -2,7 +2,7 @@
 # Included from the root CMakeLists.txt after train/config/config.cmake (needs moe_train_config).
 moe_component(moe_stats SOURCES ${CMAKE_CURRENT_LIST_DIR}/stats.c ${CMAKE_CURRENT_LIST_DIR}/watch.c
   ${CMAKE_CURRENT_LIST_DIR}/placement.c ${CMAKE_CURRENT_LIST_DIR}/records.c
-  LINK moe_train_config moe_data moe_layers PkgConfig::CJSON m)
+  LINK moe_train_config moe_data moe_layers moe_cli PkgConfig::CJSON m)
 if(MOE_BUILD_TESTS)
   add_subdirectory(${PROJECT_SOURCE_DIR}/tests/stats ${PROJECT_BINARY_DIR}/tests/stats)
 endif()

@@ -36,46 +36,19 @@ static void sleep_s(double s) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
+// The loop of --watch: stats_cli reads the arguments (moe stats' one option table) and calls
+// it with what they say. (stats.c declares it too: a part of moe stats, not of stats.h.)
+int stats_watch_loop(const char *dir, double interval, long count,
+                     int (*report)(void *ctx, FILE *out, FILE *err), void *ctx, FILE *out,
+                     FILE *err);
+
 int stats_watch(int argc, char **argv, FILE *out, FILE *err) {
-    double interval = 2;
-    long count = LONG_MAX;
-    char **rest = calloc((size_t)argc + 1, sizeof *rest);
-    const char *dir = NULL;
-    int n = 0;
-    if (!rest) return 1;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        if (!strcmp(a, "--watch")) continue;
-        if (!strcmp(a, "--interval") || !strcmp(a, "--count")) {
-            const double x = v ? strtod(v, &end) : NAN;
-            if (!v || end == v || *end || !(x > 0) || x > 86400 ||
-                (!strcmp(a, "--count") && x != floor(x))) {
-                fprintf(err, "moe stats: %s '%s': expected %s\n", a, v ? v : "",
-                        strcmp(a, "--count") ? "seconds in (0, 86400]" : "an integer >= 1");
-                free(rest);
-                return 2;
-            }
-            if (!strcmp(a, "--count"))
-                count = (long)x;
-            else
-                interval = x;
-            i++;
-            continue;
-        }
-        if (!strcmp(a, "--json")) {
-            fprintf(err, "moe stats: --watch draws tables; --json is for one report\n");
-            free(rest);
-            return 2;
-        }
-        if (a[0] != '-' && !dir) dir = a;
-        rest[n++] = argv[i];
-    }
-    if (!dir) {
-        fprintf(err, "moe stats: --watch needs a RUN_DIR\n");
-        free(rest);
-        return 2;
-    }
+    return stats_cli(argc, argv, out, err); // (argv holds --watch)
+}
+
+int stats_watch_loop(const char *dir, double interval, long count,
+                     int (*report)(void *ctx, FILE *out, FILE *err), void *ctx, FILE *out,
+                     FILE *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.cfg", dir);
     moe_train_config cfg;
@@ -95,7 +68,7 @@ int stats_watch(int argc, char **argv, FILE *out, FILE *err) {
             rc = 1;
             break;
         }
-        rc = step ? stats_cli(n, rest, mo, me) : 1;
+        rc = step ? report(ctx, mo, me) : 1;
         fclose(mo), fclose(me);
         char when[32];
         const time_t now = time(NULL);
@@ -113,6 +86,5 @@ int stats_watch(int argc, char **argv, FILE *out, FILE *err) {
         if (steps && step >= steps) break; // the run logged its last step
         if (k + 1 < count) sleep_s(interval);
     }
-    free(rest);
     return rc;
 }
