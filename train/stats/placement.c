@@ -208,6 +208,53 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+// The mean cost of 32 random mappings (seeded: the same every run), each a Fisher-Yates
+// shuffle of the contiguous one.
+static plan_cost random_baseline(const plan_in *p, const int *contiguous, double *scratch) {
+    const int E = p->E;
+    int mapping[MAX_E];
+    plan_cost mean = {0};
+    uint64_t seed = 7;
+    for (int t = 0; t < 32; t++) {
+        for (int e = 0; e < E; e++) mapping[e] = contiguous[e];
+        for (int e = E - 1; e > 0; e--) {
+            const int j = (int)(splitmix(&seed) % (uint64_t)(e + 1)), tmp = mapping[e];
+            mapping[e] = mapping[j], mapping[j] = tmp;
+        }
+        const plan_cost c = cost_of(p, mapping, scratch);
+        mean.p99_load += c.p99_load / 32, mean.rows_ours = c.rows_ours;
+        mean.rows_dedup += c.rows_dedup / 32, mean.link_bytes += c.link_bytes / 32;
+    }
+    return mean;
+}
+
+// Pairwise swaps from the mapping cur (changed in place) while they lower the objective
+// (relative to ref), at most 50 passes; the cost reached, its objective in *obj.
+static plan_cost swap_search(const plan_in *p, int *cur, const plan_cost *ref, double *scratch,
+                             double *obj) {
+    const int E = p->E;
+    plan_cost c_cur = cost_of(p, cur, scratch);
+    double o_cur = objective(&c_cur, ref, p);
+    for (int pass = 0, improved = 1; improved && pass < 50; pass++) {
+        improved = 0;
+        for (int a = 0; a < E; a++)
+            for (int b = a + 1; b < E; b++) {
+                if (cur[a] == cur[b]) continue;
+                int t = cur[a];
+                cur[a] = cur[b], cur[b] = t;
+                const plan_cost c = cost_of(p, cur, scratch);
+                const double o = objective(&c, ref, p);
+                if (o < o_cur - 1e-12) {
+                    o_cur = o, c_cur = c, improved = 1;
+                } else {
+                    t = cur[a], cur[a] = cur[b], cur[b] = t; // undo
+                }
+            }
+    }
+    *obj = o_cur;
+    return c_cur;
+}
+
 static void print_row(FILE *out, const char *name, const plan_cost *c, int have_coact) {
     char dedup[32];
     if (have_coact)
@@ -251,19 +298,7 @@ int stats_placement(const char *dir, const moe_train_config *cfg, int R, int jso
     int contiguous[MAX_E], mapping[MAX_E], best[MAX_E];
     for (int e = 0; e < E; e++) contiguous[e] = e / (E / R);
     const plan_cost c_cont = cost_of(&p, contiguous, scratch);
-    // random: the mean of 32 (seeded)
-    plan_cost c_rand = {0};
-    uint64_t seed = 7;
-    for (int t = 0; t < 32; t++) {
-        for (int e = 0; e < E; e++) mapping[e] = contiguous[e];
-        for (int e = E - 1; e > 0; e--) { // Fisher-Yates
-            const int j = (int)(splitmix(&seed) % (uint64_t)(e + 1)), tmp = mapping[e];
-            mapping[e] = mapping[j], mapping[j] = tmp;
-        }
-        const plan_cost c = cost_of(&p, mapping, scratch);
-        c_rand.p99_load += c.p99_load / 32, c_rand.rows_ours = c.rows_ours;
-        c_rand.rows_dedup += c.rows_dedup / 32, c_rand.link_bytes += c.link_bytes / 32;
-    }
+    const plan_cost c_rand = random_baseline(&p, contiguous, scratch); // the mean of 32
     greedy(&p, mapping);
     const plan_cost c_greedy = cost_of(&p, mapping, scratch);
     // the swap search from the greedy mapping and from the contiguous one: the better result
@@ -272,24 +307,8 @@ int stats_placement(const char *dir, const moe_train_config *cfg, int R, int jso
     for (int start = 0; start < 2; start++) {
         int cur[MAX_E];
         memcpy(cur, start ? contiguous : mapping, E * sizeof *cur);
-        plan_cost c_cur = cost_of(&p, cur, scratch);
-        double o_cur = objective(&c_cur, &c_greedy, &p);
-        for (int pass = 0, improved = 1; improved && pass < 50; pass++) { // pairwise swaps
-            improved = 0;
-            for (int a = 0; a < E; a++)
-                for (int b = a + 1; b < E; b++) {
-                    if (cur[a] == cur[b]) continue;
-                    int t = cur[a];
-                    cur[a] = cur[b], cur[b] = t;
-                    const plan_cost c = cost_of(&p, cur, scratch);
-                    const double o = objective(&c, &c_greedy, &p);
-                    if (o < o_cur - 1e-12) {
-                        o_cur = o, c_cur = c, improved = 1;
-                    } else {
-                        t = cur[a], cur[a] = cur[b], cur[b] = t; // undo
-                    }
-                }
-        }
+        double o_cur;
+        const plan_cost c_cur = swap_search(&p, cur, &c_greedy, scratch, &o_cur);
         if (o_cur < obj) obj = o_cur, c_best = c_cur, memcpy(best, cur, E * sizeof *best);
     }
     if (json) {

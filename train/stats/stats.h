@@ -27,6 +27,7 @@
 #include <stdio.h>
 
 #include "train/config/config.h"
+#include "train/stats/quantile.h" // (the numbers: part of this interface)
 
 // The subcommand: argv[0..argc) are its arguments (RUN_DIR and the options, in any order).
 // Writes the report to stdout and messages to stderr. Returns 0 when the report was printed
@@ -45,26 +46,5 @@ int stats_watch(int argc, char **argv, FILE *out, FILE *err);
 // 0 printed, 1 a bad or missing log, 2 a bad R.
 int stats_placement(const char *dir, const moe_train_config *cfg, int R, int json, FILE *out,
                     FILE *err);
-
-// numpy.percentile(a, p) with its default method ('linear'), a sorted ascending, n >= 1,
-// p in [0, 100]; evaluated in the same order as numpy so that results agree to the last bit.
-double stats_percentile_sorted(const double *sorted, size_t n, double p);
-
-// The smallest capacity C >= 1 per group (micro-batch) such that the assignments dropped,
-// sum over groups and experts of max(0, c_e - C), are at most max_drop * (all assignments).
-// counts is [rows][E]; each row stands for groups_per_row equal groups with c_e =
-// counts[r][e] / groups_per_row (1 when each row is one micro-batch's own counts, n when a
-// record only has the sum of n micro-batches). Exact integer test.
-long stats_needed_capacity(const long *counts, int rows, int E, int groups_per_row,
-                           double max_drop);
-
-// C = moe_capacity (layers/moe.h): ceil((T*k/E) * cf) in double in that order, clamped to T;
-// 0 when cf <= 0 (dropless). T is a micro-batch's tokens, batch_size * seq_len, at most
-// MOE_CONFIG_MAX_TOKENS (an int).
-long stats_capacity_of(double cf, long T, int k, int E);
-
-// The capacity factor C*E/(T*k), nudged by an ulp where needed so that
-// stats_capacity_of(cf, T, k, E) == C exactly.
-double stats_capacity_factor(long C, long T, int k, int E);
 
 #endif

@@ -16,6 +16,7 @@
 #include "train/config/config.h"
 #include "train/stats/records.h"
 #include "train/stats/stats.h"
+#include "train/stats/stats_internal.h"
 
 static moe_status keep_step(void *ctx, const stats_metrics_rec *m) {
     *(long *)ctx = m->step;
@@ -35,12 +36,6 @@ static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
-
-// The loop of --watch: stats_cli reads the arguments (moe stats' one option table) and calls
-// it with what they say. (stats.c declares it too: a part of moe stats, not of stats.h.)
-int stats_watch_loop(const char *dir, double interval, long count,
-                     int (*report)(void *ctx, FILE *out, FILE *err), void *ctx, FILE *out,
-                     FILE *err);
 
 int stats_watch(int argc, char **argv, FILE *out, FILE *err) {
     return stats_cli(argc, argv, out, err); // (argv holds --watch)
