@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/stats/stats.h"
+#include "stats/stats.h"
 
 moe_status capacity_ctl_init(capacity_ctl *c, const capacity_plan *plan, double start, int L) {
     memset(c, 0, sizeof *c);

@@ -1,5 +1,5 @@
 // Capacity that follows the router: model.capacity_factor as a schedule or "auto"
-// (train/config/config.h capacity_plan; docs/expert-load.md "Capacity that follows the router").
+// (config/config.h capacity_plan; docs/expert-load.md "Capacity that follows the router").
 //
 // Schedule: points (s_i, f_i); the factor of step s (0-based) is f_0 before s_0, f_last after
 // the last point, and linear in between: f_i + (f_{i+1} - f_i) (s - s_i) / (s_{i+1} - s_i).
@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "layers/status.h"
-#include "train/config/config.h"
+#include "config/config.h"
 
 typedef struct {
     capacity_plan plan;

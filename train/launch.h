@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "layers/exchange.h"
-#include "train/config/config.h"
+#include "config/config.h"
 
 typedef struct {
     char command[16];               // "train", "eval"

@@ -7,7 +7,7 @@
 
 #include "data/token_file.h"
 #include "layers/status.h"
-#include "train/config/config.h"
+#include "config/config.h"
 
 // The token files a config names and the key each comes from (for messages): data.train /
 // data.val, else data.dir/{train,val}.bin.

@@ -16,7 +16,7 @@
 
 #include "data/files.h"
 #include "optim/optimizer.h"
-#include "train/ckpt/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "train/log.h"
 
 static int file_exists(const char *path) {

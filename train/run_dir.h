@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "layers/status.h"
-#include "train/config/config.h"
+#include "config/config.h"
 
 // Run directories (moe train applies these; trainer_run itself truncates the logs of a new
 // run). A run directory holds a previous run when metrics.jsonl or expert_load.jsonl is not

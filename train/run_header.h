@@ -6,7 +6,7 @@
 
 #include "data/token_file.h"
 #include "layers/model.h"
-#include "train/config/config.h"
+#include "config/config.h"
 
 // The header of a run about to start on model m (rank 0's view of it) with its token files
 // open; under expert parallelism (ranks > 1; transport: the world's name) also which experts

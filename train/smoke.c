@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "layers/moe.h"
-#include "train/config/config.h"
+#include "config/config.h"
 #include "train/log.h"
 #include "train/trainer.h"
 

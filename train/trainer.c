@@ -18,7 +18,7 @@
 #include "layers/rng.h"
 #include "layers/timing.h"
 #include "train/capacity.h"
-#include "train/ckpt/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "train/launch.h"
 #include "train/run_data.h"
 #include "train/run_dir.h"
@@ -527,7 +527,7 @@ static moe_status trainer_validate(trainer *t, step_result *s) {
 
 // A checkpoint every checkpoint.interval steps and at the end. Under expert parallelism the
 // save is collective: the ranks of the first EP group write their experts' shards, rank 0 the
-// rest (train/ckpt/checkpoint.h); every rank returns the same status.
+// rest (ckpt/checkpoint.h); every rank returns the same status.
 static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     if (!checkpoint_due(t->cfg, t->hooks, step)) return MOE_OK;
     train_state ts = {.step = step + 1,

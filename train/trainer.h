@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "layers/model.h"
-#include "train/config/config.h"
+#include "config/config.h"
 #include "train/run_dir.h" // the run directory: moe train clears it, resolves --resume
 
 // Test-only hooks (never set from a config file): plant a NaN in one gradient element of

@@ -14,7 +14,7 @@
 #include "layers/timing.h"
 #include "optim/optimizer.h"
 #include "train/capacity.h"
-#include "train/config/config.h"
+#include "config/config.h"
 #include "train/log.h"
 #include "train/step_log.h"
 #include "train/trainer.h"

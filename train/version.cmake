@@ -1,7 +1,7 @@
 # The version `moe --version` prints: the project's VERSION (project(moe VERSION x.y.z) in the
 # root CMakeLists.txt; 0.1.0 while it names none) and the git revision of the checkout at
 # configure time (`git describe --always --dirty`; "unknown" outside a git checkout or without
-# git). Configured into ${PROJECT_BINARY_DIR}/generated/train/version.h, which train/main.c
+# git). Configured into ${PROJECT_BINARY_DIR}/generated/train/version.h, which cli/main.c
 # includes as "train/version.h". Re-run cmake to refresh the revision.
 if(PROJECT_VERSION)
   set(MOE_VERSION ${PROJECT_VERSION})

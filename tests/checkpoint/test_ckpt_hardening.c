@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "test_util.h"
-#include "train/ckpt/checkpoint.h"
-#include "train/infer.h"
+#include "ckpt/checkpoint.h"
+#include "infer/infer.h"
 #include "train/trainer.h"
 #include "../test_backend.h"
 

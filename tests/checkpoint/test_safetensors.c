@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 
 #include "test_util.h"
-#include "train/ckpt/safetensors.h"
+#include "ckpt/safetensors.h"
 
 static const char *scratch;
 

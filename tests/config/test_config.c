@@ -1,4 +1,4 @@
-// Tests of train/config/config.c: every rejection class (the status, and a message that names the
+// Tests of config/config.c: every rejection class (the status, and a message that names the
 // key and the right file:line or --set), and the acceptance paths (defaults, every key,
 // integers for floats, 64-bit integers that libconfig 1.5 would wrap, --set, @include,
 // write -> load round trip).
@@ -7,7 +7,7 @@
 //        current directory, named after the case)
 //        test_config --check-list CASE...   (the CMake list names exactly the cases here)
 #define _POSIX_C_SOURCE 200809L
-#include "train/config/config.h"
+#include "config/config.h"
 
 #include <libconfig.h>
 #include <math.h>
@@ -1095,7 +1095,7 @@ int main(int argc, char **argv) {
         }
         for (int c = 0; c < N_CASES; c++)
             if (!seen[c]) {
-                fprintf(stderr, "FAIL: case %s is not registered in train/config/config.cmake\n",
+                fprintf(stderr, "FAIL: case %s is not registered in config/config.cmake\n",
                         cases[c].name);
                 failures++;
             }

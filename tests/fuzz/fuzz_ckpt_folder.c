@@ -1,5 +1,5 @@
-// A whole checkpoint folder: checkpoint_verify (train/ckpt/checkpoint.h), then infer_load
-// (train/infer.h) with a small KV cache, as `moe eval` / `moe generate` load one.
+// A whole checkpoint folder: checkpoint_verify (ckpt/checkpoint.h), then infer_load
+// (infer/infer.h) with a small KV cache, as `moe eval` / `moe generate` load one.
 //
 // The input is an archive of the folder's files (archive.h); tests/fuzz/archive.py packs
 // and unpacks it. infer_load runs whatever checkpoint_verify said: verification only
@@ -9,8 +9,8 @@
 
 #include "archive.h"
 #include "fuzz.h"
-#include "train/ckpt/checkpoint.h"
-#include "train/infer.h"
+#include "ckpt/checkpoint.h"
+#include "infer/infer.h"
 
 enum { MAX_POS = 16, MAX_CHUNK = 4 };
 

@@ -1,4 +1,4 @@
-// moe_train_config_load (train/config/config.h) on an arbitrary libconfig file. A config it
+// moe_train_config_load (config/config.h) on an arbitrary libconfig file. A config it
 // accepts must write out (moe_train_config_write) and load back to the same text: the
 // resolved config of a run is reloaded that way (RUN_DIR/config.cfg, --resume).
 #define _POSIX_C_SOURCE 200809L // open_memstream
@@ -9,7 +9,7 @@
 #include <strings.h> // strncasecmp
 
 #include "fuzz.h"
-#include "train/config/config.h"
+#include "config/config.h"
 
 // libconfig opens what an @include names, relative to the config's folder: "/dev/stdin"
 // would block and "../../etc/x" would read the machine's files, neither of which is the

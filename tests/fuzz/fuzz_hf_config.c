@@ -1,7 +1,7 @@
-// hf_config_read (train/ckpt/hf_config.h) on an arbitrary config.json. What it accepts must
+// hf_config_read (ckpt/hf_config.h) on an arbitrary config.json. What it accepts must
 // pass model_config_check, since every loader builds a model from it.
 #include "fuzz.h"
-#include "train/ckpt/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char dir[FUZZ_PATH_MAX], path[FUZZ_PATH_MAX];

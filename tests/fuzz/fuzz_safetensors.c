@@ -1,10 +1,10 @@
-// st_read (train/ckpt/safetensors.h) on arbitrary bytes. A file it accepts must keep the
+// st_read (ckpt/safetensors.h) on arbitrary bytes. A file it accepts must keep the
 // promises of its header comment: offsets inside the data, sizes that match shape x dtype,
 // names that st_find finds; and every tensor converts to float32.
 #include <stdlib.h>
 
 #include "fuzz.h"
-#include "train/ckpt/safetensors.h"
+#include "ckpt/safetensors.h"
 
 // Elements of t, checked against its byte range.
 static size_t check_tensor(const st_file *f, const st_tensor *t) {

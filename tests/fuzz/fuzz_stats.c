@@ -1,5 +1,5 @@
-// `moe stats` (stats_cli, train/stats/stats.h) on a run folder whose expert_load.jsonl is the
-// input, through every mode and both logs' reader (train/stats/records.h):
+// `moe stats` (stats_cli, stats/stats.h) on a run folder whose expert_load.jsonl is the
+// input, through every mode and both logs' reader (stats/records.h):
 //   - without config.cfg (optional for the report): the text report, and the JSON one over a
 //     short window, whose code paths differ;
 //   - with a fixed config.cfg (4 experts, 2 layers, top-2: the corpus seeds' model), which
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "train/stats/stats.h"
+#include "stats/stats.h"
 
 static const char config[] =
     "model = { vocab_size = 16; d_model = 8; n_layers = 2; n_heads = 2; n_kv_heads = 1;\n"

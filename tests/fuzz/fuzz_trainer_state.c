@@ -1,7 +1,7 @@
-// checkpoint_state_read (train/ckpt/checkpoint.h) on an arbitrary trainer_state.json. An
+// checkpoint_state_read (ckpt/checkpoint.h) on an arbitrary trainer_state.json. An
 // accepted state keeps its documented ranges.
 #include "fuzz.h"
-#include "train/ckpt/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char dir[FUZZ_PATH_MAX], path[FUZZ_PATH_MAX];

@@ -28,7 +28,7 @@ step "cmake --install $build --prefix $prefix"
 for f in bin/moe lib/libmoe.a lib/libmoe.so lib/pkgconfig/moe.pc lib/cmake/moe/moeConfig.cmake \
          lib/cmake/moe/moeConfigVersion.cmake lib/cmake/moe/moeTargets.cmake \
          include/moe/layers/moe.h include/moe/layers/backend.h include/moe/layers/status.h \
-         include/moe/optim/optimizer.h include/moe/data/loader.h include/moe/train/config/config.h; do
+         include/moe/optim/optimizer.h include/moe/data/loader.h include/moe/config/config.h; do
   [ -e "$prefix/$f" ] || fail "$f is not installed"
 done
 [ ! -e "$prefix/include/moe/layers/cpu" ] || fail "the CPU backend's own headers are installed"

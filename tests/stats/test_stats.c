@@ -42,7 +42,7 @@
 
 #include "layers/moe.h"
 #include "test_util.h"
-#include "train/stats/stats.h"
+#include "stats/stats.h"
 
 #define N_REC 200
 
@@ -748,7 +748,7 @@ static void expect_all_modes(const char *what, const char *msg) {
 
 // Issue 28 (items 1, 3, 4, 5): damaged logs, FIFOs and devices, in every mode. Each of these
 // was either read (--placement printed a mapping from it, exit 0), blocked, grew without
-// bound, or read out of bounds before the one validated reader (train/stats/records.h).
+// bound, or read out of bounds before the one validated reader (stats/records.h).
 static void case_hostile(void) {
     alarm(120); // a reader that blocks on a FIFO fails the case instead of hanging ctest
     const char *load = "run_hostile/expert_load.jsonl", *metrics = "run_hostile/metrics.jsonl";

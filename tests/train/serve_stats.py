@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Serving telemetry (train/serve_stats.h) of `moe generate --stats-out` and `moe eval
+"""Serving telemetry (infer/serve_stats.h) of `moe generate --stats-out` and `moe eval
 --stats-out`, recomputed independently from the per-step records with numpy:
 
 - every step's counts sum to tokens x top_k in every layer, its hottest share is max / sum;
