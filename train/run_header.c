@@ -12,7 +12,7 @@
 #include "train/run_data.h"
 #include "train/trainer.h"
 
-static void human_bytes(char *buf, size_t n, double b) {
+void run_header_bytes(char *buf, size_t n, double b) {
     const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
     while (b >= 1024 && u < 4) b /= 1024, u++;
@@ -90,12 +90,12 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
            si(f4, sizeof f4, 3 * fwd));
     if (mem) {
         char p[32], g[32], o[32], act[32], ex[32], all[32];
-        human_bytes(p, sizeof p, (double)mem->params);
-        human_bytes(g, sizeof g, (double)mem->grads);
-        human_bytes(o, sizeof o, (double)mem->optimizer);
-        human_bytes(act, sizeof act, (double)mem->activations);
-        human_bytes(ex, sizeof ex, (double)mem->experts);
-        human_bytes(
+        run_header_bytes(p, sizeof p, (double)mem->params);
+        run_header_bytes(g, sizeof g, (double)mem->grads);
+        run_header_bytes(o, sizeof o, (double)mem->optimizer);
+        run_header_bytes(act, sizeof act, (double)mem->activations);
+        run_header_bytes(ex, sizeof ex, (double)mem->experts);
+        run_header_bytes(
             all, sizeof all,
             (double)(mem->params + mem->grads + mem->optimizer + mem->activations + mem->experts));
         printf("memory (%s, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
@@ -125,7 +125,7 @@ static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
         char size[32];
         const char *what = size;
         if (stat(d.path[i], &sb) == 0)
-            human_bytes(size, sizeof size, (double)sb.st_size);
+            run_header_bytes(size, sizeof size, (double)sb.st_size);
         else if (d.from_dir && cfg->n_text)
             what = "missing: prepared from data.text by the run";
         else

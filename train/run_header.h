@@ -4,6 +4,8 @@
 #ifndef MOE_RUN_HEADER_H
 #define MOE_RUN_HEADER_H
 
+#include <stddef.h>
+
 #include "data/token_file.h"
 #include "layers/model.h"
 #include "config/config.h"
@@ -14,5 +16,8 @@
 void run_header_print(const moe_train_config *cfg, const model *m, moe_backend *be,
                       const token_file *train, const token_file *val, int ranks,
                       const char *transport);
+
+// b bytes in words for the header and moe smoke: "233.6 KiB", "1.2 GiB" (one decimal).
+void run_header_bytes(char *buf, size_t n, double b);
 
 #endif

@@ -29,6 +29,7 @@
 #include "layers/moe.h"
 #include "config/config.h"
 #include "train/log.h"
+#include "train/run_header.h"
 #include "train/trainer.h"
 
 // The gate's bounds. A healthy router's logits are O(1) (the z-loss keeps logsumexp small;
@@ -63,13 +64,6 @@ static void min_step_share(const char *run_dir, int L, int E, int k, double *min
     }
     free(line);
     fclose(f);
-}
-
-static void human_bytes(char *buf, size_t n, double b) {
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) b /= 1024, u++;
-    snprintf(buf, n, "%.1f %s", b, unit[u]);
 }
 
 static const cli_option smoke_options[] = {
@@ -232,11 +226,11 @@ static void resources(const smoke_found *f, const moe_train_config *cfg, const t
            " x 2 (forward, backward) = %.1f MiB per step)\n",
            per_step, cfg->model.d_model, L, per_step * row_bytes * 4 * L / (1 << 20));
     char pb[32], gb[32], ob[32], ab[32], tb[32];
-    human_bytes(pb, sizeof pb, (double)r->param_bytes);
-    human_bytes(gb, sizeof gb, (double)r->grad_bytes);
-    human_bytes(ob, sizeof ob, (double)r->optimizer_bytes);
-    human_bytes(ab, sizeof ab, (double)r->activation_bytes);
-    human_bytes(
+    run_header_bytes(pb, sizeof pb, (double)r->param_bytes);
+    run_header_bytes(gb, sizeof gb, (double)r->grad_bytes);
+    run_header_bytes(ob, sizeof ob, (double)r->optimizer_bytes);
+    run_header_bytes(ab, sizeof ab, (double)r->activation_bytes);
+    run_header_bytes(
         tb, sizeof tb,
         (double)(r->param_bytes + r->grad_bytes + r->optimizer_bytes + r->activation_bytes));
     printf("memory (fp32, as allocated): parameters %s, gradients %s, optimizer %s, activations "
