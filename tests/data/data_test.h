@@ -28,6 +28,22 @@ static inline void test_mkdirs(const char *dir) {
     }
 }
 
+// The scratch folder of a data test's main (its one argument, created); usage: exit 2.
+static inline const char *test_scratch_dir(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s SCRATCH_DIR\n", argv[0]);
+        exit(2);
+    }
+    test_mkdirs(argv[1]);
+    return argv[1];
+}
+
+// A data test's last line ("all passed" or "FAILED") and its exit status.
+static inline int test_result(void) {
+    printf("%s\n", test_failures() ? "FAILED" : "all passed");
+    return test_failures() != 0;
+}
+
 // "<dir>/<name>", kept until the program exits (freed then, so ASan sees no leak).
 static char *test_paths_[1024];
 static int test_n_paths_;

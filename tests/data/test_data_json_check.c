@@ -108,14 +108,10 @@ static void read_file(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SCRATCH_DIR\n", argv[0]);
-        return 2;
-    }
+    const char *dir = test_scratch_dir(argc, argv);
     small_cases();
     large_object();
     deep_nesting();
-    read_file(argv[1]);
-    printf("%s\n", test_failures() ? "FAILED" : "all passed");
-    return test_failures() != 0;
+    read_file(dir);
+    return test_result();
 }

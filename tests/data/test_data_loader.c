@@ -446,12 +446,7 @@ static void refusals(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SCRATCH_DIR\n", argv[0]);
-        return 2;
-    }
-    dir = argv[1];
-    test_mkdirs(dir);
+    dir = test_scratch_dir(argc, argv);
     make_file();
     epochs();
     uniform_orderings();
@@ -468,6 +463,5 @@ int main(int argc, char **argv) {
     world_change();
     refusals();
     token_file_free(&tf);
-    printf("%s\n", test_failures() ? "FAILED" : "all passed");
-    return test_failures() != 0;
+    return test_result();
 }

@@ -185,16 +185,10 @@ static void refusals(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SCRATCH_DIR\n", argv[0]);
-        return 2;
-    }
-    dir = argv[1];
-    test_mkdirs(dir);
+    dir = test_scratch_dir(argc, argv);
     tokenizer();
     text_names();
     round_trip();
     refusals();
-    printf("%s\n", test_failures() ? "FAILED" : "all passed");
-    return test_failures() != 0;
+    return test_result();
 }

@@ -161,12 +161,7 @@ static void bad_writes(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SCRATCH_DIR\n", argv[0]);
-        return 2;
-    }
-    dir = argv[1];
-    test_mkdirs(dir);
+    dir = test_scratch_dir(argc, argv);
     round_trip(300, 1000, 2);
     round_trip(256, 0, 2);
     round_trip(65536, 5000, 2); // the largest vocabulary stored as u16 (ids up to 65535)
@@ -175,6 +170,5 @@ int main(int argc, char **argv) {
     round_trip(4000000000u, 100, 4);
     bad_files();
     bad_writes();
-    printf("%s\n", test_failures() ? "FAILED" : "all passed");
-    return test_failures() != 0;
+    return test_result();
 }

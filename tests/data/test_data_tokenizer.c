@@ -274,16 +274,10 @@ static void runner(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SCRATCH_DIR\n", argv[0]);
-        return 2;
-    }
-    dir = argv[1];
-    test_mkdirs(dir);
+    dir = test_scratch_dir(argc, argv);
     byte_files();
     special_ids();
     special_refusals();
     runner();
-    printf("%s\n", test_failures() ? "FAILED" : "all passed");
-    return test_failures() != 0;
+    return test_result();
 }
