@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runlib import Report, fresh_work  # noqa: E402
+from runlib import Report, fresh_work, mpi_args  # noqa: E402
 
 
 def records(path):
@@ -30,10 +30,7 @@ def records(path):
 
 
 def main():
-    moe = sys.argv[1]
-    sep = sys.argv.index("--")
-    mpirun = sys.argv[2:sep]
-    work = sys.argv[sep + 1]
+    moe, mpirun, work = mpi_args()
     fresh_work(work, 5, 60000)
 
     def cfg(name, capacity, steps, G=2, ckpt=0, opt="adamw"):

@@ -15,13 +15,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runlib import Report, fresh_work  # noqa: E402
+from runlib import Report, fresh_work, mpi_args  # noqa: E402
 
 
 def main():
-    moe = sys.argv[1]
-    sep = sys.argv.index("--")
-    mpirun, work = sys.argv[2:sep], sys.argv[sep + 1]
+    moe, mpirun, work = mpi_args()
     fresh_work(work, 6, 40000)
     report = Report()
 

@@ -31,17 +31,14 @@ except ImportError:  # python3-numpy is optional (scripts/test.sh): ctest report
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint_reader import losses, read_st, rel  # noqa: E402
+from runlib import empty_work, mpi_args  # noqa: E402
 
 TOL = 1e-6
 
 
 def main():
-    moe = sys.argv[1]
-    sep = sys.argv.index("--")
-    mpirun = sys.argv[2:sep]
-    work = sys.argv[sep + 1]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    moe, mpirun, work = mpi_args()
+    empty_work(work)
     # The text: 3,300 random bytes whose 92 training windows of 32 tokens each open with a byte
     # of their own, so no two tokens of different sequences enter the router with the same
     # history. Parity holds to rounding only while no routing or capacity decision sits on a

@@ -30,6 +30,7 @@ except ImportError:  # python3-numpy is optional (scripts/test.sh): ctest report
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint_reader import losses, read_st, rel  # noqa: E402
+from runlib import empty_work, mpi_args  # noqa: E402
 
 TOL = 1e-6
 PLACE = [5, 2, 7, 0, 3, 6, 1, 4]  # rank order: R = 2 holds {5,2,7,0}, {3,6,1,4}
@@ -45,12 +46,8 @@ def load_fields(run):
 
 
 def main():
-    moe = sys.argv[1]
-    sep = sys.argv.index("--")
-    mpirun = sys.argv[2:sep]
-    work = sys.argv[sep + 1]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    moe, mpirun, work = mpi_args()
+    empty_work(work)
     random.seed(5)
     with open(os.path.join(work, "text.txt"), "w") as f:
         f.write("".join(random.choice("abcdefgh ijklmnop,.\n") for _ in range(60000)))

@@ -8,11 +8,24 @@ import sys
 
 def fresh_work(work, seed, chars=40000, alphabet="abcdefgh ijklmnop,.\n"):
     """An empty work folder holding text.txt: chars random characters of alphabet."""
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    empty_work(work)
     rnd = random.Random(seed)
     with open(os.path.join(work, "text.txt"), "w") as f:
         f.write("".join(rnd.choice(alphabet) for _ in range(chars)))
+
+
+def mpi_args(argv=None):
+    """The arguments of an MPI test, MOE [MPIRUN...] -- WORK: (moe, the mpirun command (empty
+    without MPI), WORK)."""
+    argv = sys.argv if argv is None else argv
+    sep = argv.index("--")
+    return argv[1], argv[2:sep], argv[sep + 1]
+
+
+def empty_work(work):
+    """WORK, emptied (created when missing)."""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
 
 
 class Report:
