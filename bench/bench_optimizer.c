@@ -20,8 +20,9 @@ enum { SEPARATE, FUSED, ALONE, VARIANTS };
 
 static void step(moe_backend *be, int variant, real *p, moe_bf16 *p16, real *m, real *v,
                  const real *g, size_t n) {
-    be->adamw_update(be, p, variant == FUSED ? p16 : NULL, m, v, g, n, 1e-5f, 0.9f, 0.95f, 1e-8f,
-                     0.1f, 0.5f, 0.5f, 1.0f);
+    // lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale
+    const moe_adamw_hparams hp = {1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.5f, 1.0f};
+    be->adamw_update(be, p, variant == FUSED ? p16 : NULL, m, v, g, n, hp);
     if (variant == SEPARATE) be->to_bf16(be, p16, p, n);
 }
 

@@ -1,4 +1,5 @@
-// Causal GQA attention on the GPU, flash-style: nothing of size S x S exists anywhere.
+// Causal GQA attention on the GPU, twin of layers/cpu/attention.c, flash-style: nothing of
+// size S x S exists anywhere.
 //
 // Forward: one block per query row (sequence, head, i); keys in tiles of ATT_TILE, one
 // thread per key of the tile: scores, then an online softmax (a running max m and sum l,
@@ -117,8 +118,9 @@ static void check_hd(int hd) {
 }
 
 template <typename T>
-static void attention_forward(moe_backend *be, real *out, real *lse, const T *qkv, int B, int S,
-                              int H, int KV, int hd) {
+static void attention_forward(moe_backend *be, real *out, real *lse, const T *qkv,
+                              moe_attention_shape sh) {
+    const int B = sh.B, S = sh.S, H = sh.H, KV = sh.KV, hd = sh.hd;
     if (B <= 0 || S <= 0) return;
     check_hd(hd);
     const int row = (H + 2 * KV) * hd;
@@ -132,16 +134,15 @@ static void attention_forward(moe_backend *be, real *out, real *lse, const T *qk
     k_attention_forward<T><<<dim3(S, H, B), ATT_TILE, 0, cuda_stream(be)>>>(a);
     CUDA_LAUNCHED(be, "k_attention_forward");
 }
-void cuda_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
-                            int H, int KV, int hd, real *scratch, size_t scratch_size) {
+void cuda_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv,
+                            moe_attention_shape sh, real *scratch, size_t scratch_size) {
     (void)scratch, (void)scratch_size;
-    attention_forward(be, out, lse, qkv, B, S, H, KV, hd);
+    attention_forward(be, out, lse, qkv, sh);
 }
 void cuda_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16,
-                                 int B, int S, int H, int KV, int hd, real *scratch,
-                                 size_t scratch_size) {
+                                 moe_attention_shape sh, real *scratch, size_t scratch_size) {
     (void)scratch, (void)scratch_size;
-    attention_forward(be, out, lse, qkv16, B, S, H, KV, hd);
+    attention_forward(be, out, lse, qkv16, sh);
 }
 
 size_t cuda_attention_scratch_size(moe_backend *be, int S, int hd) {
@@ -167,8 +168,7 @@ void cuda_attention_cached_forward(moe_backend *be, real *out, real *scratch, co
 __global__ void k_kv_append(real *k_cache, real *v_cache, const real *qkv, size_t n, int pos0,
                             int H, int KV, int hd) {
     const size_t row = (size_t)(H + 2 * KV) * hd, kv = (size_t)KV * hd;
-    for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < n * kv;
-         x += (size_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(x, n * kv) {
         const size_t i = x / kv, c = x % kv;
         const real *k = qkv + i * row + (size_t)H * hd;
         k_cache[(pos0 + i) * kv + c] = k[c];
@@ -287,7 +287,8 @@ template <typename T> __global__ void k_attention_dkv(att_back<T> a) {
 
 template <typename T>
 static void attention_backward(moe_backend *be, real *dqkv, const T *dout, const T *qkv,
-                               const T *out, const real *lse, int B, int S, int H, int KV, int hd) {
+                               const T *out, const real *lse, moe_attention_shape sh) {
+    const int B = sh.B, S = sh.S, H = sh.H, KV = sh.KV, hd = sh.hd;
     if (B <= 0 || S <= 0) return;
     check_hd(hd);
     cudaStream_t st = cuda_stream(be);
@@ -302,15 +303,14 @@ static void attention_backward(moe_backend *be, real *dqkv, const T *dout, const
     CUDA_LAUNCHED(be, "k_attention_dkv");
 }
 void cuda_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
-                             const real *out, const real *lse, int B, int S, int H, int KV, int hd,
+                             const real *out, const real *lse, moe_attention_shape sh,
                              real *scratch, size_t scratch_size) {
     (void)scratch, (void)scratch_size;
-    attention_backward(be, dqkv, dout, qkv, out, lse, B, S, H, KV, hd);
+    attention_backward(be, dqkv, dout, qkv, out, lse, sh);
 }
 void cuda_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
                                   const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
-                                  int B, int S, int H, int KV, int hd, real *scratch,
-                                  size_t scratch_size) {
+                                  moe_attention_shape sh, real *scratch, size_t scratch_size) {
     (void)scratch, (void)scratch_size;
-    attention_backward(be, dqkv, dout16, qkv16, out16, lse, B, S, H, KV, hd);
+    attention_backward(be, dqkv, dout16, qkv16, out16, lse, sh);
 }

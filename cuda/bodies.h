@@ -62,14 +62,12 @@ MOE_HD static inline void moe_hd_rope_pair(real *oa, real *ob, real a, real b, r
 }
 
 // ---- AdamW, one parameter (torch.optim.AdamW: decoupled decay first) ----------------------
-MOE_HD static inline void moe_hd_adamw(real *p, real *m, real *v, real grad, real lr, real beta1,
-                                       real beta2, real eps, real weight_decay, real bc1, real bc2,
-                                       real grad_scale) {
-    const real g = grad_scale * grad;
-    const real decayed = *p - lr * weight_decay * *p;
-    *m = beta1 * *m + (1 - beta1) * g;
-    *v = beta2 * *v + (1 - beta2) * g * g;
-    *p = decayed - lr * (*m / bc1) / ((real)sqrt(*v / bc2) + eps);
+MOE_HD static inline void moe_hd_adamw(real *p, real *m, real *v, real grad, moe_adamw_hparams h) {
+    const real g = h.grad_scale * grad;
+    const real decayed = *p - h.lr * h.weight_decay * *p;
+    *m = h.beta1 * *m + (1 - h.beta1) * g;
+    *v = h.beta2 * *v + (1 - h.beta2) * g * g;
+    *p = decayed - h.lr * (*m / h.bc1) / ((real)sqrt(*v / h.bc2) + h.eps);
 }
 
 // ---- online softmax (attention, cross-entropy) -------------------------------------------

@@ -1,6 +1,6 @@
 // Internal to cuda/: the backend's state, the error checks and the launch helpers every .cu
-// file uses. Kernel wrappers (cuda_<name>) have the signatures of their table entries
-// (layers/backend.h) and are declared in cuda/cuda_kernels.cuh.
+// file uses (GRID_STRIDE among them). Kernel wrappers (cuda_<name>) have the signatures of
+// their table entries (layers/backend.h) and are declared in cuda/cuda_kernels.cuh.
 #ifndef MOE_CUDA_COMMON_CUH
 #define MOE_CUDA_COMMON_CUH
 
@@ -65,6 +65,11 @@ static inline unsigned cuda_grid(size_t n, int threads) {
     return (unsigned)(g > ((size_t)1 << 20) ? ((size_t)1 << 20) : g); // grid-stride beyond
 }
 static inline cudaStream_t cuda_stream(moe_backend *be) { return cuda_state_of(be)->stream; }
+// The elementwise kernels' loop: i (size_t) over [0, n), a grid of cuda_grid's size striding
+// past what it does not cover.
+#define GRID_STRIDE(i, n)                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (size_t)gridDim.x * blockDim.x)
 
 // The kernels' scratch of at least `bytes` (stream-ordered: it is only regrown after the
 // stream has drained, so no kernel still reads the old one).

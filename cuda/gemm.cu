@@ -1,8 +1,6 @@
 // Dense and grouped (per-expert) GEMMs on cuBLAS, fp32 storage; compute in strict fp32
-// (CUBLAS_COMPUTE_32F) or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32, model.tf32).
-// The bf16 twins (DESIGN.md §5b): bf16 operands (CUDA_R_16BF), fp32 output and accumulation
-// (CUBLAS_COMPUTE_32F: bf16 tensor cores with fp32 sums); their expert GEMMs always run as the
-// loop, since cublasGemmGroupedBatchedEx has no bf16-in/fp32-out mode.
+// (CUBLAS_COMPUTE_32F) or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32, model.tf32). The
+// GEMMs of any operand type are here (cuda/gemm.cuh); their bf16 twins are gemm_bf16.cu's.
 //
 // Row-major to cuBLAS's column-major: a row-major X [r, c] is the column-major X^T, so
 // C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T with the operands swapped.
@@ -14,7 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cuda/cuda_kernels.cuh"
+#include "cuda/cuda_kernels.cuh" // first: the C headers as C++
+#include "cuda/gemm.cuh"
 
 // One row-major GEMM: c [m, n] = alpha op(a) op(b) + beta c, with leading dimensions; a and
 // b are fp32 or bf16 (ab), c is fp32.
@@ -44,19 +43,15 @@ static void gemm_one(moe_backend *be, const gemm_spec *g) {
                               CUBLAS_GEMM_DEFAULT));
 }
 
-static void matmul_typed(moe_backend *be, real *c, const void *a, const void *b, int m, int n,
-                         int kd, int trans_a, int trans_b, real beta, cudaDataType_t ab) {
+void cuda_matmul_typed(moe_backend *be, real *c, const void *a, const void *b, int m, int n, int kd,
+                       int trans_a, int trans_b, real beta, cudaDataType_t ab) {
     gemm_spec g = {m, n,    kd, trans_a, trans_b, a, b, c, trans_a ? m : kd, trans_b ? kd : n,
                    n, beta, ab};
     gemm_one(be, &g);
 }
 void cuda_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
                  int trans_a, int trans_b, real beta) {
-    matmul_typed(be, c, a, b, m, n, kd, trans_a, trans_b, beta, CUDA_R_32F);
-}
-void cuda_matmul_bf16(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16 *b, int m, int n,
-                      int kd, int trans_a, int trans_b, real beta) {
-    matmul_typed(be, c, a, b, m, n, kd, trans_a, trans_b, beta, CUDA_R_16BF);
+    cuda_matmul_typed(be, c, a, b, m, n, kd, trans_a, trans_b, beta, CUDA_R_32F);
 }
 
 // The next pinned pointer slot, once the copy that last read it has completed.
@@ -133,9 +128,9 @@ static gemm_spec *expert_specs(int n_experts) {
 
 // The expert GEMMs of a call (operands of `size` bytes per element, type ab), one per expert.
 // Forward: out_e [rows, n_out] = inp_e [rows, n_in] @ w_e^T.
-static void expert_forward(moe_backend *be, real *out, const void *inp, const void *weight,
-                           const int *offsets, int n_experts, int n_out, int n_in,
-                           cudaDataType_t ab, size_t size) {
+void cuda_expert_forward_typed(moe_backend *be, real *out, const void *inp, const void *weight,
+                               const int *offsets, int n_experts, int n_out, int n_in,
+                               cudaDataType_t ab, size_t size) {
     gemm_spec *g = expert_specs(n_experts);
     for (int e = 0; e < n_experts; e++) {
         const int rows = offsets[e + 1] - offsets[e];
@@ -157,9 +152,10 @@ static void expert_forward(moe_backend *be, real *out, const void *inp, const vo
 }
 
 // Backward input: dinp_e [rows, n_in] (+)= dout_e @ w_e [n_out, n_in].
-static void expert_backward_input(moe_backend *be, real *dinp, const void *dout, const void *weight,
-                                  const int *offsets, int n_experts, int n_out, int n_in,
-                                  int accumulate, cudaDataType_t ab, size_t size) {
+void cuda_expert_backward_input_typed(moe_backend *be, real *dinp, const void *dout,
+                                      const void *weight, const int *offsets, int n_experts,
+                                      int n_out, int n_in, int accumulate, cudaDataType_t ab,
+                                      size_t size) {
     gemm_spec *g = expert_specs(n_experts);
     for (int e = 0; e < n_experts; e++) {
         const int rows = offsets[e + 1] - offsets[e];
@@ -181,9 +177,9 @@ static void expert_backward_input(moe_backend *be, real *dinp, const void *dout,
 }
 
 // Backward weight: dw_e [n_out, n_in] += dout_e^T @ inp_e.
-static void expert_backward_weight(moe_backend *be, real *dweight, const void *dout,
-                                   const void *inp, const int *offsets, int n_experts, int n_out,
-                                   int n_in, cudaDataType_t ab, size_t size) {
+void cuda_expert_backward_weight_typed(moe_backend *be, real *dweight, const void *dout,
+                                       const void *inp, const int *offsets, int n_experts,
+                                       int n_out, int n_in, cudaDataType_t ab, size_t size) {
     gemm_spec *g = expert_specs(n_experts);
     for (int e = 0; e < n_experts; e++) {
         const int rows = offsets[e + 1] - offsets[e];
@@ -206,36 +202,18 @@ static void expert_backward_weight(moe_backend *be, real *dweight, const void *d
 
 void cuda_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
                                 const int *offsets, int n_experts, int n_out, int n_in) {
-    expert_forward(be, out, inp, weight, offsets, n_experts, n_out, n_in, CUDA_R_32F, sizeof(real));
+    cuda_expert_forward_typed(be, out, inp, weight, offsets, n_experts, n_out, n_in, CUDA_R_32F,
+                              sizeof(real));
 }
 void cuda_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout,
                                        const real *weight, const int *offsets, int n_experts,
                                        int n_out, int n_in, int accumulate) {
-    expert_backward_input(be, dinp, dout, weight, offsets, n_experts, n_out, n_in, accumulate,
-                          CUDA_R_32F, sizeof(real));
+    cuda_expert_backward_input_typed(be, dinp, dout, weight, offsets, n_experts, n_out, n_in,
+                                     accumulate, CUDA_R_32F, sizeof(real));
 }
 void cuda_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout,
                                         const real *inp, const int *offsets, int n_experts,
                                         int n_out, int n_in) {
-    expert_backward_weight(be, dweight, dout, inp, offsets, n_experts, n_out, n_in, CUDA_R_32F,
-                           sizeof(real));
-}
-
-void cuda_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *inp,
-                                     const moe_bf16 *weight, const int *offsets, int n_experts,
-                                     int n_out, int n_in) {
-    expert_forward(be, out, inp, weight, offsets, n_experts, n_out, n_in, CUDA_R_16BF,
-                   sizeof(moe_bf16));
-}
-void cuda_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
-                                            const moe_bf16 *weight, const int *offsets,
-                                            int n_experts, int n_out, int n_in, int accumulate) {
-    expert_backward_input(be, dinp, dout, weight, offsets, n_experts, n_out, n_in, accumulate,
-                          CUDA_R_16BF, sizeof(moe_bf16));
-}
-void cuda_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
-                                             const moe_bf16 *inp, const int *offsets, int n_experts,
-                                             int n_out, int n_in) {
-    expert_backward_weight(be, dweight, dout, inp, offsets, n_experts, n_out, n_in, CUDA_R_16BF,
-                           sizeof(moe_bf16));
+    cuda_expert_backward_weight_typed(be, dweight, dout, inp, offsets, n_experts, n_out, n_in,
+                                      CUDA_R_32F, sizeof(real));
 }

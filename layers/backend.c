@@ -1,29 +1,17 @@
-// Backends by name: the registry of layers/backend.h. Each backend's constructor is listed
-// once here; nothing else in the program names an implementation. Optional backends (CUDA)
-// come from the generated moe_backends_optional.h (CMake, layers/backends_optional.h.in):
-// the build that compiles them lists them, so this file has no #ifdef for any.
+// Backends by name: the registry of layers/backend.h. Every backend of the build is listed
+// once, by the generated moe_backends.h (CMake, layers/backends.h.in): the CPU's constructors
+// always, optional ones (CUDA) when the build compiles them. So this file names no
+// implementation, includes no backend's header and has no #ifdef for any.
 #include <stdio.h>
 #include <string.h>
 
 #include "layers/backend.h"
-#include "layers/cpu/cpu_backend.h"
-#include "moe_backends_optional.h"
-
-static moe_status create_cpu(moe_backend **out, const moe_backend_options *opt) {
-    return cpu_backend_create(out, opt, 0);
-}
-static moe_status create_cpu_strict(moe_backend **out, const moe_backend_options *opt) {
-    return cpu_backend_create(out, opt, 1);
-}
+#include "moe_backends.h"
 
 static const struct {
     const char *name;
     moe_status (*create)(moe_backend **out, const moe_backend_options *opt);
-} backends[] = {
-    {"cpu", create_cpu},
-    {"cpu-strict", create_cpu_strict}, // test-only: host access to backend memory faults
-    MOE_OPTIONAL_BACKENDS              // "cuda" when built with it
-};
+} backends[] = {MOE_BACKENDS};
 
 const char *moe_backend_names(void) {
     static char names[128];

@@ -3,7 +3,8 @@
 //
 // The CPU implementation (layers/cpu/, OpenMP + OpenBLAS) is the reference; a CUDA
 // implementation (cuda/) fills the same table with kernels of the same names and
-// argument order, and is tested op by op against the CPU one.
+// argument order, and is tested op by op against the CPU one. The two are mirrored file by
+// file: the twin of the kernel in layers/cpu/X.c is in cuda/X.cu.
 //
 // Shape of a call: ggml-style `be->fn(be, ...)`. Every kernel receives the backend object it
 // was called through, first. Why: a kernel needs its backend's state (CPU: the thread count
@@ -75,6 +76,63 @@ typedef enum {
     MOE_LOSS_LSE_MEAN,      // mean lse
     MOE_LOSS_SLOTS
 } moe_loss_slot;
+
+// ---- argument structs ---------------------------------------------------------------------
+// The entries that take many sizes and hyper-parameters take them as one of these structs,
+// by value (the CUDA wrappers hand them to their kernels as they are): a kernel that needs
+// one more (shared experts, group routing, q/k norms) gets a field, not a position in five
+// signatures. Unused fields of a call are not read.
+
+// The shape of a router call (router_topk, router_losses, router_backward).
+typedef struct {
+    int T;       // tokens: rows of logits [T, E]
+    int E;       // experts
+    int k;       // experts chosen per token, 1 <= k <= E
+    int seq_len; // tokens per sequence: the T tokens are T / seq_len sequences of seq_len
+                 // consecutive ones (the sequence aux loss; router_topk does not read it)
+} moe_router_shape;
+
+// The router's hyper-parameters: how scores become choices and combine weights (router_topk,
+// router_backward) and the loss coefficients (router_losses, router_backward).
+typedef struct {
+    moe_scoring scoring; // softmax or sigmoid scores
+    int norm_topk_prob;  // 1: weights = route_scale * s_sel / sum(s_sel); 0: route_scale * s_sel
+    real route_scale;    // > 0, the combine weights' factor
+    real aux_coef;       // L_aux's coefficient
+    real seq_aux_coef;   // L_seq's coefficient (0: off, seq_counts is not read)
+    real z_coef;         // L_z's coefficient
+} moe_router_hparams;
+
+// One rope call: rows of n_heads heads of size hd, the first n_rot of them rotated.
+typedef struct {
+    int T;       // rows of out, inp [T, n_heads*hd]
+    int S;       // rows per sequence: row t has position pos0 + t % S
+    int pos0;    // position of each sequence's first row (inference: the cache's length)
+    int n_rot;   // heads rotated (the q and k heads of a qkv row); the others are copied
+    int n_heads; // heads per row
+    int hd;      // head size (even): dimension i pairs with i + hd/2
+    int inverse; // 1: rotate by -angle (the backward)
+} moe_rope_args;
+
+// The shape of a training attention call (attention_forward, attention_backward, their bf16
+// twins): rows qkv [T = B*S, (H + 2KV)*hd] = [q | k | v].
+typedef struct {
+    int B;  // sequences
+    int S;  // tokens per sequence (causal within each)
+    int H;  // query heads
+    int KV; // key/value heads, H % KV == 0: query head h reads kv head h / (H/KV)
+    int hd; // head size
+} moe_attention_shape;
+
+// One AdamW step's hyper-parameters (adamw_update's formula).
+typedef struct {
+    real lr;           // learning rate
+    real beta1, beta2; // the moments' decay rates
+    real eps;          // added to sqrt(v / bc2)
+    real weight_decay; // decoupled: p -= lr * weight_decay * p (0 for unregularised regions)
+    real bc1, bc2;     // bias corrections of this step t: 1 - beta1^t, 1 - beta2^t
+    real grad_scale;   // g = grad_scale * grads (gradient clipping, loss scaling)
+} moe_adamw_hparams;
 
 // Options of moe_backend_create; zero-initialised means "the defaults".
 typedef struct {
@@ -168,11 +226,12 @@ struct moe_backend {
     // Scores: softmax p = softmax(z), or sigmoid s = sigmoid(z); probs s' = the per-token
     // expert distribution the balancing losses use (p, or s / sum_e s_e); lse = logsumexp(z).
     // Top-k of s + bias (bias may be NULL; ties: lower expert index), in descending order;
-    // weights = route_scale * s_sel / sum(s_sel) when norm_topk_prob, else route_scale * s_sel.
+    // weights = route_scale * s_sel / sum(s_sel) when norm_topk_prob, else route_scale * s_sel
+    // (shape.T, E, k; hp.scoring, norm_topk_prob, route_scale).
     // scores, probs [T,E]; lse [T]; topk_idx, weights [T,k]; logits [T,E]; bias [E]
     void (*router_topk)(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
-                        real *weights, const real *logits, const real *bias, int T, int E, int k,
-                        moe_scoring scoring, int norm_topk_prob, real route_scale);
+                        real *weights, const real *logits, const real *bias, moe_router_shape shape,
+                        moe_router_hparams hp);
 
     // counts[e] = number of top-k assignments to expert e.   counts [E]; topk_idx [T,k]
     void (*moe_dispatch_counts)(moe_backend *be, int *counts, const int *topk_idx, int T, int k,
@@ -246,21 +305,23 @@ struct moe_backend {
     // ---- router losses ---------------------------------------------------
     // With s' = probs, f_e = counts[e]/(k T), P_e = mean_t s'_e, B = T / seq_len sequences:
     // out [MOE_LOSS_SLOTS], one value per moe_loss_slot: out[MOE_LOSS_AUX] = L_aux, ...
-    // (per-sequence f and P for L_seq; seq_counts is read only when seq_aux_coef != 0)
+    // (per-sequence f and P for L_seq; seq_counts is read only when hp.seq_aux_coef != 0;
+    // hp's coefficients only). probs, logits [T,E]; lse [T]; counts [E]; seq_counts [B,E]
     void (*router_losses)(moe_backend *be, real *out, const real *probs, const real *logits,
-                          const real *lse, const int *counts, const int *seq_counts, int T, int E,
-                          int k, int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
+                          const real *lse, const int *counts, const int *seq_counts,
+                          moe_router_shape shape, moe_router_hparams hp);
 
     // Gradient of the layer's loss w.r.t. the router logits (written to dlogits [T,E]):
     //   dweights through the combine weights (renormalisation, route_scale), + dloss * the
     //   aux and sequence aux gradients (through P only), through the scoring function, +
-    //   dloss * (2 z_coef / T) lse(t) softmax(z)_e (z-loss).
+    //   dloss * (2 z_coef / T) lse(t) softmax(z)_e (z-loss). Every field of shape and hp.
+    // dweights [T,k]; scores, probs, logits [T,E]; lse [T]; topk_idx, weights [T,k];
+    // counts [E]; seq_counts [B,E]; dloss host scalar
     void (*router_backward)(moe_backend *be, real *dlogits, const real *dweights,
                             const real *scores, const real *probs, const real *logits,
                             const real *lse, const int *topk_idx, const real *weights,
-                            const int *counts, const int *seq_counts, int T, int E, int k,
-                            int seq_len, moe_scoring scoring, int norm_topk_prob, real route_scale,
-                            real aux_coef, real seq_aux_coef, real z_coef, real dloss);
+                            const int *counts, const int *seq_counts, moe_router_shape shape,
+                            moe_router_hparams hp, real dloss);
 
     // Router input jitter: u[i] ~ U(lo, hi), a counter-based function of (key, i), so any
     // backend draws the same numbers.
@@ -288,28 +349,29 @@ struct moe_backend {
     // n_heads heads of size hd (the q and k heads of a qkv row; v is copied unchanged).
     // Token t has position pos0 + t % S. For i < hd/2, (a, b) = (x[i], x[i+hd/2]):
     //   a' = a cos - b sin, b' = b cos + a sin,  angle = pos * theta^(-2i/hd)
-    // inverse=1 rotates by -angle (the backward). out, inp [T, n_heads*hd];
-    // cos, sin [max_pos, hd/2]
+    // inverse=1 rotates by -angle (the backward); the sizes: the fields of ra (moe_rope_args).
+    // out, inp [T, n_heads*hd] (out may be inp); cos, sin [max_pos, hd/2]
     void (*rope)(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin,
-                 int T, int S, int pos0, int n_rot, int n_heads, int hd, int inverse);
+                 moe_rope_args ra);
 
     // Causal self-attention with GQA, flash-style: nothing of size S x S is kept.
-    // Rows qkv [T = B*S, (H + 2KV)*hd] = [q | k | v]; query head h uses kv head h / (H/KV).
+    // Rows qkv [T = B*S, (H + 2KV)*hd] = [q | k | v]; query head h uses kv head h / (H/KV)
+    // (B, S, H, KV, hd: the fields of sh, moe_attention_shape).
     //   S_ij = q_i . k_j * hd^-1/2 (j <= i),  lse_i = log sum_{j<=i} exp(S_ij),
     //   P_ij = exp(S_ij - lse_i),  o_i = sum_j P_ij v_j
     // out [T, H*hd] = o; lse [B, H, S] (saved for the backward, with out);
     // scratch [scratch_size] reals of work space, scratch_size >= attention_scratch_size(S, hd)
     // (the CPU: one [2, 64, S] slot per thread, threads beyond the slots stay idle).
-    void (*attention_forward)(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
-                              int H, int KV, int hd, real *scratch, size_t scratch_size);
+    void (*attention_forward)(moe_backend *be, real *out, real *lse, const real *qkv,
+                              moe_attention_shape sh, real *scratch, size_t scratch_size);
     // Recomputes P = exp(S - lse) block by block (FlashAttention-2 backward):
     //   D_i = do_i . o_i,  dP = do v^T,  dS = P * (dP - D),
     //   dq = dS k hd^-1/2,  dk = dS^T q hd^-1/2,  dv = P^T do  (kv heads sum their query heads)
     // dqkv [T, (H+2KV)*hd] (written); dout, out [T, H*hd]; qkv [T, (H+2KV)*hd]; lse [B, H, S];
     // scratch as for the forward. Deterministic: fixed summation order, no atomics.
     void (*attention_backward)(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
-                               const real *out, const real *lse, int B, int S, int H, int KV,
-                               int hd, real *scratch, size_t scratch_size);
+                               const real *out, const real *lse, moe_attention_shape sh,
+                               real *scratch, size_t scratch_size);
     // bf16 twins (DESIGN.md §5b), as FlashAttention-2 runs in bf16: q, k, v (and do, o) are
     // read as bf16, every product is a bf16 GEMM with fp32 accumulation, and what enters a
     // product is rounded once. Scores, the softmax statistics, D and dS are fp32:
@@ -317,16 +379,14 @@ struct moe_backend {
     //   o_i = (sum_j bf16(E_ij) v_j) / l_i,  lse_i = m_i + log l_i
     // out [T, H*hd] fp32; lse [B, H, S]; qkv16 [T, (H+2KV)*hd] bf16; scratch as above.
     void (*attention_forward_bf16)(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16,
-                                   int B, int S, int H, int KV, int hd, real *scratch,
-                                   size_t scratch_size);
+                                   moe_attention_shape sh, real *scratch, size_t scratch_size);
     //   P = exp(S - lse),  D_i = do_i . o_i,  dP = do v^T,  dS = P * (dP - D) hd^-1/2,
     //   dv = bf16(P)^T do,  dq = bf16(dS) k,  dk = bf16(dS)^T q
     // dqkv [T, (H+2KV)*hd] fp32 (written); dout16, out16 [T, H*hd] bf16 (out16 = bf16 of the
     // forward's out); qkv16 [T, (H+2KV)*hd] bf16; lse [B, H, S]. Deterministic.
     void (*attention_backward_bf16)(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
                                     const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
-                                    int B, int S, int H, int KV, int hd, real *scratch,
-                                    size_t scratch_size);
+                                    moe_attention_shape sh, real *scratch, size_t scratch_size);
     // Reals of scratch that the attention kernels (fp32 and bf16) need for sequences of up to
     // S tokens and heads of hd with the backend's current thread count (CPU: threads x the
     // larger of the fp32 slot [2, 64, S] and the bf16 one, which adds the bf16 roundings and
@@ -364,11 +424,11 @@ struct moe_backend {
     // AdamW (decoupled weight decay, as torch.optim.AdamW), with g = grad_scale * grads:
     //   p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     //   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t
+    // (the scalars: the fields of hp, moe_adamw_hparams). params, m, v (updated), grads [n].
     // params16 [n] (NULL: none) is written bf16(p) of the updated p in the same pass: the bf16
     // weights of the next forward without a second read of params (to_bf16's bits exactly).
     void (*adamw_update)(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
-                         const real *grads, size_t n, real lr, real beta1, real beta2, real eps,
-                         real weight_decay, real bc1, real bc2, real grad_scale);
+                         const real *grads, size_t n, moe_adamw_hparams hp);
     // SGD without momentum: p -= lr * grad_scale * g; params16 as in adamw_update
     void (*sgd_update)(moe_backend *be, real *params, moe_bf16 *params16, const real *grads,
                        size_t n, real lr, real grad_scale);

@@ -630,6 +630,27 @@ static void linear_backward(model *m, real *dx, real *dW, const real *dy, const 
     be->matmul_bf16(be, dW, m->g16, x16, n_out, n_in, T, 1, 0, 1);
 }
 
+// RoPE on the q and k heads of T qkv rows [T, (H + 2KV) hd] of sequences of S rows from
+// position pos0 (inverse: the backward's rotation).
+static moe_rope_args qkv_rope(const model_config *c, int T, int S, int pos0, int inverse) {
+    const int H = c->n_heads, KV = c->n_kv_heads;
+    const moe_rope_args a = {.T = T,
+                             .S = S,
+                             .pos0 = pos0,
+                             .n_rot = H + KV,
+                             .n_heads = H + 2 * KV,
+                             .hd = c->d_model / H,
+                             .inverse = inverse};
+    return a;
+}
+
+// The attention kernels' shape for B sequences of S tokens.
+static moe_attention_shape attention_shape(const model_config *c, int B, int S) {
+    const moe_attention_shape sh = {
+        .B = B, .S = S, .H = c->n_heads, .KV = c->n_kv_heads, .hd = c->d_model / c->n_heads};
+    return sh;
+}
+
 // Inference, bf16: q, k and v rounded to bf16 in place (through q16), the values training's
 // bf16 attention reads; the cached attention then runs in fp32 on them. fp32: nothing.
 static void round_qkv(model *m, real *qkv, moe_bf16 *q16, size_t n) {
@@ -675,13 +696,13 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
                             d, (real)c->rms_norm_eps);
         moe_lap(tm, MOE_T_DENSE);
         linear_forward(m, qkv, n1, n1_16, m->p.wqkv + (size_t)l * Q * d, T, Q, d);
-        be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd, 0);
+        be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, qkv_rope(c, T, S, 0, 0));
         if (m->params16) { // q, k, v rounded once (kept for the backward); bf16 products
             be->to_bf16(be, qkv16, qkv, (size_t)T * Q);
-            be->attention_forward_bf16(be, ao, lse, qkv16, B, S, H, KV, hd, m->attn_scratch,
-                                       m->attn_scratch_size);
+            be->attention_forward_bf16(be, ao, lse, qkv16, attention_shape(c, B, S),
+                                       m->attn_scratch, m->attn_scratch_size);
         } else {
-            be->attention_forward(be, ao, lse, qkv, B, S, H, KV, hd, m->attn_scratch,
+            be->attention_forward(be, ao, lse, qkv, attention_shape(c, B, S), m->attn_scratch,
                                   m->attn_scratch_size);
         }
         linear_forward(m, h, ao, ao16, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
@@ -753,14 +774,14 @@ moe_status model_backward(model *m, double loss_scale) {
                         m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
         if (m->params16) { // do rounded once (g16 is free again); q, k, v and o as kept
             be->to_bf16(be, m->g16, m->dattn_out, (size_t)T * H * hd);
-            be->attention_backward_bf16(be, m->dqkv, m->g16, qkv16, ao16, lse, B, S, H, KV, hd,
-                                        m->attn_scratch, m->attn_scratch_size);
+            be->attention_backward_bf16(be, m->dqkv, m->g16, qkv16, ao16, lse,
+                                        attention_shape(c, B, S), m->attn_scratch,
+                                        m->attn_scratch_size);
         } else {
-            be->attention_backward(be, m->dqkv, m->dattn_out, qkv, ao, lse, B, S, H, KV, hd,
-                                   m->attn_scratch, m->attn_scratch_size);
+            be->attention_backward(be, m->dqkv, m->dattn_out, qkv, ao, lse,
+                                   attention_shape(c, B, S), m->attn_scratch, m->attn_scratch_size);
         }
-        be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, T, S, 0, H + KV, H + 2 * KV, hd,
-                 1);
+        be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, qkv_rope(c, T, S, 0, 1));
         linear_backward(m, m->dn, m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, n1_16,
                         m->p.wqkv + (size_t)l * Q * d, T, Q, d);
         moe_lap(tm, MOE_T_ATTENTION);
@@ -786,7 +807,7 @@ static void infer_attention(model *m, int l, int n, int slot, int pos0, const in
         real *kc = m->k_cache + ((size_t)l * m->n_seqs + sq) * cache,
              *vc = m->v_cache + ((size_t)l * m->n_seqs + sq) * cache;
         real *qkv = m->qkv + (size_t)i * Q;
-        be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, rows, rows, at, H + KV, H + 2 * KV, hd, 0);
+        be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, qkv_rope(c, rows, rows, at, 0));
         round_qkv(m, qkv, m->g16, (size_t)rows * Q);
         be->kv_cache_append(be, kc, vc, qkv, rows, at, H, KV, hd);
         be->attention_cached_forward(be, m->attn_out + (size_t)i * H * hd, m->attn_scratch, qkv, kc,

@@ -482,6 +482,17 @@ static void count_coactivations(moe_layer *L, const int *topk, int T) {
             }
 }
 
+// The router kernels' hyper-parameters, from the layer's config.
+static moe_router_hparams router_hparams(const moe_config *c) {
+    const moe_router_hparams hp = {.scoring = c->scoring,
+                                   .norm_topk_prob = c->norm_topk_prob,
+                                   .route_scale = (real)c->route_scale,
+                                   .aux_coef = (real)c->aux_coef,
+                                   .seq_aux_coef = (real)c->seq_aux_coef,
+                                   .z_coef = (real)c->z_coef};
+    return hp;
+}
+
 static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, int seq_len,
                   int capacity) {
     moe_backend *be = L->be;
@@ -502,16 +513,18 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
     } else {
         be->matmul(be, L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
     }
-    be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias, T,
-                    E, k, c->scoring, c->norm_topk_prob, (real)c->route_scale);
+    const moe_router_shape shape = {.T = T, .E = E, .k = k, .seq_len = seq_len};
+    const moe_router_hparams hp = router_hparams(c);
+    be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias,
+                    shape, hp);
     be->moe_dispatch_counts(be, L->counts, L->topk_idx, T, k, E);
     if (c->seq_aux_coef > 0) be->moe_seq_counts(be, L->seq_counts, L->topk_idx, T, k, E, seq_len);
     be->moe_capacity_keep(be, L->keep, L->scratch, L->topk_idx, L->weights, L->counts, T, k, E,
                           capacity, c->drop_policy);
     be->moe_permute_index(be, L->counts + E, L->assign_row, L->row_token, L->topk_idx, L->keep, T,
                           k, E);
-    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, T, E, k,
-                      seq_len, (real)c->aux_coef, (real)c->seq_aux_coef, (real)c->z_coef);
+    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, shape,
+                      hp);
     // the top-k choices when counted, and with them keep for a dedup plan
     const size_t N_max = (size_t)L->max_tokens * k, I = sizeof(int);
     const size_t extra = dedup_exchange(L) ? (N_max + (size_t)T * k) * I
@@ -878,10 +891,10 @@ static void route_backward(moe_layer *L, real *dinp, const moe_weights *grads, c
     const moe_config *c = &L->cfg;
     moe_backward_scratch *s = L->bwd;
     const int T = L->last_tokens, E = c->n_experts, k = c->top_k, d = c->d_model;
+    const moe_router_shape shape = {.T = T, .E = E, .k = k, .seq_len = L->last_seq_len};
     be->router_backward(be, s->dlogits, s->dweights, L->scores, L->probs, L->logits, L->lse,
-                        L->topk_idx, L->weights, L->counts, L->seq_counts, T, E, k, L->last_seq_len,
-                        c->scoring, c->norm_topk_prob, (real)c->route_scale, (real)c->aux_coef,
-                        (real)c->seq_aux_coef, (real)c->z_coef, (real)dloss);
+                        L->topk_idx, L->weights, L->counts, L->seq_counts, shape, router_hparams(c),
+                        (real)dloss);
     const real *router_in = L->jittered ? L->router_in : inp;
     // dgate += dlogits^T router_in; dx_r (+)= dlogits gate, straight into dinp without jitter
     real *dxr = L->jittered ? s->dxp : dinp; // dxp is free again

@@ -12,6 +12,7 @@
 
 #include "layers/backend.h"
 #include "layers/exchange.h"
+#include "layers/moe_stats.h"
 #include "layers/status.h"
 
 // How expert parallelism moves rows (DESIGN.md §4, README "Expert parallelism"):
@@ -76,33 +77,9 @@ void moe_weights_view(moe_weights *w, real *buf, const moe_config *cfg);
 size_t moe_weights_count_local(const moe_config *cfg, int E_local);
 void moe_weights_view_local(moe_weights *w, real *buf, const moe_config *cfg, int E_local);
 
-// Load statistics of the last forward (host memory, owned by the layer).
-typedef struct {
-    int tokens;           // T
-    int capacity;         // C, 0 when dropless
-    const int *routed;    // [E] top-k assignments per expert, before dropping
-    const int *kept;      // [E] assignments per expert after dropping
-    long dropped;         // assignments dropped in all
-    double max_over_mean; // max_e routed / mean_e routed
-    double cv;            // std_e routed / mean_e routed (population std)
-    double entropy;       // mean over tokens of the router entropy -sum_e p log p (nats)
-    double aux;           // L_aux (already times aux_coef; HF's helper reports k times this)
-    double seq_aux;       // L_seq (already times seq_aux_coef), 0 when off
-    double z;             // L_z (already times z_coef)
-    double logit_mean, logit_std, logit_max_abs, lse_mean; // router logit distribution
-} moe_stats;
+// moe_stats (a forward's load statistics) and the host-side helpers over per-expert counts
+// are layers/moe_stats.h's.
 
-// Aux-loss-free balancing (DeepSeek-V3, DESIGN.md §3.9), after each optimizer step:
-// bias[e] += rate * sign(mean(c) - c[e]) with c the step's routed counts (host arrays).
-void moe_router_bias_update(real *bias, const long *counts, int E, double rate);
-
-// max/mean and CV (std / mean) of E per-expert counts (summed over steps or micro-batches,
-// hence long), 0 when every count is 0; *hot receives the first expert with the most.
-void moe_load_summary(const long *counts, int E, double *max_over_mean, double *cv, int *hot);
-
-// Host-side summary of per-expert counts; shared by every backend.
-void moe_stats_from_counts(moe_stats *st, const int *routed, const int *kept, int E, int T,
-                           int capacity);
 
 // The backward's work space: what one layer's backward writes and the next layer's backward
 // (the layer below) overwrites, so a model needs one for all its layers (layers run their

@@ -1,7 +1,7 @@
 // Load statistics from per-expert counts (host side, shared by every backend).
 #include <math.h>
 
-#include "layers/moe.h"
+#include "layers/moe_stats.h"
 
 void moe_router_bias_update(real *bias, const long *counts, int E, double rate) {
     double mean = 0;

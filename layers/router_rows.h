@@ -1,8 +1,10 @@
 // The router's per-token bodies, shared by every backend (MOE_HD: the CPU compiles them as C,
 // CUDA as __host__ __device__ functions), so that scores, the top-k tie rule (strict '>': the
 // lower expert index wins), the combine weights, the router gradient and the jitter noise
-// are one text: layers/cpu/router.c, losses.c and cuda/router.cu call these per token / per
-// element, and the router losses' sums and formulas are one text too.
+// are one text: layers/cpu/router.c, losses.c and their twins cuda/router.cu, losses.cu call
+// these per token / per element, and the router losses' sums and formulas are one text too.
+// The sizes and hyper-parameters come as the kernels' structs (moe_router_shape,
+// moe_router_hparams of layers/backend.h).
 // Contracts: layers/backend.h (router_topk, router_backward, router_losses, uniform_noise);
 // DESIGN.md §3.1, §3.6-3.8, §3.12.
 #ifndef MOE_ROUTER_ROWS_H
@@ -17,18 +19,17 @@
 
 // One token: z [E] logits -> s, p [E] scores and the balancing distribution, *lse, the top k
 // experts idx [k] (descending, ties: lower index) of s + bias (bias [E] or NULL) and their
-// combine weights w [k].
+// combine weights w [k] (hp: scoring, norm_topk_prob, route_scale).
 MOE_HD static inline void moe_router_topk_row(real *s, real *p, real *lse, int *idx, real *w,
                                               const real *z, const real *bias, int E, int k,
-                                              moe_scoring scoring, int norm_topk_prob,
-                                              real route_scale) {
+                                              moe_router_hparams hp) {
     // lse = max + log(sum exp(z - max)); softmax p = exp(z - lse)
     real zmax = z[0];
     for (int e = 1; e < E; e++) zmax = z[e] > zmax ? z[e] : zmax;
     real sum = 0;
     for (int e = 0; e < E; e++) sum += real_exp(z[e] - zmax);
     *lse = zmax + real_log(sum);
-    if (scoring == MOE_SCORE_SOFTMAX) {
+    if (hp.scoring == MOE_SCORE_SOFTMAX) {
         for (int e = 0; e < E; e++) s[e] = p[e] = real_exp(z[e] - zmax) / sum;
     } else {
         real ssum = 0;
@@ -51,7 +52,7 @@ MOE_HD static inline void moe_router_topk_row(real *s, real *p, real *lse, int *
         w[j] = s[best];
         sel_sum += s[best];
     }
-    for (int j = 0; j < k; j++) w[j] = route_scale * (norm_topk_prob ? w[j] / sel_sum : w[j]);
+    for (int j = 0; j < k; j++) w[j] = hp.route_scale * (hp.norm_topk_prob ? w[j] / sel_sum : w[j]);
 }
 
 // The scales of moe_router_backward_row, once per call:
@@ -61,33 +62,30 @@ typedef struct {
     int seq_on; // seq_aux_coef != 0 (seq_counts is read only then)
 } moe_router_grad_scales;
 
-MOE_HD static inline moe_router_grad_scales moe_router_grad_scales_of(int T, int E, int k,
-                                                                      int seq_len, real aux_coef,
-                                                                      real seq_aux_coef,
-                                                                      real z_coef, real dloss) {
-    const int B = T / seq_len;
+MOE_HD static inline moe_router_grad_scales
+moe_router_grad_scales_of(moe_router_shape sh, moe_router_hparams hp, real dloss) {
+    const int T = sh.T, E = sh.E, k = sh.k, seq_len = sh.seq_len, B = T / seq_len;
     moe_router_grad_scales g;
-    g.aux_scale = dloss * aux_coef * (real)E / ((real)k * (real)T * (real)T);
+    g.aux_scale = dloss * hp.aux_coef * (real)E / ((real)k * (real)T * (real)T);
     g.seq_scale =
-        dloss * seq_aux_coef * (real)E / ((real)B * (real)k * (real)seq_len * (real)seq_len);
-    g.z_scale = dloss * 2 * z_coef / (real)T;
-    g.seq_on = seq_aux_coef != 0;
+        dloss * hp.seq_aux_coef * (real)E / ((real)B * (real)k * (real)seq_len * (real)seq_len);
+    g.z_scale = dloss * 2 * hp.z_coef / (real)T;
+    g.seq_on = hp.seq_aux_coef != 0;
     return g;
 }
 
 // One token's dL/dz, g [E] (written): the balancing losses through s' (f counts: counts [E],
 // this token's sequence's sc [E]), the combine weights dw [k], the scoring Jacobian, the
-// z-loss. s, p, z [E]; idx, w [k]; lse this token's.
-MOE_HD static inline void moe_router_backward_row(real *g, const real *dw, const real *s,
-                                                  const real *p, const real *z, real lse,
-                                                  const int *idx, const real *w, const int *counts,
-                                                  const int *sc, int E, int k, moe_scoring scoring,
-                                                  int norm_topk_prob, real route_scale,
-                                                  moe_router_grad_scales sc_) {
+// z-loss. s, p, z [E]; idx, w [k]; lse this token's; hp: scoring, norm_topk_prob, route_scale.
+MOE_HD static inline void
+moe_router_backward_row(real *g, const real *dw, const real *s, const real *p, const real *z,
+                        real lse, const int *idx, const real *w, const int *counts, const int *sc,
+                        int E, int k, moe_router_hparams hp, moe_router_grad_scales sc_) {
+    const real route_scale = hp.route_scale;
     // balancing losses, through the distribution s'
     for (int e = 0; e < E; e++)
         g[e] = sc_.aux_scale * (real)counts[e] + (sc_.seq_on ? sc_.seq_scale * (real)sc[e] : 0);
-    if (scoring ==
+    if (hp.scoring ==
         MOE_SCORE_SIGMOID) { // s' = s / sum(s): dL/ds_e = (g_e - sum_j g_j s'_j) / sum(s)
         real ssum = 0, dot = 0;
         for (int e = 0; e < E; e++) ssum += s[e], dot += g[e] * p[e];
@@ -95,7 +93,7 @@ MOE_HD static inline void moe_router_backward_row(real *g, const real *dw, const
     }
     // combine weights: w_j = rs s_j / S  =>  dL/ds_i = (rs dw_i - sum_j dw_j w_j) / S;
     // unnormalised: dL/ds_i = rs dw_i
-    if (norm_topk_prob) {
+    if (hp.norm_topk_prob) {
         real sel_sum = 0, dot = 0;
         for (int j = 0; j < k; j++) sel_sum += s[idx[j]], dot += dw[j] * w[j];
         for (int j = 0; j < k; j++) g[idx[j]] += (route_scale * dw[j] - dot) / sel_sum;
@@ -103,7 +101,7 @@ MOE_HD static inline void moe_router_backward_row(real *g, const real *dw, const
         for (int j = 0; j < k; j++) g[idx[j]] += route_scale * dw[j];
     }
     // scores to logits: softmax dz_e = p_e (g_e - sum_i p_i g_i); sigmoid dz = g s (1 - s)
-    if (scoring == MOE_SCORE_SOFTMAX) {
+    if (hp.scoring == MOE_SCORE_SOFTMAX) {
         real pg = 0;
         for (int e = 0; e < E; e++) pg += p[e] * g[e];
         for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - pg);
@@ -151,10 +149,10 @@ MOE_HD static inline moe_router_loss_sums moe_router_loss_row(const real *p, con
 // The loss slots (MOE_LOSS_*) from the sums over all T tokens of B = T / seq_len sequences:
 // L_aux = aux_coef E aux / (k T^2), L_seq = seq_aux_coef E seq / (B k seq_len^2),
 // L_z = z_coef z / T, and the statistics (mean entropy, logits' mean, std, max |z|, mean lse).
-MOE_HD static inline void moe_router_losses_of(real *out, moe_router_loss_sums s, int T, int E,
-                                               int k, int seq_len, real aux_coef, real seq_aux_coef,
-                                               real z_coef) {
-    const int B = T / seq_len;
+MOE_HD static inline void moe_router_losses_of(real *out, moe_router_loss_sums s,
+                                               moe_router_shape sh, moe_router_hparams hp) {
+    const int T = sh.T, E = sh.E, k = sh.k, seq_len = sh.seq_len, B = T / seq_len;
+    const real aux_coef = hp.aux_coef, seq_aux_coef = hp.seq_aux_coef, z_coef = hp.z_coef;
     const double n = (double)T * E, mean = s.zsum / n;
     out[MOE_LOSS_AUX] = (real)((double)aux_coef * E * s.aux / ((double)k * T * T));
     out[MOE_LOSS_Z] = (real)((double)z_coef * s.z / T);

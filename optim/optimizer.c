@@ -72,6 +72,13 @@ void optimizer_step(optimizer *o, real *params, moe_bf16 *params16, const real *
     const optim_config *c = &o->cfg;
     const int64_t t = ++o->t;
     const double bc1 = 1 - pow(c->beta1, (double)t), bc2 = 1 - pow(c->beta2, (double)t);
+    moe_adamw_hparams hp = {.lr = (real)lr,
+                            .beta1 = (real)c->beta1,
+                            .beta2 = (real)c->beta2,
+                            .eps = (real)c->eps,
+                            .bc1 = (real)bc1,
+                            .bc2 = (real)bc2,
+                            .grad_scale = (real)grad_scale};
     for (int i = 0; i < o->n_regions; i++) {
         const optim_region *r = &o->regions[i];
         moe_bf16 *p16 = params16 ? params16 + r->offset : NULL;
@@ -79,10 +86,9 @@ void optimizer_step(optimizer *o, real *params, moe_bf16 *params16, const real *
             o->be->sgd_update(o->be, params + r->offset, p16, grads + r->offset, r->count, (real)lr,
                               (real)grad_scale);
         } else {
-            o->be->adamw_update(
-                o->be, params + r->offset, p16, o->m + r->offset, o->v + r->offset,
-                grads + r->offset, r->count, (real)lr, (real)c->beta1, (real)c->beta2, (real)c->eps,
-                (real)(r->decay ? c->weight_decay : 0.0), (real)bc1, (real)bc2, (real)grad_scale);
+            hp.weight_decay = (real)(r->decay ? c->weight_decay : 0.0);
+            o->be->adamw_update(o->be, params + r->offset, p16, o->m + r->offset, o->v + r->offset,
+                                grads + r->offset, r->count, hp);
         }
     }
 }

@@ -158,9 +158,7 @@ static void direct_forward(double *o, double *lse, const real *qkv, int B, int S
     free(s);
 }
 
-typedef struct {
-    int B, S, H, KV, hd;
-} shape;
+typedef moe_attention_shape shape; // B, S, H, KV, hd
 
 // Everything but the finite differences, on one shape.
 static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
@@ -184,9 +182,9 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
     cpu_backend_set_threads(be, 2);
     const size_t n_scratch = be->attention_scratch_size(be, S, hd);
     real *scratch = malloc(n_scratch * sizeof *scratch);
-    be->attention_forward(be, out, lse, qkv, B, S, H, KV, hd, scratch, n_scratch);
+    be->attention_forward(be, out, lse, qkv, sh, scratch, n_scratch);
     for (size_t i = 0; i < nq; i++) dqkv[i] = -1; // the backward must overwrite every entry
-    be->attention_backward(be, dqkv, dout, qkv, out, lse, B, S, H, KV, hd, scratch, n_scratch);
+    be->attention_backward(be, dqkv, dout, qkv, out, lse, sh, scratch, n_scratch);
 
     // the formula
     double *want_o = malloc(no * sizeof *want_o), *want_l = malloc(nl * sizeof *want_l);
@@ -217,16 +215,16 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
     cpu_backend_set_threads(be, 1);
     const size_t n_one = be->attention_scratch_size(be, S, hd);
     cpu_backend_set_threads(be, 2);
-    be->attention_forward(be, out1, lse1, qkv, B, S, H, KV, hd, scratch, n_one);
-    be->attention_backward(be, dqkv1, dout, qkv, out1, lse1, B, S, H, KV, hd, scratch, n_one);
+    be->attention_forward(be, out1, lse1, qkv, sh, scratch, n_one);
+    be->attention_backward(be, dqkv1, dout, qkv, out1, lse1, sh, scratch, n_one);
     check_true("one scratch slot (1 thread) == 2 threads, bit for bit",
                !memcmp(out, out1, no * sizeof *out) && !memcmp(lse, lse1, nl * sizeof *lse) &&
                    !memcmp(dqkv, dqkv1, nq * sizeof *dqkv));
     // a scratch sized for sequences of 2S (as the model sizes it for max_seq) serves S
     const size_t n_long = be->attention_scratch_size(be, 2 * S, hd);
     real *scratch_long = malloc(n_long * sizeof *scratch_long);
-    be->attention_forward(be, out1, lse1, qkv, B, S, H, KV, hd, scratch_long, n_long);
-    be->attention_backward(be, dqkv1, dout, qkv, out1, lse1, B, S, H, KV, hd, scratch_long, n_long);
+    be->attention_forward(be, out1, lse1, qkv, sh, scratch_long, n_long);
+    be->attention_backward(be, dqkv1, dout, qkv, out1, lse1, sh, scratch_long, n_long);
     check_true("scratch for 2S used at S == scratch for S, bit for bit",
                !memcmp(out, out1, no * sizeof *out) && !memcmp(lse, lse1, nl * sizeof *lse) &&
                    !memcmp(dqkv, dqkv1, nq * sizeof *dqkv));
@@ -242,7 +240,7 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed) {
 // sum over (b, i, h, c) of out * w: the scalar whose gradient the backward computes with dout = w
 static double weighted_out(moe_backend *be, shape sh, const real *qkv, const real *w, real *out,
                            real *lse, real *scratch, size_t n_scratch) {
-    be->attention_forward(be, out, lse, qkv, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch, n_scratch);
+    be->attention_forward(be, out, lse, qkv, sh, scratch, n_scratch);
     double s = 0;
     for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.hd; i++) s += out[i] * w[i];
     return s;
@@ -260,9 +258,8 @@ static void check_finite_differences(moe_backend *be, shape sh) {
     rng_seed(&r, 21);
     for (size_t i = 0; i < nq; i++) qkv[i] = rng_normal(&r);
     for (size_t i = 0; i < no; i++) w[i] = rng_normal(&r);
-    be->attention_forward(be, out, lse, qkv, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch, n_scratch);
-    be->attention_backward(be, dqkv, w, qkv, out, lse, sh.B, sh.S, sh.H, sh.KV, sh.hd, scratch,
-                           n_scratch);
+    be->attention_forward(be, out, lse, qkv, sh, scratch, n_scratch);
+    be->attention_backward(be, dqkv, w, qkv, out, lse, sh, scratch, n_scratch);
     enum { N_CHECK = 400 };
     double got[N_CHECK], fd[N_CHECK];
     const double eps = 1e-5;

@@ -21,9 +21,7 @@
 #include "test_backend.h"
 #include "test_util.h"
 
-typedef struct {
-    int B, S, H, KV, hd;
-} shape;
+typedef moe_attention_shape shape; // B, S, H, KV, hd
 
 static double r16(double x) { return moe_bf16_to_f32(moe_f32_to_bf16((float)x)); }
 
@@ -133,11 +131,10 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed, const char *pa
     cpu_backend_set_threads(be, 2);
     const size_t ns = be->attention_scratch_size(be, S, hd);
     real *scratch = malloc(ns * sizeof *scratch);
-    be->attention_forward_bf16(be, out, lse, qkv16, sh.B, S, H, KV, hd, scratch, ns);
+    be->attention_forward_bf16(be, out, lse, qkv16, sh, scratch, ns);
     for (size_t i = 0; i < no; i++) ow[i] = moe_bf16_to_f32(out16[i] = moe_f32_to_bf16(out[i]));
     for (size_t i = 0; i < nq; i++) dqkv[i] = NAN; // every entry must be written
-    be->attention_backward_bf16(be, dqkv, dout16, qkv16, out16, lse, sh.B, S, H, KV, hd, scratch,
-                                ns);
+    be->attention_backward_bf16(be, dqkv, dout16, qkv16, out16, lse, sh, scratch, ns);
     int written = 1;
     for (size_t i = 0; i < nq; i++) written &= !isnan(dqkv[i]);
     check_true("backward writes every dqkv entry", written);
@@ -150,8 +147,8 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed, const char *pa
                e_out <= 5e-5 && e_lse <= 5e-5 && e_d <= 5e-5);
 
     // the fp32 kernels on the same widened values: no rounding of E, P, dS
-    be->attention_forward(be, out1, lse1, x, sh.B, S, H, KV, hd, scratch, ns);
-    be->attention_backward(be, dqkv1, dOw, x, ow, lse1, sh.B, S, H, KV, hd, scratch, ns);
+    be->attention_forward(be, out1, lse1, x, sh, scratch, ns);
+    be->attention_backward(be, dqkv1, dOw, x, ow, lse1, sh, scratch, ns);
     const double f_out = rel(out1, ro, no), f_d = rel(dqkv1, rdqkv, nq);
     printf("  fp32 kernels from the same reference: out %.2e dqkv %.2e\n", f_out, f_d);
     check_true("the rounding rule runs: fp32 is >= 10x farther (out, dqkv)",
@@ -163,9 +160,8 @@ static void check_shape(moe_backend *be, shape sh, uint64_t seed, const char *pa
 
     // one thread: the same bits
     cpu_backend_set_threads(be, 1);
-    be->attention_forward_bf16(be, out1, lse1, qkv16, sh.B, S, H, KV, hd, scratch, ns);
-    be->attention_backward_bf16(be, dqkv1, dout16, qkv16, out16, lse1, sh.B, S, H, KV, hd, scratch,
-                                ns);
+    be->attention_forward_bf16(be, out1, lse1, qkv16, sh, scratch, ns);
+    be->attention_backward_bf16(be, dqkv1, dout16, qkv16, out16, lse1, sh, scratch, ns);
     check_true("1 thread == 2 threads, bit for bit", !memcmp(out, out1, no * sizeof *out) &&
                                                          !memcmp(lse, lse1, nl * sizeof *lse) &&
                                                          !memcmp(dqkv, dqkv1, nq * sizeof *dqkv));

@@ -116,8 +116,14 @@ typedef struct {
     real scale; // hd^-1/2
 } attn_shape;
 
-static attn_shape shape_of(int B, int S, int H, int KV, int hd) {
-    const attn_shape a = {B, S, H, KV, hd, (H + 2 * KV) * hd, (real)(1.0 / sqrt((double)hd))};
+static attn_shape shape_of(moe_attention_shape sh) {
+    const attn_shape a = {sh.B,
+                          sh.S,
+                          sh.H,
+                          sh.KV,
+                          sh.hd,
+                          (sh.H + 2 * sh.KV) * sh.hd,
+                          (real)(1.0 / sqrt((double)sh.hd))};
     return a;
 }
 
@@ -203,12 +209,12 @@ static void forward_block32(const void *ctx, const attn_shape *a, const attn_blo
                row, 0, t->out + k->o, a->H * hd);
 }
 
-void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
-                           int H, int KV, int hd, real *scratch, size_t scratch_size) {
+void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv,
+                           moe_attention_shape sh, real *scratch, size_t scratch_size) {
     CPU_KERNEL(be);
-    const attn_shape a = shape_of(B, S, H, KV, hd);
+    const attn_shape a = shape_of(sh);
     const tensors32 t = {out, lse, NULL, qkv, NULL, NULL, NULL};
-    forward_tasks(&a, scratch, scratch_size, slot_reals(S), "attention_forward", forward_block32,
+    forward_tasks(&a, scratch, scratch_size, slot_reals(sh.S), "attention_forward", forward_block32,
                   &t);
 }
 
@@ -254,12 +260,12 @@ static void backward_block32(const void *ctx, const attn_shape *a, const attn_bl
 }
 
 void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
-                            const real *out, const real *lse, int B, int S, int H, int KV, int hd,
-                            real *scratch, size_t scratch_size) {
+                            const real *out, const real *lse, moe_attention_shape sh, real *scratch,
+                            size_t scratch_size) {
     CPU_KERNEL(be);
-    const attn_shape a = shape_of(B, S, H, KV, hd);
+    const attn_shape a = shape_of(sh);
     const tensors32 t = {NULL, NULL, dqkv, qkv, dout, out, lse};
-    backward_tasks(&a, dqkv, scratch, scratch_size, slot_reals(S), "attention_backward",
+    backward_tasks(&a, dqkv, scratch, scratch_size, slot_reals(sh.S), "attention_backward",
                    backward_block32, &t);
 }
 
@@ -314,12 +320,12 @@ static void forward_block16(const void *ctx, const attn_shape *a, const attn_blo
         for (int c = 0; c < hd; c++) o[(size_t)i * orow + c] *= inv[i];
 }
 
-void cpu_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16, int B,
-                                int S, int H, int KV, int hd, real *scratch, size_t scratch_size) {
+void cpu_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16,
+                                moe_attention_shape sh, real *scratch, size_t scratch_size) {
     CPU_KERNEL(be);
-    const attn_shape a = shape_of(B, S, H, KV, hd);
+    const attn_shape a = shape_of(sh);
     const tensors16 t = {be->state, out, lse, NULL, qkv16, NULL, NULL, NULL};
-    forward_tasks(&a, scratch, scratch_size, slot16_reals(S, hd), "attention_forward_bf16",
+    forward_tasks(&a, scratch, scratch_size, slot16_reals(sh.S, sh.hd), "attention_forward_bf16",
                   forward_block16, &t);
 }
 
@@ -371,13 +377,12 @@ static void backward_block16(const void *ctx, const attn_shape *a, const attn_bl
 
 void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
                                  const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
-                                 int B, int S, int H, int KV, int hd, real *scratch,
-                                 size_t scratch_size) {
+                                 moe_attention_shape sh, real *scratch, size_t scratch_size) {
     CPU_KERNEL(be);
-    const attn_shape a = shape_of(B, S, H, KV, hd);
+    const attn_shape a = shape_of(sh);
     const tensors16 t = {be->state, NULL, NULL, dqkv, qkv16, dout16, out16, lse};
-    backward_tasks(&a, dqkv, scratch, scratch_size, slot16_reals(S, hd), "attention_backward_bf16",
-                   backward_block16, &t);
+    backward_tasks(&a, dqkv, scratch, scratch_size, slot16_reals(sh.S, sh.hd),
+                   "attention_backward_bf16", backward_block16, &t);
 }
 
 void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n,

@@ -148,3 +148,10 @@ moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt,
     *out = be;
     return MOE_OK;
 }
+
+moe_status cpu_backend_create_plain(moe_backend **out, const moe_backend_options *opt) {
+    return cpu_backend_create(out, opt, 0);
+}
+moe_status cpu_backend_create_strict(moe_backend **out, const moe_backend_options *opt) {
+    return cpu_backend_create(out, opt, 1);
+}

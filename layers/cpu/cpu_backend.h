@@ -33,6 +33,10 @@ typedef struct cpu_state {
 // mapping, unreadable and unwritable by the host except inside a kernel or a typed copy, so
 // any host dereference of backend memory faults (and the SIGSEGV handler names the address).
 moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt, int strict);
+// The same as the registry's constructors (layers/backend.c, through the generated
+// moe_backends.h): "cpu" and "cpu-strict".
+moe_status cpu_backend_create_plain(moe_backend **out, const moe_backend_options *opt);
+moe_status cpu_backend_create_strict(moe_backend **out, const moe_backend_options *opt);
 
 // Sets the process's OpenMP thread count and returns it. requested > 0: that many; 0:
 // automatic, i.e. OMP_NUM_THREADS when set, else the cores this process may run on capped by

@@ -1,5 +1,7 @@
 // The CPU kernels: the reference implementation of layers/backend.h.
-// Each function here has the contract written next to its pointer in backend.h.
+// Each function here has the contract written next to its pointer in backend.h, and its CUDA
+// twin (cuda_ for cpu_, cuda/cuda_kernels.cuh) is in the .cu file of the same stem: the twin
+// of a kernel of layers/cpu/X.c is in cuda/X.cu.
 #ifndef MOE_CPU_KERNELS_H
 #define MOE_CPU_KERNELS_H
 
@@ -32,7 +34,31 @@ void cpu_profile_end(cpu_profile_scope *s);
 #define CPU_PARALLEL_MIN_WORK ((size_t)1 << 15)
 static inline int cpu_parallel_worth(size_t elements) { return elements >= CPU_PARALLEL_MIN_WORK; }
 
-// gemm.c
+// gemm.c: the grouped GEMMs' loop, written once for fp32 and bf16. For each expert e with its
+// rows [offsets[e], offsets[e+1]) (offsets a host array of n_experts+1), in largest-first
+// order and spread over the threads when there are at least four experts per thread, one call
+// of gemm_e (on the thread that runs it) with the operands at their element offsets (elem
+// bytes per element of x and y):
+//   CPU_EXPERT_FORWARD          c = out [N, n_out], x = inp [N, n_in], y = weight [E, n_out, n_in]
+//   CPU_EXPERT_BACKWARD_INPUT   c = dinp [N, n_in] (accumulate: +=), x = dout [N, n_out],
+//                               y = weight [E, n_out, n_in]
+//   CPU_EXPERT_BACKWARD_WEIGHT  c = dweight [E, n_out, n_in] +=, x = dout [N, n_out],
+//                               y = inp [N, n_in] (experts without rows skipped)
+// gemm_e computes c [m, n] = op(a) op(b) + beta c (a, b of the caller's element type, row
+// strides lda, ldb, ldc); ctx is passed through.
+typedef enum {
+    CPU_EXPERT_FORWARD,
+    CPU_EXPERT_BACKWARD_INPUT,
+    CPU_EXPERT_BACKWARD_WEIGHT,
+} cpu_expert_pass;
+typedef void (*cpu_expert_gemm_fn)(void *ctx, int trans_a, int trans_b, int m, int n, int kd,
+                                   const void *a, int lda, const void *b, int ldb, real beta,
+                                   real *c, int ldc);
+void cpu_expert_gemms(cpu_expert_pass pass, real *c, const void *x, const void *y, size_t elem,
+                      const int *offsets, int n_experts, int n_out, int n_in, int accumulate,
+                      cpu_expert_gemm_fn gemm_e, void *ctx);
+
+// gemm.c: the table's fp32 GEMMs
 void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
                 int trans_a, int trans_b, real beta);
 void cpu_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
@@ -61,21 +87,20 @@ void cpu_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n);
 
 // router.c
 void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
-                     real *weights, const real *logits, const real *bias, int T, int E, int k,
-                     moe_scoring scoring, int norm_topk_prob, real route_scale);
-void cpu_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
-                        int seq_len);
+                     real *weights, const real *logits, const real *bias, moe_router_shape sh,
+                     moe_router_hparams hp);
 void cpu_router_backward(moe_backend *be, real *dlogits, const real *dweights, const real *scores,
                          const real *probs, const real *logits, const real *lse,
                          const int *topk_idx, const real *weights, const int *counts,
-                         const int *seq_counts, int T, int E, int k, int seq_len,
-                         moe_scoring scoring, int norm_topk_prob, real route_scale, real aux_coef,
-                         real seq_aux_coef, real z_coef, real dloss);
+                         const int *seq_counts, moe_router_shape sh, moe_router_hparams hp,
+                         real dloss);
 void cpu_uniform_noise(moe_backend *be, real *u, size_t n, uint64_t key, real lo, real hi);
 
 // dispatch.c
 void cpu_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, int T, int k,
                              int E);
+void cpu_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
+                        int seq_len);
 void cpu_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int *topk_idx,
                            const real *weights, const int *counts, int T, int k, int E,
                            int capacity, moe_drop_policy policy);
@@ -108,72 +133,55 @@ void cpu_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const re
 
 // losses.c
 void cpu_router_losses(moe_backend *be, real *out, const real *probs, const real *logits,
-                       const real *lse, const int *counts, const int *seq_counts, int T, int E,
-                       int k, int seq_len, real aux_coef, real seq_aux_coef, real z_coef);
+                       const real *lse, const int *counts, const int *seq_counts,
+                       moe_router_shape sh, moe_router_hparams hp);
 void cpu_mul(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate);
 
-// embedding.c, rmsnorm.c, rope.c, attention.c, cross_entropy.c
+// embedding.c
 void cpu_embedding_forward(moe_backend *be, real *out, const int *tokens, const real *embed, int T,
                            int d);
 void cpu_embedding_backward(moe_backend *be, real *dembed, const real *dout, const int *tokens,
                             int T, int d);
+// rmsnorm.c
 void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp,
                          const real *weight, int T, int d, real eps);
 void cpu_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
                           const real *inp, const real *weight, const real *rstd, int T, int d);
-void cpu_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin, int T,
-              int S, int pos0, int n_rot, int n_heads, int hd, int inverse);
+// rope.c
+void cpu_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin,
+              moe_rope_args ra);
+// attention.c
 void cpu_attention_cached_forward(moe_backend *be, real *out, real *scratch, const real *qkv,
                                   const real *k_cache, const real *v_cache, int n, int pos0, int H,
                                   int KV, int hd);
 void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const real *qkv, int n,
                          int pos0, int H, int KV, int hd);
-void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv, int B, int S,
-                           int H, int KV, int hd, real *scratch, size_t scratch_size);
+void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv,
+                           moe_attention_shape sh, real *scratch, size_t scratch_size);
 void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
-                            const real *out, const real *lse, int B, int S, int H, int KV, int hd,
-                            real *scratch, size_t scratch_size);
-void cpu_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16, int B,
-                                int S, int H, int KV, int hd, real *scratch, size_t scratch_size);
+                            const real *out, const real *lse, moe_attention_shape sh, real *scratch,
+                            size_t scratch_size);
+void cpu_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe_bf16 *qkv16,
+                                moe_attention_shape sh, real *scratch, size_t scratch_size);
 void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
                                  const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
-                                 int B, int S, int H, int KV, int hd, real *scratch,
-                                 size_t scratch_size);
+                                 moe_attention_shape sh, real *scratch, size_t scratch_size);
 size_t cpu_attention_scratch_size(moe_backend *be, int S, int hd);
+// cross_entropy.c
 void cpu_cross_entropy_forward(moe_backend *be, real *losses, const real *logits,
                                const int *targets, int T, int V);
 void cpu_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logits,
                                 const int *targets, int T, int V, real dloss);
 
-// elementwise.c, optim_update.c
+// elementwise.c
 void cpu_add(moe_backend *be, real *out, const real *a, const real *b, size_t n);
 void cpu_sum_squares(moe_backend *be, double *host_out, const real *x, size_t n);
 void cpu_sum(moe_backend *be, double *host_out, const real *x, size_t n);
+// optim_update.c
 void cpu_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
-                      const real *grads, size_t n, real lr, real beta1, real beta2, real eps,
-                      real weight_decay, real bc1, real bc2, real grad_scale);
+                      const real *grads, size_t n, moe_adamw_hparams hp);
 void cpu_sgd_update(moe_backend *be, real *params, moe_bf16 *params16, const real *grads, size_t n,
                     real lr, real grad_scale);
 
-// The order in which the grouped GEMMs (gemm.c, gemm_bf16.c) hand their experts to the threads:
-// most rows first (longest-processing-time first), so that the dynamic schedule ends
-// balanced when routing is skewed (real text at initialisation: max/mean 3; measured on the
-// bf16 shakespeare step: experts 37.3 -> 35.7 ms). Each expert's GEMM writes its own rows,
-// so the order changes no result. Beyond EXPERT_ORDER_MAX experts: the natural order.
-#define EXPERT_ORDER_MAX 1024
-static inline void largest_first(int *order, const int *offsets, int n_experts) {
-    for (int t = 0; t < n_experts; t++) {
-        const int rows = offsets[t + 1] - offsets[t]; // insertion sort, stable
-        int u = t;
-        for (; u > 0 && offsets[order[u - 1] + 1] - offsets[order[u - 1]] < rows; u--)
-            order[u] = order[u - 1];
-        order[u] = t;
-    }
-}
-#define EXPERT_ORDER                                   \
-    int order[EXPERT_ORDER_MAX];                       \
-    const int ordered = n_experts <= EXPERT_ORDER_MAX; \
-    if (ordered) largest_first(order, offsets, n_experts)
-#define EXPERT_AT(t) (ordered ? order[t] : (t))
 
 #endif

@@ -1,5 +1,6 @@
-// Dispatch: per-expert counts, the capacity/drop decision, the grouping of kept
-// assignments by expert (permute index), and the row movements around the experts.
+// Dispatch: per-expert counts (of the micro-batch, and per sequence), the capacity/drop
+// decision, the grouping of kept assignments by expert (permute index), and the row movements
+// around the experts.
 //
 // An "assignment" is a slot s = t*k + j: token t's j-th choice, expert topk_idx[s].
 #include <string.h>
@@ -12,6 +13,19 @@ void cpu_moe_dispatch_counts(moe_backend *be, int *counts, const int *topk_idx, 
     CPU_KERNEL(be);
     memset(counts, 0, (size_t)E * sizeof(int));
     for (size_t s = 0; s < (size_t)T * k; s++) counts[topk_idx[s]]++;
+}
+
+void cpu_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
+                        int seq_len) {
+    CPU_KERNEL(be);
+    const int B = T / seq_len;
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
+    for (int b = 0; b < B; b++) {
+        int *c = seq_counts + (size_t)b * E;
+        for (int e = 0; e < E; e++) c[e] = 0;
+        for (size_t s = (size_t)b * seq_len * k; s < (size_t)(b + 1) * seq_len * k; s++)
+            c[topk_idx[s]]++;
+    }
 }
 
 // Stable bottom-up merge sort of slots by weight, largest first: on equal weights

@@ -321,10 +321,10 @@ void cpu_matmul_bf16(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16
 }
 
 // ---- the grouped GEMMs ------------------------------------------------------------------
-// The loops of gemm.c: one GEMM per expert over its contiguous rows, the experts spread over
-// the threads when there are at least four per thread (each thread then widens into its own
-// slot of the workspace, one expert at a time, so the widened operands are still in cache
-// when the GEMM reads them).
+// gemm.c's loop (cpu_expert_gemms): one GEMM per expert over its contiguous rows, the experts
+// spread over the threads when there are at least four per thread (each thread then widens
+// into its own slot of the workspace, one expert at a time, so the widened operands are still
+// in cache when the GEMM reads them).
 
 static int max_rows(const int *offsets, int n_experts) {
     int r = 0;
@@ -333,61 +333,53 @@ static int max_rows(const int *offsets, int n_experts) {
     return r;
 }
 
-#define EXPERTS_PARALLEL if (n_experts >= 4 * omp_get_max_threads())
+// What one expert's GEMM needs beside its operands: the path, and the workspace of `per` reals
+// for each thread (NULL on the native path).
+typedef struct {
+    const cpu_state *s;
+    real *ws;
+    size_t per;
+} expert_ctx;
 
-// The thread's slot of `per` reals (NULL on the native path).
-static real *slot(real *ws, size_t per) {
-    return ws ? ws + (size_t)omp_get_thread_num() * per : NULL;
+static void expert_gemm16(void *ctx, int trans_a, int trans_b, int m, int n, int kd, const void *a,
+                          int lda, const void *b, int ldb, real beta, real *c, int ldc) {
+    const expert_ctx *x = ctx;
+    real *slot = x->ws ? x->ws + (size_t)omp_get_thread_num() * x->per : NULL;
+    cpu_gemm_bf16(x->s, slot, trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The pass's GEMMs over the bf16 operands x and y, with a workspace slot per thread for
+// GEMMs of up to m x n x kd (m, n, kd of the largest expert's GEMM).
+static void expert_gemms16(moe_backend *be, cpu_expert_pass pass, real *c, const moe_bf16 *x,
+                           const moe_bf16 *y, const int *offsets, int n_experts, int n_out,
+                           int n_in, int accumulate, int m, int n, int kd) {
+    cpu_state *s = be->state;
+    const size_t per = cpu_gemm_bf16_ws(m, n, kd);
+    expert_ctx ctx = {s, workspace(s, per, omp_get_max_threads()), per};
+    cpu_expert_gemms(pass, c, x, y, sizeof(moe_bf16), offsets, n_experts, n_out, n_in, accumulate,
+                     expert_gemm16, &ctx);
 }
 
 void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *inp,
                                     const moe_bf16 *weight, const int *offsets, int n_experts,
                                     int n_out, int n_in) {
     CPU_KERNEL(be);
-    cpu_state *s = be->state;
-    const size_t per = cpu_gemm_bf16_ws(max_rows(offsets, n_experts), n_out, n_in);
-    real *ws = workspace(s, per, omp_get_max_threads());
-    EXPERT_ORDER;
-#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int t = 0; t < n_experts; t++) { // out_e [rows, n_out] = inp_e w_e^T
-        const int e = EXPERT_AT(t);
-        cpu_gemm_bf16(s, slot(ws, per), 0, 1, offsets[e + 1] - offsets[e], n_out, n_in, 1,
-                      inp + (size_t)offsets[e] * n_in, n_in, weight + (size_t)e * n_out * n_in,
-                      n_in, 0, out + (size_t)offsets[e] * n_out, n_out);
-    }
+    expert_gemms16(be, CPU_EXPERT_FORWARD, out, inp, weight, offsets, n_experts, n_out, n_in, 0,
+                   max_rows(offsets, n_experts), n_out, n_in);
 }
 
 void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
                                            const moe_bf16 *weight, const int *offsets,
                                            int n_experts, int n_out, int n_in, int accumulate) {
     CPU_KERNEL(be);
-    cpu_state *s = be->state;
-    const size_t per = cpu_gemm_bf16_ws(max_rows(offsets, n_experts), n_in, n_out);
-    real *ws = workspace(s, per, omp_get_max_threads());
-    EXPERT_ORDER;
-#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int t = 0; t < n_experts; t++) { // dinp_e [rows, n_in] (+)= dout_e w_e
-        const int e = EXPERT_AT(t);
-        cpu_gemm_bf16(s, slot(ws, per), 0, 0, offsets[e + 1] - offsets[e], n_in, n_out, 1,
-                      dout + (size_t)offsets[e] * n_out, n_out, weight + (size_t)e * n_out * n_in,
-                      n_in, accumulate ? 1 : 0, dinp + (size_t)offsets[e] * n_in, n_in);
-    }
+    expert_gemms16(be, CPU_EXPERT_BACKWARD_INPUT, dinp, dout, weight, offsets, n_experts, n_out,
+                   n_in, accumulate, max_rows(offsets, n_experts), n_in, n_out);
 }
 
 void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
                                             const moe_bf16 *inp, const int *offsets, int n_experts,
                                             int n_out, int n_in) {
     CPU_KERNEL(be);
-    cpu_state *s = be->state;
-    const size_t per = cpu_gemm_bf16_ws(n_out, n_in, max_rows(offsets, n_experts));
-    real *ws = workspace(s, per, omp_get_max_threads());
-    EXPERT_ORDER;
-#pragma omp parallel for schedule(dynamic, 1) EXPERTS_PARALLEL
-    for (int t = 0; t < n_experts; t++) { // dw_e [n_out, n_in] += dout_e^T inp_e
-        const int e = EXPERT_AT(t), rows = offsets[e + 1] - offsets[e];
-        if (rows)
-            cpu_gemm_bf16(s, slot(ws, per), 1, 0, n_out, n_in, rows, 1,
-                          dout + (size_t)offsets[e] * n_out, n_out, inp + (size_t)offsets[e] * n_in,
-                          n_in, 1, dweight + (size_t)e * n_out * n_in, n_in);
-    }
+    expert_gemms16(be, CPU_EXPERT_BACKWARD_WEIGHT, dweight, dout, inp, offsets, n_experts, n_out,
+                   n_in, 0, n_out, n_in, max_rows(offsets, n_experts));
 }

@@ -11,9 +11,10 @@
     initializer(omp_priv = (moe_router_loss_sums){0})
 
 void cpu_router_losses(moe_backend *be, real *out, const real *probs, const real *logits,
-                       const real *lse, const int *counts, const int *seq_counts, int T, int E,
-                       int k, int seq_len, real aux_coef, real seq_aux_coef, real z_coef) {
+                       const real *lse, const int *counts, const int *seq_counts,
+                       moe_router_shape sh, moe_router_hparams hp) {
     CPU_KERNEL(be);
+    const int T = sh.T, E = sh.E, seq_len = sh.seq_len;
     const int par = cpu_parallel_worth((size_t)T * E);
     moe_router_loss_sums sums = {0};
 #pragma omp parallel for schedule(static) reduction(loss_sums : sums) if (par)
@@ -21,8 +22,8 @@ void cpu_router_losses(moe_backend *be, real *out, const real *probs, const real
         sums = moe_router_loss_sums_add(
             sums,
             moe_router_loss_row(probs + (size_t)t * E, logits + (size_t)t * E, lse[t], counts,
-                                seq_counts + (size_t)(t / seq_len) * E, E, seq_aux_coef != 0));
-    moe_router_losses_of(out, sums, T, E, k, seq_len, aux_coef, seq_aux_coef, z_coef);
+                                seq_counts + (size_t)(t / seq_len) * E, E, hp.seq_aux_coef != 0));
+    moe_router_losses_of(out, sums, sh, hp);
 }
 
 void cpu_mul(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate) {

@@ -5,33 +5,27 @@
 #include "layers/cpu/cpu_kernels.h"
 
 // One AdamW element (backend.h's formula); returns the updated parameter.
-static inline real adamw_one(real *p, real *m, real *v, real grad, real lr, real beta1, real beta2,
-                             real eps, real weight_decay, real bc1, real bc2, real grad_scale) {
-    real g = grad_scale * grad;
-    real q = *p - lr * weight_decay * *p; // decoupled decay first (torch)
-    *m = beta1 * *m + (1 - beta1) * g;
-    *v = beta2 * *v + (1 - beta2) * g * g;
-    return *p = q - lr * (*m / bc1) / (real_sqrt(*v / bc2) + eps);
+static inline real adamw_one(real *p, real *m, real *v, real grad, moe_adamw_hparams h) {
+    real g = h.grad_scale * grad;
+    real q = *p - h.lr * h.weight_decay * *p; // decoupled decay first (torch)
+    *m = h.beta1 * *m + (1 - h.beta1) * g;
+    *v = h.beta2 * *v + (1 - h.beta2) * g * g;
+    return *p = q - h.lr * (*m / h.bc1) / (real_sqrt(*v / h.bc2) + h.eps);
 }
 
 // With params16, the bf16 weights are written in the same pass: AdamW is bound by memory
 // (28 bytes per parameter), and a separate to_bf16 would read params once more. Two loops so
 // that each is one vector loop without a branch.
 void cpu_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
-                      const real *grads, size_t n, real lr, real beta1, real beta2, real eps,
-                      real weight_decay, real bc1, real bc2, real grad_scale) {
+                      const real *grads, size_t n, moe_adamw_hparams hp) {
     CPU_KERNEL(be);
     if (params16) {
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
         for (size_t i = 0; i < n; i++)
-            params16[i] =
-                moe_f32_to_bf16((float)adamw_one(&params[i], &m[i], &v[i], grads[i], lr, beta1,
-                                                 beta2, eps, weight_decay, bc1, bc2, grad_scale));
+            params16[i] = moe_f32_to_bf16((float)adamw_one(&params[i], &m[i], &v[i], grads[i], hp));
     } else {
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
-        for (size_t i = 0; i < n; i++)
-            adamw_one(&params[i], &m[i], &v[i], grads[i], lr, beta1, beta2, eps, weight_decay, bc1,
-                      bc2, grad_scale);
+        for (size_t i = 0; i < n; i++) adamw_one(&params[i], &m[i], &v[i], grads[i], hp);
     }
 }
 

@@ -4,12 +4,12 @@
 
 #include "layers/cpu/cpu_kernels.h"
 
-void cpu_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin, int T,
-              int S, int pos0, int n_rot, int n_heads, int hd, int inverse) {
+void cpu_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin,
+              moe_rope_args ra) {
     CPU_KERNEL(be);
-    const int half = hd / 2;
-    const size_t row = (size_t)n_heads * hd;
-    const real sign = inverse ? -1 : 1;
+    const int T = ra.T, S = ra.S, pos0 = ra.pos0, n_rot = ra.n_rot, hd = ra.hd, half = hd / 2;
+    const size_t row = (size_t)ra.n_heads * hd;
+    const real sign = ra.inverse ? -1 : 1;
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * row))
     for (int t = 0; t < T; t++) {
         const size_t pos = (size_t)pos0 + t % S;

@@ -13,47 +13,32 @@
 #include "layers/router_rows.h"
 
 void cpu_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
-                     real *weights, const real *logits, const real *bias, int T, int E, int k,
-                     moe_scoring scoring, int norm_topk_prob, real route_scale) {
+                     real *weights, const real *logits, const real *bias, moe_router_shape sh,
+                     moe_router_hparams hp) {
     CPU_KERNEL(be);
+    const int T = sh.T, E = sh.E, k = sh.k;
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int t = 0; t < T; t++)
         moe_router_topk_row(scores + (size_t)t * E, probs + (size_t)t * E, lse + t,
                             topk_idx + (size_t)t * k, weights + (size_t)t * k,
-                            logits + (size_t)t * E, bias, E, k, scoring, norm_topk_prob,
-                            route_scale);
-}
-
-void cpu_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, int T, int k, int E,
-                        int seq_len) {
-    CPU_KERNEL(be);
-    const int B = T / seq_len;
-#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
-    for (int b = 0; b < B; b++) {
-        int *c = seq_counts + (size_t)b * E;
-        for (int e = 0; e < E; e++) c[e] = 0;
-        for (size_t s = (size_t)b * seq_len * k; s < (size_t)(b + 1) * seq_len * k; s++)
-            c[topk_idx[s]]++;
-    }
+                            logits + (size_t)t * E, bias, E, k, hp);
 }
 
 // The gradient of one token: layers/router_rows.h (moe_router_backward_row).
 void cpu_router_backward(moe_backend *be, real *dlogits, const real *dweights, const real *scores,
                          const real *probs, const real *logits, const real *lse,
                          const int *topk_idx, const real *weights, const int *counts,
-                         const int *seq_counts, int T, int E, int k, int seq_len,
-                         moe_scoring scoring, int norm_topk_prob, real route_scale, real aux_coef,
-                         real seq_aux_coef, real z_coef, real dloss) {
+                         const int *seq_counts, moe_router_shape sh, moe_router_hparams hp,
+                         real dloss) {
     CPU_KERNEL(be);
-    const moe_router_grad_scales gs =
-        moe_router_grad_scales_of(T, E, k, seq_len, aux_coef, seq_aux_coef, z_coef, dloss);
+    const int T = sh.T, E = sh.E, k = sh.k, seq_len = sh.seq_len;
+    const moe_router_grad_scales gs = moe_router_grad_scales_of(sh, hp, dloss);
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * E))
     for (int t = 0; t < T; t++) {
         const size_t te = (size_t)t * E, tk = (size_t)t * k;
         moe_router_backward_row(dlogits + te, dweights + tk, scores + te, probs + te, logits + te,
                                 lse[t], topk_idx + tk, weights + tk, counts,
-                                seq_counts + (size_t)(t / seq_len) * E, E, k, scoring,
-                                norm_topk_prob, route_scale, gs);
+                                seq_counts + (size_t)(t / seq_len) * E, E, k, hp, gs);
     }
 }
 

@@ -144,7 +144,14 @@ static void test_elementwise(void) {
     real *o_cpu = malloc((size_t)T * n_heads * hd * sizeof(real)),
          *o_gpu = malloc((size_t)T * n_heads * hd * sizeof(real));
     for (int inverse = 0; inverse < 2; inverse++) {
-        cpu_rope(cpu, o_cpu, x, cs, sn, T, S, pos0, n_rot, n_heads, hd, inverse);
+        const moe_rope_args ra = {.T = T,
+                                  .S = S,
+                                  .pos0 = pos0,
+                                  .n_rot = n_rot,
+                                  .n_heads = n_heads,
+                                  .hd = hd,
+                                  .inverse = inverse};
+        cpu_rope(cpu, o_cpu, x, cs, sn, ra);
         memcpy(o_gpu, x, (size_t)T * n_heads * hd * sizeof(real)); // unrotated heads copied
         for (int t = 0; t < T; t++)
             for (int h = 0; h < n_rot; h++)
@@ -166,11 +173,10 @@ static void test_elementwise(void) {
          *v2 = malloc(n * sizeof(real));
     memcpy(p2, p1, n * sizeof(real)), memcpy(m2, m1, n * sizeof(real)),
         memcpy(v2, v1, n * sizeof(real));
-    cpu_adamw_update(cpu, p1, NULL, m1, v1, g, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f,
-                     0.5f);
-    for (size_t i = 0; i < n; i++)
-        moe_hd_adamw(&p2[i], &m2[i], &v2[i], g[i], 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f,
-                     0.5f);
+    // lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale
+    const moe_adamw_hparams hp = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f, 0.5f};
+    cpu_adamw_update(cpu, p1, NULL, m1, v1, g, n, hp);
+    for (size_t i = 0; i < n; i++) moe_hd_adamw(&p2[i], &m2[i], &v2[i], g[i], hp);
     check_reals("adamw params", p2, p1, n, 1e-6);
     check_reals("adamw m", m2, m1, n, 1e-6);
     check_reals("adamw v", v2, v1, n, 1e-6);
@@ -217,7 +223,8 @@ static void test_attention(void) {
          *lse_gpu = malloc((size_t)B * H * S * sizeof(real));
     const size_t ss = cpu_attention_scratch_size(cpu, S, hd);
     real *scratch = malloc(ss * sizeof(real));
-    cpu_attention_forward(cpu, out_cpu, lse_cpu, qkv, B, S, H, KV, hd, scratch, ss);
+    const moe_attention_shape sh = {.B = B, .S = S, .H = H, .KV = KV, .hd = hd};
+    cpu_attention_forward(cpu, out_cpu, lse_cpu, qkv, sh, scratch, ss);
     const real scale = (real)(1.0 / sqrt((double)hd));
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
@@ -237,8 +244,7 @@ static void test_attention(void) {
     real *dqkv_cpu = malloc((size_t)B * S * row * sizeof(real)),
          *dqkv_gpu = malloc((size_t)B * S * row * sizeof(real));
     real *D = malloc((size_t)B * H * S * sizeof(real));
-    cpu_attention_backward(cpu, dqkv_cpu, dout, qkv, out_cpu, lse_cpu, B, S, H, KV, hd, scratch,
-                           ss);
+    cpu_attention_backward(cpu, dqkv_cpu, dout, qkv, out_cpu, lse_cpu, sh, scratch, ss);
     for (int b = 0; b < B; b++) // k_attention_D
         for (int h = 0; h < H; h++)
             for (int i = 0; i < S; i++) {

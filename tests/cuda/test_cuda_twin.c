@@ -165,10 +165,17 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     twin s = output((size_t)T * E * sizeof(real)), p = output((size_t)T * E * sizeof(real));
     twin lse = output((size_t)T * sizeof(real)), idx = output((size_t)T * k * sizeof(int));
     twin w = output((size_t)T * k * sizeof(real));
-    C->router_topk(C, RC(s), RC(p), RC(lse), IC(idx), RC(w), RC(z), with_bias ? RC(bias) : NULL, T,
-                   E, k, scoring, 1, 1.5f);
-    G->router_topk(G, RG(s), RG(p), RG(lse), IG(idx), RG(w), RG(z), with_bias ? RG(bias) : NULL, T,
-                   E, k, scoring, 1, 1.5f);
+    const moe_router_shape shape = {.T = T, .E = E, .k = k, .seq_len = seq_len};
+    const moe_router_hparams hp = {.scoring = scoring,
+                                   .norm_topk_prob = 1,
+                                   .route_scale = 1.5f,
+                                   .aux_coef = 0.01f,
+                                   .seq_aux_coef = 0.003f,
+                                   .z_coef = 0.001f};
+    C->router_topk(C, RC(s), RC(p), RC(lse), IC(idx), RC(w), RC(z), with_bias ? RC(bias) : NULL,
+                   shape, hp);
+    G->router_topk(G, RG(s), RG(p), RG(lse), IG(idx), RG(w), RG(z), with_bias ? RG(bias) : NULL,
+                   shape, hp);
     same_ints("router_topk idx (ties: lower index)", idx, (size_t)T * k);
     same_reals("router_topk scores", s, (size_t)T * E, TOL);
     same_reals("router_topk probs", p, (size_t)T * E, TOL);
@@ -234,16 +241,14 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     same_reals("unpermute_add", dx, (size_t)T * d, TOL);
 
     twin losses = output(MOE_LOSS_SLOTS * sizeof(real));
-    C->router_losses(C, RC(losses), RC(p), RC(z), RC(lse), IC(counts), IC(sc), T, E, k, seq_len,
-                     0.01f, 0.003f, 0.001f);
-    G->router_losses(G, RG(losses), RG(p), RG(z), RG(lse), IG(counts), IG(sc), T, E, k, seq_len,
-                     0.01f, 0.003f, 0.001f);
+    C->router_losses(C, RC(losses), RC(p), RC(z), RC(lse), IC(counts), IC(sc), shape, hp);
+    G->router_losses(G, RG(losses), RG(p), RG(z), RG(lse), IG(counts), IG(sc), shape, hp);
     same_reals("router_losses (every slot)", losses, MOE_LOSS_SLOTS, TOL);
     twin dz = output((size_t)T * E * sizeof(real));
     C->router_backward(C, RC(dz), RC(dw), RC(s), RC(p), RC(z), RC(lse), IC(idx), RC(w), IC(counts),
-                       IC(sc), T, E, k, seq_len, scoring, 1, 1.5f, 0.01f, 0.003f, 0.001f, 0.5f);
+                       IC(sc), shape, hp, 0.5f);
     G->router_backward(G, RG(dz), RG(dw), RG(s), RG(p), RG(z), RG(lse), IG(idx), RG(w), IG(counts),
-                       IG(sc), T, E, k, seq_len, scoring, 1, 1.5f, 0.01f, 0.003f, 0.001f, 0.5f);
+                       IG(sc), shape, hp, 0.5f);
     same_reals("router_backward", dz, (size_t)T * E, TOL);
 
     // expert-parallel reorder: blocks of rows, not in order
@@ -313,10 +318,10 @@ static void test_elementwise(void) {
     C->mul(C, RC(v), RC(v), RC(v), n, 0); // v >= 0
     G->mul(G, RG(v), RG(v), RG(v), n, 0);
     twin p16 = output(n * sizeof(moe_bf16));
-    C->adamw_update(C, RC(pm), (moe_bf16 *)p16.c, RC(m), RC(v), RC(g), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                    0.1f, 0.19f, 0.0975f, 0.7f);
-    G->adamw_update(G, RG(pm), (moe_bf16 *)p16.g, RG(m), RG(v), RG(g), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                    0.1f, 0.19f, 0.0975f, 0.7f);
+    // lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale
+    const moe_adamw_hparams hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f, 0.7f};
+    C->adamw_update(C, RC(pm), (moe_bf16 *)p16.c, RC(m), RC(v), RC(g), n, hp);
+    G->adamw_update(G, RG(pm), (moe_bf16 *)p16.g, RG(m), RG(v), RG(g), n, hp);
     same_reals("adamw params", pm, n, TOL);
     same_reals("adamw m", m, n, TOL);
     same_reals("adamw v", v, n, TOL);
@@ -359,13 +364,17 @@ static void test_dense(void) {
     twin q = reals((size_t)Tr * n_heads * hd, 1), cs = reals((size_t)maxp * hd / 2, 1),
          sn = reals((size_t)maxp * hd / 2, 1);
     twin r = output((size_t)Tr * n_heads * hd * sizeof(real));
+    moe_rope_args ra = {
+        .T = Tr, .S = S, .pos0 = 3, .n_rot = n_rot, .n_heads = n_heads, .hd = hd, .inverse = 0};
     for (int inverse = 0; inverse < 2; inverse++) {
-        C->rope(C, RC(r), RC(q), RC(cs), RC(sn), Tr, S, 3, n_rot, n_heads, hd, inverse);
-        G->rope(G, RG(r), RG(q), RG(cs), RG(sn), Tr, S, 3, n_rot, n_heads, hd, inverse);
+        ra.inverse = inverse;
+        C->rope(C, RC(r), RC(q), RC(cs), RC(sn), ra);
+        G->rope(G, RG(r), RG(q), RG(cs), RG(sn), ra);
         same_reals(inverse ? "rope inverse" : "rope", r, (size_t)Tr * n_heads * hd, TOL);
     }
-    C->rope(C, RC(q), RC(q), RC(cs), RC(sn), Tr, S, 0, n_rot, n_heads, hd, 0); // in place
-    G->rope(G, RG(q), RG(q), RG(cs), RG(sn), Tr, S, 0, n_rot, n_heads, hd, 0);
+    ra.pos0 = 0, ra.inverse = 0;
+    C->rope(C, RC(q), RC(q), RC(cs), RC(sn), ra); // in place
+    G->rope(G, RG(q), RG(q), RG(cs), RG(sn), ra);
     same_reals("rope in place", q, (size_t)Tr * n_heads * hd, TOL);
 
     twin logits = reals((size_t)T * V, 3), ce = output((size_t)T * sizeof(real));
@@ -389,15 +398,14 @@ static void test_attention(int B, int S, int H, int KV, int hd) {
     const size_t csz = C->attention_scratch_size(C, S, hd),
                  gsz = G->attention_scratch_size(G, S, hd);
     twin cscr = make(csz * sizeof(real)), gscr = make(gsz * sizeof(real));
-    C->attention_forward(C, RC(out), RC(lse), RC(qkv), B, S, H, KV, hd, RC(cscr), csz);
-    G->attention_forward(G, RG(out), RG(lse), RG(qkv), B, S, H, KV, hd, RG(gscr), gsz);
+    const moe_attention_shape sh = {.B = B, .S = S, .H = H, .KV = KV, .hd = hd};
+    C->attention_forward(C, RC(out), RC(lse), RC(qkv), sh, RC(cscr), csz);
+    G->attention_forward(G, RG(out), RG(lse), RG(qkv), sh, RG(gscr), gsz);
     same_reals("attention forward out", out, no, TOL);
     same_reals("attention forward lse", lse, (size_t)B * H * S, TOL);
     twin dout = reals(no, 1), dqkv = output(nq * sizeof(real));
-    C->attention_backward(C, RC(dqkv), RC(dout), RC(qkv), RC(out), RC(lse), B, S, H, KV, hd,
-                          RC(cscr), csz);
-    G->attention_backward(G, RG(dqkv), RG(dout), RG(qkv), RG(out), RG(lse), B, S, H, KV, hd,
-                          RG(gscr), gsz);
+    C->attention_backward(C, RC(dqkv), RC(dout), RC(qkv), RC(out), RC(lse), sh, RC(cscr), csz);
+    G->attention_backward(G, RG(dqkv), RG(dout), RG(qkv), RG(out), RG(lse), sh, RG(gscr), gsz);
     same_reals("attention backward dqkv", dqkv, nq, TOL);
 
     // inference: the first sequence's rows appended to a cache in two chunks, then attended
@@ -521,16 +529,17 @@ static void test_attention_bf16(int B, int S, int H, int KV, int hd) {
     const size_t csz = C->attention_scratch_size(C, S, hd),
                  gsz = G->attention_scratch_size(G, S, hd);
     twin cscr = make(csz * sizeof(real)), gscr = make(gsz * sizeof(real));
-    C->attention_forward_bf16(C, RC(out), RC(lse), HC(qkv), B, S, H, KV, hd, RC(cscr), csz);
-    G->attention_forward_bf16(G, RG(out), RG(lse), HG(qkv), B, S, H, KV, hd, RG(gscr), gsz);
+    const moe_attention_shape sh = {.B = B, .S = S, .H = H, .KV = KV, .hd = hd};
+    C->attention_forward_bf16(C, RC(out), RC(lse), HC(qkv), sh, RC(cscr), csz);
+    G->attention_forward_bf16(G, RG(out), RG(lse), HG(qkv), sh, RG(gscr), gsz);
     same_reals("attention_forward_bf16 out", out, no, 2e-3);
     same_reals("attention_forward_bf16 lse", lse, (size_t)B * H * S, TOL);
     twin d32 = reals(no, 1), dout = halves(d32, no), out16 = halves(out, no);
     twin dqkv = output(nq * sizeof(real));
-    C->attention_backward_bf16(C, RC(dqkv), HC(dout), HC(qkv), HC(out16), RC(lse), B, S, H, KV, hd,
-                               RC(cscr), csz);
-    G->attention_backward_bf16(G, RG(dqkv), HG(dout), HG(qkv), HG(out16), RG(lse), B, S, H, KV, hd,
-                               RG(gscr), gsz);
+    C->attention_backward_bf16(C, RC(dqkv), HC(dout), HC(qkv), HC(out16), RC(lse), sh, RC(cscr),
+                               csz);
+    G->attention_backward_bf16(G, RG(dqkv), HG(dout), HG(qkv), HG(out16), RG(lse), sh, RG(gscr),
+                               gsz);
     same_reals("attention_backward_bf16 dqkv", dqkv, nq, 2e-3);
     twin all[] = {q32, qkv, out, lse, cscr, gscr, d32, dout, out16, dqkv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
