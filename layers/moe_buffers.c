@@ -1,0 +1,338 @@
+// The MoE layer's buffers (moe.h): creating a layer for its largest group (the routing, the
+// expert rows, the exchange's staging and the dedup plan), the backward scratch that the
+// model's layers share, and freeing them. The forward and backward are layers/moe.c.
+#include "layers/moe.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/moe_internal.h"
+
+typedef struct {
+    void **ptr;
+    size_t bytes;
+} buffer_spec;
+
+void moe_row_bytes(const moe_config *cfg, size_t *forward, size_t *backward) {
+    // forward: xp [d], h13 [2ff], act [ff], ye [d]; backward: dye, dact, dh13, dxp likewise
+    const size_t per_row = (2 * (size_t)cfg->d_model + 3 * (size_t)cfg->d_ff) * sizeof(real);
+    *forward = per_row;
+    *backward = per_row;
+}
+
+// Allocates every spec from the backend, adding to *bytes; on failure frees what it got.
+static moe_status alloc_specs(moe_backend *be, const buffer_spec *specs, size_t n, size_t *bytes) {
+    for (size_t i = 0; i < n; i++) {
+        *specs[i].ptr = be->alloc(be, specs[i].bytes);
+        if (!*specs[i].ptr) {
+            for (size_t j = 0; j < i; j++) be->free(be, *specs[j].ptr), *specs[j].ptr = NULL;
+            return moe_error(MOE_ENOMEM, "moe: cannot allocate %zu bytes of activations on %s",
+                             specs[i].bytes, be->name);
+        }
+        *bytes += specs[i].bytes;
+    }
+    return MOE_OK;
+}
+
+// The shape with its defaults filled in and checked against the config.
+static moe_status resolve_shape(moe_layer_shape *out, const moe_config *cfg,
+                                const moe_layer_shape *shape) {
+    *out = *shape;
+    if (out->max_tokens < 1)
+        return moe_error(MOE_EINVAL, "moe: max_tokens=%d must be >= 1", out->max_tokens);
+    const int E = cfg->n_experts, R = out->ep ? out->ep->size : 1;
+    if (R > 1 && E % R)
+        return moe_error(MOE_EINVAL,
+                         "moe: n_experts=%d is not divisible by the %d ranks of the "
+                         "expert-parallel group",
+                         E, R);
+    const int El = E / R, first = R > 1 ? out->ep->rank * El : 0;
+    if ((out->n_local_experts && out->n_local_experts != El) ||
+        (out->first_expert && out->first_expert != first))
+        return moe_error(MOE_EINVAL,
+                         "moe: a layer holding experts %d..%d of %d needs an expert "
+                         "exchange that gives it those (this one: %d..%d over %d rank(s))",
+                         out->first_expert, out->first_expert + out->n_local_experts - 1, E, first,
+                         first + El - 1, R);
+    out->n_local_experts = El, out->first_expert = first;
+    const size_t T = out->max_tokens, k = cfg->top_k, N = T * k;
+    const size_t bound = R * T * (size_t)(cfg->top_k < El ? cfg->top_k : El);
+    const size_t wide = cfg->d_model > cfg->d_ff ? cfg->d_model : cfg->d_ff;
+    if ((N > bound ? N : bound) * wide > INT32_MAX)
+        return moe_error(MOE_EINVAL, "moe: max_tokens*top_k*max(d_model,d_ff) = %zu exceeds 2^31-1",
+                         (N > bound ? N : bound) * wide);
+    if (out->max_expert_rows == 0) out->max_expert_rows = (int)bound;
+    if ((size_t)out->max_expert_rows != bound)
+        return moe_error(MOE_EINVAL,
+                         "moe: max_expert_rows=%d: the experts of this layer compute "
+                         "up to %zu rows (%d rank(s) x T x min(k, E_local)); a smaller bound "
+                         "is not supported yet",
+                         out->max_expert_rows, bound, R);
+    return MOE_OK;
+}
+
+moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
+                                     const moe_config *cfg, const moe_layer_shape *shape) {
+    memset(s, 0, sizeof *s);
+    moe_layer_shape sh;
+    moe_status st = resolve_shape(&sh, cfg, shape);
+    if (st) return st;
+    const size_t T = sh.max_tokens, E = cfg->n_experts, k = cfg->top_k, d = cfg->d_model,
+                 ff = cfg->d_ff, N = T * k, Ne = sh.max_expert_rows, R = sizeof(real);
+    const int ep = sh.ep && sh.ep->size > 1;
+    buffer_spec specs[] = {
+        {(void **)&s->dlogits, T * E * R},
+        {(void **)&s->dweights, T * k * R},
+        {(void **)&s->dye, N * d * R},
+        {(void **)&s->dact, Ne * ff * R},
+        {(void **)&s->dh13, 2 * Ne * ff * R},
+        {(void **)&s->dxe, Ne * d * R},
+        // expert parallelism: the rows at the experts and the exchange staging are their own
+        {(void **)&s->dye_e, Ne * d * R},
+        {(void **)&s->dstage, Ne * d * R},
+        {(void **)&s->dxp, N * d * R},
+    };
+    const size_t n_specs = sizeof specs / sizeof specs[0] - (ep ? 0 : 3);
+    if ((st = alloc_specs(be, specs, n_specs, &s->bytes))) return st;
+    s->be = be;
+    if (cfg->dtype == MOE_DTYPE_BF16) {
+        size_t g = T * E;
+        g = g > 2 * Ne * ff ? g : 2 * Ne * ff;
+        g = g > Ne * d ? g : Ne * d;
+        buffer_spec b16 = {(void **)&s->g16, g * sizeof(moe_bf16)};
+        if ((st = alloc_specs(be, &b16, 1, &s->bytes))) {
+            moe_backward_scratch_free(s);
+            return st;
+        }
+        // the forward's fp32 h13 (read by SwiGLU only) lives in dh13, which the bf16 backward
+        // does not use (its SwiGLU writes the rounded gradient into g16 directly)
+        s->h13_stage = s->dh13;
+    }
+    if (!ep) s->dye_e = s->dye, s->dxp = s->dxe; // one rank: the experts' rows are its own
+    return MOE_OK;
+}
+
+void moe_backward_scratch_free(moe_backward_scratch *s) {
+    if (s->be) {
+        void *bufs[] = {s->dlogits, s->dweights, s->dye,    s->dact,
+                        s->dh13,    s->dxe,      s->dstage, s->g16}; // h13_stage: dh13
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) s->be->free(s->be, bufs[i]);
+        if (s->dstage) s->be->free(s->be, s->dye_e), s->be->free(s->be, s->dxp); // EP's own
+    }
+    memset(s, 0, sizeof *s);
+}
+
+// The dedup exchange's plan (host, and device copies of the indexes the kernels read) and
+// the packets' combine weights and their gradients (device).
+static moe_status create_packet_buffers(moe_layer *L) {
+    const size_t T = L->max_tokens, k = L->cfg.top_k, R = L->ep_size, Ne = L->max_expert_rows;
+    const size_t P_send = T * (k < R ? k : R), P_recv = R * T, I = sizeof(int);
+    buffer_spec specs[] = {
+        {(void **)&L->d_pk_token, P_send * I},
+        {(void **)&L->d_pk_home, T * R * I},
+        {(void **)&L->d_pk_expand, Ne * I},
+        {(void **)&L->d_pk_assign, P_recv * k * I},
+        {(void **)&L->w_send, P_send * k * sizeof(real)},
+        {(void **)&L->w_recv, P_recv * k * sizeof(real)},
+        {(void **)&L->dw_recv, P_recv * k * sizeof(real)},
+        {(void **)&L->dw_send, P_send * k * sizeof(real)},
+    };
+    moe_status st = alloc_specs(L->be, specs, sizeof specs / sizeof specs[0], &L->bytes);
+    if (st) return st;
+    L->pk_token = malloc((P_send + T * R + P_send * k + 2 * P_recv * k + Ne) * I);
+    if (!L->pk_token) return moe_error(MOE_ENOMEM, "moe: out of host memory");
+    L->pk_home = L->pk_token + P_send;
+    L->pk_slots = L->pk_home + T * R;
+    L->pk_slots_in = L->pk_slots + P_send * k;
+    L->pk_assign = L->pk_slots_in + P_recv * k;
+    L->pk_expand = L->pk_assign + P_recv * k;
+    return MOE_OK;
+}
+
+// Expert parallelism: the received rows and the local experts' own input and output rows
+// (device), and the exchange plan (host).
+static moe_status create_exchange_buffers(moe_layer *L) {
+    const size_t Ne = L->max_expert_rows, d = L->cfg.d_model, R = L->ep_size, El = L->E_local;
+    buffer_spec specs[] = {
+        {(void **)&L->xr, Ne * d * sizeof(real)},
+        {(void **)&L->xe, Ne * d * sizeof(real)},
+        {(void **)&L->ye_local, Ne * d * sizeof(real)},
+    };
+    moe_status st = alloc_specs(L->be, specs, 3, &L->bytes);
+    if (st) {
+        L->xe = L->ye_local = NULL;
+        return st;
+    }
+    L->send_rows = calloc(2 * R * El + 2 * R + El + 1, sizeof(int));
+    L->to_expert = calloc(2 * R * El, sizeof(moe_row_chunk));
+    L->sent_bytes = calloc(R, sizeof(long));
+    if (!L->send_rows || !L->to_expert || !L->sent_bytes)
+        return moe_error(MOE_ENOMEM, "moe: out of host memory");
+    L->recv_rows = L->send_rows + R;
+    L->send_counts = L->recv_rows + R;
+    L->recv_counts = L->send_counts + R * El;
+    L->local_offsets = L->recv_counts + R * El;
+    L->to_source = L->to_expert + R * El;
+    return L->cfg.exchange == MOE_EXCHANGE_DEDUP ? create_packet_buffers(L) : MOE_OK;
+}
+
+// bf16: the fp32 xp, xe, act and h13 are read only by the bf16 rounding (and SwiGLU) right
+// after the kernel that writes them (the backward reads xe16, act16 and h13_16; on one rank
+// xp and xe are not written at all: dispatch rounds as it gathers), so they need no memory
+// of their own per layer: the backward scratch's dxp, dxe, dact and h13_stage (same shapes)
+// hold them in the forward, which never overlaps a backward. Frees the layer's own.
+static moe_status stage_in_scratch(moe_layer *L) {
+    moe_backend *be = L->be;
+    const size_t N = (size_t)L->max_tokens * L->cfg.top_k, Ne = L->max_expert_rows,
+                 d = L->cfg.d_model, ff = L->cfg.d_ff, R = sizeof(real);
+    buffer_spec h16 = {(void **)&L->h13_16, 2 * Ne * ff * sizeof(moe_bf16)};
+    moe_status st = alloc_specs(be, &h16, 1, &L->bytes);
+    if (st) return st;
+    be->free(be, L->act), L->bytes -= Ne * ff * R;
+    be->free(be, L->h13), L->bytes -= 2 * Ne * ff * R;
+    be->free(be, L->xp), L->bytes -= N * d * R;
+    if (L->ep) be->free(be, L->xe), L->bytes -= Ne * d * R;
+    L->act = L->bwd->dact, L->h13 = L->bwd->h13_stage;
+    L->xp = L->bwd->dxp, L->xe = L->bwd->dxe; // one rank: dxp == dxe
+    L->staged_in_bwd = 1;
+    return MOE_OK;
+}
+
+moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
+                            const moe_layer_shape *shape) {
+    memset(L, 0, sizeof *L);
+    if (!be) return moe_error(MOE_EINVAL, "moe: backend is NULL");
+    moe_status st = moe_config_check(cfg);
+    if (st) return st;
+    if (cfg->dtype == MOE_DTYPE_BF16 &&
+        (!be->to_bf16 || !be->from_bf16 || !be->matmul_bf16 || !be->expert_matmul_forward_bf16 ||
+         !be->swiglu_forward_bf16 || !be->swiglu_backward_bf16 || !be->moe_permute_bf16 ||
+         !be->moe_combine_backward_bf16 || !be->expert_matmul_backward_input_bf16 ||
+         !be->expert_matmul_backward_weight_bf16))
+        return moe_error(MOE_EINVAL,
+                         "moe: backend %s has no bf16 kernels yet (dtype bf16 needs them; fp32 "
+                         "runs on it)",
+                         be->name);
+    moe_layer_shape sh;
+    if ((st = resolve_shape(&sh, cfg, shape))) return st;
+    const size_t T = sh.max_tokens, E = cfg->n_experts, k = cfg->top_k, d = cfg->d_model,
+                 ff = cfg->d_ff, N = T * k, Ne = sh.max_expert_rows;
+    L->cfg = *cfg;
+    L->be = be;
+    L->max_tokens = sh.max_tokens;
+    L->E_local = sh.n_local_experts, L->expert0 = sh.first_expert;
+    L->max_expert_rows = sh.max_expert_rows;
+    L->ep = sh.ep && sh.ep->size > 1 ? sh.ep : NULL;
+    L->ep_size = L->ep ? L->ep->size : 1;
+
+    const size_t R = sizeof(real), I = sizeof(int);
+    buffer_spec specs[] = {
+        {(void **)&L->logits, T * E * R},  {(void **)&L->probs, T * E * R},
+        {(void **)&L->scores, T * E * R},  {(void **)&L->seq_counts, T * E * I},
+        {(void **)&L->jitter, T * d * R},  {(void **)&L->router_in, T * d * R},
+        {(void **)&L->lse, T * R},         {(void **)&L->weights, T * k * R},
+        {(void **)&L->assign_row, N * I},  {(void **)&L->row_token, N * I},
+        {(void **)&L->scratch, 2 * N * I}, {&L->readback, readback_bytes((int)E) + 2 * N * I},
+        {(void **)&L->xp, N * d * R},      {(void **)&L->h13, 2 * Ne * ff * R},
+        {(void **)&L->act, Ne * ff * R},   {(void **)&L->ye, N * d * R},
+    };
+    if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &L->bytes))) {
+        memset(L, 0, sizeof *L);
+        return st;
+    }
+    L->counts = L->readback;
+    L->losses = (real *)((char *)L->readback + readback_loss_offset((int)E));
+    L->topk_idx = readback_topk(L->readback, (int)E);
+    L->keep = readback_keep(L, L->readback);
+    L->xe = L->xp, L->ye_local = L->ye; // one rank: the exchange is the identity
+    if (cfg->dtype == MOE_DTYPE_BF16) {
+        const size_t B = sizeof(moe_bf16);
+        buffer_spec b16[] = {
+            {(void **)&L->router_in16, T * d * B},
+            {(void **)&L->xe16, Ne * d * B},
+            {(void **)&L->act16, Ne * ff * B},
+        };
+        if ((st = alloc_specs(be, b16, 3, &L->bytes))) {
+            moe_layer_free(L);
+            return st;
+        }
+    }
+    if (L->ep && (st = create_exchange_buffers(L))) {
+        moe_layer_free(L);
+        return st;
+    }
+    L->bwd = shape->scratch;
+    if (!L->bwd && !shape->forward_only) { // a layer on its own: its own scratch
+        L->bwd = malloc(sizeof *L->bwd);
+        if (!L->bwd) {
+            moe_layer_free(L);
+            return moe_error(MOE_ENOMEM, "moe: out of host memory");
+        }
+        L->owns_bwd = 1;
+        if ((st = moe_backward_scratch_init(L->bwd, be, cfg, &sh))) {
+            moe_layer_free(L);
+            return st;
+        }
+        L->bytes += L->bwd->bytes;
+    }
+    if (L->bwd) {
+        L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
+        L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
+    }
+    if (cfg->dtype == MOE_DTYPE_BF16 && L->bwd && (st = stage_in_scratch(L))) {
+        moe_layer_free(L);
+        return st;
+    }
+    L->host_readback = calloc(1, readback_bytes((int)E) + 2 * N * I);
+    L->host_kept = calloc(E, I);
+    L->coact = calloc(E * E, sizeof(long));
+    if (!L->host_readback || !L->host_kept || !L->coact) {
+        moe_layer_free(L);
+        return moe_error(MOE_ENOMEM, "moe: cannot allocate host counts");
+    }
+    L->host_counts = L->host_readback;
+    L->host_losses = (real *)((char *)L->host_readback + readback_loss_offset((int)E));
+    return MOE_OK;
+}
+
+moe_status moe_layer_init(moe_layer *L, moe_backend *be, const moe_config *cfg, int max_tokens) {
+    const moe_layer_shape shape = {.max_tokens = max_tokens};
+    return moe_layer_create(L, be, cfg, &shape);
+}
+
+void moe_layer_free(moe_layer *L) {
+    if (L->be) {
+        void *bufs[] = {
+            L->logits,  L->probs,        L->scores,     L->seq_counts,
+            L->jitter,  L->router_in,    L->lse,        NULL /* topk_idx: in readback */,
+            L->weights, NULL /* keep */, L->assign_row, L->row_token,
+            L->scratch, L->readback,     L->xp,         L->h13,
+            L->act,     L->ye,           L->xr,         L->router_in16,
+            L->xe16,    L->act16,        L->h13_16};
+        if (L->staged_in_bwd) bufs[14] = bufs[15] = bufs[16] = NULL; // xp, h13, act: bwd's
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) L->be->free(L->be, bufs[i]);
+        if (L->xr) { // expert parallelism: the experts' rows are their own buffers
+            if (L->xe && !L->staged_in_bwd) L->be->free(L->be, L->xe);
+            if (L->ye_local) L->be->free(L->be, L->ye_local);
+        }
+        void *packets[] = {L->d_pk_token, L->d_pk_home, L->d_pk_expand, L->d_pk_assign,
+                           L->w_send,     L->w_recv,    L->dw_recv,     L->dw_send};
+        for (size_t i = 0; i < sizeof packets / sizeof packets[0]; i++)
+            if (packets[i]) L->be->free(L->be, packets[i]);
+    }
+    free(L->pk_token);
+    free(L->send_rows);
+    free(L->to_expert);
+    free(L->sent_bytes);
+    if (L->owns_bwd) {
+        moe_backward_scratch_free(L->bwd);
+        free(L->bwd);
+    }
+    free(L->host_readback);
+    free(L->coact);
+    free(L->host_kept);
+    memset(L, 0, sizeof *L);
+}
