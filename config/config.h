@@ -143,7 +143,7 @@ typedef struct {
     double grad_clip;       // >= 0 (0 = off)
     int max_skipped;        // consecutive non-finite steps before stopping, >= 1
     int threads;            // [0, 1024] (0 = OpenMP's default)
-    // train.dtype, "fp32" (default) | "bf16": the GEMM precision, stored in model.moe.dtype
+    // train.dtype, "fp32" (default) | "bf16": the GEMM precision, stored in model.dtype (the model's)
     // (bf16 operands, fp32 accumulation, fp32 master weights and optimizer; DESIGN.md §5b)
     int64_t eval_interval;              // steps, >= 0 (0 = never)
     int eval_batches;                   // micro-batches of validation, [1, 1<<20]

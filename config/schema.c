@@ -91,7 +91,7 @@ const key_spec cfg_specs[] = {
     KFLT("train", "grad_clip", grad_clip, 0, CLOSED, INFINITY, OPEN),
     KINT("train", "max_skipped", max_skipped, 1, INT_MAX),
     KINT("train", "threads", threads, 0, 1024),
-    KENUM("train", "dtype", model.moe.dtype, moe_dtype, dtype_names),
+    KENUM("train", "dtype", model.dtype, moe_dtype, dtype_names),
     KI64("train", "eval_interval", eval_interval, 0, INT64_MAX),
     KINT("train", "eval_batches", eval_batches, 1, 1 << 20),
     KENUM("train", "load_alert_action", load_alert_action, moe_alert_action, alert_action_names),

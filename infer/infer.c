@@ -30,7 +30,7 @@ moe_status infer_load_batch(model *m, moe_backend *be, moe_comm *ep, const char 
     model_config cfg;
     if ((st = hf_config_read(&cfg, folder))) return st;
     if ((st = hf_check_sizes(folder, &cfg))) return st; // before allocating from config.json
-    cfg.moe.dtype = dtype;
+    cfg.dtype = dtype;
     if (max_pos <= 0 || max_pos > cfg.max_seq_len) max_pos = cfg.max_seq_len;
     if (max_chunk > max_pos) max_chunk = max_pos;
     if (max_chunk < n_seqs) max_chunk = n_seqs < max_pos ? n_seqs : max_pos; // a decode step's rows

@@ -33,7 +33,11 @@ moe_status model_config_check(const model_config *c) {
     if (c->moe.d_model != c->d_model)
         return moe_error(MOE_EINVAL, "model: moe.d_model=%d differs from d_model=%d",
                          c->moe.d_model, c->d_model);
-    return moe_config_check(&c->moe);
+    if (c->dtype != MOE_DTYPE_F32 && c->dtype != MOE_DTYPE_BF16)
+        return moe_error(MOE_EINVAL, "model: dtype=%d is neither fp32 nor bf16", (int)c->dtype);
+    moe_config mc = c->moe;
+    mc.dtype = c->dtype; // (the layers' precision is the model's)
+    return moe_config_check(&mc);
 }
 
 // ---- parameter layout -------------------------------------------------------------
@@ -240,7 +244,7 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
         if ((st = alloc_all(m, &bias, 1))) return st;
     }
     params_views(&m->p, m->params, cfg, m->E_local);
-    if (cfg->moe.dtype == MOE_DTYPE_BF16) {
+    if (cfg->dtype == MOE_DTYPE_BF16) {
         buffer_spec shadow16 = {(void **)&m->params16, m->n_params * sizeof(moe_bf16)};
         if ((st = alloc_all(m, &shadow16, 1))) return st;
     }
@@ -261,7 +265,9 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
                                        .ep = m->ep,
                                        .scratch = l ? m->moe[0].bwd : NULL,
                                        .forward_only = forward_only};
-        if ((st = moe_layer_create(&m->moe[l], be, &cfg->moe, &shape))) return st;
+        moe_config mc = cfg->moe;
+        mc.dtype = cfg->dtype; // the model's precision
+        if ((st = moe_layer_create(&m->moe[l], be, &mc, &shape))) return st;
     }
 
     // RoPE tables: angle = pos * theta^(-2i/hd), computed in double

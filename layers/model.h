@@ -27,7 +27,10 @@ typedef struct {
     double rope_theta;
     double rms_norm_eps;
     int router_bias; // keep a per-layer selection bias [L, E] (aux-loss-free balancing)
-    moe_config moe;  // d_model, d_ff, experts, top_k, capacity, losses, scoring
+    moe_dtype dtype; // the whole model's GEMM precision (fp32, or bf16 operands with fp32
+                     // accumulation: DESIGN §5b); its MoE layers take it from here
+    moe_config moe;  // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
+                     // the model's: model_create sets it)
 } model_config;
 
 moe_status model_config_check(const model_config *cfg);
@@ -85,7 +88,7 @@ typedef struct {
     size_t n_params;      // reals in the parameter buffer
     size_t n_dense;       // the first n_dense reals are dense, the rest expert weights
     real *params, *grads; // device buffers, n_params each
-    // dtype bf16 (cfg.moe.dtype): the parameters rounded to bf16 [n_params], what every GEMM
+    // dtype bf16 (cfg.dtype): the parameters rounded to bf16 [n_params], what every GEMM
     // reads; refreshed from params at each training forward (unless params16_current) and at
     // the start of each inference sequence (pos0 = 0) (NULL in fp32)
     moe_bf16 *params16;

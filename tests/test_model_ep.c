@@ -47,7 +47,7 @@ static double compare(const model *got, const double *g, const model *want, cons
     return norm > 0 ? sqrt(diff / norm) : sqrt(diff);
 }
 
-// cfg.moe.dtype bf16: both models in bf16 (the rows travel in fp32), on the CPU backend's
+// cfg.dtype bf16: both models in bf16 (the rows travel in fp32), on the CPU backend's
 // reference bf16 GEMM (bf16_reference below): the same bound holds (measured 4e-8 to 9e-8 on
 // 2 and 4 ranks; fp32's 4e-7)
 static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg, int B, int S,
@@ -218,11 +218,11 @@ int main(void) {
         cfg.moe.capacity_factor = 1.0;
         run(world, ep, be, cfg, 2, 12, "capacity 1.0, rows exchange");
         cfg.moe.exchange = MOE_EXCHANGE_DEDUP, cfg.moe.capacity_factor = 0;
-        cfg.moe.dtype = MOE_DTYPE_BF16; // rows travel in fp32 either way
+        cfg.dtype = MOE_DTYPE_BF16; // rows travel in fp32 either way
         bf16_reference(be, 1);
         run(world, ep, be, cfg, 2, 12, "dropless, bf16");
         bf16_reference(be, 0);
-        cfg.moe.dtype = MOE_DTYPE_F32;
+        cfg.dtype = MOE_DTYPE_F32;
         cfg.moe.capacity_factor = 1.0;
         run(world, ep, be, cfg, 2, 12, "capacity 1.0, probs");
         cfg.router_bias = 1, cfg.tie_embeddings = 1;

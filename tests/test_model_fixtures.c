@@ -37,7 +37,7 @@ static model_config config_from(const fixture *fx) {
     c.moe.drop_policy = policy == 2 ? MOE_DROP_POSITION : MOE_DROP_PROBS;
     c.moe.aux_coef = fixture_double(fx, "aux_coef");
     c.moe.z_coef = fixture_double(fx, "z_coef");
-    c.moe.dtype = dtype;
+    c.dtype = dtype;
     return c;
 }
 

@@ -100,14 +100,14 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
             (double)(mem->params + mem->grads + mem->optimizer + mem->activations + mem->experts));
         printf("memory (%s, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
                "  %s %s, activations %s, expert buffers %s\n",
-               mc->moe.dtype == MOE_DTYPE_BF16 ? "bf16" : "fp32", cfg->batch_size, cfg->seq_len,
+               mc->dtype == MOE_DTYPE_BF16 ? "bf16" : "fp32", cfg->batch_size, cfg->seq_len,
                all, p, g, cfg->optimizer == OPTIM_SGD ? "SGD state" : "AdamW moments", o, act, ex);
     } else {
         printf("memory: not measured: %s\n", mem_note);
     }
     printf("%s\n", data_line);
     printf("precision: %s (train.dtype)\n",
-           mc->moe.dtype == MOE_DTYPE_BF16
+           mc->dtype == MOE_DTYPE_BF16
                ? "bf16: bf16 GEMM operands with fp32 accumulation; fp32 master weights, "
                  "optimizer, norms, softmax, routing and losses"
                : "fp32");

@@ -155,7 +155,7 @@ static void check_defaults(const moe_train_config *c) {
     CHECK(c->eval_interval == 100);
     CHECK(c->eval_batches == 8);
     CHECK(c->load_alert_action == 0);
-    CHECK(c->model.moe.dtype == MOE_DTYPE_F32);
+    CHECK(c->model.dtype == MOE_DTYPE_F32);
     CHECK(strcmp(c->init_from, "") == 0);
     CHECK(strcmp(c->train_path, "") == 0);
     CHECK(strcmp(c->val_path, "") == 0);
@@ -306,7 +306,7 @@ static void case_full(void) {
     CHECK(c.eval_interval == 0);
     CHECK(c.eval_batches == 4);
     CHECK(c.load_alert_action == 1);
-    CHECK(c.model.moe.dtype == MOE_DTYPE_BF16);
+    CHECK(c.model.dtype == MOE_DTYPE_BF16);
     CHECK(strcmp(c.init_from, "hf/mixtral-tiny") == 0);
     CHECK(strcmp(c.train_path, "tok/train.bin") == 0);
     CHECK(strcmp(c.val_path, "tok/val.bin") == 0);

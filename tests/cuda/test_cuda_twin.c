@@ -696,7 +696,7 @@ int main(void) {
     test_model("tied, MHA, sigmoid, dropless", cfg, 2, 40, TOL);
     // bf16: activations rounded to bf16 on both sides; a last-bit fp32 difference can move a
     // value across a bf16 rounding boundary (2^-8 relative on that element), hence the bound
-    cfg.moe.dtype = MOE_DTYPE_BF16;
+    cfg.dtype = MOE_DTYPE_BF16;
     test_model("bf16, tied, MHA, sigmoid, dropless", cfg, 2, 40, 1e-3);
     moe_backend_destroy(G);
     moe_backend_destroy(C);
