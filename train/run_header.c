@@ -100,8 +100,8 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
             (double)(mem->params + mem->grads + mem->optimizer + mem->activations + mem->experts));
         printf("memory (%s, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
                "  %s %s, activations %s, expert buffers %s\n",
-               mc->dtype == MOE_DTYPE_BF16 ? "bf16" : "fp32", cfg->batch_size, cfg->seq_len,
-               all, p, g, cfg->optimizer == OPTIM_SGD ? "SGD state" : "AdamW moments", o, act, ex);
+               mc->dtype == MOE_DTYPE_BF16 ? "bf16" : "fp32", cfg->batch_size, cfg->seq_len, all, p,
+               g, cfg->optimizer == OPTIM_SGD ? "SGD state" : "AdamW moments", o, act, ex);
     } else {
         printf("memory: not measured: %s\n", mem_note);
     }
