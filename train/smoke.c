@@ -13,7 +13,7 @@
 //   dead:     an expert received no token in any of the smoke's steps while the configured
 //             capacity dropped assignments in that layer (dropless: a note, not a failure);
 //   load:     the training alert rule (log.load_alert over log.alert_window after
-//             log.alert_after, trainer.c) fired: only reachable with --steps past
+//             log.alert_after, step_log.c) fired: only reachable with --steps past
 //             alert_after + alert_window;
 // else exit 0 with a one-line verdict. A fresh model's load within the warm-up grace, however
 // skewed below collapse, is reported (a note) and does not fail the smoke.

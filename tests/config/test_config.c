@@ -1,4 +1,4 @@
-// Tests of config/config.c: every rejection class (the status, and a message that names the
+// Tests of config/ (the config loader): every rejection class (the status, and a message that names the
 // key and the right file:line or --set), and the acceptance paths (defaults, every key,
 // integers for floats, 64-bit integers that libconfig 1.5 would wrap, --set, @include,
 // write -> load round trip).

@@ -3,7 +3,7 @@
 # log.alert_window steps above log.load_alert, or an expert with no token in the window) and
 # the moe smoke gate (docs/training.md "moe smoke", docs/expert-load.md "Load alerts").
 #   alerts.sh MOE_BINARY WORKDIR SOURCE_DIR
-# MOE_TEST_LOAD_MOM="A-B:V,..." (test-only, trainer.c) makes the rule see layer 0's max/mean
+# MOE_TEST_LOAD_MOM="A-B:V,..." (test-only, train/step_log.c) makes the rule see layer 0's max/mean
 # as V on steps A..B: a synthetic overload on a healthy run.
 set -u
 moe=$1 work=$2 src=$3
