@@ -69,7 +69,7 @@ static const cli_option stats_options[] = {
      .forms = FORM(REPORT) | FORM(WATCH),
      .help = "max/mean load alert threshold: alert when the median over the last window "
              "exceeds it"},
-    {"--from", CLI_INT(stats_args, from), .value = "STEP", .lo = 1, .hi = LONG_MAX / 2,
+    {"--from", CLI_INT(stats_args, from), .value = "STEP", .lo = 1, .hi = 9007199254740992.0,
      .expect = "a step >= 1", .forms = TABLES,
      .help = "ignore the records of the steps before STEP (e.g. the warm-up's)"},
     {"--wide", CLI_FLAG(stats_args, wide), .forms = TABLES,
