@@ -57,6 +57,7 @@ moe_status cfg_bad(const load_ctx *c, const config_setting_t *s, const char *nam
 // The shortest "%.Ng" that reads back as exactly v (so 0.1 prints as 0.1, not
 // 0.10000000000000001, and still round-trips bit for bit).
 void cfg_fmt_double(char *buf, size_t n, double v) {
+    if (!buf || n == 0) return; // (and gcc's -Wformat-truncation sees buf is not NULL)
     if (!isfinite(v)) {
         snprintf(buf, n, "%g", v);
         return;
