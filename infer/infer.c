@@ -92,7 +92,7 @@ static void largest_weight(const model *m, double *value, const char **name) {
 // A finite mean loss whose perplexity exp(loss) overflows a double (loss > log(DBL_MAX), about
 // 709.78 nats/token) is no result: the weights are damaged (MOE_ENUMERIC naming the largest).
 static moe_status check_perplexity(const model *m, double loss) {
-    if (!(loss > log(DBL_MAX))) return MOE_OK;
+    if (model_ce_is_result(loss)) return MOE_OK;
     double w;
     const char *name;
     largest_weight(m, &w, &name);

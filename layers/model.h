@@ -14,7 +14,16 @@
 
 #include <stdint.h>
 
+#include <float.h>
+#include <math.h>
+
 #include "layers/moe.h"
+
+// A cross-entropy (nats per token) is a result when its perplexity exp(ce) is a finite double:
+// ce <= ln(DBL_MAX) = 709.78. Beyond it the model gives the data a probability below e^-709 per
+// token, which only damaged weights do (a norm weight of 1e30 gives 1.7e29): training skips
+// such a step like a NaN one, eval refuses such a mean.
+static inline int model_ce_is_result(double ce) { return !(ce > log(DBL_MAX)); }
 
 typedef struct {
     int vocab_size;     // V

@@ -37,9 +37,6 @@ int stats_main(int argc, char **argv);
 // stats_main writing to `out` (the report) and `err` (errors and notes).
 int stats_cli(int argc, char **argv, FILE *out, FILE *err);
 
-// --watch (watch.c): stats_cli's arguments with --watch, --interval S and --count N.
-int stats_watch(int argc, char **argv, FILE *out, FILE *err);
-
 // --placement R (placement.c): an expert-to-rank mapping for R ranks from dir's
 // expert_load.jsonl (read by records.h against cfg, the run's config.cfg: its experts, layers,
 // top_k, d_model for the bytes), against the contiguous default, random and greedy ones.

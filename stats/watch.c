@@ -37,10 +37,6 @@ static void sleep_s(double s) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
-int stats_watch(int argc, char **argv, FILE *out, FILE *err) {
-    return stats_cli(argc, argv, out, err); // (argv holds --watch)
-}
-
 int stats_watch_loop(const char *dir, double interval, long count,
                      int (*report)(void *ctx, FILE *out, FILE *err), void *ctx, FILE *out,
                      FILE *err) {

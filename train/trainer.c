@@ -312,14 +312,9 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
     return MOE_OK;
 }
 
-// A cross-entropy whose perplexity exp(CE) overflows a double (CE > ln(DBL_MAX) = 709.78
-// nats/token) is no result either: the model gives the data a probability below e^-709 per
-// token, which only damaged weights do (a norm weight of 1e30 gives CE 1.7e29). Such a
-// forward is skipped like a NaN (and train.max_skipped of them in a row stop the run).
-#define TRAIN_MAX_CE log(DBL_MAX)
-
-// The forward and backward of every micro-batch; a non-finite forward (or one beyond
-// TRAIN_MAX_CE) stops the step with s->finite = 0 (not an error: the step is skipped).
+// The forward and backward of every micro-batch; a non-finite forward, or one whose
+// cross-entropy is no result (model_ce_is_result: its perplexity overflows), stops the step
+// with s->finite = 0 (not an error: the step is skipped).
 static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     const moe_train_config *cfg = t->cfg;
     moe_status st;
@@ -332,7 +327,7 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
         t->m.noise_key = trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
         st = model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len, 1);
         long bad[2] = {st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z)),
-                       !st && t->m.ce > TRAIN_MAX_CE};
+                       !st && !model_ce_is_result(t->m.ce)};
         if (t->R > 1) t->world->allreduce_sum_long(t->world, bad, 2); // one rank's NaN: all
         if (bad[0] || bad[1]) {
             s->finite = 0;

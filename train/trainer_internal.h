@@ -64,7 +64,7 @@ typedef struct step_result {
     int64_t step; // 0-based
     double lr, ce, aux, z, loss, grad_norm;
     int finite;      // the forward of every micro-batch was finite
-    int ce_overflow; // ... but a micro-batch's cross-entropy was beyond TRAIN_MAX_CE (trainer.c)
+    int ce_overflow; // ... but a micro-batch's cross-entropy was not a result (model_ce_is_result)
     double dt, tok_per_s, worst_mom, drop_frac, val_loss;
     int worst_layer, evaluated;
     double optimizer_s, val_s;  // timing: the update's and the validation's seconds
