@@ -134,7 +134,8 @@ int main(int argc, char **argv) {
     moe_stats st = {0};
     for (int i = 0; i < warmup + reps; i++) {
         double t0 = bench_now();
-        if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st)) moe_fatal("%s", moe_last_error());
+        if (moe_layer_forward(&L, y, x, &w, T, 0, moe_pass_train(L.cfg.capacity_factor), &st))
+            moe_fatal("%s", moe_last_error());
         if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
         double t1 = bench_now();
         // the same expert GEMMs on the layer's own buffers and row counts

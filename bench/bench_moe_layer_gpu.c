@@ -89,7 +89,8 @@ int main(int argc, char **argv) {
             moe_stats st = {0};
             for (int i = 0; i < warmup + reps; i++) {
                 cuda_backend_timer_start(be);
-                if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st))
+                if (moe_layer_forward(&L, y, x, &w, T, 0, moe_pass_train(L.cfg.capacity_factor),
+                                      &st))
                     moe_fatal("%s", moe_last_error());
                 if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0))
                     moe_fatal("%s", moe_last_error());

@@ -41,7 +41,8 @@ int main(void) {
     moe_weights_view(&w, params, &cfg);
     moe_weights_view(&g, grads, &cfg);
     moe_stats st;
-    if (moe_layer_forward(&L, y, x, &w, T, 0, 1, &st)) moe_fatal("%s", moe_last_error());
+    if (moe_layer_forward(&L, y, x, &w, T, 0, moe_pass_train(L.cfg.capacity_factor), &st))
+        moe_fatal("%s", moe_last_error());
     if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
     printf("moe layer T=%d d=%d ff=%d E=%d k=%d: |y| %.6f |dx| %.6f |dgate| %.6f aux %.6f\n", T, d,
            ff, E, k, device_norm(be, y, nx), device_norm(be, dx, nx),

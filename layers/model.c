@@ -473,11 +473,6 @@ void model_set_timer(model *m, moe_timer *t) {
     for (int l = 0; l < m->n_moe; l++) m->moe[l].timer = t;
 }
 
-void model_set_capacity_factor(model *m, double capacity_factor) {
-    m->cfg.moe.capacity_factor = capacity_factor;
-    for (int l = 0; l < m->n_moe; l++) m->moe[l].cfg.capacity_factor = capacity_factor;
-}
-
 void model_zero_grads(model *m) {
     if (m->grads) m->be->zero(m->be, m->grads, m->n_params * sizeof(real));
 }
@@ -666,7 +661,7 @@ static void round_qkv(model *m, real *qkv, moe_bf16 *q16, size_t n) {
 }
 
 moe_status model_forward(model *m, const int *tokens, const int *targets, int B, int S,
-                         int training) {
+                         moe_pass pass) {
     const model_config *c = &m->cfg;
     moe_backend *be = m->be;
     if (!m->training) return moe_error(MOE_EINVAL, "model: created for inference: use model_infer");
@@ -719,7 +714,7 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
         moe_lap(tm, MOE_T_DENSE);
         moe_weights w = layer_weights(m, l);
         m->moe[l].noise_key = m->noise_key ^ (0xD1B54A32D192ED03ull * (uint64_t)(l + 1));
-        st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, S, training, &m->moe_stats[l]);
+        st = moe_layer_forward(&m->moe[l], m->moe_out, n2, &w, T, S, pass, &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         be->add(be, m->x + (l + 1) * Td, h, m->moe_out, Td);
         moe_lap(tm, MOE_T_COMBINE); // the residual add of the MoE output
@@ -847,7 +842,8 @@ static moe_status infer_rows(model *m, const int *tokens, int n, int slot, int p
         // x += MoE(RMSNorm(x)), dropless: a batch's rows are routed together
         be->rmsnorm_forward(be, m->n1, m->rstd1, m->x, m->p.moe_norm + (size_t)l * d, n, d, eps);
         moe_weights w = layer_weights(m, l);
-        st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, n, 0, &m->moe_stats[l]);
+        st = moe_layer_forward(&m->moe[0], m->moe_out, m->n1, &w, n, n, moe_pass_infer(),
+                               &m->moe_stats[l]);
         if (st) return moe_error_context(st, "layer %d", l);
         for (int e = 0; e < c->moe.n_experts; e++)
             m->expert_hits[(size_t)l * c->moe.n_experts + e] +=

@@ -214,9 +214,10 @@ void model_destroy(model *m);
 void model_init_weights(model *m, uint64_t seed, double std);
 
 // Forward of B sequences of S tokens (host arrays [B*S]); targets may be NULL (no loss).
-// training=0: inference (MoE never drops). Returns the loss parts in m->ce/aux/z.
+// pass: moe_pass_train(the step's capacity factor) or moe_pass_infer() (the MoE layers never
+// drop; the eval of a training model). Returns the loss parts in m->ce/aux/z.
 moe_status model_forward(model *m, const int *tokens, const int *targets, int B, int S,
-                         int training);
+                         moe_pass pass);
 
 // Backward of the last forward, accumulating into m->grads the gradient of
 // loss_scale * (CE + sum aux + z) (loss_scale = 1/n under accumulation over n micro-batches).
@@ -227,10 +228,6 @@ void model_zero_grads(model *m);
 // Times the forwards and backwards by phase into t (layers/timing.h; NULL: off): the model's
 // and its MoE layers' laps accumulate into t->s until the caller resets it.
 void model_set_timer(model *m, struct moe_timer *t);
-
-// Sets the MoE layers' capacity factor (the next forwards use it; 0: dropless). The expert
-// buffers hold the dropless bound, so any factor fits.
-void model_set_capacity_factor(model *m, double capacity_factor);
 
 // Expert parallelism, after the backward of a step's micro-batches: the dense gradients summed
 // over all ranks (world), the expert gradients over the ranks that hold the same experts

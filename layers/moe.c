@@ -71,9 +71,9 @@ moe_status moe_config_check(const moe_config *cfg) {
     return MOE_OK;
 }
 
-int moe_capacity(const moe_config *cfg, int T) {
-    if (cfg->capacity_factor <= 0) return 0;
-    double c = ceil(((double)T * cfg->top_k / cfg->n_experts) * cfg->capacity_factor);
+int moe_capacity(const moe_config *cfg, int T, double capacity_factor) {
+    if (!(capacity_factor > 0)) return 0;
+    double c = ceil(((double)T * cfg->top_k / cfg->n_experts) * capacity_factor);
     // A capacity of at least T keeps everything: every token sends at most one assignment
     // to an expert. Clamp so huge factors cannot overflow an int.
     return c >= T ? T : (int)c;
@@ -415,14 +415,18 @@ static void lap_experts(moe_layer *L) {
 }
 
 moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w, int T,
-                             int seq_len, int training, moe_stats *stats) {
+                             int seq_len, moe_pass pass, moe_stats *stats) {
     moe_status st = check_call(L, out, inp, w, T);
     if (st) return st;
     if (seq_len <= 0) seq_len = T;
     if (T % seq_len)
         return moe_error(MOE_EINVAL, "moe: T=%d tokens are not whole sequences of %d", T, seq_len);
-    const int capacity = training ? moe_capacity(&L->cfg, T) : 0; // inference never drops
-    L->jittered = training && L->cfg.jitter_eps > 0;
+    if (pass.training && !isfinite(pass.capacity_factor))
+        return moe_error(MOE_EINVAL, "moe: capacity_factor=%g must be finite",
+                         pass.capacity_factor);
+    // inference never drops
+    const int capacity = pass.training ? moe_capacity(&L->cfg, T, pass.capacity_factor) : 0;
+    L->jittered = pass.training && L->cfg.jitter_eps > 0;
     route(L, inp, w, T, seq_len, capacity);
     moe_lap(L->timer, MOE_T_ROUTER);
     dispatch(L, inp, L->host_counts + L->cfg.n_experts, T); // the row offsets (host)

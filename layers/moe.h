@@ -49,9 +49,27 @@ moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k);
 // Checks every field against its contract; MOE_EINVAL with a message naming the field.
 moe_status moe_config_check(const moe_config *cfg);
 
-// The expert capacity per group of T tokens, 0 meaning "no limit" (dropless).
+// The expert capacity per group of T tokens, 0 meaning "no limit" (dropless), for this
+// step's capacity_factor (cfg gives k and E; cfg->capacity_factor is the configured one).
 // C = ceil((T*k / E) * capacity_factor), evaluated in double in that order (Megatron).
-int moe_capacity(const moe_config *cfg, int T);
+int moe_capacity(const moe_config *cfg, int T, double capacity_factor);
+
+// How one forward runs. Training drops over capacity at this step's capacity_factor (a
+// schedule or "auto" moves it step by step: train/capacity.h) and jitters the router's
+// input; inference never drops and never jitters.
+typedef struct {
+    int training;           // 1: training, 0: inference
+    double capacity_factor; // training only: <= 0 dropless, else C = ceil((T*k/E) * factor)
+} moe_pass;
+
+static inline moe_pass moe_pass_train(double capacity_factor) {
+    moe_pass p = {1, capacity_factor};
+    return p;
+}
+static inline moe_pass moe_pass_infer(void) {
+    moe_pass p = {0, 0.0};
+    return p;
+}
 
 // Views of one MoE layer's weights (or of their gradients) in a flat buffer.
 // w1 and w3 of an expert are stored as one [2ff, d] matrix (rows 0..ff-1 are w1, rows
@@ -238,10 +256,10 @@ void moe_layer_free(moe_layer *L);
 
 // out [T, d] = MoE(inp [T, d]). The T tokens are T / seq_len sequences of seq_len
 // consecutive tokens (for the sequence-level aux loss; seq_len <= 0 means one sequence).
-// training=0 is inference: never drops, no jitter.
+// pass: training (dropping at pass.capacity_factor, jitter) or inference (moe_pass_infer).
 // If stats is not NULL it receives the load statistics of this call.
 moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w, int T,
-                             int seq_len, int training, moe_stats *stats);
+                             int seq_len, moe_pass pass, moe_stats *stats);
 
 // Backward of the last forward (same inp and w).
 // dinp [T, d] += dL/dinp, grads += dL/dweights, where

@@ -53,8 +53,8 @@ long stats_needed_capacity(const long *counts, int rows, int E, int groups_per_r
 
 long stats_capacity_of(double cf, long T, int k, int E) {
     if (!(cf > 0)) return 0; // (a NaN too)
-    const moe_config c = {.n_experts = E, .top_k = k, .capacity_factor = cf};
-    return moe_capacity(&c, (int)T); // T <= MOE_CONFIG_MAX_TOKENS (stats.h)
+    const moe_config c = {.n_experts = E, .top_k = k};
+    return moe_capacity(&c, (int)T, cf); // T <= MOE_CONFIG_MAX_TOKENS (stats.h)
 }
 
 double stats_capacity_factor(long C, long T, int k, int E) {

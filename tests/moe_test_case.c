@@ -181,8 +181,9 @@ static void download_forward(moe_case *c, int T) {
 
 moe_status moe_case_forward(moe_case *c, int T, int training, moe_stats *stats) {
     upload_inputs(c, T);
-    moe_status st =
-        moe_layer_forward(&c->layer, c->dev_y, c->dev_x, &c->dev_w, T, c->seq_len, training, stats);
+    moe_status st = moe_layer_forward(
+        &c->layer, c->dev_y, c->dev_x, &c->dev_w, T, c->seq_len,
+        training ? moe_pass_train(c->layer.cfg.capacity_factor) : moe_pass_infer(), stats);
     if (!st) download_forward(c, T);
     return st;
 }

@@ -75,7 +75,8 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
     model *ms[2] = {&one, &par};
     for (int i = 0; i < 2; i++) {
         model_zero_grads(ms[i]);
-        if (model_forward(ms[i], tok, tgt, B, S, 1) || model_backward(ms[i], 1.0)) {
+        if (model_forward(ms[i], tok, tgt, B, S, moe_pass_train(ms[i]->cfg.moe.capacity_factor)) ||
+            model_backward(ms[i], 1.0)) {
             fprintf(stderr, "%s\n", moe_last_error());
             exit(1);
         }
@@ -152,10 +153,14 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
     model_zero_grads(&par);
     for (int j = 0; j < R; j++) { // every rank's micro-batch, in rank order
         tokens_of(j, &cfg, T, tok);
-        if (model_forward(&one, tok, tok + T, B, S, 1) || model_backward(&one, 1.0 / R)) exit(1);
+        if (model_forward(&one, tok, tok + T, B, S, moe_pass_train(one.cfg.moe.capacity_factor)) ||
+            model_backward(&one, 1.0 / R))
+            exit(1);
     }
     tokens_of(world->rank, &cfg, T, tok);
-    if (model_forward(&par, tok, tok + T, B, S, 1) || model_backward(&par, 1.0 / R)) exit(1);
+    if (model_forward(&par, tok, tok + T, B, S, moe_pass_train(par.cfg.moe.capacity_factor)) ||
+        model_backward(&par, 1.0 / R))
+        exit(1);
     model_reduce_grads(&par, world, edp);
     double ss1, ss2 = model_grad_sum_squares(&par);
     be->sum_squares(be, &ss1, one.grads, one.n_params);

@@ -122,7 +122,7 @@ static void run_fixture(const char *path) {
 
     // ---- step 0: forward and backward
     model_zero_grads(&m);
-    if (model_forward(&m, tokens, targets, B, S, 1)) {
+    if (model_forward(&m, tokens, targets, B, S, moe_pass_train(m.cfg.moe.capacity_factor))) {
         fprintf(stderr, "forward: %s\n", moe_last_error());
         exit(1);
     }
@@ -165,7 +165,9 @@ static void run_fixture(const char *path) {
     double *losses = malloc(steps * sizeof(double)), *norms = malloc(steps * sizeof(double));
     for (int s = 0; s < steps; s++) {
         model_zero_grads(&m);
-        if (model_forward(&m, tokens + (size_t)s * T, targets + (size_t)s * T, B, S, 1)) exit(1);
+        if (model_forward(&m, tokens + (size_t)s * T, targets + (size_t)s * T, B, S,
+                          moe_pass_train(m.cfg.moe.capacity_factor)))
+            exit(1);
         losses[s] = m.ce + m.aux + m.z;
         model_backward(&m, 1.0);
         m.be->sum_squares(m.be, &ss, m.grads, m.n_params);

@@ -83,7 +83,7 @@ static void watch(routing_watch *rw, const model *m) {
 }
 
 static double total_loss(model *m, const int *tok, const int *tgt, int B, int S) {
-    if (model_forward(m, tok, tgt, B, S, 1)) {
+    if (model_forward(m, tok, tgt, B, S, moe_pass_train(m->cfg.moe.capacity_factor))) {
         fprintf(stderr, "forward: %s\n", moe_last_error());
         exit(1);
     }

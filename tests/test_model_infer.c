@@ -52,7 +52,8 @@ int main(void) {
     rng_seed(&r, 3);
     int tokens[24], targets[24];
     for (int t = 0; t < S; t++) tokens[t] = (int)(rng_uniform(&r) * V), targets[t] = (t * 5) % V;
-    if (model_forward(&train, tokens, targets, 1, S, 1)) return 1;
+    if (model_forward(&train, tokens, targets, 1, S, moe_pass_train(train.cfg.moe.capacity_factor)))
+        return 1;
     double *full = copy_logits(&train, S, V);
 
     if (model_infer(&inf, tokens, S, 0)) return 1;
@@ -100,7 +101,7 @@ int main(void) {
                model_infer(&inf, tokens, 2, S - 1) == MOE_EINVAL);
     printf("    -> %s\n", moe_last_error());
     check_true("training forward on an inference model is refused",
-               model_forward(&inf, tokens, targets, 1, S, 0) == MOE_EINVAL);
+               model_forward(&inf, tokens, targets, 1, S, moe_pass_infer()) == MOE_EINVAL);
 
     free(full), free(once), free(chunked), free(decode);
     model_destroy(&train);

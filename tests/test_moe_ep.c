@@ -47,7 +47,7 @@ static void run(moe_layer *L, moe_backend *be, const moe_config *cfg, int E_loca
     moe_weights_view_local(&wv, w, cfg, E_local);
     moe_weights_view_local(&gv, gr, cfg, E_local);
     moe_stats st;
-    if (moe_layer_forward(L, out, x, &wv, T, 0, 1, &st) ||
+    if (moe_layer_forward(L, out, x, &wv, T, 0, moe_pass_train(L->cfg.capacity_factor), &st) ||
         moe_layer_backward(L, dxd, &gv, dout, x, &wv, 1.0)) {
         fprintf(stderr, "layer: %s\n", moe_last_error());
         exit(1);

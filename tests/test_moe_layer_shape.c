@@ -91,8 +91,10 @@ int main(void) {
             moe_weights_view(&wv[i], w[i], &cfg);
             moe_weights_view(&gv[i], g + i * nw, &cfg);
         }
-        int ok = !moe_layer_forward(&L[0], h, x, &wv[0], T, 0, 1, NULL) &&
-                 !moe_layer_forward(&L[1], y, h, &wv[1], T, 0, 1, NULL) &&
+        int ok = !moe_layer_forward(&L[0], h, x, &wv[0], T, 0,
+                                    moe_pass_train(L[0].cfg.capacity_factor), NULL) &&
+                 !moe_layer_forward(&L[1], y, h, &wv[1], T, 0,
+                                    moe_pass_train(L[1].cfg.capacity_factor), NULL) &&
                  !moe_layer_backward(&L[1], dh, &gv[1], dout, h, &wv[1], 1.0) &&
                  !moe_layer_backward(&L[0], dx, &gv[0], dh, x, &wv[0], 1.0);
         check_true(shared ? "shared scratch: forward and backward run" : "own scratch: run", ok);
@@ -127,7 +129,8 @@ int main(void) {
     moe_weights_view(&wv, w, &cfg);
     moe_stats st;
     d2h_copies = 0;
-    check_true("forward-only layer: forward runs", !moe_layer_forward(&F, y, x, &wv, T, 0, 1, &st));
+    check_true("forward-only layer: forward runs",
+               !moe_layer_forward(&F, y, x, &wv, T, 0, moe_pass_train(F.cfg.capacity_factor), &st));
     printf("device-to-host copies in one forward: %d\n", d2h_copies);
     check_true("one device-to-host copy per forward", d2h_copies == 1);
     check_true("the readback carries counts and losses", st.aux > 0 && st.entropy > 0 &&

@@ -173,16 +173,19 @@ static void invalid_arguments(void) {
     moe_case c;
     cfg = moe_config_default(8, 8, 4, 2);
     moe_case_random(&c, &cfg, 4, 16);
-    check_true("T > max_tokens refused", moe_layer_forward(&c.layer, c.dev_y, c.dev_x, &c.dev_w, 5,
-                                                           0, 1, NULL) == MOE_EINVAL &&
-                                             strstr(moe_last_error(), "max_tokens") != NULL);
+    check_true("T > max_tokens refused",
+               moe_layer_forward(&c.layer, c.dev_y, c.dev_x, &c.dev_w, 5, 0,
+                                 moe_pass_train(c.layer.cfg.capacity_factor), NULL) == MOE_EINVAL &&
+                   strstr(moe_last_error(), "max_tokens") != NULL);
     printf("    -> %s\n", moe_last_error());
     check_true("NULL input refused",
-               moe_layer_forward(&c.layer, c.dev_y, NULL, &c.dev_w, 4, 0, 1, NULL) == MOE_EINVAL);
+               moe_layer_forward(&c.layer, c.dev_y, NULL, &c.dev_w, 4, 0,
+                                 moe_pass_train(c.layer.cfg.capacity_factor), NULL) == MOE_EINVAL);
     moe_weights broken = c.dev_w;
     broken.w13 = NULL;
     check_true("missing weight refused",
-               moe_layer_forward(&c.layer, c.dev_y, c.dev_x, &broken, 4, 0, 1, NULL) == MOE_EINVAL);
+               moe_layer_forward(&c.layer, c.dev_y, c.dev_x, &broken, 4, 0,
+                                 moe_pass_train(c.layer.cfg.capacity_factor), NULL) == MOE_EINVAL);
     check_true("backward before forward refused",
                moe_layer_backward(&c.layer, c.dev_dx, &c.dev_g, c.dev_dout, c.dev_x, &c.dev_w, 1) ==
                    MOE_EINVAL);

@@ -68,7 +68,7 @@ static moe_status validate(model *m, const token_file *val, const moe_train_conf
     double sum = 0;
     for (int i = 0; i < cfg->eval_batches; i++) {
         data_loader_next(&vl, inputs, targets);
-        st = model_forward(m, inputs, targets, cfg->batch_size, cfg->seq_len, 0);
+        st = model_forward(m, inputs, targets, cfg->batch_size, cfg->seq_len, moe_pass_infer());
         if (st && st != MOE_ENUMERIC) break;
         sum += m->ce;
         st = MOE_OK;
@@ -325,7 +325,8 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     for (int micro = 0; micro < cfg->grad_accum; micro++) {
         data_loader_next(&t->loader, t->inputs, t->targets);
         t->m.noise_key = trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
-        st = model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len, 1);
+        st = model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len,
+                           moe_pass_train(s->capacity_factor));
         long bad[2] = {st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z)),
                        !st && !model_ce_is_result(t->m.ce)};
         if (t->R > 1) t->world->allreduce_sum_long(t->world, bad, 2); // one rank's NaN: all
@@ -378,7 +379,6 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     s->lr = lr_at_step(cfg->schedule, cfg->lr, cfg->min_lr, cfg->warmup_steps,
                        h && h->schedule_steps ? h->schedule_steps : cfg->steps, s->step);
     s->capacity_factor = capacity_ctl_factor(&t->cap, cfg->model.moe.capacity_factor, s->step);
-    model_set_capacity_factor(&t->m, s->capacity_factor);
     model_zero_grads(&t->m);
     step_load_reset(&t->sl, t->L, t->E);
     for (int l = 0; l < t->L && (t->R > 1 || t->cfg->timing); l++)

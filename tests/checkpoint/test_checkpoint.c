@@ -332,7 +332,7 @@ static void exact_resume(void) {
     tr.be->copy_on_device(tr.be, tr.params, inf.params, inf.n_params * sizeof(real));
     int in[32], tg[32];
     for (int t = 0; t < 32; t++) in[t] = (int)val.tokens[t], tg[t] = (int)val.tokens[t + 1];
-    model_forward(&tr, in, tg, 1, 32, 1);
+    model_forward(&tr, in, tg, 1, 32, moe_pass_train(tr.cfg.moe.capacity_factor));
     check_rel("eval loss vs training forward ce", &loss, &tr.ce, 1, 1e-5);
 
     printf("generate with a fixed seed is deterministic\n");

@@ -614,7 +614,8 @@ static void test_model(const char *what, model_config cfg, int B, int S, double 
     int *tok = malloc((size_t)B * S * sizeof(int)), *tgt = malloc((size_t)B * S * sizeof(int));
     for (int i = 0; i < B * S; i++)
         tok[i] = (int)(rng_uniform(&rng) * cfg.vocab_size), tgt[i] = (i * 7 + 3) % cfg.vocab_size;
-    if (model_forward(&mc, tok, tgt, B, S, 1) || model_forward(&mg, tok, tgt, B, S, 1) ||
+    if (model_forward(&mc, tok, tgt, B, S, moe_pass_train(mc.cfg.moe.capacity_factor)) ||
+        model_forward(&mg, tok, tgt, B, S, moe_pass_train(mg.cfg.moe.capacity_factor)) ||
         model_backward(&mc, 0.5) || model_backward(&mg, 0.5)) {
         fprintf(stderr, "%s\n", moe_last_error());
         exit(1);

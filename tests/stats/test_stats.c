@@ -244,10 +244,10 @@ static void case_units(void) {
         moe_config moe = moe_config_default(32, 64, Es[t], ks[t]);
         for (long C = 1; C <= Ts[t]; C++) {
             moe.capacity_factor = stats_capacity_factor(C, Ts[t], ks[t], Es[t]);
-            if (moe_capacity(&moe, Ts[t]) != C ||
+            if (moe_capacity(&moe, Ts[t], moe.capacity_factor) != C ||
                 stats_capacity_of(moe.capacity_factor, Ts[t], ks[t], Es[t]) != C) {
                 printf("  C=%ld E=%d k=%d T=%d: cf %.17g gives %d\n", C, Es[t], ks[t], Ts[t],
-                       moe.capacity_factor, moe_capacity(&moe, Ts[t]));
+                       moe.capacity_factor, moe_capacity(&moe, Ts[t], moe.capacity_factor));
                 ok = 0;
                 break;
             }
