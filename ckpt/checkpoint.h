@@ -41,7 +41,7 @@ typedef struct {
     int64_t n;     // steps of the current window, < its length
     int L;         // layers (need is [n][L])
     double *need;  // >= 0, finite
-} capacity_state;
+} moe_capacity_state;
 
 // Everything besides tensors that an exact resume needs.
 typedef struct {
@@ -52,10 +52,10 @@ typedef struct {
     // the world that saved it (informational: a checkpoint holds every expert and resumes
     // under any world); 0 is read as 1
     int64_t world_size, ep_size;
-    capacity_state capacity;
+    moe_capacity_state capacity;
 } train_state;
 
-#define CHECKPOINT_SHARD_BYTES ((uint64_t)1 << 30)
+#define CKPT_SHARD_BYTES ((uint64_t)1 << 30)
 
 // trainer_state.json, read and validated field by field (type, range, consistency): a bad
 // field is MOE_EIO naming the file and the field.
@@ -63,10 +63,10 @@ typedef struct {
     train_state ts;
     optim_kind optimizer; // the optimizer whose moments the folder holds
     int64_t optimizer_t;  // its update count (<= ts.step)
-} checkpoint_state;
+} moe_checkpoint_state;
 
 // Reads folder/trainer_state.json into cs (validated as above).
-moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder);
+moe_status moe_checkpoint_state_read(moe_checkpoint_state *cs, const char *folder);
 
 // A moe.c checkpoint folder (one with trainer_state.json) is intact: every file it must
 // hold (config.json, the index and every shard it names, the bias file when config.json
@@ -74,33 +74,33 @@ moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder);
 // CRC32 in trainer_state.json, and each matches. The required set comes from the index and
 // the configs, so it cannot be emptied by editing trainer_state.json. MOE_EIO naming the
 // file otherwise. A folder without trainer_state.json (an HF folder) is not checked here.
-moe_status checkpoint_verify(const char *folder);
+moe_status moe_checkpoint_verify(const char *folder);
 
 // Saves into ckpt_root/step_%08lld (see above). opt may be NULL (no moment files). world
 // NULL: one process; else collective over world (every rank calls it; the model of world rank
 // r < E / E_local holds experts r*E_local.., as the trainer's first EP group does), and every
 // rank returns the same status (a failing rank's message, "rank R: ..." on the others).
-moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimizer *opt,
-                           const train_state *ts, const moe_train_config *cfg, int keep,
-                           uint64_t max_shard_bytes, moe_comm *world);
+moe_status moe_checkpoint_save(const char *ckpt_root, const moe_model *m, const moe_optimizer *opt,
+                               const train_state *ts, const moe_train_config *cfg, int keep,
+                               uint64_t max_shard_bytes, moe_comm *world);
 
 // Resolves `path`: a step folder, or a `latest` file naming one (relative to its folder).
-moe_status checkpoint_resolve(char *folder, size_t n, const char *path);
+moe_status moe_checkpoint_resolve(char *folder, size_t n, const char *path);
 
 // Loads a checkpoint folder (or `latest`) into m (and opt and ts when not NULL), after
-// checkpoint_verify, checkpoint_state_read, config.json against m's config, and opt's kind
+// moe_checkpoint_verify, moe_checkpoint_state_read, config.json against m's config, and opt's kind
 // against the one that wrote the moments (MOE_EINVAL: no switching optimizers on resume).
-moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts);
+moe_status moe_checkpoint_load(const char *path, moe_model *m, moe_optimizer *opt, train_state *ts);
 
 // Before allocating a model of cfg for the folder: its safetensors headers (read without
 // the data) hold at least as many values as cfg's parameters, so a config.json that
 // describes a bigger model than its weights is refused before anything is allocated.
-moe_status hf_check_sizes(const char *folder, const model_config *cfg);
+moe_status moe_hf_check_sizes(const char *folder, const moe_model_config *cfg);
 
 // Loads every tensor of m by its HF name from folder (model.safetensors, or the shards of
 // model.safetensors.index.json; F32, BF16 or F16 converted to fp32). A moe.c checkpoint
-// (see checkpoint_verify) is verified first; a tensor with a NaN or Inf is refused.
-moe_status hf_load_weights(model *m, const char *folder);
+// (see moe_checkpoint_verify) is verified first; a tensor with a NaN or Inf is refused.
+moe_status moe_hf_load_weights(moe_model *m, const char *folder);
 
 // Writes m's weights as an inference-only HF folder (config.json, shards, index) in dtype,
 // with what running it needs: the tokenizer files of src_folder (the checkpoint or HF folder
@@ -108,13 +108,13 @@ moe_status hf_load_weights(model *m, const char *folder);
 // is 256, the byte tokenizer's (data/tokenizer.h); generation_config.json (src_folder's own,
 // else the tokenizer's bos/eos/pad ids, those it defines), and those ids in config.json.
 // src_folder NULL: no source (the byte tokenizer's files for a vocabulary of 256).
-moe_status hf_export_from(const char *out_folder, const char *src_folder, const model *m,
-                          st_dtype dtype, uint64_t max_shard_bytes);
+moe_status moe_hf_export_from(const char *out_folder, const char *src_folder, const moe_model *m,
+                              moe_st_dtype dtype, uint64_t max_shard_bytes);
 
-// hf_export_from without a source folder.
-static inline moe_status hf_export(const char *out_folder, const model *m, st_dtype dtype,
-                                   uint64_t max_shard_bytes) {
-    return hf_export_from(out_folder, NULL, m, dtype, max_shard_bytes);
+// moe_hf_export_from without a source folder.
+static inline moe_status moe_hf_export(const char *out_folder, const moe_model *m,
+                                       moe_st_dtype dtype, uint64_t max_shard_bytes) {
+    return moe_hf_export_from(out_folder, NULL, m, dtype, max_shard_bytes);
 }
 
 #endif

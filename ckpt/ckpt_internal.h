@@ -1,7 +1,7 @@
 // Private to ckpt/ (never included from outside it): what the files of the checkpoint
 // library share. folder.c: step folders, fsync, removal, `latest`; weights.c: tensors in and
-// out of a folder (and the router bias); save.c: checkpoint_save; state.c: trainer_state.json;
-// verify.c: the integrity check; load.c: checkpoint_load; export.c: hf_export_from.
+// out of a folder (and the router bias); save.c: moe_checkpoint_save; state.c: trainer_state.json;
+// verify.c: the integrity check; load.c: moe_checkpoint_load; export.c: moe_hf_export_from.
 #ifndef MOE_CKPT_INTERNAL_H
 #define MOE_CKPT_INTERNAL_H
 
@@ -10,6 +10,9 @@
 #include <cjson/cJSON.h>
 
 #include "ckpt/checkpoint.h"
+
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
 
 _Static_assert(sizeof(real) == sizeof(float), "checkpoints hold fp32 tensors");
 
@@ -40,21 +43,23 @@ moe_status ckpt_fresh_folder(const char *path);
 // folder/single_file when not NULL, else from the files the index names (model-*) under
 // file_prefix instead of "model" (the moment shards of a save). host NULL: only checks that
 // every tensor is there with its shape, reading the headers alone.
-moe_status ckpt_load_tensors(real *host, const model_tensor *tab, int n, const char *folder,
+moe_status ckpt_load_tensors(real *host, const moe_model_tensor *tab, int n, const char *folder,
                              const char *single_file, const char *file_prefix);
 // m's weights from folder (any HF folder: no verification), and its router bias from
 // BIAS_FILE when m has one and the folder holds it.
-moe_status ckpt_load_weights(model *m, const char *folder);
+moe_status ckpt_load_weights(moe_model *m, const char *folder);
 // m's router bias into folder/BIAS_FILE.
-moe_status ckpt_write_bias(const char *folder, const model *m);
+moe_status ckpt_write_bias(const char *folder, const moe_model *m);
 
 // ---- trainer_state.json (state.c) and the integrity check (verify.c) ------------------------
 
 // folder/trainer_state.json, parsed into *json and validated into *cs.
-moe_status ckpt_read_state(cJSON **json, checkpoint_state *cs, const char *folder);
-void ckpt_capacity_state_free(capacity_state *c);
-// checkpoint_verify, also giving the validated state (trainer_state.json is read once; free
+moe_status ckpt_read_state(cJSON **json, moe_checkpoint_state *cs, const char *folder);
+void ckpt_capacity_state_free(moe_capacity_state *c);
+// moe_checkpoint_verify, also giving the validated state (trainer_state.json is read once; free
 // cs->ts.capacity's needs when it succeeds).
-moe_status ckpt_verify(checkpoint_state *cs, const char *folder);
+moe_status ckpt_verify(moe_checkpoint_state *cs, const char *folder);
+
+#pragma GCC visibility pop
 
 #endif

@@ -1,12 +1,12 @@
 // Checkpoint folders: step_NNNNNNNN names, fsync of a file or folder, removal of a folder of
 // plain files, the fresh folder a save or an export writes into, and `latest` resolved to
-// the folder it names (checkpoint_resolve).
+// the folder it names (moe_checkpoint_resolve).
 #define _GNU_SOURCE // fsync, dirent
 
 #include "ckpt/ckpt_internal.h"
 
 #include "data/files.h"
-#include "ckpt/ckpt_path.h"
+#include "ckpt/path_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -65,7 +65,7 @@ int ckpt_folder_step(const char *folder, long long *step) {
     return ckpt_parse_step_name(base ? base + 1 : path, step);
 }
 
-moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
+moe_status moe_checkpoint_resolve(char *folder, size_t n, const char *path) {
     if (check_path_arg(path)) return MOE_EINVAL;
     struct stat sb;
     if (stat(path, &sb) != 0)
@@ -75,7 +75,7 @@ moe_status checkpoint_resolve(char *folder, size_t n, const char *path) {
         return MOE_OK;
     }
     char *text;
-    moe_status st = file_read_all(path, SMALL_FILE_MAX, &text, NULL);
+    moe_status st = moe_file_read_all(path, SMALL_FILE_MAX, &text, NULL);
     if (st) return st;
     text[strcspn(text, "\r\n")] = 0;
     long long step;

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "data/files.h"
-#include "ckpt/ckpt_path.h"
+#include "ckpt/path_internal.h"
 #include "ckpt/json_fields.h"
 
 // ---- writing config.json ----------------------------------------------------------
@@ -29,7 +29,7 @@ static void add_float(cJSON *obj, const char *key, double v) {
     cJSON_AddRawToObject(obj, key, num);
 }
 
-cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
+cJSON *moe_hf_config_json(const moe_model_config *c, const char *torch_dtype) {
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_CreateArray();
     cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM"));
@@ -71,7 +71,7 @@ cJSON *hf_config_json(const model_config *c, const char *torch_dtype) {
 // The limits are the training schema's (config/config.h), so whatever moe.c trains it loads,
 // and a small file cannot make us allocate absurd sizes: with them the parameter count fits
 // in 64 bits (L*E*2ff*d <= 2^59), and it is compared with the safetensors headers before
-// anything is allocated (hf_check_sizes).
+// anything is allocated (moe_hf_check_sizes).
 
 // An integer field in [lo, hi]. Absent: MOE_OK with *out untouched, unless required.
 static moe_status cj_int(const cJSON *j, const char *path, const char *key, int64_t lo, int64_t hi,
@@ -227,12 +227,12 @@ static moe_status check_hf_fields(const cJSON *j, const char *path) {
 }
 
 // The fields of config.json that describe the model.
-static moe_status parse_hf_config(model_config *out, const cJSON *j, const char *path) {
+static moe_status parse_hf_config(moe_model_config *out, const cJSON *j, const char *path) {
     static const char *const mixtral[] = {"mixtral", NULL},
                              *const scoring[] = {"softmax", "sigmoid", NULL},
                              *const silu[] = {"silu", NULL};
     int type = -1, act = 0, ff = 0, E = 0, k = 0, head_dim = 0, score = 0;
-    model_config c = {.max_seq_len = 4096, .rms_norm_eps = 1e-5, .rope_theta = 1e6};
+    moe_model_config c = {.max_seq_len = 4096, .rms_norm_eps = 1e-5, .rope_theta = 1e6};
     moe_status st;
     if ((st = check_hf_fields(j, path)) || (st = cj_enum(j, path, "model_type", mixtral, &type)))
         return st;
@@ -273,26 +273,26 @@ static moe_status parse_hf_config(model_config *out, const cJSON *j, const char 
         (st = cj_bool(j, path, "router_bias", &c.router_bias)))
         return st;
     c.moe.scoring = score ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
-    if ((st = model_config_check(&c))) return moe_error_context(st, "%s", path);
+    if ((st = moe_model_config_check(&c))) return moe_error_context(st, "%s", path);
     *out = c;
     return MOE_OK;
 }
 
-moe_status hf_config_read(model_config *cfg, const char *folder) {
+moe_status moe_hf_config_read(moe_model_config *cfg, const char *folder) {
     if (check_path_arg(folder)) return MOE_EINVAL;
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/config.json", folder);
     cJSON *j;
-    moe_status st = file_read_json_object(path, SMALL_FILE_MAX, &j);
+    moe_status st = moe_file_read_json_object(path, SMALL_FILE_MAX, &j);
     if (st) return st;
     st = parse_hf_config(cfg, j, path); // every message is formatted before j is freed
     cJSON_Delete(j);
     return st;
 }
 
-moe_status hf_config_check(const char *folder, const model_config *cfg) {
-    model_config h;
-    moe_status st = hf_config_read(&h, folder);
+moe_status moe_hf_config_check(const char *folder, const moe_model_config *cfg) {
+    moe_model_config h;
+    moe_status st = moe_hf_config_read(&h, folder);
     if (st) return st;
     char msg[1024] = "";
     size_t used = 0;

@@ -12,14 +12,14 @@
 // The MixtralConfig of c (what transformers reads), plus moe.c's own routing fields
 // (norm_topk_prob, scoring_func, routed_scaling_factor, router_bias), which transformers
 // ignores. The caller owns the object.
-cJSON *hf_config_json(const model_config *c, const char *torch_dtype);
+cJSON *moe_hf_config_json(const moe_model_config *c, const char *torch_dtype);
 
 // Reads an HF Mixtral folder's config.json into a model config (MoE capacity settings at
 // their defaults; inference never drops). A field moe.c does not understand is an error
 // naming it (it may change the model).
-moe_status hf_config_read(model_config *cfg, const char *folder);
+moe_status moe_hf_config_read(moe_model_config *cfg, const char *folder);
 
 // MOE_EINVAL naming every field of folder/config.json that disagrees with cfg.
-moe_status hf_config_check(const char *folder, const model_config *cfg);
+moe_status moe_hf_config_check(const char *folder, const moe_model_config *cfg);
 
 #endif

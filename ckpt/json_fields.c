@@ -30,7 +30,7 @@ moe_status ckpt_json_integer(const cJSON *j, const char *path, const char *key, 
 moe_status ckpt_json_write(const char *path, const cJSON *obj) {
     char *text = cJSON_Print(obj);
     if (!text) return moe_error(MOE_ENOMEM, "%s: cannot format JSON", path);
-    moe_status st = file_write_synced(path, text, strlen(text));
+    moe_status st = moe_file_write_synced(path, text, strlen(text));
     free(text);
     return st;
 }

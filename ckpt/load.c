@@ -1,10 +1,10 @@
-// checkpoint_load: a verified checkpoint into a model (config.json checked against it), and
+// moe_checkpoint_load: a verified checkpoint into a model (config.json checked against it), and
 // its optimizer's moments and update count.
 #define _GNU_SOURCE // access
 
 #include "ckpt/ckpt_internal.h"
 
-#include "ckpt/ckpt_path.h"
+#include "ckpt/path_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +13,8 @@
 // One AdamW moment of m's tensors into host: from its shards (PREFIX-0000F-of-0000N, beside
 // the model's), or from the single PREFIX.safetensors of checkpoints before expert-parallel
 // saves.
-static moe_status load_moments(real *host, const model *m, const char *folder, const char *prefix) {
+static moe_status load_moments(real *host, const moe_model *m, const char *folder,
+                               const char *prefix) {
     char single[96], path[PATH_BUF];
     snprintf(single, sizeof single, "%s.safetensors", prefix);
     path_fmt(path, sizeof path, "%s/%s", folder, single);
@@ -22,9 +23,9 @@ static moe_status load_moments(real *host, const model *m, const char *folder, c
     return ckpt_load_tensors(host, m->tensors, m->n_tensors, folder, NULL, prefix);
 }
 
-// checkpoint_load after ckpt_verify: weights, moments, optimizer count.
-static moe_status load_verified(const char *folder, checkpoint_state *cs, model *m,
-                                optimizer *opt) {
+// moe_checkpoint_load after ckpt_verify: weights, moments, optimizer count.
+static moe_status load_verified(const char *folder, moe_checkpoint_state *cs, moe_model *m,
+                                moe_optimizer *opt) {
     real *host = NULL;
     moe_status st;
     if (opt && opt->cfg.kind != cs->optimizer)
@@ -35,14 +36,14 @@ static moe_status load_verified(const char *folder, checkpoint_state *cs, model 
             "is not supported: use train.init_from to start a new run from the weights)",
             folder, cs->optimizer == OPTIM_SGD ? "sgd" : "adamw",
             opt->cfg.kind == OPTIM_SGD ? "sgd" : "adamw");
-    if ((st = hf_config_check(folder, &m->cfg))) return st;
+    if ((st = moe_hf_config_check(folder, &m->cfg))) return st;
     if ((st = ckpt_load_weights(m, folder))) return st;
     if (opt && opt->m) {
         if (!(host = malloc(m->n_params * sizeof(real))))
             return moe_error(MOE_ENOMEM, "checkpoint: out of memory");
         for (int i = 0; i < 2 && !st; i++)
             if (!(st = load_moments(host, m, folder, i ? MOMENTS_SQ : MOMENTS))) {
-                model_placement_image(m, host, 0);
+                moe_model_placement_image(m, host, 0);
                 m->be->copy_to_device(m->be, i ? opt->v : opt->m, host, m->n_params * sizeof(real));
             }
         free(host);
@@ -52,11 +53,12 @@ static moe_status load_verified(const char *folder, checkpoint_state *cs, model 
     return MOE_OK;
 }
 
-moe_status checkpoint_load(const char *path, model *m, optimizer *opt, train_state *ts) {
+moe_status moe_checkpoint_load(const char *path, moe_model *m, moe_optimizer *opt,
+                               train_state *ts) {
     char folder[PATH_BUF];
-    moe_status st = checkpoint_resolve(folder, sizeof folder, path);
+    moe_status st = moe_checkpoint_resolve(folder, sizeof folder, path);
     if (st) return st;
-    checkpoint_state cs;
+    moe_checkpoint_state cs;
     if ((st = ckpt_verify(&cs, folder))) return st;
     st = load_verified(folder, &cs, m, opt);
     if (!st && ts)

@@ -23,28 +23,28 @@
 
 // ---- dtypes ------------------------------------------------------------------------------
 
-size_t st_dtype_size(st_dtype dtype) {
+size_t moe_st_dtype_size(moe_st_dtype dtype) {
     switch (dtype) {
-    case ST_F32: return 4;
-    case ST_F16: return 2;
-    case ST_BF16: return 2;
+    case MOE_ST_F32: return 4;
+    case MOE_ST_F16: return 2;
+    case MOE_ST_BF16: return 2;
     }
     return 0;
 }
 
-const char *st_dtype_name(st_dtype dtype) {
+const char *moe_st_dtype_name(moe_st_dtype dtype) {
     switch (dtype) {
-    case ST_F32: return "F32";
-    case ST_F16: return "F16";
-    case ST_BF16: return "BF16";
+    case MOE_ST_F32: return "F32";
+    case MOE_ST_F16: return "F16";
+    case MOE_ST_BF16: return "BF16";
     }
     return "?";
 }
 
-static int dtype_from_name(const char *s, st_dtype *out) {
-    static const st_dtype all[] = {ST_F32, ST_F16, ST_BF16};
+static int dtype_from_name(const char *s, moe_st_dtype *out) {
+    static const moe_st_dtype all[] = {MOE_ST_F32, MOE_ST_F16, MOE_ST_BF16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (strcmp(s, st_dtype_name(all[i])) == 0) {
+        if (strcmp(s, moe_st_dtype_name(all[i])) == 0) {
             *out = all[i];
             return 1;
         }
@@ -65,11 +65,7 @@ static float bits_f32(uint32_t b) {
     return x;
 }
 
-// One rounding for the whole program: layers/bf16.h (the conversion kernels use it too).
-uint16_t f32_to_bf16(float x) { return moe_f32_to_bf16(x); }
-float bf16_to_f32(uint16_t x) { return moe_bf16_to_f32(x); }
-
-uint16_t f32_to_f16(float x) {
+uint16_t moe_f32_to_f16(float x) {
     uint32_t b = f32_bits(x);
     uint16_t sign = (uint16_t)((b >> 16) & 0x8000u);
     uint32_t a = b & 0x7FFFFFFFu;
@@ -90,7 +86,7 @@ uint16_t f32_to_f16(float x) {
     return (uint16_t)(sign | r);
 }
 
-float f16_to_f32(uint16_t x) {
+float moe_f16_to_f32(uint16_t x) {
     uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
     uint32_t e = (x >> 10) & 0x1Fu, m = x & 0x3FFu;
     if (e == 0) {
@@ -149,7 +145,7 @@ static const uint32_t crc_table[256] = {
     0xb40bbe37u, 0xc30c8ea1u, 0x5a05df1bu, 0x2d02ef8du,
 };
 
-uint32_t crc32_update(uint32_t crc, const void *buf, size_t n) {
+uint32_t moe_crc32_update(uint32_t crc, const void *buf, size_t n) {
     const uint8_t *p = buf;
     crc = ~crc;
     for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
@@ -159,15 +155,15 @@ uint32_t crc32_update(uint32_t crc, const void *buf, size_t n) {
 // path opened for reading through data/files.h (a regular file: a FIFO in a checkpoint folder
 // must not block a load): MOE_EIO "PATH: cannot open: why", "PATH: not a regular file ...".
 static moe_status open_regular(const char *path, FILE **fp) {
-    if (!file_open_input(path, "a checkpoint", UINT64_MAX, fp, NULL)) return MOE_OK;
+    if (!moe_file_open_input(path, "a checkpoint", UINT64_MAX, fp, NULL)) return MOE_OK;
     struct stat sb;
     if (errno) return moe_error(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
         return moe_error(MOE_EIO, "%s: not a regular file (a folder)", path);
-    return MOE_EIO; // file_open_input's message: not a regular file (a FIFO) ...
+    return MOE_EIO; // moe_file_open_input's message: not a regular file (a FIFO) ...
 }
 
-moe_status file_crc32(const char *path, uint32_t *crc) {
+moe_status moe_file_crc32(const char *path, uint32_t *crc) {
     *crc = 0;
     FILE *fp;
     moe_status st = open_regular(path, &fp);
@@ -180,7 +176,7 @@ moe_status file_crc32(const char *path, uint32_t *crc) {
     }
     uint32_t c = 0;
     size_t got;
-    while ((got = fread(buf, 1, CHUNK, fp)) > 0) c = crc32_update(c, buf, got);
+    while ((got = fread(buf, 1, CHUNK, fp)) > 0) c = moe_crc32_update(c, buf, got);
     int failed = ferror(fp), err = errno;
     free(buf);
     fclose(fp);
@@ -232,11 +228,11 @@ static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape) 
 }
 
 // Bytes of a tensor of this shape and dtype; 0 with *overflow set if it does not fit 64 bits.
-static uint64_t tensor_bytes(st_dtype dtype, int ndim, const int64_t *shape, int *overflow) {
+static uint64_t tensor_bytes(moe_st_dtype dtype, int ndim, const int64_t *shape, int *overflow) {
     *overflow = 0;
     for (int d = 0; d < ndim; d++)
         if (shape[d] == 0) return 0;
-    uint64_t bytes = st_dtype_size(dtype);
+    uint64_t bytes = moe_st_dtype_size(dtype);
     for (int d = 0; d < ndim; d++) {
         uint64_t dim = (uint64_t)shape[d];
         if (bytes > UINT64_MAX / dim) {
@@ -259,19 +255,22 @@ static void snippet(char *out, size_t cap, const char *hdr, size_t len, size_t p
 }
 
 static int cmp_by_offsets(const void *a, const void *b) {
-    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    const moe_st_tensor *x = *(const moe_st_tensor *const *)a,
+                        *y = *(const moe_st_tensor *const *)b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
     if (x->end != y->end) return x->end < y->end ? -1 : 1;
     return 0;
 }
 
 static int cmp_by_name(const void *a, const void *b) {
-    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    const moe_st_tensor *x = *(const moe_st_tensor *const *)a,
+                        *y = *(const moe_st_tensor *const *)b;
     return strcmp(x->name, y->name);
 }
 
 // Fills one tensor from its header entry.
-static moe_status parse_entry(st_tensor *t, const cJSON *e, const char *path, uint64_t data_size) {
+static moe_status parse_entry(moe_st_tensor *t, const cJSON *e, const char *path,
+                              uint64_t data_size) {
     const char *name = e->string;
     if (strlen(name) >= sizeof t->name)
         return moe_error(MOE_EIO, "%s: tensor name '%.64s...' is longer than %zu bytes", path, name,
@@ -297,9 +296,9 @@ static moe_status parse_entry(st_tensor *t, const cJSON *e, const char *path, ui
     if (!cJSON_IsArray(sh))
         return moe_error(MOE_EIO, "%s: tensor '%s': 'shape' is not an array", path, name);
     int ndim = cJSON_GetArraySize(sh);
-    if (ndim > ST_MAX_DIMS)
+    if (ndim > MOE_ST_MAX_DIMS)
         return moe_error(MOE_EIO, "%s: tensor '%s': shape has %d dims, more than %d", path, name,
-                         ndim, ST_MAX_DIMS);
+                         ndim, MOE_ST_MAX_DIMS);
     t->ndim = ndim;
     int d = 0;
     for (const cJSON *v = sh->child; v; v = v->next, d++) {
@@ -327,13 +326,13 @@ static moe_status parse_entry(st_tensor *t, const cJSON *e, const char *path, ui
     uint64_t need = tensor_bytes(t->dtype, t->ndim, t->shape, &overflow);
     if (overflow)
         return moe_error(MOE_EIO, "%s: tensor '%s': shape %s of %s is too large", path, name, shape,
-                         st_dtype_name(t->dtype));
+                         moe_st_dtype_name(t->dtype));
     if (t->end - t->begin != need)
         return moe_error(MOE_EIO,
                          "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
                          " bytes but shape %s of %s needs %" PRIu64,
                          path, name, t->begin, t->end, t->end - t->begin, shape,
-                         st_dtype_name(t->dtype), need);
+                         moe_st_dtype_name(t->dtype), need);
     if (t->end > data_size)
         return moe_error(MOE_EIO,
                          "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
@@ -344,7 +343,7 @@ static moe_status parse_entry(st_tensor *t, const cJSON *e, const char *path, ui
 }
 
 // Parses the NUL-terminated header text into f->tensors and checks the layout of the data.
-static moe_status parse_header(st_file *f, const char *hdr, size_t len) {
+static moe_status parse_header(moe_st_file *f, const char *hdr, size_t len) {
     const char *path = f->path;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(hdr, &end, 1);
@@ -357,7 +356,7 @@ static moe_status parse_header(st_file *f, const char *hdr, size_t len) {
                          path, len, pos, near);
     }
     moe_status st = MOE_OK;
-    st_tensor **order = NULL;
+    moe_st_tensor **order = NULL;
     if (!cJSON_IsObject(root)) {
         st = moe_error(MOE_EIO, "%s: header is not a JSON object", path);
         goto done;
@@ -398,7 +397,7 @@ static moe_status parse_header(st_file *f, const char *hdr, size_t len) {
                 }
             continue;
         }
-        st_tensor *t = &f->tensors[f->n];
+        moe_st_tensor *t = &f->tensors[f->n];
         if ((st = parse_entry(t, e, path, f->data_size)) != MOE_OK) goto done;
         order[f->n++] = t;
     }
@@ -411,13 +410,13 @@ static moe_status parse_header(st_file *f, const char *hdr, size_t len) {
             goto done;
         }
     // and a key twice inside an entry or __metadata__ ("dtype" twice: which one is it?)
-    if ((st = json_refuse_duplicates(root, path))) goto done;
+    if ((st = moe_json_refuse_duplicates(root, path))) goto done;
 
     // the tensors must tile the data section exactly
     qsort(order, (size_t)n, sizeof *order, cmp_by_offsets);
     uint64_t at = 0;
     for (int i = 0; i < n; i++) {
-        const st_tensor *t = order[i], *prev = i ? order[i - 1] : NULL;
+        const moe_st_tensor *t = order[i], *prev = i ? order[i - 1] : NULL;
         if (t->begin < at) {
             st = moe_error(MOE_EIO,
                            "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
@@ -454,7 +453,8 @@ done:
     return st;
 }
 
-static moe_status read_file(st_file *f, FILE *fp, char **hdr_out, size_t *hdr_len, int with_data) {
+static moe_status read_file(moe_st_file *f, FILE *fp, char **hdr_out, size_t *hdr_len,
+                            int with_data) {
     const char *path = f->path;
     struct stat sb;
     if (fstat(fileno(fp), &sb) != 0)
@@ -507,9 +507,9 @@ static moe_status read_file(st_file *f, FILE *fp, char **hdr_out, size_t *hdr_le
     return MOE_OK;
 }
 
-static moe_status st_open(st_file *f, const char *path, int with_data) {
+static moe_status st_open(moe_st_file *f, const char *path, int with_data) {
     memset(f, 0, sizeof *f);
-    if (!path) return moe_error(MOE_EINVAL, "st_read: no path");
+    if (!path) return moe_error(MOE_EINVAL, "moe_st_read: no path");
     size_t plen = strlen(path);
     if (plen >= sizeof f->path) plen = sizeof f->path - 1;
     memcpy(f->path, path, plen);
@@ -527,43 +527,45 @@ static moe_status st_open(st_file *f, const char *path, int with_data) {
     if (st != MOE_OK) {
         char keep[sizeof f->path];
         memcpy(keep, f->path, sizeof keep);
-        st_free(f);
+        moe_st_free(f);
         memcpy(f->path, keep, sizeof keep);
     }
     return st;
 }
 
-moe_status st_read(st_file *f, const char *path) { return st_open(f, path, 1); }
+moe_status moe_st_read(moe_st_file *f, const char *path) { return st_open(f, path, 1); }
 
-moe_status st_read_header(st_file *f, const char *path) { return st_open(f, path, 0); }
+moe_status moe_st_read_header(moe_st_file *f, const char *path) { return st_open(f, path, 0); }
 
-void st_free(st_file *f) {
+void moe_st_free(moe_st_file *f) {
     if (!f) return;
     free(f->tensors);
     free(f->data);
     memset(f, 0, sizeof *f);
 }
 
-const st_tensor *st_find(const st_file *f, const char *name) {
+const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name) {
     for (int i = 0; i < f->n; i++)
         if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
     return NULL;
 }
 
-void st_to_f32(float *dst, const st_file *f, const st_tensor *t) {
+void moe_st_to_f32(float *dst, const moe_st_file *f, const moe_st_tensor *t) {
     const uint8_t *p = f->data + t->begin;
-    size_t n = (size_t)((t->end - t->begin) / st_dtype_size(t->dtype));
+    size_t n = (size_t)((t->end - t->begin) / moe_st_dtype_size(t->dtype));
     switch (t->dtype) {
-    case ST_F32:
+    case MOE_ST_F32:
         for (size_t i = 0; i < n; i++, p += 4)
             dst[i] = bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                               (uint32_t)p[3] << 24);
         break;
-    case ST_F16:
-        for (size_t i = 0; i < n; i++, p += 2) dst[i] = f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+    case MOE_ST_F16:
+        for (size_t i = 0; i < n; i++, p += 2)
+            dst[i] = moe_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
         break;
-    case ST_BF16:
-        for (size_t i = 0; i < n; i++, p += 2) dst[i] = bf16_to_f32((uint16_t)(p[0] | p[1] << 8));
+    case MOE_ST_BF16:
+        for (size_t i = 0; i < n; i++, p += 2)
+            dst[i] = moe_bf16_to_f32((uint16_t)(p[0] | p[1] << 8));
         break;
     }
 }
@@ -627,19 +629,19 @@ static int cmp_str_ptr(const void *a, const void *b) {
 
 // Checks the entries and returns the bytes each takes (bytes[i]) and the header JSON.
 static moe_status build_header(strbuf *hb, uint64_t *bytes, const char *path,
-                               const st_entry *entries, int n, st_dtype dtype) {
+                               const moe_st_entry *entries, int n, moe_st_dtype dtype) {
     for (int i = 0; i < n; i++) {
-        const st_entry *e = &entries[i];
+        const moe_st_entry *e = &entries[i];
         if (!e->name || !e->name[0])
             return moe_error(MOE_EINVAL, "%s: tensor %d has no name", path, i);
-        if (strlen(e->name) >= sizeof(((st_tensor *)0)->name))
+        if (strlen(e->name) >= sizeof(((moe_st_tensor *)0)->name))
             return moe_error(MOE_EINVAL, "%s: tensor name '%.64s...' is longer than %zu bytes",
-                             path, e->name, sizeof(((st_tensor *)0)->name) - 1);
+                             path, e->name, sizeof(((moe_st_tensor *)0)->name) - 1);
         if (strcmp(e->name, "__metadata__") == 0)
             return moe_error(MOE_EINVAL, "%s: '__metadata__' is not a tensor name", path);
-        if (e->ndim < 0 || e->ndim > ST_MAX_DIMS)
+        if (e->ndim < 0 || e->ndim > MOE_ST_MAX_DIMS)
             return moe_error(MOE_EINVAL, "%s: tensor '%s': ndim %d is not in 0..%d", path, e->name,
-                             e->ndim, ST_MAX_DIMS);
+                             e->ndim, MOE_ST_MAX_DIMS);
         for (int d = 0; d < e->ndim; d++)
             if (e->shape[d] < 0)
                 return moe_error(MOE_EINVAL, "%s: tensor '%s': shape[%d] = %" PRId64 " is negative",
@@ -666,11 +668,11 @@ static moe_status build_header(strbuf *hb, uint64_t *bytes, const char *path,
     sb_str(hb, "{\"__metadata__\":{\"format\":\"pt\"}");
     uint64_t at = 0;
     for (int i = 0; i < n; i++) {
-        const st_entry *e = &entries[i];
+        const moe_st_entry *e = &entries[i];
         sb_str(hb, ",");
         sb_json_string(hb, e->name);
         sb_str(hb, ":{\"dtype\":\"");
-        sb_str(hb, st_dtype_name(dtype));
+        sb_str(hb, moe_st_dtype_name(dtype));
         sb_str(hb, "\",\"shape\":[");
         for (int d = 0; d < e->ndim; d++) {
             if (d) sb_str(hb, ",");
@@ -690,10 +692,10 @@ static moe_status build_header(strbuf *hb, uint64_t *bytes, const char *path,
 }
 
 // Converts count floats to dtype, little-endian, into out.
-static void encode(uint8_t *out, const float *src, size_t count, st_dtype dtype) {
+static void encode(uint8_t *out, const float *src, size_t count, moe_st_dtype dtype) {
     for (size_t i = 0; i < count; i++) {
         switch (dtype) {
-        case ST_F32: {
+        case MOE_ST_F32: {
             uint32_t b = f32_bits(src[i]);
             out[4 * i] = (uint8_t)b;
             out[4 * i + 1] = (uint8_t)(b >> 8);
@@ -701,9 +703,9 @@ static void encode(uint8_t *out, const float *src, size_t count, st_dtype dtype)
             out[4 * i + 3] = (uint8_t)(b >> 24);
             break;
         }
-        case ST_F16:
-        case ST_BF16: {
-            uint16_t h = dtype == ST_F16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+        case MOE_ST_F16:
+        case MOE_ST_BF16: {
+            uint16_t h = dtype == MOE_ST_F16 ? moe_f32_to_f16(src[i]) : moe_f32_to_bf16(src[i]);
             out[2 * i] = (uint8_t)h;
             out[2 * i + 1] = (uint8_t)(h >> 8);
             break;
@@ -716,11 +718,11 @@ static int write_all(FILE *fp, const void *p, size_t n) {
     return fwrite(p, 1, n, fp) == n ? 0 : -1;
 }
 
-moe_status st_write(const char *path, const st_entry *entries, int n, st_dtype dtype) {
-    if (!path) return moe_error(MOE_EINVAL, "st_write: no path");
+moe_status moe_st_write(const char *path, const moe_st_entry *entries, int n, moe_st_dtype dtype) {
+    if (!path) return moe_error(MOE_EINVAL, "moe_st_write: no path");
     if (n < 0 || (n > 0 && !entries))
         return moe_error(MOE_EINVAL, "%s: %d tensors to write", path, n);
-    size_t esize = st_dtype_size(dtype);
+    size_t esize = moe_st_dtype_size(dtype);
     if (esize == 0) return moe_error(MOE_EINVAL, "%s: unknown dtype %d", path, (int)dtype);
 
     uint64_t *bytes = malloc((n ? (size_t)n : 1) * sizeof *bytes);

@@ -12,27 +12,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layers/bf16.h" // moe_f32_to_bf16, moe_bf16_to_f32
 #include "layers/status.h"
 
-typedef enum { ST_F32 = 0, ST_F16 = 1, ST_BF16 = 2 } st_dtype;
+typedef enum { MOE_ST_F32 = 0, MOE_ST_F16 = 1, MOE_ST_BF16 = 2 } moe_st_dtype;
 
-#define ST_MAX_DIMS 8
+#define MOE_ST_MAX_DIMS 8
 
 typedef struct {
     char name[256];
-    st_dtype dtype;
+    moe_st_dtype dtype;
     int ndim;
-    int64_t shape[ST_MAX_DIMS];
+    int64_t shape[MOE_ST_MAX_DIMS];
     uint64_t begin, end; // byte offsets in the data section
-} st_tensor;
+} moe_st_tensor;
 
 typedef struct {
     char path[1024];
     int n; // tensors (the __metadata__ entry is not one)
-    st_tensor *tensors;
+    moe_st_tensor *tensors;
     uint8_t *data; // the data section (owned)
     uint64_t data_size;
-} st_file;
+} moe_st_file;
 
 // Reads and validates a whole file. Refuses, with MOE_EIO and a message naming the file and
 // (where there is one) the tensor: missing file; shorter than 8 bytes; header length beyond
@@ -41,43 +42,41 @@ typedef struct {
 // data_offsets whose size differs from shape x dtype size; overlapping or gapped offsets, or
 // data not ending at the end of the file; duplicate names, and a key twice in any object of
 // the header (data/json_check.h).
-moe_status st_read(st_file *f, const char *path);
-// st_read without the data (f->data stays NULL; data_size is the file's): the same checks,
+moe_status moe_st_read(moe_st_file *f, const char *path);
+// moe_st_read without the data (f->data stays NULL; data_size is the file's): the same checks,
 // for looking at the tensors' names and shapes before allocating anything for them.
-moe_status st_read_header(st_file *f, const char *path);
-void st_free(st_file *f);
+moe_status moe_st_read_header(moe_st_file *f, const char *path);
+void moe_st_free(moe_st_file *f);
 
 // The tensor named `name`, or NULL.
-const st_tensor *st_find(const st_file *f, const char *name);
+const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name);
 
 // Converts a tensor's data to float32 into dst (count = product of the shape).
-void st_to_f32(float *dst, const st_file *f, const st_tensor *t);
+void moe_st_to_f32(float *dst, const moe_st_file *f, const moe_st_tensor *t);
 
 // One tensor to write: float32 data, converted to `dtype` in the file.
 typedef struct {
     const char *name;
     const float *data;
     int ndim;
-    int64_t shape[ST_MAX_DIMS];
-} st_entry;
+    int64_t shape[MOE_ST_MAX_DIMS];
+} moe_st_entry;
 
 // Writes the tensors (in order) to path, converting float32 to dtype (round to nearest
 // even for F16/BF16), with {"__metadata__": {"format": "pt"}}; fsyncs the file.
-moe_status st_write(const char *path, const st_entry *entries, int n, st_dtype dtype);
+moe_status moe_st_write(const char *path, const moe_st_entry *entries, int n, moe_st_dtype dtype);
 
 // Bytes per element of dtype; the safetensors name of a dtype ("F32", ...).
-size_t st_dtype_size(st_dtype dtype);
-const char *st_dtype_name(st_dtype dtype);
+size_t moe_st_dtype_size(moe_st_dtype dtype);
+const char *moe_st_dtype_name(moe_st_dtype dtype);
 
-// float32 <-> bfloat16 / float16 (round to nearest even; NaN stays NaN).
-uint16_t f32_to_bf16(float x);
-float bf16_to_f32(uint16_t x);
-uint16_t f32_to_f16(float x);
-float f16_to_f32(uint16_t x);
+// float32 <-> float16 (round to nearest even; NaN stays NaN). bfloat16: layers/bf16.h.
+uint16_t moe_f32_to_f16(float x);
+float moe_f16_to_f32(uint16_t x);
 
-// CRC-32 (IEEE 802.3, as zlib's crc32): crc32_update(0, buf, n) for a whole buffer.
-uint32_t crc32_update(uint32_t crc, const void *buf, size_t n);
+// CRC-32 (IEEE 802.3, as zlib's crc32): moe_crc32_update(0, buf, n) for a whole buffer.
+uint32_t moe_crc32_update(uint32_t crc, const void *buf, size_t n);
 // CRC-32 of a file's bytes; MOE_EIO naming the file if it cannot be read.
-moe_status file_crc32(const char *path, uint32_t *crc);
+moe_status moe_file_crc32(const char *path, uint32_t *crc);
 
 #endif

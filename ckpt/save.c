@@ -1,4 +1,4 @@
-// checkpoint_save: the collective save (every writer its shards, rank 0 config.json, the
+// moe_checkpoint_save: the collective save (every writer its shards, rank 0 config.json, the
 // index, the bias and tokenizer files, then trainer_state.json with every file's CRC32), the
 // agreement between the ranks after each phase, the atomic publish (rename, `latest`) and
 // the pruning of old checkpoints.
@@ -6,10 +6,10 @@
 
 #include "ckpt/ckpt_internal.h"
 
-#include "data/prepare.h" // BYTE_VOCAB_SIZE
+#include "data/prepare.h" // DATA_BYTE_VOCAB_SIZE
 #include "data/files.h"
 #include "data/tokenizer.h" // the tokenizer files checkpoints carry
-#include "ckpt/ckpt_path.h"
+#include "ckpt/path_internal.h"
 #include "ckpt/json_fields.h"
 #include "ckpt/shards.h"
 
@@ -108,7 +108,7 @@ static moe_status gather_reports(moe_comm *world, moe_status st, const char *fol
         path_fmt(path, sizeof path, "%s/%s", folder, f->valuestring);
         if (h->n_files == max_files)
             st = moe_error(MOE_EINVAL, "checkpoint: more than %d files from one rank", max_files);
-        else if (!(st = file_crc32(path, &crc))) {
+        else if (!(st = moe_file_crc32(path, &crc))) {
             snprintf(crcs[h->n_files].name, sizeof crcs->name, "%s", f->valuestring);
             snprintf(crcs[h->n_files++].crc, sizeof crcs->crc, "%08" PRIx32, crc);
         }
@@ -136,19 +136,19 @@ static moe_status gather_reports(moe_comm *world, moe_status st, const char *fol
 // ---- the phases of a save ------------------------------------------------------------
 
 // The files every writer writes: its model shards and, with AdamW, its moment shards.
-static moe_status write_tensors(const char *folder, const shard_plan *plan, int w, const model *m,
-                                const optimizer *opt, cJSON *files) {
+static moe_status write_tensors(const char *folder, const moe_shard_plan *plan, int w,
+                                const moe_model *m, const moe_optimizer *opt, cJSON *files) {
     real *host = malloc(m->n_params * sizeof(real));
     if (!host)
         return moe_error(MOE_ENOMEM, "checkpoint: cannot allocate %zu parameters", m->n_params);
     m->be->copy_to_host(m->be, host, m->params, m->n_params * sizeof(real));
-    model_placement_image(m, host, 1); // files hold the gate rows in global expert order
-    moe_status st = shard_write(folder, plan, w, m, host, "model", ST_F32, files);
+    moe_model_placement_image(m, host, 1); // files hold the gate rows in global expert order
+    moe_status st = moe_shard_write(folder, plan, w, m, host, "model", MOE_ST_F32, files);
     crash_point("model_written");
     for (int i = 0; i < 2 && !st && opt && opt->m; i++) {
         m->be->copy_to_host(m->be, host, i ? opt->v : opt->m, m->n_params * sizeof(real));
-        model_placement_image(m, host, 1);
-        st = shard_write(folder, plan, w, m, host, i ? MOMENTS_SQ : MOMENTS, ST_F32, files);
+        moe_model_placement_image(m, host, 1);
+        st = moe_shard_write(folder, plan, w, m, host, i ? MOMENTS_SQ : MOMENTS, MOE_ST_F32, files);
     }
     free(host);
     return st;
@@ -156,14 +156,14 @@ static moe_status write_tensors(const char *folder, const shard_plan *plan, int 
 
 // What only rank 0 writes besides its tensors: config.json, the index, the selection bias and
 // the run's tokenizer.
-static moe_status write_rank0_files(const char *tmp, const model *m, const shard_plan *plan,
+static moe_status write_rank0_files(const char *tmp, const moe_model *m, const moe_shard_plan *plan,
                                     const moe_train_config *cfg, cJSON *files) {
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/config.json", tmp);
-    cJSON *cj = hf_config_json(&m->cfg, "float32");
+    cJSON *cj = moe_hf_config_json(&m->cfg, "float32");
     moe_status st = ckpt_json_write(path, cj);
     cJSON_Delete(cj);
-    if (st || (st = shard_write_index(tmp, plan))) return st;
+    if (st || (st = moe_shard_write_index(tmp, plan))) return st;
     cJSON_AddItemToArray(files, cJSON_CreateString("config.json"));
     cJSON_AddItemToArray(files, cJSON_CreateString("model.safetensors.index.json"));
     if (m->router_bias) {
@@ -173,12 +173,13 @@ static moe_status write_rank0_files(const char *tmp, const model *m, const shard
     // the run's tokenizer travels with the weights (the trainer's open_data makes the same
     // choice): its files, else the byte tokenizer's for a vocabulary of 256; CRC'd like the rest
     char tok[PATH_BUF];
-    if ((st = tokenizer_for_run(tok, sizeof tok, cfg->tokenizer, cfg->init_from, NULL))) return st;
+    if ((st = moe_tokenizer_for_run(tok, sizeof tok, cfg->tokenizer, cfg->init_from, NULL)))
+        return st;
     if (tok[0])
-        st = tokenizer_copy_hf(tok, tmp, NULL);
-    else if (m->cfg.vocab_size == BYTE_VOCAB_SIZE)
-        st = tokenizer_write_byte_hf(tmp);
-    for (const char *const *name = tokenizer_hf_files; *name && !st; name++) {
+        st = moe_tokenizer_copy_hf(tok, tmp, NULL);
+    else if (m->cfg.vocab_size == DATA_BYTE_VOCAB_SIZE)
+        st = moe_tokenizer_write_byte_hf(tmp);
+    for (const char *const *name = moe_tokenizer_hf_files; *name && !st; name++) {
         path_fmt(path, sizeof path, "%s/%s", tmp, *name);
         if (access(path, F_OK) == 0) cJSON_AddItemToArray(files, cJSON_CreateString(*name));
     }
@@ -187,7 +188,7 @@ static moe_status write_rank0_files(const char *tmp, const model *m, const shard
 
 // trainer_state.json: everything else, and the CRC32 of every other file (the reports of
 // all R ranks, blocks of 1 + max_files).
-static moe_status write_state(const char *tmp, const optimizer *opt, const train_state *ts,
+static moe_status write_state(const char *tmp, const moe_optimizer *opt, const train_state *ts,
                               const moe_train_config *cfg, const void *reports, int R,
                               int max_files) {
     cJSON *state = cJSON_CreateObject();
@@ -201,7 +202,7 @@ static moe_status write_state(const char *tmp, const optimizer *opt, const train
     cJSON_AddNumberToObject(o, "t", opt ? (double)opt->t : 0);
     cJSON *sch = cJSON_AddObjectToObject(state, "schedule");
     cJSON_AddStringToObject(sch, "kind",
-                            cfg->schedule == SCHEDULE_CONSTANT ? "constant" : "cosine");
+                            cfg->schedule == MOE_SCHEDULE_CONSTANT ? "constant" : "cosine");
     cJSON_AddNumberToObject(sch, "lr", cfg->lr);
     cJSON_AddNumberToObject(sch, "min_lr", cfg->min_lr);
     cJSON_AddNumberToObject(sch, "warmup_steps", (double)cfg->warmup_steps);
@@ -225,7 +226,7 @@ static moe_status write_state(const char *tmp, const optimizer *opt, const train
     cJSON_AddNumberToObject(world, "size", (double)(ts->world_size > 0 ? ts->world_size : 1));
     cJSON_AddNumberToObject(world, "ep_size", (double)(ts->ep_size > 0 ? ts->ep_size : 1));
     if (ts->capacity.present) {
-        const capacity_state *cap = &ts->capacity;
+        const moe_capacity_state *cap = &ts->capacity;
         cJSON *c = cJSON_AddObjectToObject(state, "capacity");
         cJSON_AddNumberToObject(c, "factor", cap->factor);
         cJSON_AddNumberToObject(c, "layers", cap->L);
@@ -281,7 +282,7 @@ static moe_status publish(const char *ckpt_root, const char *tmp, const char *fi
     path_fmt(latest, sizeof latest, "%s/latest", ckpt_root);
     path_fmt(latest_tmp, sizeof latest_tmp, "%s.tmp", latest);
     snprintf(line, sizeof line, "step_%08lld\n", (long long)step);
-    if ((st = file_write_synced(latest_tmp, line, strlen(line)))) return st;
+    if ((st = moe_file_write_synced(latest_tmp, line, strlen(line)))) return st;
     crash_point("latest_written");
     if (rename(latest_tmp, latest) != 0)
         return moe_error(MOE_EIO, "%s: cannot rename: %s", latest_tmp, strerror(errno));
@@ -303,17 +304,17 @@ static moe_status test_save_fail(moe_comm *world) {
     return MOE_OK;
 }
 
-moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimizer *opt,
-                           const train_state *ts, const moe_train_config *cfg, int keep,
-                           uint64_t max_shard_bytes, moe_comm *world) {
+moe_status moe_checkpoint_save(const char *ckpt_root, const moe_model *m, const moe_optimizer *opt,
+                               const train_state *ts, const moe_train_config *cfg, int keep,
+                               uint64_t max_shard_bytes, moe_comm *world) {
     save_count++;
     const int rank = world ? world->rank : 0, R = world ? world->size : 1;
     char tmp[PATH_BUF] = "", final[PATH_BUF];
-    shard_plan plan;
+    moe_shard_plan plan;
     void *reports = NULL;
     // phase 1: rank 0 makes the folder, every rank its plan
     moe_status st =
-        shard_plan_make(&plan, &m->cfg, m->E_local, m->placement, ST_F32, max_shard_bytes);
+        moe_shard_plan_make(&plan, &m->cfg, m->E_local, m->placement, MOE_ST_F32, max_shard_bytes);
     const int w = rank < plan.n_writers ? rank : -1, max_files = 3 * plan.max_per_writer + 16;
     if (!st && w >= 0 && m->expert0 != w * m->E_local)
         st = moe_error(MOE_EINVAL, "checkpoint: rank %d holds experts from %d, not %d", rank,
@@ -321,7 +322,7 @@ moe_status checkpoint_save(const char *ckpt_root, const model *m, const optimize
     if (!st && !(st = check_path_arg(ckpt_root))) {
         path_fmt(final, sizeof final, "%s/step_%08lld", ckpt_root, (long long)ts->step);
         path_fmt(tmp, sizeof tmp, "%s.tmp", final);
-        if (rank == 0 && !(st = file_make_dirs(ckpt_root))) st = ckpt_fresh_folder(tmp);
+        if (rank == 0 && !(st = moe_file_make_dirs(ckpt_root))) st = ckpt_fresh_folder(tmp);
     }
     if ((st = gather_reports(world, st, NULL, NULL, max_files, &reports))) goto done;
     free(reports), reports = NULL;
@@ -348,6 +349,6 @@ done:
     // before anyone returns (a rank's fatal path MPI_Aborts the others)
     if (st && world) world->barrier(world);
     free(reports);
-    shard_plan_free(&plan);
+    moe_shard_plan_free(&plan);
     return st;
 }

@@ -22,34 +22,34 @@
 #include "ckpt/safetensors.h"
 
 typedef struct {
-    model_tensor *tab; // the whole model's table (every expert), HF order
-    int n;             // its tensors
-    int *file;         // [n] the 0-based file of each tensor
-    int *writer;       // [n_files] the writer of each file
+    moe_model_tensor *tab; // the whole model's table (every expert), HF order
+    int n;                 // its tensors
+    int *file;             // [n] the 0-based file of each tensor
+    int *writer;           // [n_files] the writer of each file
     int n_files;
     int n_writers;      // W
     int max_per_writer; // the most files one writer writes
     uint64_t total;     // bytes of all tensors in the plan's dtype (the index's total_size)
-} shard_plan;
+} moe_shard_plan;
 
 // The plan for a model of cfg written by processes holding E_local experts each (E_local =
 // E: one writer) under the expert placement placement [E] (model.h; NULL: the identity),
 // tensors in dtype. MOE_EINVAL when E_local does not divide E; MOE_ENOMEM.
-moe_status shard_plan_make(shard_plan *p, const model_config *cfg, int E_local,
-                           const int *placement, st_dtype dtype, uint64_t max_bytes);
-void shard_plan_free(shard_plan *p);
+moe_status moe_shard_plan_make(moe_shard_plan *p, const moe_model_config *cfg, int E_local,
+                               const int *placement, moe_st_dtype dtype, uint64_t max_bytes);
+void moe_shard_plan_free(moe_shard_plan *p);
 
 // "PREFIX-0000F-of-0000N.safetensors" for file f (0-based) of the plan.
-void shard_file_name(char *out, size_t n, const shard_plan *p, const char *prefix, int f);
+void moe_shard_file_name(char *out, size_t n, const moe_shard_plan *p, const char *prefix, int f);
 
 // Writes the files of writer w under prefix ("model", "optimizer-exp_avg", ...) into folder:
 // the tensors of m's table (m holds writer w's experts; its table is the plan's filtered to
 // them, in the same order), their data from host (a buffer laid out like m->params), in
 // dtype. Appends each file's name to files (a cJSON array) when not NULL.
-moe_status shard_write(const char *folder, const shard_plan *p, int w, const model *m,
-                       const real *host, const char *prefix, st_dtype dtype, cJSON *files);
+moe_status moe_shard_write(const char *folder, const moe_shard_plan *p, int w, const moe_model *m,
+                           const real *host, const char *prefix, moe_st_dtype dtype, cJSON *files);
 
 // Writes folder/model.safetensors.index.json: {"metadata": {"total_size"}, "weight_map"}.
-moe_status shard_write_index(const char *folder, const shard_plan *p);
+moe_status moe_shard_write_index(const char *folder, const moe_shard_plan *p);
 
 #endif

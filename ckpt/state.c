@@ -4,7 +4,7 @@
 #include "ckpt/ckpt_internal.h"
 
 #include "data/files.h"
-#include "ckpt/ckpt_path.h"
+#include "ckpt/path_internal.h"
 #include "ckpt/json_fields.h"
 
 #include <errno.h>
@@ -37,7 +37,7 @@ static moe_status st_u64(const cJSON *obj, const char *file, const char *key, ui
 }
 
 // "capacity" (auto capacity runs only): {"factor", "layers", "window_need": [[L numbers]...]}
-static moe_status parse_capacity(capacity_state *cap, const cJSON *c, const char *file) {
+static moe_status parse_capacity(moe_capacity_state *cap, const cJSON *c, const char *file) {
     memset(cap, 0, sizeof *cap);
     if (!c) return MOE_OK;
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "factor"),
@@ -72,8 +72,8 @@ static moe_status parse_capacity(capacity_state *cap, const cJSON *c, const char
                          "%s: \"capacity.window_need\"[%d] is not %lld finite numbers >= 0", file,
                          i, (long long)L);
     }
-    *cap =
-        (capacity_state){.present = 1, .factor = f->valuedouble, .n = n, .L = (int)L, .need = need};
+    *cap = (moe_capacity_state){
+        .present = 1, .factor = f->valuedouble, .n = n, .L = (int)L, .need = need};
     return MOE_OK;
 }
 
@@ -119,7 +119,7 @@ static moe_status check_schedule(const cJSON *state, const char *file, int64_t s
     return MOE_OK;
 }
 
-static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const char *folder,
+static moe_status parse_state(moe_checkpoint_state *cs, const cJSON *state, const char *folder,
                               const char *file) {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(state, "format");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "moe.c trainer state"))
@@ -170,21 +170,21 @@ static moe_status parse_state(checkpoint_state *cs, const cJSON *state, const ch
 }
 
 // folder/trainer_state.json, parsed into *json and validated into *cs.
-moe_status ckpt_read_state(cJSON **json, checkpoint_state *cs, const char *folder) {
+moe_status ckpt_read_state(cJSON **json, moe_checkpoint_state *cs, const char *folder) {
     if (check_path_arg(folder)) return MOE_EINVAL;
     char file[PATH_BUF];
     path_fmt(file, sizeof file, "%s/trainer_state.json", folder);
-    moe_status st = file_read_json_object(file, SMALL_FILE_MAX, json);
+    moe_status st = moe_file_read_json_object(file, SMALL_FILE_MAX, json);
     if (!st && (st = parse_state(cs, *json, folder, file))) cJSON_Delete(*json), *json = NULL;
     return st; // (parse_state frees what it allocated when it fails)
 }
 
-void ckpt_capacity_state_free(capacity_state *c) {
+void ckpt_capacity_state_free(moe_capacity_state *c) {
     free(c->need);
     c->need = NULL;
 }
 
-moe_status checkpoint_state_read(checkpoint_state *cs, const char *folder) {
+moe_status moe_checkpoint_state_read(moe_checkpoint_state *cs, const char *folder) {
     cJSON *state;
     moe_status st = ckpt_read_state(&state, cs, folder);
     cJSON_Delete(state);

@@ -1,4 +1,4 @@
-// The integrity check of a moe.c checkpoint (checkpoint_verify): the files the folder must
+// The integrity check of a moe.c checkpoint (moe_checkpoint_verify): the files the folder must
 // hold, from what its index and configs say, and every file's CRC32 against
 // trainer_state.json.
 #define _GNU_SOURCE // access
@@ -6,7 +6,7 @@
 #include "ckpt/ckpt_internal.h"
 
 #include "data/files.h"
-#include "ckpt/ckpt_path.h"
+#include "ckpt/path_internal.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -27,7 +27,7 @@ static moe_status verify_file(const char *folder, const cJSON *crcs, const char 
         return moe_error(MOE_EIO, "%s/trainer_state.json: crc32.\"%s\" is not 8 hex digits", folder,
                          name);
     uint32_t crc;
-    moe_status st = file_crc32(path, &crc);
+    moe_status st = moe_file_crc32(path, &crc);
     if (st) return st;
     snprintf(hex, sizeof hex, "%08" PRIx32, crc);
     if (strcmp(hex, want->valuestring))
@@ -82,7 +82,7 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
     n = add_required(names, n, cap, "model.safetensors.index.json");
     cJSON *index = NULL, *config = NULL;
     path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
-    moe_status st = file_read_json_object(path, SMALL_FILE_MAX, &index);
+    moe_status st = moe_file_read_json_object(path, SMALL_FILE_MAX, &index);
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *e;
     if (!st && !cJSON_IsObject(map)) st = moe_error(MOE_EIO, "%s: no \"weight_map\" object", path);
     cJSON_ArrayForEach(e, (st ? NULL : map)) {
@@ -94,7 +94,7 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
         n = add_required(names, n, cap, e->valuestring);
     }
     path_fmt(path, sizeof path, "%s/config.json", folder);
-    if (!st && !(st = file_read_json_object(path, SMALL_FILE_MAX, &config)) &&
+    if (!st && !(st = moe_file_read_json_object(path, SMALL_FILE_MAX, &config)) &&
         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(config, "router_bias")))
         n = add_required(names, n, cap, BIAS_FILE);
     path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
@@ -110,8 +110,8 @@ static moe_status required_files(char (*names)[256], int *n_out, int cap, const 
 
 #define VERIFY_MAX_FILES 1024
 
-// checkpoint_verify, also giving the validated state (trainer_state.json is read once).
-moe_status ckpt_verify(checkpoint_state *cs, const char *folder) {
+// moe_checkpoint_verify, also giving the validated state (trainer_state.json is read once).
+moe_status ckpt_verify(moe_checkpoint_state *cs, const char *folder) {
     cJSON *state = NULL;
     moe_status st = ckpt_read_state(&state, cs, folder);
     if (st) return st;
@@ -137,8 +137,8 @@ moe_status ckpt_verify(checkpoint_state *cs, const char *folder) {
     return st;
 }
 
-moe_status checkpoint_verify(const char *folder) {
-    checkpoint_state cs;
+moe_status moe_checkpoint_verify(const char *folder) {
+    moe_checkpoint_state cs;
     moe_status st = ckpt_verify(&cs, folder);
     if (!st) ckpt_capacity_state_free(&cs.ts.capacity);
     return st;

@@ -1,13 +1,13 @@
 // Model weights in and out of a folder: each tensor found by its HF name (in
 // model.safetensors or the shards of model.safetensors.index.json), shape-checked, finite;
-// the router bias file; hf_load_weights (a moe.c checkpoint verified first) and
-// hf_check_sizes (the headers against a config before anything is allocated).
+// the router bias file; moe_hf_load_weights (a moe.c checkpoint verified first) and
+// moe_hf_check_sizes (the headers against a config before anything is allocated).
 #define _GNU_SOURCE // access
 
 #include "ckpt/ckpt_internal.h"
 
 #include "data/files.h"
-#include "ckpt/ckpt_path.h"
+#include "ckpt/path_internal.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -21,9 +21,9 @@ typedef struct {
     cJSON *index; // NULL when single-file
     int n_files;
     char (*names)[256]; // [WEIGHT_FILES_MAX] each
-    st_file *files;
+    moe_st_file *files;
     int *loaded;
-    int headers_only;        // st_read_header: names and shapes, no data
+    int headers_only;        // moe_st_read_header: names and shapes, no data
     const char *file_prefix; // NULL: the index's files; else theirs with it for "model"
 } weight_source;
 
@@ -46,7 +46,7 @@ static moe_status source_open(weight_source *ws, const char *folder) {
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/model.safetensors.index.json", folder);
     if (access(path, F_OK) == 0) {
-        st = file_read_json_object(path, SMALL_FILE_MAX, &ws->index);
+        st = moe_file_read_json_object(path, SMALL_FILE_MAX, &ws->index);
         if (st) return st;
         if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(ws->index, "weight_map")))
             return moe_error(MOE_EIO, "%s: no \"weight_map\" object", path);
@@ -63,13 +63,13 @@ static moe_status source_open(weight_source *ws, const char *folder) {
 
 static void source_close(weight_source *ws) {
     for (int i = 0; i < ws->n_files; i++)
-        if (ws->loaded[i]) st_free(&ws->files[i]);
+        if (ws->loaded[i]) moe_st_free(&ws->files[i]);
     cJSON_Delete(ws->index);
     free(ws->names), free(ws->files), free(ws->loaded);
 }
 
 // The safetensors file holding `name` (read on first use).
-static moe_status source_file(st_file **out, weight_source *ws, const char *folder,
+static moe_status source_file(moe_st_file **out, weight_source *ws, const char *folder,
                               const char *name) {
     const char *file = "model.safetensors";
     if (ws->index) {
@@ -108,8 +108,8 @@ static moe_status source_file(st_file **out, weight_source *ws, const char *fold
     snprintf(ws->names[i], sizeof ws->names[i], "%s", file);
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/%s", folder, file);
-    moe_status st =
-        ws->headers_only ? st_read_header(&ws->files[i], path) : st_read(&ws->files[i], path);
+    moe_status st = ws->headers_only ? moe_st_read_header(&ws->files[i], path)
+                                     : moe_st_read(&ws->files[i], path);
     if (st) return st;
     ws->loaded[i] = 1;
     *out = &ws->files[i];
@@ -131,14 +131,14 @@ static moe_status check_finite(const real *x, size_t n, const char *file, const 
 // folder/single_file when not NULL, else from the files the index names (model-*) under
 // file_prefix instead of "model" (the moment shards of write_tensors). host NULL: only checks
 // that every tensor is there with its shape, reading the headers alone.
-moe_status ckpt_load_tensors(real *host, const model_tensor *tab, int n, const char *folder,
+moe_status ckpt_load_tensors(real *host, const moe_model_tensor *tab, int n, const char *folder,
                              const char *single_file, const char *file_prefix) {
     weight_source ws;
     moe_status st = MOE_OK;
     if (single_file) {
         char path[PATH_BUF];
         path_fmt(path, sizeof path, "%s/%s", folder, single_file);
-        if ((st = source_init(&ws)) || (st = st_read(&ws.files[0], path))) {
+        if ((st = source_init(&ws)) || (st = moe_st_read(&ws.files[0], path))) {
             source_close(&ws);
             return st;
         }
@@ -151,11 +151,11 @@ moe_status ckpt_load_tensors(real *host, const model_tensor *tab, int n, const c
     ws.headers_only = host == NULL;
     ws.file_prefix = file_prefix;
     for (int i = 0; i < n && !st; i++) {
-        const model_tensor *t = &tab[i];
+        const moe_model_tensor *t = &tab[i];
         const char *name = t->name;
-        st_file *f = &ws.files[0];
+        moe_st_file *f = &ws.files[0];
         if (!single_file && (st = source_file(&f, &ws, folder, name))) break;
-        const st_tensor *s = st_find(f, name);
+        const moe_st_tensor *s = moe_st_find(f, name);
         if (!s) {
             st = moe_error(MOE_EIO, "%s: tensor '%s' missing", f->path, name);
             break;
@@ -172,7 +172,7 @@ moe_status ckpt_load_tensors(real *host, const model_tensor *tab, int n, const c
             break;
         }
         if (!host) continue;
-        st_to_f32(host + t->offset, f, s);
+        moe_st_to_f32(host + t->offset, f, s);
         st = check_finite(host + t->offset, (size_t)t->rows * (t->cols ? t->cols : 1), f->path,
                           name);
     }
@@ -183,64 +183,64 @@ moe_status ckpt_load_tensors(real *host, const model_tensor *tab, int n, const c
 // The router bias: in BIAS_FILE (ckpt_internal.h), one [E] tensor per layer named so.
 #define BIAS_NAME "model.layers.%d.block_sparse_moe.gate.e_score_correction_bias"
 
-moe_status ckpt_write_bias(const char *folder, const model *m) {
+moe_status ckpt_write_bias(const char *folder, const moe_model *m) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     real *b = malloc((size_t)L * E * sizeof(real));
-    st_entry *entries = malloc((size_t)L * sizeof(st_entry));
+    moe_st_entry *entries = malloc((size_t)L * sizeof(moe_st_entry));
     char(*names)[96] = malloc((size_t)L * sizeof *names);
     moe_status st = MOE_OK;
     if (!b || !entries || !names) st = moe_error(MOE_ENOMEM, "out of memory");
     if (!st) {
         m->be->copy_to_host(m->be, b, m->router_bias, (size_t)L * E * sizeof(real));
-        model_placement_permute(m, b, L, 1, 1); // the file is in global expert order
+        moe_model_placement_permute(m, b, L, 1, 1); // the file is in global expert order
         for (int l = 0; l < L; l++) {
             snprintf(names[l], sizeof names[l], BIAS_NAME, l);
-            entries[l] =
-                (st_entry){.name = names[l], .data = b + (size_t)l * E, .ndim = 1, .shape = {E}};
+            entries[l] = (moe_st_entry){
+                .name = names[l], .data = b + (size_t)l * E, .ndim = 1, .shape = {E}};
         }
         char path[PATH_BUF];
         path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
-        st = st_write(path, entries, L, ST_F32);
+        st = moe_st_write(path, entries, L, MOE_ST_F32);
     }
     free(b), free(entries), free(names);
     return st;
 }
 
-static moe_status load_bias(model *m, const char *folder) {
+static moe_status load_bias(moe_model *m, const char *folder) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     char path[PATH_BUF], name[96];
     path_fmt(path, sizeof path, "%s/" BIAS_FILE, folder);
-    st_file f;
-    moe_status st = st_read(&f, path);
+    moe_st_file f;
+    moe_status st = moe_st_read(&f, path);
     if (st) return st;
     real *b = malloc((size_t)L * E * sizeof(real));
     if (!b) st = moe_error(MOE_ENOMEM, "out of memory");
     for (int l = 0; l < L && !st; l++) {
         snprintf(name, sizeof name, BIAS_NAME, l);
-        const st_tensor *t = st_find(&f, name);
+        const moe_st_tensor *t = moe_st_find(&f, name);
         if (!t)
             st = moe_error(MOE_EIO, "%s: tensor '%s' missing", path, name);
         else if (t->ndim != 1 || t->shape[0] != E)
             st = moe_error(MOE_EIO, "%s: tensor '%s' is not of shape [%d]", path, name, E);
         else {
-            st_to_f32(b + (size_t)l * E, &f, t);
+            moe_st_to_f32(b + (size_t)l * E, &f, t);
             st = check_finite(b + (size_t)l * E, (size_t)E, path, name);
         }
     }
     if (!st) {
-        model_placement_permute(m, b, L, 1, 0);
+        moe_model_placement_permute(m, b, L, 1, 0);
         m->be->copy_to_device(m->be, m->router_bias, b, (size_t)L * E * sizeof(real));
     }
     free(b);
-    st_free(&f);
+    moe_st_free(&f);
     return st;
 }
 
-moe_status ckpt_load_weights(model *m, const char *folder) {
+moe_status ckpt_load_weights(moe_model *m, const char *folder) {
     real *host = malloc(m->n_params * sizeof(real));
     if (!host) return moe_error(MOE_ENOMEM, "cannot allocate %zu parameters", m->n_params);
     moe_status st = ckpt_load_tensors(host, m->tensors, m->n_tensors, folder, NULL, NULL);
-    model_placement_image(m, host, 0); // the gate rows of the file are in global order
+    moe_model_placement_image(m, host, 0); // the gate rows of the file are in global order
     if (!st) m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
     free(host);
     char path[PATH_BUF];
@@ -260,7 +260,7 @@ static int is_moe_checkpoint(const char *folder) {
     return ckpt_folder_step(folder, &step);
 }
 
-moe_status hf_load_weights(model *m, const char *folder) {
+moe_status moe_hf_load_weights(moe_model *m, const char *folder) {
     if (check_path_arg(folder)) return MOE_EINVAL;
     char path[PATH_BUF];
     path_fmt(path, sizeof path, "%s/trainer_state.json", folder);
@@ -270,11 +270,11 @@ moe_status hf_load_weights(model *m, const char *folder) {
                          "%s: a moe.c checkpoint folder without its trainer_state.json "
                          "(damaged or incomplete; an HF folder must not be named step_N)",
                          folder);
-    moe_status st = checkpoint_verify(folder);
+    moe_status st = moe_checkpoint_verify(folder);
     return st ? st : ckpt_load_weights(m, folder);
 }
 
-moe_status hf_check_sizes(const char *folder, const model_config *cfg) {
+moe_status moe_hf_check_sizes(const char *folder, const moe_model_config *cfg) {
     if (check_path_arg(folder)) return MOE_EINVAL;
     weight_source ws;
     moe_status st = source_open(&ws, folder);
@@ -284,21 +284,21 @@ moe_status hf_check_sizes(const char *folder, const model_config *cfg) {
     } else if (!st) {
         char path[PATH_BUF];
         path_fmt(path, sizeof path, "%s/model.safetensors", folder);
-        st_file f;
-        if (!(st = st_read_header(&f, path))) have = f.n;
-        st_free(&f);
+        moe_st_file f;
+        if (!(st = moe_st_read_header(&f, path))) have = f.n;
+        moe_st_free(&f);
     }
     source_close(&ws);
     if (st) return st;
     // the table is no bigger than the headers, which are bounded (ST_MAX_HEADER per file)
-    const int64_t need = model_tensor_count(cfg);
+    const int64_t need = moe_model_tensor_count(cfg);
     if (need > have)
         return moe_error(MOE_EIO,
                          "%s/config.json describes %" PRId64 " tensors (num_hidden_layers "
                          "= %d, num_local_experts = %d), the folder's weights have %" PRId64
                          ": config.json does not match the weights",
                          folder, need, cfg->n_layers, cfg->moe.n_experts, have);
-    model_tensor *tab = model_tensor_table(cfg);
+    moe_model_tensor *tab = moe_model_tensor_table(cfg);
     if (!tab) return moe_error(MOE_ENOMEM, "out of memory");
     st = ckpt_load_tensors(NULL, tab, (int)need, folder, NULL, NULL);
     free(tab);

@@ -288,34 +288,34 @@ static int cmd_eval(void *opts) {
     infer_opts *o = &e->inf;
     if (o->stats_out) o->stats = 1;
     const moe_dtype dtype = dtype_of(o);
-    token_file tf;
-    if (token_file_read(&tf, e->data)) moe_fatal("%s", moe_last_error());
+    moe_token_file tf;
+    if (moe_token_file_read(&tf, e->data)) moe_fatal("%s", moe_last_error());
     // under mpirun the experts spread over the ranks; rank 0 prints
     moe_comm *world;
     if (moe_comm_world(&world)) moe_fatal("%s", moe_last_error());
-    launch_intent me = {.command = "eval", .resume_step = -1};
+    moe_launch_intent me = {.command = "eval", .resume_step = -1};
     snprintf(me.inputs, sizeof me.inputs, "--ckpt %s --data %s --seq-len %d --max-windows %ld%s%s",
              o->ckpt, e->data, (int)e->seq_len, (long)e->max_windows,
              dtype == MOE_DTYPE_BF16 ? " --dtype bf16" : "", o->stats ? " --stats" : "");
-    if (launch_agree(world, &me)) moe_fatal("eval: %s", moe_last_error()); // (before any work)
+    if (moe_launch_agree(world, &me)) moe_fatal("eval: %s", moe_last_error()); // (before any work)
     if (world->rank && !freopen("/dev/null", "w", stdout)) moe_fatal("cannot silence stdout");
     moe_backend *be = open_device(o->device);
-    model m;
+    moe_model m;
     say_precision("eval", dtype, be);
     const int S = (int)e->seq_len;
     if (infer_load_parallel(&m, be, world->size > 1 ? world : NULL, o->ckpt, S, S, dtype))
         moe_fatal("%s", moe_last_error());
     double loss;
     long n;
-    serve_stats ss;
+    moe_serve_stats ss;
     if (o->stats &&
-        serve_stats_init(&ss, &m, (int)o->stats_window, world->rank ? NULL : o->stats_out))
+        moe_serve_stats_init(&ss, &m, (int)o->stats_window, world->rank ? NULL : o->stats_out))
         moe_fatal("%s", moe_last_error());
     if (infer_eval(&m, &tf, S, (long)e->max_windows, e->logits, &loss, &n, o->stats ? &ss : NULL))
         moe_fatal("%s", moe_last_error());
-    if (o->stats && serve_stats_finish(&ss, world->rank ? stdout : stderr))
+    if (o->stats && moe_serve_stats_finish(&ss, world->rank ? stdout : stderr))
         moe_fatal("%s", moe_last_error()); // (stdout: rank > 0's /dev/null)
-    if (o->stats) serve_stats_free(&ss);
+    if (o->stats) moe_serve_stats_free(&ss);
     // what the number is: the mean over the n predicted tokens of -ln p(next token), in nats;
     // with the byte tokenizer a token is a byte, so loss / ln 2 is bits per byte. The byte
     // tokenizer is taken to be vocab_size == 256 for now (checkpoints do not name their
@@ -324,9 +324,9 @@ static int cmd_eval(void *opts) {
            exp(loss));
     if (m.cfg.vocab_size == 256) printf(" | %.4f bits/byte", loss / log(2.0));
     printf("\n");
-    model_destroy(&m);
+    moe_model_destroy(&m);
     moe_backend_destroy(be);
-    token_file_free(&tf);
+    moe_token_file_free(&tf);
     world->destroy(world);
     return 0;
 }
@@ -337,13 +337,13 @@ static int cmd_eval(void *opts) {
 // 16 MiB without NUL bytes (data/files.h). A fatal error names the file (and the line) when it
 // cannot be read or holds no prompt.
 static int read_prompts(const char *path, char ***out) {
-    file_lines r;
-    moe_status st =
-        file_lines_open(&r, path, "a prompt list", PROMPTS_MAX_BYTES, (size_t)PROMPTS_MAX_BYTES);
+    moe_file_lines r;
+    moe_status st = moe_file_lines_open(&r, path, "a prompt list", PROMPTS_MAX_BYTES,
+                                        (size_t)PROMPTS_MAX_BYTES);
     if (st) moe_fatal("generate: --prompts %s", moe_last_error());
     int n = 0, room = 0, got;
     char **v = NULL;
-    while ((got = file_lines_next(&r, &st)) == 1) {
+    while ((got = moe_file_lines_next(&r, &st)) == 1) {
         size_t len = r.len;
         if (len > 0 && r.line[len - 1] == '\r') r.line[--len] = 0;
         if (!len) continue;
@@ -351,7 +351,7 @@ static int read_prompts(const char *path, char ***out) {
             moe_fatal("generate: out of memory");
         if (!(v[n++] = strdup(r.line))) moe_fatal("generate: out of memory");
     }
-    file_lines_close(&r);
+    moe_file_lines_close(&r);
     if (got < 0) moe_fatal("generate: --prompts %s", moe_last_error());
     if (!n) moe_fatal("generate: --prompts %s: no prompt in it (one per line)", path);
     *out = v;
@@ -362,11 +362,11 @@ static int read_prompts(const char *path, char ***out) {
 static int *encode_prompt(const char *folder, int hf_tok, const char *text, int *n) {
     int *ids = NULL;
     *n = (int)strlen(text);
-    if (hf_tok && hf_tokenizer_encode(folder, text, (size_t)*n, &ids, n))
+    if (hf_tok && moe_hf_tokenizer_encode(folder, text, (size_t)*n, &ids, n))
         moe_fatal("generate: encoding the prompt: %s", moe_last_error());
     if (!hf_tok) {
         if (!(ids = malloc((size_t)(*n + 1) * sizeof(int)))) moe_fatal("generate: out of memory");
-        byte_tokenize(ids, text, (size_t)*n);
+        moe_byte_tokenize(ids, text, (size_t)*n);
     }
     return ids;
 }
@@ -375,9 +375,9 @@ static int *encode_prompt(const char *folder, int hf_tok, const char *text, int 
 static char *decode_tokens(const char *folder, int hf_tok, const int *ids, int n_ids, size_t *n) {
     char *text = NULL;
     *n = (size_t)n_ids;
-    moe_status st = hf_tok                     ? hf_tokenizer_decode(folder, ids, n_ids, &text, n)
+    moe_status st = hf_tok ? moe_hf_tokenizer_decode(folder, ids, n_ids, &text, n)
                     : !(text = malloc(*n + 1)) ? moe_error(MOE_ENOMEM, "generate: out of memory")
-                                               : byte_detokenize(text, ids, *n);
+                                               : moe_byte_detokenize(text, ids, *n);
     if (st) moe_fatal("%s", moe_last_error());
     return text;
 }
@@ -393,9 +393,9 @@ typedef struct {
 
 static void prompts_open(prompt_set *ps, generate_opts *g) {
     // the tokenizer: the folder's tokenizer.json unless it is the byte tokenizer's
-    if (checkpoint_resolve(ps->folder, sizeof ps->folder, g->inf.ckpt))
+    if (moe_checkpoint_resolve(ps->folder, sizeof ps->folder, g->inf.ckpt))
         moe_fatal("%s", moe_last_error());
-    ps->hf_tok = tokenizer_has_hf(ps->folder) && !tokenizer_is_byte_hf(ps->folder);
+    ps->hf_tok = moe_tokenizer_has_hf(ps->folder) && !moe_tokenizer_is_byte_hf(ps->folder);
     ps->owned = !g->prompt;
     ps->n = g->prompt ? 1 : read_prompts(g->prompts, &ps->texts);
     if (g->prompt) ps->texts = (char **)&g->prompt;
@@ -418,7 +418,7 @@ static void prompts_free(prompt_set *ps) {
 }
 
 // The prompts' ids fit the model's vocabulary (the byte tokenizer needs 256).
-static void check_vocab(const model *m, const prompt_set *ps) {
+static void check_vocab(const moe_model *m, const prompt_set *ps) {
     if (!ps->hf_tok && m->cfg.vocab_size < 256)
         moe_fatal("generate: the model's vocabulary (%d) is not the byte tokenizer's 256",
                   m->cfg.vocab_size);
@@ -432,8 +432,8 @@ static void check_vocab(const model *m, const prompt_set *ps) {
 
 // Decodes n_new tokens after each prompt, in groups of batch decoded together (one prompt:
 // infer_generate); outs[i] receives n_out[i] tokens.
-static void decode_prompts(model *m, const prompt_set *ps, const sampling *s, int batch, int n_new,
-                           int **outs, int *n_out) {
+static void decode_prompts(moe_model *m, const prompt_set *ps, const moe_sampling *s, int batch,
+                           int n_new, int **outs, int *n_out) {
     for (int i = 0; i < ps->n; i += batch) {
         const int B = ps->n - i < batch ? ps->n - i : batch;
         moe_status st =
@@ -446,7 +446,7 @@ static void decode_prompts(model *m, const prompt_set *ps, const sampling *s, in
 }
 
 // Each prompt with its continuation on stdout (a blank line between several).
-static void print_texts(const model *m, const prompt_set *ps, int **outs, const int *n_out,
+static void print_texts(const moe_model *m, const prompt_set *ps, int **outs, const int *n_out,
                         int n_new) {
     for (int i = 0; i < ps->n; i++) {
         size_t n_text;
@@ -463,7 +463,7 @@ static void print_texts(const model *m, const prompt_set *ps, int **outs, const 
     }
 }
 
-static void print_expert_hits(const model *m, int n_seq) {
+static void print_expert_hits(const moe_model *m, int n_seq) {
     const int E = m->cfg.moe.n_experts;
     printf("expert hits per layer while decoding (top-%d assignments%s):\n", m->cfg.moe.top_k,
            n_seq > 1 ? ", the last batch" : "");
@@ -483,16 +483,16 @@ static int cmd_generate(void *opts) {
                                          : "one of --prompt or --prompts is required");
     if (o->stats_out) o->stats = 1;
     const int n_new = (int)g->n_new;
-    sampling s = {.temperature = g->temperature,
-                  .top_k = (int)g->top_k,
-                  .top_p = g->top_p,
-                  .seed = (uint64_t)g->seed,
-                  .prefill_chunk = (int)g->prefill_chunk};
+    moe_sampling s = {.temperature = g->temperature,
+                      .top_k = (int)g->top_k,
+                      .top_p = g->top_p,
+                      .seed = (uint64_t)g->seed,
+                      .prefill_chunk = (int)g->prefill_chunk};
     prompt_set ps = {0};
     prompts_open(&ps, g);
     const int batch = g->batch > ps.n ? ps.n : (int)g->batch;
     moe_backend *be = open_device(o->device);
-    model m;
+    moe_model m;
     // the KV cache holds what this call needs (at most max_position_embeddings), per sequence
     say_precision("generate", dtype_of(o), be);
     if (infer_load_batch(&m, be, NULL, o->ckpt, ps.longest + n_new, s.prefill_chunk, dtype_of(o),
@@ -504,45 +504,46 @@ static int cmd_generate(void *opts) {
     if (!outs || !n_out) moe_fatal("generate: out of memory");
     for (int i = 0; i < ps.n; i++)
         if (!(outs[i] = malloc((size_t)n_new * sizeof(int)))) moe_fatal("generate: out of memory");
-    serve_stats ss;
-    if (o->stats && serve_stats_init(&ss, &m, (int)o->stats_window, o->stats_out))
+    moe_serve_stats ss;
+    if (o->stats && moe_serve_stats_init(&ss, &m, (int)o->stats_window, o->stats_out))
         moe_fatal("%s", moe_last_error());
     s.stats = o->stats ? &ss : NULL;
     decode_prompts(&m, &ps, &s, batch, n_new, outs, n_out);
     print_texts(&m, &ps, outs, n_out, n_new);
     if (o->stats) {
         print_expert_hits(&m, ps.n);
-        if (serve_stats_finish(&ss, stderr)) moe_fatal("%s", moe_last_error());
-        serve_stats_free(&ss);
+        if (moe_serve_stats_finish(&ss, stderr)) moe_fatal("%s", moe_last_error());
+        moe_serve_stats_free(&ss);
     }
     for (int i = 0; i < ps.n; i++) free(outs[i]);
     free(outs), free(n_out);
     prompts_free(&ps);
-    model_destroy(&m);
+    moe_model_destroy(&m);
     moe_backend_destroy(be);
     return 0;
 }
 
 static int cmd_export(void *opts) {
     const export_opts *o = opts;
-    static const st_dtype dtypes[] = {ST_F32, ST_BF16, ST_F16}; // export_dtypes' order
-    const st_dtype dtype = dtypes[o->dtype % 3];
+    static const moe_st_dtype dtypes[] = {MOE_ST_F32, MOE_ST_BF16,
+                                          MOE_ST_F16}; // export_dtypes' order
+    const moe_st_dtype dtype = dtypes[o->dtype % 3];
     moe_backend *be = open_device(o->device);
-    model m;
+    moe_model m;
     // a refusal frees what it holds first (the backend, the model): the error is the only output
     if (infer_load(&m, be, o->ckpt, 1, 1)) {
         moe_backend_destroy(be);
         moe_fatal("%s", moe_last_error());
     }
     // (with ckpt's tokenizer files)
-    if (hf_export_from(o->out, o->ckpt, &m, dtype, CHECKPOINT_SHARD_BYTES)) {
-        model_destroy(&m);
+    if (moe_hf_export_from(o->out, o->ckpt, &m, dtype, CKPT_SHARD_BYTES)) {
+        moe_model_destroy(&m);
         moe_backend_destroy(be);
         moe_fatal("%s", moe_last_error());
     }
-    printf("exported %s (%s, %.2fM parameters) to %s\n", o->ckpt, st_dtype_name(dtype),
+    printf("exported %s (%s, %.2fM parameters) to %s\n", o->ckpt, moe_st_dtype_name(dtype),
            m.n_params / 1e6, o->out);
-    model_destroy(&m);
+    moe_model_destroy(&m);
     moe_backend_destroy(be);
     return 0;
 }
@@ -554,7 +555,7 @@ static int cmd_prepare(void *opts) {
     if (n > MOE_MAX_TEXT_SOURCES)
         moe_fatal("prepare: at most %d --text sources", MOE_MAX_TEXT_SOURCES);
     if (o->tokenizer) { // scripts/hf_tokenizer.py prints the counts
-        if (hf_tokenizer_prepare(o->tokenizer, sources, n, o->out, o->val_fraction))
+        if (moe_hf_tokenizer_prepare(o->tokenizer, sources, n, o->out, o->val_fraction))
             moe_fatal("%s", moe_last_error());
         return 0;
     }
@@ -573,20 +574,20 @@ static moe_comm *agree_on_train(const moe_train_config *cfg, const char *resume,
     if (moe_launch_size() <= 1) return NULL;
     moe_comm *world;
     if (moe_comm_world(&world)) moe_fatal("%s", moe_last_error());
-    launch_intent me = {.command = "train",
-                        .config_hash = launch_config_hash(cfg),
-                        .resume_step = -1,
-                        .overwrite = overwrite,
-                        .dry_run = dry_run};
+    moe_launch_intent me = {.command = "train",
+                            .config_hash = moe_launch_config_hash(cfg),
+                            .resume_step = -1,
+                            .overwrite = overwrite,
+                            .dry_run = dry_run};
     char folder[MOE_PATH_MAX + 64];
-    checkpoint_state cs;
+    moe_checkpoint_state cs;
     if (resume) snprintf(me.resume, sizeof me.resume, "%s", resume);
-    if (resume && !checkpoint_resolve(folder, sizeof folder, resume)) {
+    if (resume && !moe_checkpoint_resolve(folder, sizeof folder, resume)) {
         snprintf(me.resume, sizeof me.resume, "%s", folder); // (latest: the folder it names)
-        if (!checkpoint_state_read(&cs, folder)) me.resume_step = cs.ts.step;
+        if (!moe_checkpoint_state_read(&cs, folder)) me.resume_step = cs.ts.step;
         if (me.resume_step >= 0) free(cs.ts.capacity.need);
     }
-    if (launch_agree(world, &me)) moe_fatal("train: %s", moe_last_error());
+    if (moe_launch_agree(world, &me)) moe_fatal("train: %s", moe_last_error());
     return world;
 }
 
@@ -610,7 +611,7 @@ static moe_train_config *load_train_config(const train_opts *o) {
 // --dry-run: the header of the run and what it would do with log.dir; nothing is written.
 static int train_dry_run(moe_train_config *cfg, const char *resume, int holds, const char *what,
                          moe_comm *world) {
-    if (trainer_dry_run(cfg)) moe_fatal("%s", moe_last_error());
+    if (moe_trainer_dry_run(cfg)) moe_fatal("%s", moe_last_error());
     if (resume)
         printf("log.dir: %s; the run would resume from %s\n", cfg->run_dir, resume);
     else if (holds)
@@ -634,8 +635,8 @@ static void clear_run_dir(const moe_train_config *cfg, const char *what, int ove
                   "  --overwrite  (delete its logs and checkpoints and start over)\n"
                   "  --set 'log.dir=\"NEW_DIR\"'  (train into another directory)",
                   cfg->run_dir, what, cfg->run_dir);
-    if (moe_launch_rank() == 0) { // one rank deletes (the others wait in trainer_run)
-        if (trainer_clear_run_dir(cfg->run_dir)) moe_fatal("%s", moe_last_error());
+    if (moe_launch_rank() == 0) { // one rank deletes (the others wait in moe_trainer_run)
+        if (moe_trainer_clear_run_dir(cfg->run_dir)) moe_fatal("%s", moe_last_error());
         printf("--overwrite: deleted the logs and checkpoints of %s\n", cfg->run_dir);
     }
 }
@@ -654,18 +655,18 @@ static int cmd_train(void *opts) {
     char resolved[MOE_PATH_MAX + 32], what[64];
     const char *resume = o->resume;
     if (resume) {
-        if (trainer_resolve_resume(resolved, sizeof resolved, resume))
+        if (moe_trainer_resolve_resume(resolved, sizeof resolved, resume))
             moe_fatal("%s", moe_last_error());
         resume = resolved;
     }
     // under mpirun: every rank agrees on what it is about to do before any of it (launch.h)
     moe_comm *world = agree_on_train(cfg, resume, o->overwrite, o->dry_run);
-    const int holds = trainer_run_dir_holds(cfg->run_dir, what, sizeof what);
+    const int holds = moe_trainer_run_dir_holds(cfg->run_dir, what, sizeof what);
     if (o->dry_run) return train_dry_run(cfg, resume, holds, what, world);
     if (!resume && holds) clear_run_dir(cfg, what, o->overwrite);
-    trainer_result res;
-    moe_status st = trainer_run(cfg, resume, NULL, &res);
-    trainer_result_free(&res);
+    moe_trainer_result res;
+    moe_status st = moe_trainer_run(cfg, resume, NULL, &res);
+    moe_trainer_result_free(&res);
     free(cfg);
     if (st) moe_fatal("%s", moe_last_error());
     if (world) world->destroy(world); // the last holder: MPI ends here
@@ -674,7 +675,7 @@ static int cmd_train(void *opts) {
 
 // ---- the command table, help and dispatch ------------------------------------------------
 
-static int run_smoke(void *opts) { return smoke_run(opts); }
+static int run_smoke(void *opts) { return moe_smoke_run(opts); }
 
 typedef struct {
     const char *name;
@@ -696,8 +697,8 @@ static const command commands[] = {
      .ranks = 1,
      .computes = 1},
     {.name = "smoke",
-     .cli = &smoke_cli,
-     .opts_size = sizeof(smoke_opts),
+     .cli = &moe_smoke_cli,
+     .opts_size = sizeof(moe_smoke_opts),
      .run = run_smoke,
      .computes = 1},
     {.name = "stats", .run_argv = stats_main},

@@ -12,13 +12,13 @@
 // it is set somewhere other than `here`.
 static void describe(const load_ctx *c, const moe_train_config *cfg, int idx,
                      const config_setting_t *here, char *buf, size_t n) {
-    const key_spec *k = &cfg_specs[idx];
+    const key_spec *k = &moe_cfg_specs[idx];
     const char *field = (const char *)cfg + k->off;
     char v[48];
     switch (k->kind) {
     case K_INT: snprintf(v, sizeof v, "%d", *(const int *)field); break;
     case K_INT64: snprintf(v, sizeof v, "%" PRId64, *(const int64_t *)field); break;
-    case K_FLOAT: cfg_fmt_double(v, sizeof v, *(const double *)field); break;
+    case K_FLOAT: moe_cfg_fmt_double(v, sizeof v, *(const double *)field); break;
     default: snprintf(v, sizeof v, "?"); break;
     }
     char loc[MOE_PATH_MAX + 96] = "";
@@ -26,7 +26,7 @@ static void describe(const load_ctx *c, const moe_train_config *cfg, int idx,
         snprintf(loc, sizeof loc, " (default)");
     else if (c->at[idx] != here) {
         char w[MOE_PATH_MAX + 80];
-        cfg_where(c, c->at[idx], w, sizeof w);
+        moe_cfg_where(c, c->at[idx], w, sizeof w);
         snprintf(loc, sizeof loc, " (at %s)", w);
     }
     snprintf(buf, n, "%s.%s = %s%s", k->group, k->key, v, loc);
@@ -38,7 +38,7 @@ static moe_status inconsistent(const load_ctx *c, const moe_train_config *cfg, i
     const config_setting_t *here = c->at[a] ? c->at[a] : c->at[b];
     char loc[MOE_PATH_MAX + 96], da[MOE_PATH_MAX + 200], db[MOE_PATH_MAX + 200];
     if (here)
-        cfg_where(c, here, loc, sizeof loc);
+        moe_cfg_where(c, here, loc, sizeof loc);
     else
         snprintf(loc, sizeof loc, "%s", c->path ? c->path : "(defaults)");
     describe(c, cfg, a, here, da, sizeof da);
@@ -68,7 +68,7 @@ static moe_status too_big(const load_ctx *c, const moe_train_config *cfg, const 
         if (b->keys[i] >= 0) here = c->at[b->keys[i]];
     char loc[MOE_PATH_MAX + 96], keys[4 * (MOE_PATH_MAX + 200)] = "";
     if (here)
-        cfg_where(c, here, loc, sizeof loc);
+        moe_cfg_where(c, here, loc, sizeof loc);
     else
         snprintf(loc, sizeof loc, "%s", c->path ? c->path : "(defaults)");
     size_t len = 0;
@@ -83,18 +83,18 @@ static moe_status too_big(const load_ctx *c, const moe_train_config *cfg, const 
                      b->limit_text, keys, b->why);
 }
 
-// What the model (layers/model.c: params_layout, model_create, moe_layer_init) and the
+// What the model (layers/model.c: params_layout, moe_model_create, moe_layer_init) and the
 // trainer allocate from the config: each key alone is in range, but their products could
 // wrap an int (max_tokens = 0 later, with no key named) or a size_t. The bounds: config.h.
 static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
-#define KEY(g, k) cfg_spec_index(g, k)
+#define KEY(g, k) moe_cfg_spec_index(g, k)
     const int B = KEY("train", "batch_size"), S = KEY("train", "seq_len"),
               k = KEY("model", "top_k"), d = KEY("model", "d_model"), ff = KEY("model", "d_ff"),
               V = KEY("model", "vocab_size"), L = KEY("model", "n_layers"),
               E = KEY("model", "n_experts"), G = KEY("train", "grad_accum"),
               ev = KEY("train", "eval_batches");
 #undef KEY
-    const model_config *mc = &cfg->model;
+    const moe_model_config *mc = &cfg->model;
     const int64_t T = mul(cfg->batch_size, cfg->seq_len), wide = mc->moe.d_ff > mc->d_model;
     const size_bound bounds[] = {
         {"train.batch_size * train.seq_len",
@@ -163,41 +163,44 @@ static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
 // parallel.expert_placement, when not empty: n_experts entries, each expert once. Whether the
 // EP group divides n_experts is the trainer's check (it knows the ranks); with one rank the
 // placement only reorders the experts inside the process (same results).
-moe_status cfg_check_placement(const load_ctx *c, const moe_train_config *cfg) {
-    const int idx = cfg_spec_index("parallel", "expert_placement"), E = cfg->model.moe.n_experts,
-              n = cfg->n_placement;
+moe_status moe_cfg_check_placement(const load_ctx *c, const moe_train_config *cfg) {
+    const int idx = moe_cfg_spec_index("parallel", "expert_placement"),
+              E = cfg->model.moe.n_experts, n = cfg->n_placement;
     if (n == 0) return MOE_OK;
     const config_setting_t *s = c->at[idx];
     const char *name = "parallel.expert_placement";
     if (n != E)
-        return cfg_bad(c, s, name,
-                       "has %d entries, model.n_experts = %d (a permutation of 0 .. %d, or [] for "
-                       "the default placement)",
-                       n, E, E - 1);
+        return moe_cfg_bad(
+            c, s, name,
+            "has %d entries, model.n_experts = %d (a permutation of 0 .. %d, or [] for "
+            "the default placement)",
+            n, E, E - 1);
     unsigned char seen[MOE_MAX_EXPERTS] = {0};
     for (int i = 0; i < n; i++) {
         const int e = cfg->expert_placement[i];
         if (e >= E)
-            return cfg_bad(c, s, name, "entry %d is expert %d, model.n_experts = %d", i, e, E);
+            return moe_cfg_bad(c, s, name, "entry %d is expert %d, model.n_experts = %d", i, e, E);
         if (seen[e]++)
-            return cfg_bad(c, s, name, "expert %d is listed twice (entry %d): not a permutation", e,
-                           i);
+            return moe_cfg_bad(c, s, name,
+                               "expert %d is listed twice (entry %d): not a permutation", e, i);
     }
     return MOE_OK;
 }
 
-moe_status cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
-    const int n_heads = cfg_spec_index("model", "n_heads"),
-              n_kv = cfg_spec_index("model", "n_kv_heads"),
-              d_model = cfg_spec_index("model", "d_model"),
-              top_k = cfg_spec_index("model", "top_k"),
-              n_experts = cfg_spec_index("model", "n_experts"),
-              max_seq = cfg_spec_index("model", "max_seq_len"),
-              seq_len = cfg_spec_index("train", "seq_len"), lr = cfg_spec_index("train", "lr"),
-              min_lr = cfg_spec_index("train", "min_lr"), steps = cfg_spec_index("train", "steps"),
-              warmup = cfg_spec_index("train", "warmup_steps"),
-              drop = cfg_spec_index("model", "drop_policy");
-    model_config *m = &cfg->model;
+moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
+    const int n_heads = moe_cfg_spec_index("model", "n_heads"),
+              n_kv = moe_cfg_spec_index("model", "n_kv_heads"),
+              d_model = moe_cfg_spec_index("model", "d_model"),
+              top_k = moe_cfg_spec_index("model", "top_k"),
+              n_experts = moe_cfg_spec_index("model", "n_experts"),
+              max_seq = moe_cfg_spec_index("model", "max_seq_len"),
+              seq_len = moe_cfg_spec_index("train", "seq_len"),
+              lr = moe_cfg_spec_index("train", "lr"),
+              min_lr = moe_cfg_spec_index("train", "min_lr"),
+              steps = moe_cfg_spec_index("train", "steps"),
+              warmup = moe_cfg_spec_index("train", "warmup_steps"),
+              drop = moe_cfg_spec_index("model", "drop_policy");
+    moe_model_config *m = &cfg->model;
 
     if (!c->at[n_kv]) m->n_kv_heads = m->n_heads; // default: no GQA
 
@@ -221,27 +224,27 @@ moe_status cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
                  m->d_model / m->n_heads);
         return inconsistent(c, cfg, d_model, n_heads, "with", why);
     }
-    const capacity_plan *cap = &cfg->capacity;
+    const moe_capacity_plan *cap = &cfg->capacity;
     static const char *const auto_keys[] = {"max_drop", "capacity_window", "capacity_min",
                                             "capacity_max", "capacity_max_change"};
-    for (int i = 0; i < 5 && cap->mode != CAPACITY_AUTO; i++) {
-        const int ki = cfg_spec_index("model", auto_keys[i]);
+    for (int i = 0; i < 5 && cap->mode != MOE_CAPACITY_AUTO; i++) {
+        const int ki = moe_cfg_spec_index("model", auto_keys[i]);
         if (!c->at[ki]) continue;
         char loc[MOE_PATH_MAX + 96];
-        cfg_where(c, c->at[ki], loc, sizeof loc);
+        moe_cfg_where(c, c->at[ki], loc, sizeof loc);
         return moe_error(MOE_EINVAL,
                          "%s: model.%s is set but model.capacity_factor is not \"auto\": it has "
                          "no effect (set capacity_factor = \"auto\", or remove it)",
                          loc, auto_keys[i]);
     }
-    if (cap->mode == CAPACITY_AUTO && cap->min > cap->max)
-        return inconsistent(c, cfg, cfg_spec_index("model", "capacity_min"),
-                            cfg_spec_index("model", "capacity_max"), "exceeds",
+    if (cap->mode == MOE_CAPACITY_AUTO && cap->min > cap->max)
+        return inconsistent(c, cfg, moe_cfg_spec_index("model", "capacity_min"),
+                            moe_cfg_spec_index("model", "capacity_max"), "exceeds",
                             "auto capacity keeps the factor within [capacity_min, capacity_max]");
-    if (cap->mode == CAPACITY_AUTO) m->moe.capacity_factor = cap->max; // young router: wide
+    if (cap->mode == MOE_CAPACITY_AUTO) m->moe.capacity_factor = cap->max; // young router: wide
     if (c->at[drop] && m->moe.capacity_factor == 0.0) {
         char loc[MOE_PATH_MAX + 96];
-        cfg_where(c, c->at[drop], loc, sizeof loc);
+        moe_cfg_where(c, c->at[drop], loc, sizeof loc);
         return moe_error(MOE_EINVAL,
                          "%s: model.drop_policy is set but model.capacity_factor = 0 (dropless): "
                          "nothing is ever dropped (set capacity_factor > 0, or remove drop_policy)",

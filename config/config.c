@@ -26,7 +26,7 @@
 void moe_train_config_default(moe_train_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg); // also the padding and the string tails: memcmp-able
-    model_config *m = &cfg->model;
+    moe_model_config *m = &cfg->model;
     m->vocab_size = 256;
     m->d_model = 128;
     m->n_layers = 4;
@@ -45,15 +45,15 @@ void moe_train_config_default(moe_train_config *cfg) {
     e->drop_policy = d.drop_policy, e->aux_coef = d.aux_coef, e->z_coef = d.z_coef;
     e->scoring = d.scoring, e->route_scale = d.route_scale, e->seq_aux_coef = d.seq_aux_coef;
     e->jitter_eps = d.jitter_eps;
-    e->dtype = d.dtype;       // fp32 (the model's dtype decides: model_create)
+    e->dtype = d.dtype;       // fp32 (the model's dtype decides: moe_model_create)
     m->dtype = MOE_DTYPE_F32; // train.dtype
     e->exchange = d.exchange; // dedup
-    cfg->capacity = (capacity_plan){.mode = CAPACITY_FIXED,
-                                    .max_drop = 0.01,
-                                    .window = 100,
-                                    .min = 1.0,
-                                    .max = 2.0,
-                                    .max_change = 1.25};
+    cfg->capacity = (moe_capacity_plan){.mode = MOE_CAPACITY_FIXED,
+                                        .max_drop = 0.01,
+                                        .window = 100,
+                                        .min = 1.0,
+                                        .max = 2.0,
+                                        .max_change = 1.25};
     cfg->bias_rate = 0.0;
     cfg->init_std = 0.02;
     snprintf(cfg->device, sizeof cfg->device, "cpu");
@@ -68,7 +68,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     cfg->lr = 3e-4;
     cfg->min_lr = 3e-5;
     cfg->warmup_steps = 100;
-    cfg->schedule = SCHEDULE_COSINE;
+    cfg->schedule = MOE_SCHEDULE_COSINE;
     cfg->beta1 = 0.9;
     cfg->beta2 = 0.95;
     cfg->eps = 1e-8;
@@ -124,7 +124,7 @@ moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_
     moe_status st = MOE_OK;
 
     if (path) {
-        if ((st = cfg_read_file(path, &c->main_text))) goto done;
+        if ((st = moe_cfg_read_file(path, &c->main_text))) goto done;
         // @include "x" is relative to the config's folder.
         const char *slash = strrchr(path, '/');
         if (slash) {
@@ -134,10 +134,10 @@ moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_
             config_set_include_dir(&c->lc, c->include_dir);
         }
         // every @include checked and read before libconfig opens it; no "\x00" in strings
-        if ((st = cfg_scan_source(c, path, NULL, c->main_text))) goto done;
+        if ((st = moe_cfg_scan_source(c, path, NULL, c->main_text))) goto done;
         if (!config_read_string(&c->lc, c->main_text)) {
             char file[MOE_PATH_MAX + 64];
-            cfg_resolve_file(c, config_error_file(&c->lc), file, sizeof file);
+            moe_cfg_resolve_file(c, config_error_file(&c->lc), file, sizeof file);
             st = moe_error(MOE_EINVAL, "%s:%d: syntax error: %s", file, config_error_line(&c->lc),
                            config_error_text(&c->lc) ? config_error_text(&c->lc) : "?");
             goto done;
@@ -149,11 +149,11 @@ moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_
             st = moe_error(MOE_EINVAL, "--set #%d is NULL", i + 1);
             goto done;
         }
-        if ((st = cfg_apply_set(c, sets[i], &origins[i]))) goto done;
+        if ((st = moe_cfg_apply_set(c, sets[i], &origins[i]))) goto done;
     }
-    if ((st = cfg_read_tree(c, tmp))) goto done;
-    if ((st = cfg_check_combinations(c, tmp))) goto done;
-    if ((st = cfg_check_placement(c, tmp))) goto done;
+    if ((st = moe_cfg_read_tree(c, tmp))) goto done;
+    if ((st = moe_cfg_check_combinations(c, tmp))) goto done;
+    if ((st = moe_cfg_check_placement(c, tmp))) goto done;
     memcpy(cfg, tmp, sizeof *cfg);
 
 done:

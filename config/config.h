@@ -21,23 +21,23 @@
 
 // How model.capacity_factor moves during training (train/capacity.h applies it).
 typedef enum {
-    CAPACITY_FIXED = 0,    // one number
-    CAPACITY_SCHEDULE = 1, // (step, factor) points, linear in between, held outside
-    CAPACITY_AUTO = 2,     // follows the router: the P99 step's need over each window
-} capacity_mode;
+    MOE_CAPACITY_FIXED = 0,    // one number
+    MOE_CAPACITY_SCHEDULE = 1, // (step, factor) points, linear in between, held outside
+    MOE_CAPACITY_AUTO = 2,     // follows the router: the P99 step's need over each window
+} moe_capacity_mode;
 
 // parallel.transport
 typedef enum { MOE_TRANSPORT_MPI = 0, MOE_TRANSPORT_NCCL = 1 } moe_transport;
 
 typedef struct {
-    capacity_mode mode;
+    moe_capacity_mode mode;
     int n_points;                           // SCHEDULE: [1, MOE_CAPACITY_MAX_POINTS]
     int64_t step[MOE_CAPACITY_MAX_POINTS];  // strictly increasing, >= 0
     double factor[MOE_CAPACITY_MAX_POINTS]; // > 0, finite
     double max_drop;                        // AUTO (and its keys' defaults otherwise)
     int64_t window;
     double min, max, max_change;
-} capacity_plan;
+} moe_capacity_plan;
 #define MOE_MAX_TEXT_SOURCES 32
 
 // What a config may read (issue 8). The config file and every file it @includes must be a
@@ -81,7 +81,7 @@ typedef struct {
     // ---- model { } ------------------------------------------------------------
     // The model's keys are fields of `model` (layers/model.h; the MoE layer's in model.moe,
     // layers/moe.h); model.moe.d_model and model.router_bias follow from d_model and
-    // bias_rate (trainer_model_config). Key: field, range:
+    // bias_rate (moe_trainer_model_config). Key: field, range:
     //   vocab_size      model.vocab_size          [2, 1<<24]
     //   d_model         model.d_model             [1, 65536]
     //   n_layers        model.n_layers            [1, 1024]
@@ -97,8 +97,8 @@ typedef struct {
     //   tie_embeddings  model.tie_embeddings      bool
     //   norm_topk_prob  model.moe.norm_topk_prob  bool
     //   capacity_factor model.moe.capacity_factor >= 0, finite (0: dropless); or a schedule
-    //                   ((step, factor), ...) (capacity.mode CAPACITY_SCHEDULE: steps >= 0
-    //                   increasing, factors > 0); or "auto" (CAPACITY_AUTO, the keys below)
+    //                   ((step, factor), ...) (capacity.mode MOE_CAPACITY_SCHEDULE: steps >= 0
+    //                   increasing, factors > 0); or "auto" (MOE_CAPACITY_AUTO, the keys below)
     //   max_drop        capacity.max_drop         (0, 1): auto's drop bound on the P99 step
     //   capacity_window capacity.window           [1, 1e9] steps per auto decision
     //   capacity_min    capacity.min              (0, inf): auto's lower bound
@@ -113,10 +113,10 @@ typedef struct {
     //   route_scale     model.moe.route_scale     (0, 1e6]: multiplies the combine weights
     //   seq_aux_coef    model.moe.seq_aux_coef    >= 0 (0: off), sequence-level aux loss
     //   router_jitter   model.moe.jitter_eps      [0, 1) (0: off), router input noise U(1-j, 1+j)
-    model_config model;
+    moe_model_config model;
     // model.capacity_factor beyond one number: a schedule of (step, factor) points or "auto"
     // (train/capacity.h); model.moe.capacity_factor then holds the factor of step 0
-    capacity_plan capacity;
+    moe_capacity_plan capacity;
     double init_std;  // > 0
     double bias_rate; // >= 0 (0: off): aux-loss-free bias balancing rate
     // the backend the run computes on, by name (layers/backend.h moe_backend_names: "cpu";
@@ -125,24 +125,24 @@ typedef struct {
     int tf32; // GPU backends: TF32 tensor-core math in the GEMMs (default false: strict fp32)
 
     // ---- train { } ------------------------------------------------------------
-    int64_t seed;           // >= 0
-    int64_t steps;          // [1, 1e12]
-    int batch_size;         // sequences per micro-batch, [1, 1<<20]
-    int seq_len;            // [1, model.max_seq_len]
-    int grad_accum;         // micro-batches per step, [1, 1<<20]
-    optim_kind optimizer;   // "adamw" | "sgd" (optim/optimizer.h)
-    double lr;              // >= 0, finite
-    double min_lr;          // [0, lr]: the cosine schedule ends here
-    int64_t warmup_steps;   // [0, steps]
-    schedule_kind schedule; // "cosine" | "constant" (optim/optimizer.h)
-    double beta1;           // [0, 1)
-    double beta2;           // [0, 1)
-    double eps;             // > 0
-    double weight_decay;    // >= 0
-    int decay_norms;        // bool; false: RMSNorm weights get no weight decay
-    double grad_clip;       // >= 0 (0 = off)
-    int max_skipped;        // consecutive non-finite steps before stopping, >= 1
-    int threads;            // [0, 1024] (0 = OpenMP's default)
+    int64_t seed;               // >= 0
+    int64_t steps;              // [1, 1e12]
+    int batch_size;             // sequences per micro-batch, [1, 1<<20]
+    int seq_len;                // [1, model.max_seq_len]
+    int grad_accum;             // micro-batches per step, [1, 1<<20]
+    optim_kind optimizer;       // "adamw" | "sgd" (optim/optimizer.h)
+    double lr;                  // >= 0, finite
+    double min_lr;              // [0, lr]: the cosine schedule ends here
+    int64_t warmup_steps;       // [0, steps]
+    moe_schedule_kind schedule; // "cosine" | "constant" (optim/optimizer.h)
+    double beta1;               // [0, 1)
+    double beta2;               // [0, 1)
+    double eps;                 // > 0
+    double weight_decay;        // >= 0
+    int decay_norms;            // bool; false: RMSNorm weights get no weight decay
+    double grad_clip;           // >= 0 (0 = off)
+    int max_skipped;            // consecutive non-finite steps before stopping, >= 1
+    int threads;                // [0, 1024] (0 = OpenMP's default)
     // train.dtype, "fp32" (default) | "bf16": the GEMM precision, stored in model.dtype (the model's)
     // (bf16 operands, fp32 accumulation, fp32 master weights and optimizer; DESIGN.md §5b)
     int64_t eval_interval;              // steps, >= 0 (0 = never)
@@ -161,7 +161,7 @@ typedef struct {
     double val_fraction; // (0, 0.5]
     // a Hugging Face tokenizer folder (its tokenizer.json) that prepares data.text and travels
     // with the checkpoints; "" = the byte tokenizer, or train.init_from's tokenizer
-    // when that folder has one (data/tokenizer.h tokenizer_for_run)
+    // when that folder has one (data/tokenizer.h moe_tokenizer_for_run)
     char tokenizer[MOE_PATH_MAX];
 
     // ---- log { } --------------------------------------------------------------

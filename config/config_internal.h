@@ -13,6 +13,9 @@
 
 #include "config/config.h"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 // ---- the schema (schema.c) ---------------------------------------------------------------
 
 typedef enum {
@@ -64,26 +67,26 @@ typedef struct {
 enum { CFG_N_SPECS = 72, CFG_N_GROUPS = 6 };
 
 // Every key, in the order `moe_train_config_write` writes (config.h lists the fields in it).
-extern const key_spec cfg_specs[CFG_N_SPECS];
-extern const char *const cfg_group_names[CFG_N_GROUPS]; // "model", "train", ...
-extern const char *const cfg_drop_names[];              // model.drop_policy's values
+extern const key_spec moe_cfg_specs[CFG_N_SPECS];
+extern const char *const moe_cfg_group_names[CFG_N_GROUPS]; // "model", "train", ...
+extern const char *const moe_cfg_drop_names[];              // model.drop_policy's values
 
-// The index of group.key in cfg_specs, or -1.
-int cfg_spec_index(const char *group, const char *key);
-// 1 if name is one of cfg_group_names.
-int cfg_is_group(const char *name);
+// The index of group.key in moe_cfg_specs, or -1.
+int moe_cfg_spec_index(const char *group, const char *key);
+// 1 if name is one of moe_cfg_group_names.
+int moe_cfg_is_group(const char *name);
 
 // ---- names near a typo (suggest.c) -------------------------------------------------------
 
 // The closest candidate to `name` when it is close enough to be a typo, else NULL.
-const char *cfg_closest(const char *name, const char *const *cands, int n);
+const char *moe_cfg_closest(const char *name, const char *const *cands, int n);
 // " (did you mean KEY?)" for a key of `group` close to `key`, or " (KEY is a key of
 // OTHER)" when another group has exactly that key, or "".
-void cfg_suggest_key(char *buf, size_t n, const char *group, const char *key);
+void moe_cfg_suggest_key(char *buf, size_t n, const char *group, const char *key);
 // The same for an unknown top-level name.
-void cfg_suggest_group(char *buf, size_t n, const char *name);
+void moe_cfg_suggest_group(char *buf, size_t n, const char *name);
 // "\"a\", \"b\" or \"c\"" of a NULL-terminated list.
-void cfg_list_names(char *buf, size_t n, const char *const *names);
+void moe_cfg_list_names(char *buf, size_t n, const char *const *names);
 
 // ---- a load, and where a setting came from (message.c) ------------------------------------
 
@@ -110,21 +113,21 @@ typedef struct {
 } load_ctx;
 
 // The override a setting (or its group) comes from, or NULL (a file).
-const override_origin *cfg_origin_of(const config_setting_t *s);
+const override_origin *moe_cfg_origin_of(const config_setting_t *s);
 // A file name as libconfig records it (NULL: the main file) -> the path to show and open:
 // libconfig 1.5 opens "<include_dir>/<name>", an absolute name too, or the name without
 // an include dir. Returns 0 if the path does not fit in buf.
-int cfg_resolve_file(const load_ctx *c, const char *file, char *buf, size_t n);
+int moe_cfg_resolve_file(const load_ctx *c, const char *file, char *buf, size_t n);
 // "FILE:LINE" or "--set group.key".
-void cfg_where(const load_ctx *c, const config_setting_t *s, char *buf, size_t n);
+void moe_cfg_where(const load_ctx *c, const config_setting_t *s, char *buf, size_t n);
 // MOE_EINVAL "WHERE: NAME: WHAT" (for an override of NAME itself, "--set NAME: WHAT").
-moe_status cfg_bad(const load_ctx *c, const config_setting_t *s, const char *name, const char *fmt,
-                   ...) __attribute__((format(printf, 4, 5)));
+moe_status moe_cfg_bad(const load_ctx *c, const config_setting_t *s, const char *name,
+                       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 // "a group", "an integer", ... for a CONFIG_TYPE_*.
-const char *cfg_type_name(int type);
+const char *moe_cfg_type_name(int type);
 // The shortest "%.Ng" that reads back as exactly v (so 0.1 prints as 0.1, not
 // 0.10000000000000001, and still round-trips bit for bit).
-void cfg_fmt_double(char *buf, size_t n, double v);
+void moe_cfg_fmt_double(char *buf, size_t n, double v);
 
 // ---- the source text (scan.c, literal.c) --------------------------------------------------
 
@@ -138,31 +141,34 @@ static inline int is_literal_char(int ch) {
 }
 
 // Skips blanks and comments (#, //, /* */), counting lines.
-const char *cfg_skip_blank(const char *p, unsigned *line);
+const char *moe_cfg_skip_blank(const char *p, unsigned *line);
 // A config file (the main one or an @included one): a regular file of at most
 // MOE_CONFIG_MAX_BYTES without NUL bytes, into *out (malloc'd).
-moe_status cfg_read_file(const char *path, char **out);
+moe_status moe_cfg_read_file(const char *path, char **out);
 // The text of an @included file read before, by the name libconfig records (NULL: none).
-const char *cfg_cached_text(const load_ctx *c, const char *file);
+const char *moe_cfg_cached_text(const load_ctx *c, const char *file);
 // Keeps text (taken over: freed here on failure) as that of `file`.
-moe_status cfg_cache_text(load_ctx *c, const char *file, char *text);
+moe_status moe_cfg_cache_text(load_ctx *c, const char *file, char *text);
 // Scans the main file's text (label: its name) or, with set_label, a --set snippet, before
 // libconfig parses it: every @include checked and read within the limits, no "\x00".
-moe_status cfg_scan_source(load_ctx *c, const char *label, const char *set_label, const char *text);
+moe_status moe_cfg_scan_source(load_ctx *c, const char *label, const char *set_label,
+                               const char *text);
 // The value of an integer setting as written in the source (not libconfig's, which may
 // have wrapped).
-moe_status cfg_int_value(load_ctx *c, const config_setting_t *s, const char *name, int64_t *v);
+moe_status moe_cfg_int_value(load_ctx *c, const config_setting_t *s, const char *name, int64_t *v);
 
 // ---- reading, checking, overriding (read.c, check.c, set.c) ---------------------------------
 
 // Every group and key of the parsed tree into cfg (unknown names rejected); c->at records
 // the setting of each key.
-moe_status cfg_read_tree(load_ctx *c, moe_train_config *cfg);
-// The checks across keys (and the sizes their products give), after cfg_read_tree.
-moe_status cfg_check_combinations(load_ctx *c, moe_train_config *cfg);
+moe_status moe_cfg_read_tree(load_ctx *c, moe_train_config *cfg);
+// The checks across keys (and the sizes their products give), after moe_cfg_read_tree.
+moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg);
 // parallel.expert_placement against model.n_experts.
-moe_status cfg_check_placement(const load_ctx *c, const moe_train_config *cfg);
+moe_status moe_cfg_check_placement(const load_ctx *c, const moe_train_config *cfg);
 // One `--set group.key=value` into the parsed tree (o: its origin, filled here).
-moe_status cfg_apply_set(load_ctx *c, const char *arg, override_origin *o);
+moe_status moe_cfg_apply_set(load_ctx *c, const char *arg, override_origin *o);
+
+#pragma GCC visibility pop
 
 #endif

@@ -9,7 +9,7 @@
 #include "config/config_internal.h"
 
 // Skips blanks and comments (#, //, /* */), counting lines.
-const char *cfg_skip_blank(const char *p, unsigned *line) {
+const char *moe_cfg_skip_blank(const char *p, unsigned *line) {
     for (;;) {
         if (*p == '\n') {
             ++*line;
@@ -41,7 +41,7 @@ static int find_literal(const char *text, unsigned target, const char *name, int
     const char *p = text;
     *truncated = 0;
     for (;;) {
-        p = cfg_skip_blank(p, &line);
+        p = moe_cfg_skip_blank(p, &line);
         if (!*p || line > target) return 0;
         unsigned char ch = (unsigned char)*p;
         if (ch == '"') {
@@ -55,10 +55,10 @@ static int find_literal(const char *text, unsigned target, const char *name, int
             unsigned name_line = line;
             while (is_name_char((unsigned char)*p)) p++;
             size_t len = (size_t)(p - start);
-            p = cfg_skip_blank(p, &line);
+            p = moe_cfg_skip_blank(p, &line);
             if ((*p == '=' || *p == ':') && name_line == target && len == name_len &&
                 memcmp(start, name, len) == 0 && k-- == 0) {
-                p = cfg_skip_blank(p + 1, &line);
+                p = moe_cfg_skip_blank(p + 1, &line);
                 size_t n = 0;
                 for (; is_literal_char((unsigned char)*p); p++) {
                     if (n + 1 < litn)
@@ -109,11 +109,12 @@ static int parse_int_literal(const char *lit, int64_t *v) {
 
 // Text of an @included file (scan_text has read it; NULL if it cannot be read).
 static const char *included_text(load_ctx *c, const char *file) {
-    const char *known = cfg_cached_text(c, file);
+    const char *known = moe_cfg_cached_text(c, file);
     if (known) return known;
     char path[2 * MOE_PATH_MAX + 2], *text = NULL;
-    if (!cfg_resolve_file(c, file, path, sizeof path) || cfg_read_file(path, &text)) return NULL;
-    return cfg_cache_text(c, file, text) ? NULL : text;
+    if (!moe_cfg_resolve_file(c, file, path, sizeof path) || moe_cfg_read_file(path, &text))
+        return NULL;
+    return moe_cfg_cache_text(c, file, text) ? NULL : text;
 }
 
 static int same_file(const char *a, const char *b) {
@@ -135,8 +136,8 @@ static int count_before(const config_setting_t *s, const config_setting_t *targe
 
 // The value of an integer setting as written in the source (not libconfig's, which may
 // have wrapped).
-moe_status cfg_int_value(load_ctx *c, const config_setting_t *s, const char *name, int64_t *v) {
-    const override_origin *o = cfg_origin_of(s);
+moe_status moe_cfg_int_value(load_ctx *c, const config_setting_t *s, const char *name, int64_t *v) {
+    const override_origin *o = moe_cfg_origin_of(s);
     const char *text;
     unsigned line;
     int k = 0;
@@ -151,15 +152,16 @@ moe_status cfg_int_value(load_ctx *c, const config_setting_t *s, const char *nam
     char lit[96];
     int truncated = 0;
     if (!text || !s->name || !find_literal(text, line, s->name, k, lit, sizeof lit, &truncated))
-        return cfg_bad(c, s, name,
-                       "cannot find this integer in the source text to check it for overflow "
-                       "(libconfig 1.5 wraps integers above 2147483647 without an L suffix)");
+        return moe_cfg_bad(c, s, name,
+                           "cannot find this integer in the source text to check it for overflow "
+                           "(libconfig 1.5 wraps integers above 2147483647 without an L suffix)");
     int64_t x = 0;
     int r = truncated ? -1 : parse_int_literal(lit, &x);
     if (r == -1)
-        return cfg_bad(c, s, name, "%s%s overflows a 64-bit integer (at most 9223372036854775807)",
-                       lit, truncated ? "..." : "");
-    if (r == -2) return cfg_bad(c, s, name, "cannot read the integer literal \"%s\"", lit);
+        return moe_cfg_bad(c, s, name,
+                           "%s%s overflows a 64-bit integer (at most 9223372036854775807)", lit,
+                           truncated ? "..." : "");
+    if (r == -2) return moe_cfg_bad(c, s, name, "cannot read the integer literal \"%s\"", lit);
     *v = x;
     return MOE_OK;
 }

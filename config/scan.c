@@ -2,7 +2,7 @@
 // with fopen, without limits (no include hook before 1.7), and drops a "\x00" escape without a
 // word. So every text is scanned first (scan_text): each @include is resolved as libconfig
 // will, read within the limits of config.h and scanned in turn; a "\x00" in a string is
-// refused. The files read are kept (cfg_cached_text) for the integer re-reading.
+// refused. The files read are kept (moe_cfg_cached_text) for the integer re-reading.
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,19 +12,19 @@
 // A config file (the main one or an @included one): a regular file of at most
 // MOE_CONFIG_MAX_BYTES without NUL bytes (data/files.h: /dev/zero would never end, a FIFO would
 // block, and libconfig would stop reading at a NUL).
-moe_status cfg_read_file(const char *path, char **out) {
-    return file_read_input(path, "a config", MOE_CONFIG_MAX_BYTES, 1, out, NULL);
+moe_status moe_cfg_read_file(const char *path, char **out) {
+    return moe_file_read_input(path, "a config", MOE_CONFIG_MAX_BYTES, 1, out, NULL);
 }
 
 // The text of an @included file read before, by the name libconfig records (NULL: none).
-const char *cfg_cached_text(const load_ctx *c, const char *file) {
+const char *moe_cfg_cached_text(const load_ctx *c, const char *file) {
     for (int i = 0; i < c->n_files; i++)
         if (strcmp(c->files[i].path, file) == 0) return c->files[i].text;
     return NULL;
 }
 
 // Keeps text (taken over: freed here on failure) as that of `file`.
-moe_status cfg_cache_text(load_ctx *c, const char *file, char *text) {
+moe_status moe_cfg_cache_text(load_ctx *c, const char *file, char *text) {
     source_text *files = realloc(c->files, (size_t)(c->n_files + 1) * sizeof *files);
     char *name = malloc(strlen(file) + 1);
     if (name) memcpy(name, file, strlen(file) + 1);
@@ -45,7 +45,7 @@ moe_status cfg_cache_text(load_ctx *c, const char *file, char *text) {
 // Read the way libconfig 1.5's lexer reads it: strings ("..." with \ escapes), comments (#,
 // //, /* */), and `@include "name"` at the start of a line after blanks (its name with only
 // \\ and \" as escapes; a lone backslash is dropped). Each @include is resolved as libconfig
-// will open it, read (cfg_read_file: a regular file within the size limit) and scanned
+// will open it, read (moe_cfg_read_file: a regular file within the size limit) and scanned
 // in turn, so libconfig only ever opens files checked here. (A file swapped in between
 // the check and libconfig's open is not caught: the config's folder is trusted that far.)
 
@@ -134,14 +134,14 @@ static moe_status scan_include(scan_state *s, const char *label, unsigned *line,
                          "include itself?)",
                          label, at, name, MOE_CONFIG_MAX_INCLUDE_DEPTH);
     char path[2 * MOE_PATH_MAX + 2];
-    if (!cfg_resolve_file(s->c, name, path, sizeof path))
+    if (!moe_cfg_resolve_file(s->c, name, path, sizeof path))
         return moe_error(MOE_EINVAL, "%s:%u: @include \"%s\": the path is too long", label, at,
                          name);
-    const char *text = cfg_cached_text(s->c, name);
+    const char *text = moe_cfg_cached_text(s->c, name);
     moe_status st = MOE_OK;
     if (!text) {
         char *fresh = NULL;
-        if ((st = cfg_read_file(path, &fresh)) || (st = cfg_cache_text(s->c, name, fresh)))
+        if ((st = moe_cfg_read_file(path, &fresh)) || (st = moe_cfg_cache_text(s->c, name, fresh)))
             return moe_error_context(st, "%s:%u: @include \"%s\"", label, at, name);
         text = fresh;
     }
@@ -159,7 +159,7 @@ static const char *scan_name(scan_state *s, const char *p) {
     const char *start = p;
     while (is_name_char((unsigned char)*p)) p++;
     unsigned ignored = 0;
-    const char *q = cfg_skip_blank(p, &ignored);
+    const char *q = moe_cfg_skip_blank(p, &ignored);
     if ((*q == '=' || *q == ':') && s->depth < SCAN_NEST)
         snprintf(s->names[s->depth], SCAN_NAME, "%.*s", (int)(p - start), start);
     return p;
@@ -209,8 +209,8 @@ static moe_status scan_text(scan_state *s, const char *label, const char *text, 
 }
 
 // The main file's text (label: its name) or, with set_label, a --set snippet.
-moe_status cfg_scan_source(load_ctx *c, const char *label, const char *set_label,
-                           const char *text) {
+moe_status moe_cfg_scan_source(load_ctx *c, const char *label, const char *set_label,
+                               const char *text) {
     scan_state s = {.c = c, .set_label = set_label, .total = strlen(text)};
     return scan_text(&s, label, text, 0);
 }

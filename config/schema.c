@@ -11,7 +11,7 @@
 _Static_assert(MOE_DROP_PROBS == 0 && MOE_DROP_POSITION == 1,
                "model.drop_policy maps \"probs\" -> 0 and \"position\" -> 1");
 
-const char *const cfg_drop_names[] = {"probs", "position", NULL};
+const char *const moe_cfg_drop_names[] = {"probs", "position", NULL};
 static const char *const optimizer_names[] = {"adamw", "sgd", NULL};
 static const char *const schedule_names[] = {"cosine", "constant", NULL};
 static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
@@ -24,7 +24,7 @@ static const char *const transport_names[] = {"mpi", "nccl", NULL};  // moe_tran
 ENUM_FITS_INT(moe_drop_policy);
 ENUM_FITS_INT(moe_scoring);
 ENUM_FITS_INT(optim_kind);
-ENUM_FITS_INT(schedule_kind);
+ENUM_FITS_INT(moe_schedule_kind);
 ENUM_FITS_INT(moe_alert_action);
 ENUM_FITS_INT(moe_dtype);
 _Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "train.dtype: fp32 -> 0, bf16 -> 1");
@@ -33,12 +33,13 @@ ENUM_FITS_INT(moe_transport);
 _Static_assert(MOE_EXCHANGE_DEDUP == 0 && MOE_EXCHANGE_ROWS == 1,
                "parallel.exchange: dedup -> 0, rows -> 1");
 
-const char *const cfg_group_names[] = {"model", "train", "data", "log", "checkpoint", "parallel"};
-_Static_assert(sizeof cfg_group_names / sizeof cfg_group_names[0] == CFG_N_GROUPS,
+const char *const moe_cfg_group_names[] = {"model", "train",      "data",
+                                           "log",   "checkpoint", "parallel"};
+_Static_assert(sizeof moe_cfg_group_names / sizeof moe_cfg_group_names[0] == CFG_N_GROUPS,
                "CFG_N_GROUPS counts the groups");
 
 // In the order `moe_train_config_write` writes (config.h lists the fields in it).
-const key_spec cfg_specs[] = {
+const key_spec moe_cfg_specs[] = {
     KINT("model", "vocab_size", model.vocab_size, 2, 1 << 24),
     KINT("model", "d_model", model.d_model, 1, 65536),
     KINT("model", "n_layers", model.n_layers, 1, 1024),
@@ -55,13 +56,13 @@ const key_spec cfg_specs[] = {
     {.group = "model",
      .key = "capacity_factor",
      .kind = K_CAPACITY,
-     .off = OFF(capacity, capacity_plan)},
+     .off = OFF(capacity, moe_capacity_plan)},
     KFLT("model", "max_drop", capacity.max_drop, 0, OPEN, 1, OPEN),
     KI64("model", "capacity_window", capacity.window, 1, INT64_C(1000000000)),
     KFLT("model", "capacity_min", capacity.min, 0, OPEN, INFINITY, OPEN),
     KFLT("model", "capacity_max", capacity.max, 0, OPEN, INFINITY, OPEN),
     KFLT("model", "capacity_max_change", capacity.max_change, 1, CLOSED, INFINITY, OPEN),
-    KENUM("model", "drop_policy", model.moe.drop_policy, moe_drop_policy, cfg_drop_names),
+    KENUM("model", "drop_policy", model.moe.drop_policy, moe_drop_policy, moe_cfg_drop_names),
     KFLT("model", "aux_coef", model.moe.aux_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "z_coef", model.moe.z_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "init_std", init_std, 0, OPEN, INFINITY, OPEN),
@@ -82,7 +83,7 @@ const key_spec cfg_specs[] = {
     KFLT("train", "lr", lr, 0, CLOSED, INFINITY, OPEN),
     KFLT("train", "min_lr", min_lr, 0, CLOSED, INFINITY, OPEN),             // and <= lr
     KI64("train", "warmup_steps", warmup_steps, 0, INT64_C(1000000000000)), // and <= steps
-    KENUM("train", "schedule", schedule, schedule_kind, schedule_names),
+    KENUM("train", "schedule", schedule, moe_schedule_kind, schedule_names),
     KFLT("train", "beta1", beta1, 0, CLOSED, 1, OPEN),
     KFLT("train", "beta2", beta2, 0, CLOSED, 1, OPEN),
     KFLT("train", "eps", eps, 0, OPEN, INFINITY, OPEN),
@@ -128,17 +129,18 @@ const key_spec cfg_specs[] = {
      .count_off = OFF(n_placement, int)}, // a permutation of 0 .. n_experts-1, or empty
     KENUM("parallel", "transport", transport, moe_transport, transport_names),
 };
-_Static_assert(sizeof cfg_specs / sizeof cfg_specs[0] == CFG_N_SPECS,
+_Static_assert(sizeof moe_cfg_specs / sizeof moe_cfg_specs[0] == CFG_N_SPECS,
                "CFG_N_SPECS counts the keys");
 
-int cfg_spec_index(const char *group, const char *key) {
+int moe_cfg_spec_index(const char *group, const char *key) {
     for (int i = 0; i < CFG_N_SPECS; i++)
-        if (strcmp(cfg_specs[i].group, group) == 0 && strcmp(cfg_specs[i].key, key) == 0) return i;
+        if (strcmp(moe_cfg_specs[i].group, group) == 0 && strcmp(moe_cfg_specs[i].key, key) == 0)
+            return i;
     return -1;
 }
 
-int cfg_is_group(const char *name) {
+int moe_cfg_is_group(const char *name) {
     for (int g = 0; g < CFG_N_GROUPS; g++)
-        if (strcmp(cfg_group_names[g], name) == 0) return 1;
+        if (strcmp(moe_cfg_group_names[g], name) == 0) return 1;
     return 0;
 }

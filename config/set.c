@@ -43,7 +43,7 @@ static int looks_like_bare_word(const char *v) {
     return 1;
 }
 
-moe_status cfg_apply_set(load_ctx *c, const char *arg, override_origin *o) {
+moe_status moe_cfg_apply_set(load_ctx *c, const char *arg, override_origin *o) {
     char buf[MOE_PATH_MAX + 256];
     if (strlen(arg) >= sizeof buf)
         return moe_error(MOE_EINVAL, "--set %.40s...: too long (at most %zu bytes)", arg,
@@ -56,11 +56,11 @@ moe_status cfg_apply_set(load_ctx *c, const char *arg, override_origin *o) {
     char *dot = strchr(full, '.');
     if (!dot) {
         for (int i = 0; i < CFG_N_SPECS; i++)
-            if (strcmp(cfg_specs[i].key, full) == 0)
+            if (strcmp(moe_cfg_specs[i].key, full) == 0)
                 return moe_error(MOE_EINVAL,
                                  "--set %s: expected group.key=value (%s is a key of %s: "
                                  "--set %s.%s=...)",
-                                 full, full, cfg_specs[i].group, cfg_specs[i].group, full);
+                                 full, full, moe_cfg_specs[i].group, moe_cfg_specs[i].group, full);
         return moe_error(MOE_EINVAL, "--set %s: expected group.key=value", full);
     }
     *dot = '\0';
@@ -68,12 +68,12 @@ moe_status cfg_apply_set(load_ctx *c, const char *arg, override_origin *o) {
     snprintf(o->name, sizeof o->name, "%s.%s", group, key);
     snprintf(o->label, sizeof o->label, "--set %s.%s", group, key);
     char hint[256];
-    if (!cfg_is_group(group)) {
-        cfg_suggest_group(hint, sizeof hint, group);
+    if (!moe_cfg_is_group(group)) {
+        moe_cfg_suggest_group(hint, sizeof hint, group);
         return moe_error(MOE_EINVAL, "%s: unknown group %s%s", o->label, group, hint);
     }
-    if (cfg_spec_index(group, key) < 0) {
-        cfg_suggest_key(hint, sizeof hint, group, key);
+    if (moe_cfg_spec_index(group, key) < 0) {
+        moe_cfg_suggest_key(hint, sizeof hint, group, key);
         return moe_error(MOE_EINVAL, "%s: unknown key%s", o->label, hint);
     }
     size_t vn = strlen(value);
@@ -87,7 +87,7 @@ moe_status cfg_apply_set(load_ctx *c, const char *arg, override_origin *o) {
     o->text = malloc(tn);
     if (!o->text) return moe_error(MOE_ENOMEM, "%s: out of memory", o->label);
     snprintf(o->text, tn, "%s = %s\n;", key, value);
-    moe_status st = cfg_scan_source(c, o->label, o->label, o->text); // no @include, no "\x00"
+    moe_status st = moe_cfg_scan_source(c, o->label, o->label, o->text); // no @include, no "\x00"
     if (st) return st;
     config_t snip;
     config_init(&snip);
@@ -109,8 +109,8 @@ moe_status cfg_apply_set(load_ctx *c, const char *arg, override_origin *o) {
     config_setting_t *root = config_root_setting(&c->lc);
     config_setting_t *g = config_setting_get_member(root, group);
     if (g && config_setting_type(g) != CONFIG_TYPE_GROUP) {
-        st = cfg_bad(c, g, group, "expected a group (%s = { ... };), got %s", group,
-                     cfg_type_name(config_setting_type(g)));
+        st = moe_cfg_bad(c, g, group, "expected a group (%s = { ... };), got %s", group,
+                         moe_cfg_type_name(config_setting_type(g)));
         goto out;
     }
     if (!g) { // the file lacks this group: the override creates it

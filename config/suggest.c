@@ -29,7 +29,7 @@ static int edit_distance(const char *a, const char *b) {
 }
 
 // The closest candidate to `name` when it is close enough to be a typo, else NULL.
-const char *cfg_closest(const char *name, const char *const *cands, int n) {
+const char *moe_cfg_closest(const char *name, const char *const *cands, int n) {
     int limit = (int)strlen(name) / 3;
     if (limit < 1) limit = 1;
     if (limit > 3) limit = 3;
@@ -44,44 +44,44 @@ const char *cfg_closest(const char *name, const char *const *cands, int n) {
 
 // " (did you mean KEY?)" for a key of `group` close to `key`, or " (KEY is a key of
 // OTHER)" when another group has exactly that key, or "".
-void cfg_suggest_key(char *buf, size_t n, const char *group, const char *key) {
+void moe_cfg_suggest_key(char *buf, size_t n, const char *group, const char *key) {
     const char *cands[CFG_N_SPECS];
     int nc = 0;
     for (int i = 0; i < CFG_N_SPECS; i++)
-        if (strcmp(cfg_specs[i].group, group) == 0) cands[nc++] = cfg_specs[i].key;
-    const char *best = cfg_closest(key, cands, nc);
+        if (strcmp(moe_cfg_specs[i].group, group) == 0) cands[nc++] = moe_cfg_specs[i].key;
+    const char *best = moe_cfg_closest(key, cands, nc);
     buf[0] = '\0';
     if (best) {
         snprintf(buf, n, " (did you mean %s?)", best);
         return;
     }
     for (int i = 0; i < CFG_N_SPECS; i++)
-        if (strcmp(cfg_specs[i].key, key) == 0) {
-            snprintf(buf, n, " (%s is a key of %s)", key, cfg_specs[i].group);
+        if (strcmp(moe_cfg_specs[i].key, key) == 0) {
+            snprintf(buf, n, " (%s is a key of %s)", key, moe_cfg_specs[i].group);
             return;
         }
 }
 
 // For an unknown top-level name.
-void cfg_suggest_group(char *buf, size_t n, const char *name) {
-    const char *best = cfg_closest(name, cfg_group_names, CFG_N_GROUPS);
+void moe_cfg_suggest_group(char *buf, size_t n, const char *name) {
+    const char *best = moe_cfg_closest(name, moe_cfg_group_names, CFG_N_GROUPS);
     if (best) {
         snprintf(buf, n, " (did you mean %s?)", best);
         return;
     }
     for (int i = 0; i < CFG_N_SPECS; i++)
-        if (strcmp(cfg_specs[i].key, name) == 0) {
+        if (strcmp(moe_cfg_specs[i].key, name) == 0) {
             snprintf(buf, n,
                      " (%s is a key of %s: write it inside %s = { ... }; the groups are model, "
                      "train, data, log, checkpoint)",
-                     name, cfg_specs[i].group, cfg_specs[i].group);
+                     name, moe_cfg_specs[i].group, moe_cfg_specs[i].group);
             return;
         }
     snprintf(buf, n, " (the groups are model, train, data, log, checkpoint)");
 }
 
 // "\"a\", \"b\" or \"c\""
-void cfg_list_names(char *buf, size_t n, const char *const *names) {
+void moe_cfg_list_names(char *buf, size_t n, const char *const *names) {
     size_t len = 0;
     buf[0] = '\0';
     for (int i = 0; names[i]; i++) {

@@ -31,7 +31,7 @@ static void write_string(FILE *f, const char *s) {
 
 static moe_status check_writable(const moe_train_config *cfg) {
     for (int i = 0; i < CFG_N_SPECS; i++) {
-        const key_spec *k = &cfg_specs[i];
+        const key_spec *k = &moe_cfg_specs[i];
         const char *field = (const char *)cfg + k->off;
         switch (k->kind) {
         case K_FLOAT:
@@ -68,31 +68,31 @@ static moe_status check_writable(const moe_train_config *cfg) {
         default: break;
         }
     }
-    const capacity_plan *cap = &cfg->capacity;
-    if (cap->mode < CAPACITY_FIXED || cap->mode > CAPACITY_AUTO ||
-        (cap->mode == CAPACITY_SCHEDULE &&
+    const moe_capacity_plan *cap = &cfg->capacity;
+    if (cap->mode < MOE_CAPACITY_FIXED || cap->mode > MOE_CAPACITY_AUTO ||
+        (cap->mode == MOE_CAPACITY_SCHEDULE &&
          (cap->n_points < 1 || cap->n_points > MOE_CAPACITY_MAX_POINTS)))
         return moe_error(MOE_EINVAL, "moe_train_config_write: model.capacity_factor: bad plan");
     if (cfg->model.moe.capacity_factor == 0.0 && cfg->model.moe.drop_policy != MOE_DROP_PROBS)
         return moe_error(MOE_EINVAL,
                          "moe_train_config_write: model.drop_policy = \"%s\" with "
                          "model.capacity_factor = 0 (dropless) would not load back",
-                         cfg_drop_names[cfg->model.moe.drop_policy]);
+                         moe_cfg_drop_names[cfg->model.moe.drop_policy]);
     return MOE_OK;
 }
 
 static void write_float(FILE *f, double x) {
     char v[40];
-    cfg_fmt_double(v, sizeof v, x);
+    moe_cfg_fmt_double(v, sizeof v, x);
     fprintf(f, "%s%s", v, strpbrk(v, ".e") ? "" : ".0"); // stays a float for libconfig
 }
 
 // model.capacity_factor as read_capacity reads it: a number, "auto" or the schedule.
 static void write_capacity(FILE *f, const moe_train_config *cfg) {
-    const capacity_plan *p = &cfg->capacity;
-    if (p->mode == CAPACITY_AUTO) {
+    const moe_capacity_plan *p = &cfg->capacity;
+    if (p->mode == MOE_CAPACITY_AUTO) {
         fputs("\"auto\"", f);
-    } else if (p->mode == CAPACITY_SCHEDULE) {
+    } else if (p->mode == MOE_CAPACITY_SCHEDULE) {
         fputc('(', f);
         for (int i = 0; i < p->n_points; i++) {
             fprintf(f, "%s(%" PRId64 "%s, ", i ? ", " : "", p->step[i],
@@ -113,16 +113,16 @@ moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
     fputs("# moe.c training config, resolved: every key, defaults included.\n", f);
     const char *open = NULL;
     for (int i = 0; i < CFG_N_SPECS; i++) {
-        const key_spec *k = &cfg_specs[i];
+        const key_spec *k = &moe_cfg_specs[i];
         const char *field = (const char *)cfg + k->off;
         if (!open || strcmp(open, k->group) != 0) {
             if (open) fputs("};\n\n", f);
             fprintf(f, "%s = {\n", k->group);
             open = k->group;
         }
-        if (k->kind != K_CAPACITY && k->off >= OFF(capacity, capacity_plan) &&
-            k->off < OFF(capacity, capacity_plan) + sizeof(capacity_plan) &&
-            cfg->capacity.mode != CAPACITY_AUTO) {
+        if (k->kind != K_CAPACITY && k->off >= OFF(capacity, moe_capacity_plan) &&
+            k->off < OFF(capacity, moe_capacity_plan) + sizeof(moe_capacity_plan) &&
+            cfg->capacity.mode != MOE_CAPACITY_AUTO) {
             // auto's keys: in the file they would be rejected (they have no effect)
             if (k->off == OFF(capacity.max_drop, double))
                 fputs("  # max_drop, capacity_window, capacity_min, capacity_max, "
@@ -130,7 +130,7 @@ moe_status moe_train_config_write(const moe_train_config *cfg, FILE *f) {
                       f);
             continue;
         }
-        if (k->kind == K_ENUM && k->names == cfg_drop_names &&
+        if (k->kind == K_ENUM && k->names == moe_cfg_drop_names &&
             cfg->model.moe.capacity_factor == 0.0) {
             // dropless: a drop_policy in the file would be rejected (it has no effect)
             fprintf(f, "  # %s = \"%s\"; (no effect: capacity_factor = 0 is dropless)\n", k->key,

@@ -76,7 +76,7 @@ template <typename T> struct att_rows_t {
 typedef att_rows_t<real> att_rows;
 
 // grid: (n_rows, H, B)
-template <typename T> __global__ void k_attention_forward(att_rows_t<T> a) {
+template <typename T> static __global__ void k_attention_forward(att_rows_t<T> a) {
     const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x, hd = a.hd;
     const int g = h / a.group, n_keys = a.pos0 + i + 1;
     __shared__ real q[ATT_MAX_HD], p[ATT_TILE];
@@ -165,8 +165,8 @@ void cuda_attention_cached_forward(moe_backend *be, real *out, real *scratch, co
     CUDA_LAUNCHED(be, "k_attention_forward (cached)");
 }
 
-__global__ void k_kv_append(real *k_cache, real *v_cache, const real *qkv, size_t n, int pos0,
-                            int H, int KV, int hd) {
+static __global__ void k_kv_append(real *k_cache, real *v_cache, const real *qkv, size_t n,
+                                   int pos0, int H, int KV, int hd) {
     const size_t row = (size_t)(H + 2 * KV) * hd, kv = (size_t)KV * hd;
     GRID_STRIDE(x, n * kv) {
         const size_t i = x / kv, c = x % kv;
@@ -187,7 +187,7 @@ void cuda_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const r
 // ---- backward ----------------------------------------------------------------------------
 // D [B, H, S]: D_i = dO_i . o_i; one block of 32 threads per row. grid (S, H, B)
 template <typename T>
-__global__ void k_attention_D(real *D, const T *dout, const T *out, int S, int H, int hd) {
+static __global__ void k_attention_D(real *D, const T *dout, const T *out, int S, int H, int hd) {
     const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const size_t at = ((size_t)b * S + i) * H * hd + (size_t)h * hd;
     real s = 0;
@@ -206,7 +206,7 @@ template <typename T> struct att_back {
 };
 
 // dq_i = sum_{j <= i} ds_ij k_j, ds_ij = P_ij (dP_ij - D_i) scale. grid (S, H, B)
-template <typename T> __global__ void k_attention_dq(att_back<T> a) {
+template <typename T> static __global__ void k_attention_dq(att_back<T> a) {
     const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x, hd = a.hd;
     const int g = h / (a.H / a.KV);
     __shared__ real q[ATT_MAX_HD], dO[ATT_MAX_HD], ds[ATT_TILE];
@@ -244,7 +244,7 @@ template <typename T> __global__ void k_attention_dq(att_back<T> a) {
 
 // dv_j = sum_h sum_{i >= j} P_ij dO_i,  dk_j = sum_h sum_{i >= j} ds_ij q_i over the group's
 // query heads h in order. grid (S, KV, B)
-template <typename T> __global__ void k_attention_dkv(att_back<T> a) {
+template <typename T> static __global__ void k_attention_dkv(att_back<T> a) {
     const int j = blockIdx.x, g = blockIdx.y, b = blockIdx.z, tid = threadIdx.x, hd = a.hd;
     const int group = a.H / a.KV;
     __shared__ real kj[ATT_MAX_HD], vj[ATT_MAX_HD], p[ATT_TILE], ds[ATT_TILE];

@@ -4,7 +4,7 @@
 #include "cuda/reduce.cuh"
 
 // logsumexp of the row: max in real, the exponentials summed in double (as the CPU).
-__device__ double row_lse(const real *z, int V) {
+static __device__ double row_lse(const real *z, int V) {
     real mx = -INFINITY;
     for (int i = threadIdx.x; i < V; i += blockDim.x) mx = op_max<real>::apply(mx, z[i]);
     mx = block_max(mx);
@@ -13,13 +13,14 @@ __device__ double row_lse(const real *z, int V) {
     sum = block_sum(sum);
     return mx + log(sum);
 }
-__global__ void k_cross_entropy(real *losses, const real *logits, const int *targets, int V) {
+static __global__ void k_cross_entropy(real *losses, const real *logits, const int *targets,
+                                       int V) {
     const real *z = logits + (size_t)blockIdx.x * V;
     const double lse = row_lse(z, V);
     if (threadIdx.x == 0) losses[blockIdx.x] = (real)(lse - z[targets[blockIdx.x]]);
 }
-__global__ void k_cross_entropy_backward(real *dlogits, const real *logits, const int *targets,
-                                         int V, real dloss) {
+static __global__ void k_cross_entropy_backward(real *dlogits, const real *logits,
+                                                const int *targets, int V, real dloss) {
     const real *z = logits + (size_t)blockIdx.x * V;
     real *dz = dlogits + (size_t)blockIdx.x * V;
     const real lse = (real)row_lse(z, V);

@@ -6,6 +6,9 @@
 
 #include "layers/backend.h"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -37,5 +40,7 @@ double cuda_backend_timer_stop_ms(moe_backend *be);
 #ifdef __cplusplus
 }
 #endif
+
+#pragma GCC visibility pop
 
 #endif

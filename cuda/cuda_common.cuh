@@ -16,6 +16,9 @@ extern "C" {
 }
 #include "cuda/cuda_backend.h"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 // Pinned host slots for the grouped GEMM's pointer arrays: a slot is refilled only after the
 // copy that last read it has finished (its event), so the host never waits on the GEMM itself.
 #define CUDA_PTR_SLOTS 8
@@ -74,5 +77,7 @@ static inline cudaStream_t cuda_stream(moe_backend *be) { return cuda_state_of(b
 // The kernels' scratch of at least `bytes` (stream-ordered: it is only regrown after the
 // stream has drained, so no kernel still reads the old one).
 void *cuda_work(moe_backend *be, size_t bytes);
+
+#pragma GCC visibility pop
 
 #endif

@@ -6,6 +6,9 @@
 
 #include "cuda/cuda_common.cuh"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 // gemm.cu
 void cuda_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
                  int trans_a, int trans_b, real beta);
@@ -134,5 +137,7 @@ void cuda_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *
                        const real *grads, size_t n, moe_adamw_hparams hp);
 void cuda_sgd_update(moe_backend *be, real *params, moe_bf16 *params16, const real *grads, size_t n,
                      real lr, real grad_scale);
+
+#pragma GCC visibility pop
 
 #endif

@@ -12,7 +12,8 @@
 #include "cuda/reduce.cuh"
 #include "layers/bf16.h"
 
-__global__ void k_count(int *counts, const int *idx, size_t n_slots, int stride_div, int k, int E) {
+static __global__ void k_count(int *counts, const int *idx, size_t n_slots, int stride_div, int k,
+                               int E) {
     // slot s counts for expert idx[s] of group s / (k stride_div) (stride_div = seq_len, or
     // the whole group for plain counts)
     GRID_STRIDE(s, n_slots) {
@@ -46,12 +47,12 @@ void cuda_moe_seq_counts(moe_backend *be, int *seq_counts, const int *topk_idx, 
 // pass of the block over the slots costs a scan and its barriers).
 #define SCAN_THREADS 1024
 
-__global__ void k_fill_int(int *p, int v, size_t n) { GRID_STRIDE(i, n) p[i] = v; }
+static __global__ void k_fill_int(int *p, int v, size_t n) { GRID_STRIDE(i, n) p[i] = v; }
 
 // One block per expert e: its slots in token order (list, written to this block's part of
 // the scratch), then the rank of each; slots ranked at or beyond the capacity are dropped.
 // Experts within the capacity return at once.
-__global__ void __launch_bounds__(SCAN_THREADS)
+static __global__ void __launch_bounds__(SCAN_THREADS)
     k_capacity(int *keep, int *list_all, const int *idx, const real *weights, const int *counts,
                int n_slots, int E, int capacity, moe_drop_policy policy) {
     const int e = blockIdx.x;
@@ -94,15 +95,15 @@ void cuda_moe_capacity_keep(moe_backend *be, int *keep, int *scratch, const int 
     CUDA_LAUNCHED(be, "k_capacity");
 }
 
-__global__ void k_kept_counts(int *offsets, const int *idx, const int *keep, size_t n) {
+static __global__ void k_kept_counts(int *offsets, const int *idx, const int *keep, size_t n) {
     GRID_STRIDE(s, n) if (keep[s]) atomicAdd(&offsets[idx[s] + 1], 1);
 }
-__global__ void k_prefix(int *offsets, int E) { // one thread: E + 1 integers
+static __global__ void k_prefix(int *offsets, int E) { // one thread: E + 1 integers
     if (blockIdx.x == 0 && threadIdx.x == 0)
         for (int e = 0; e < E; e++) offsets[e + 1] += offsets[e];
 }
 // One block per expert: its slots in token order get consecutive rows from offsets[e].
-__global__ void __launch_bounds__(SCAN_THREADS)
+static __global__ void __launch_bounds__(SCAN_THREADS)
     k_assign_rows(int *assign_row, int *row_token, const int *offsets, const int *idx,
                   const int *keep, int n_slots, int k) {
     const int e = blockIdx.x;
@@ -144,7 +145,8 @@ __device__ inline void store_row_elem(real *p, real v) { *p = v; }
 __device__ inline void store_row_elem(moe_bf16 *p, real v) { *p = moe_f32_to_bf16((float)v); }
 
 template <typename Out>
-__global__ void k_gather_rows(Out *xp, const real *x, const int *row_token, size_t N, int d) {
+static __global__ void k_gather_rows(Out *xp, const real *x, const int *row_token, size_t N,
+                                     int d) {
     GRID_STRIDE(i, N * d) {
         const size_t r = i / d, c = i % d;
         store_row_elem(&xp[i], x[(size_t)row_token[r] * d + c]);
@@ -181,8 +183,8 @@ void cuda_moe_copy_chunks(moe_backend *be, real *dst, const real *src, const moe
                                        cudaMemcpyDeviceToDevice, cuda_stream(be)));
 }
 
-__global__ void k_combine(real *out, const real *y, const real *weights, const int *assign_row,
-                          size_t T, int k, int d) {
+static __global__ void k_combine(real *out, const real *y, const real *weights,
+                                 const int *assign_row, size_t T, int k, int d) {
     GRID_STRIDE(i, T * d) {
         const size_t t = i / d;
         out[i] = moe_hd_combine_elem(y, weights + t * k, assign_row + t * k, k, d, (int)(i % d));
@@ -201,8 +203,9 @@ void cuda_moe_combine_forward(moe_backend *be, real *out, const real *y, const r
 // One block per slot (t, j): dy[r,:] = w dout[t,:], dweights = dout[t,:] . y[r,:] (a block sum
 // in a fixed order).
 template <typename Out>
-__global__ void k_combine_backward(Out *dy, real *dweights, const real *dout, const real *y,
-                                   const real *weights, const int *assign_row, int k, int d) {
+static __global__ void k_combine_backward(Out *dy, real *dweights, const real *dout, const real *y,
+                                          const real *weights, const int *assign_row, int k,
+                                          int d) {
     const size_t s = blockIdx.x;
     const int r = assign_row[s];
     if (r < 0) {
@@ -244,8 +247,8 @@ void cuda_moe_combine_backward_bf16(moe_backend *be, moe_bf16 *dy16, real *dweig
     combine_backward(be, dy16, dweights, dout, y, weights, assign_row, T, k, d);
 }
 
-__global__ void k_unpermute_add(real *dx, const real *dxp, const int *assign_row, size_t T, int k,
-                                int d) {
+static __global__ void k_unpermute_add(real *dx, const real *dxp, const int *assign_row, size_t T,
+                                       int k, int d) {
     GRID_STRIDE(i, T * d) {
         const size_t t = i / d;
         dx[i] = moe_hd_unpermute_elem(dx[i], dxp, assign_row + t * k, k, d, (int)(i % d));

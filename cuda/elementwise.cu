@@ -4,7 +4,7 @@
 #include "cuda/cuda_kernels.cuh" // first: the C headers as C++
 #include "cuda/reduce.cuh"
 
-__global__ void k_add(real *out, const real *a, const real *b, size_t n) {
+static __global__ void k_add(real *out, const real *a, const real *b, size_t n) {
     GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 void cuda_add(moe_backend *be, real *out, const real *a, const real *b, size_t n) {
@@ -16,13 +16,13 @@ void cuda_add(moe_backend *be, real *out, const real *a, const real *b, size_t n
 #define SUM_BLOCKS 256
 // Stage 1: block b's grid-stride partial (of x or x^2) in double; stage 2: one block sums the
 // partials. A fixed shape, so a fixed order.
-__global__ void k_partial_sums(double *part, const real *x, size_t n, int squares) {
+static __global__ void k_partial_sums(double *part, const real *x, size_t n, int squares) {
     double acc = 0;
     GRID_STRIDE(i, n) acc += squares ? (double)x[i] * x[i] : (double)x[i];
     acc = block_sum(acc);
     if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
-__global__ void k_final_sum(double *out, const double *part, int n) {
+static __global__ void k_final_sum(double *out, const double *part, int n) {
     double acc = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
     acc = block_sum(acc);

@@ -3,7 +3,8 @@
 // (column, bucket of token ids) in token order, the CPU's sums exactly.
 #include "cuda/cuda_kernels.cuh" // first: the C headers as C++
 
-__global__ void k_embedding(real *out, const int *tokens, const real *embed, size_t T, int d) {
+static __global__ void k_embedding(real *out, const int *tokens, const real *embed, size_t T,
+                                   int d) {
     GRID_STRIDE(i, T * d) out[i] = embed[(size_t)tokens[i / d] * d + i % d];
 }
 void cuda_embedding_forward(moe_backend *be, real *out, const int *tokens, const real *embed, int T,
@@ -20,8 +21,8 @@ void cuda_embedding_forward(moe_backend *be, real *out, const int *tokens, const
 // thread per column. The block's bucket shares tiles of token ids in shared memory.
 #define EMB_BUCKETS 32
 #define EMB_TILE 1024
-__global__ void k_embedding_backward(real *dembed, const real *dout, const int *tokens, int T,
-                                     int d) {
+static __global__ void k_embedding_backward(real *dembed, const real *dout, const int *tokens,
+                                            int T, int d) {
     __shared__ int tile[EMB_TILE];
     const int i = blockIdx.x * blockDim.x + threadIdx.x, bucket = blockIdx.y;
     for (int t0 = 0; t0 < T; t0 += EMB_TILE) {

@@ -5,14 +5,15 @@
 #include "cuda/bodies.h"
 #include "layers/bf16.h"
 
-__global__ void k_swiglu(real *act, const real *h13, size_t N, int ff) {
+static __global__ void k_swiglu(real *act, const real *h13, size_t N, int ff) {
     GRID_STRIDE(i, N * ff) {
         const size_t r = i / ff, c = i % ff;
         const real *h = h13 + r * 2 * ff;
         act[i] = moe_hd_swiglu(h[c], h[ff + c]);
     }
 }
-__global__ void k_swiglu_backward(real *dh13, const real *dact, const real *h13, size_t N, int ff) {
+static __global__ void k_swiglu_backward(real *dh13, const real *dact, const real *h13, size_t N,
+                                         int ff) {
     GRID_STRIDE(i, N * ff) {
         const size_t r = i / ff, c = i % ff;
         const real *h = h13 + r * 2 * ff;
@@ -22,8 +23,8 @@ __global__ void k_swiglu_backward(real *dh13, const real *dact, const real *h13,
 }
 
 // The bf16 layer's: layers/bf16.h's rounding on the same element bodies.
-__global__ void k_swiglu_bf16(moe_bf16 *act16, moe_bf16 *h13_16, const real *h13, size_t N,
-                              int ff) {
+static __global__ void k_swiglu_bf16(moe_bf16 *act16, moe_bf16 *h13_16, const real *h13, size_t N,
+                                     int ff) {
     GRID_STRIDE(i, N * ff) {
         const size_t r = i / ff, c = i % ff;
         const real *h = h13 + r * 2 * ff;
@@ -34,8 +35,8 @@ __global__ void k_swiglu_bf16(moe_bf16 *act16, moe_bf16 *h13_16, const real *h13
         }
     }
 }
-__global__ void k_swiglu_backward_bf16(moe_bf16 *dh13_16, const real *dact, const moe_bf16 *h13_16,
-                                       size_t N, int ff) {
+static __global__ void k_swiglu_backward_bf16(moe_bf16 *dh13_16, const real *dact,
+                                              const moe_bf16 *h13_16, size_t N, int ff) {
     GRID_STRIDE(i, N * ff) {
         const size_t r = i / ff, c = i % ff;
         const moe_bf16 *h = h13_16 + r * 2 * ff;

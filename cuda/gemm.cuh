@@ -8,6 +8,9 @@
 
 #include "cuda/cuda_common.cuh"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 // c [m,n] = op(a) @ op(b) + beta * c        a [m,kd] (or [kd,m]); b [kd,n] (or [n,kd])
 void cuda_matmul_typed(moe_backend *be, real *c, const void *a, const void *b, int m, int n, int kd,
                        int trans_a, int trans_b, real beta, cudaDataType_t ab);
@@ -24,5 +27,7 @@ void cuda_expert_backward_input_typed(moe_backend *be, real *dinp, const void *d
 void cuda_expert_backward_weight_typed(moe_backend *be, real *dweight, const void *dout,
                                        const void *inp, const int *offsets, int n_experts,
                                        int n_out, int n_in, cudaDataType_t ab, size_t size);
+
+#pragma GCC visibility pop
 
 #endif

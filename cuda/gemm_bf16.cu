@@ -9,10 +9,10 @@
 #include "layers/bf16.h"
 
 // ---- conversions ------------------------------------------------------------------------
-__global__ void k_to_bf16(moe_bf16 *out, const real *in, size_t n) {
+static __global__ void k_to_bf16(moe_bf16 *out, const real *in, size_t n) {
     GRID_STRIDE(i, n) out[i] = moe_f32_to_bf16((float)in[i]);
 }
-__global__ void k_from_bf16(real *out, const moe_bf16 *in, size_t n) {
+static __global__ void k_from_bf16(real *out, const moe_bf16 *in, size_t n) {
     GRID_STRIDE(i, n) out[i] = (real)moe_bf16_to_f32(in[i]);
 }
 void cuda_to_bf16(moe_backend *be, moe_bf16 *out, const real *in, size_t n) {

@@ -7,9 +7,9 @@ extern "C" {
 #include "layers/router_rows.h"
 }
 
-__global__ void k_router_losses(real *out, const real *probs, const real *logits, const real *lse,
-                                const int *counts, const int *seq_counts, moe_router_shape sh,
-                                moe_router_hparams hp) {
+static __global__ void k_router_losses(real *out, const real *probs, const real *logits,
+                                       const real *lse, const int *counts, const int *seq_counts,
+                                       moe_router_shape sh, moe_router_hparams hp) {
     const int T = sh.T, E = sh.E, seq_len = sh.seq_len;
     moe_router_loss_sums s = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int t = threadIdx.x; t < T; t += blockDim.x)
@@ -31,7 +31,7 @@ void cuda_router_losses(moe_backend *be, real *out, const real *probs, const rea
     CUDA_LAUNCHED(be, "k_router_losses");
 }
 
-__global__ void k_mul(real *out, const real *a, const real *b, size_t n, int accumulate) {
+static __global__ void k_mul(real *out, const real *a, const real *b, size_t n, int accumulate) {
     GRID_STRIDE(i, n) out[i] = (accumulate ? out[i] : 0) + a[i] * b[i];
 }
 void cuda_mul(moe_backend *be, real *out, const real *a, const real *b, size_t n, int accumulate) {

@@ -4,8 +4,8 @@
 #include "cuda/bodies.h"
 #include "layers/bf16.h"
 
-__global__ void k_adamw(real *params, moe_bf16 *params16, real *m, real *v, const real *grads,
-                        size_t n, moe_adamw_hparams hp) {
+static __global__ void k_adamw(real *params, moe_bf16 *params16, real *m, real *v,
+                               const real *grads, size_t n, moe_adamw_hparams hp) {
     GRID_STRIDE(i, n) {
         moe_hd_adamw(&params[i], &m[i], &v[i], grads[i], hp);
         if (params16) params16[i] = moe_f32_to_bf16((float)params[i]);
@@ -18,8 +18,8 @@ void cuda_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *
                                                                               v, grads, n, hp);
     CUDA_LAUNCHED(be, "k_adamw");
 }
-__global__ void k_sgd(real *params, moe_bf16 *params16, const real *grads, size_t n, real lr,
-                      real grad_scale) {
+static __global__ void k_sgd(real *params, moe_bf16 *params16, const real *grads, size_t n, real lr,
+                             real grad_scale) {
     GRID_STRIDE(i, n) {
         params[i] -= lr * grad_scale * grads[i];
         if (params16) params16[i] = moe_f32_to_bf16((float)params[i]);

@@ -6,6 +6,9 @@
 
 #include <math.h>
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 template <typename T> struct op_sum {
     __device__ static T apply(T a, T b) { return a + b; }
     __device__ static T identity() { return T(0); }
@@ -59,5 +62,7 @@ __device__ inline int block_exclusive_scan(int flag, int *total) {
     *total = warp_sum[nw - 1];
     return before + x - flag;
 }
+
+#pragma GCC visibility pop
 
 #endif

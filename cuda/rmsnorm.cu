@@ -5,8 +5,8 @@
 #include "cuda/cuda_kernels.cuh" // first: the C headers as C++
 #include "cuda/reduce.cuh"
 
-__global__ void k_rmsnorm(real *out, real *rstd, const real *inp, const real *weight, int d,
-                          real eps) {
+static __global__ void k_rmsnorm(real *out, real *rstd, const real *inp, const real *weight, int d,
+                                 real eps) {
     const real *x = inp + (size_t)blockIdx.x * d;
     real *o = out + (size_t)blockIdx.x * d;
     double ss = 0;
@@ -22,8 +22,8 @@ void cuda_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *in
     k_rmsnorm<<<T, CUDA_THREADS, 0, cuda_stream(be)>>>(out, rstd, inp, weight, d, eps);
     CUDA_LAUNCHED(be, "k_rmsnorm");
 }
-__global__ void k_rmsnorm_backward_input(real *dinp, const real *dout, const real *inp,
-                                         const real *weight, const real *rstd, int d) {
+static __global__ void k_rmsnorm_backward_input(real *dinp, const real *dout, const real *inp,
+                                                const real *weight, const real *rstd, int d) {
     const size_t off = (size_t)blockIdx.x * d;
     const real *x = inp + off, *g = dout + off;
     real *dx = dinp + off;
@@ -39,8 +39,8 @@ __global__ void k_rmsnorm_backward_input(real *dinp, const real *dout, const rea
 // order, then per column the chunks in order: deterministic, and T / RMS_CHUNK blocks of
 // parallelism instead of one thread per column walking all T tokens.
 #define RMS_CHUNK 64
-__global__ void k_rmsnorm_weight_partial(real *part, const real *dout, const real *inp,
-                                         const real *rstd, int T, int d) {
+static __global__ void k_rmsnorm_weight_partial(real *part, const real *dout, const real *inp,
+                                                const real *rstd, int T, int d) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
     if (i >= d) return;
     const int t1 = (c + 1) * RMS_CHUNK < T ? (c + 1) * RMS_CHUNK : T;
@@ -49,7 +49,7 @@ __global__ void k_rmsnorm_weight_partial(real *part, const real *dout, const rea
         acc += dout[(size_t)t * d + i] * inp[(size_t)t * d + i] * rstd[t];
     part[(size_t)c * d + i] = acc;
 }
-__global__ void k_rmsnorm_weight_sum(real *dweight, const real *part, int chunks, int d) {
+static __global__ void k_rmsnorm_weight_sum(real *dweight, const real *part, int chunks, int d) {
     GRID_STRIDE(i, (size_t)d) {
         real acc = 0;
         for (int c = 0; c < chunks; c++) acc += part[(size_t)c * d + i];

@@ -3,8 +3,9 @@
 #include "cuda/cuda_kernels.cuh" // first: the C headers as C++
 #include "cuda/bodies.h"
 
-__global__ void k_rope(real *out, const real *inp, const real *cos, const real *sin, size_t T,
-                       int S, int pos0, int n_rot, int n_heads, int hd, real sign) {
+static __global__ void k_rope(real *out, const real *inp, const real *cos, const real *sin,
+                              size_t T, int S, int pos0, int n_rot, int n_heads, int hd,
+                              real sign) {
     const int half = hd / 2;
     const size_t row = (size_t)n_heads * hd;
     GRID_STRIDE(p, T * n_rot * half) {

@@ -7,9 +7,9 @@ extern "C" {
 #include "layers/router_rows.h"
 }
 
-__global__ void k_router_topk(real *scores, real *probs, real *lse, int *topk_idx, real *weights,
-                              const real *logits, const real *bias, size_t T, int E, int k,
-                              moe_router_hparams hp) {
+static __global__ void k_router_topk(real *scores, real *probs, real *lse, int *topk_idx,
+                                     real *weights, const real *logits, const real *bias, size_t T,
+                                     int E, int k, moe_router_hparams hp) {
     GRID_STRIDE(t, T) {
         moe_router_topk_row(scores + t * E, probs + t * E, lse + t, topk_idx + t * k,
                             weights + t * k, logits + t * E, bias, E, k, hp);
@@ -25,11 +25,12 @@ void cuda_router_topk(moe_backend *be, real *scores, real *probs, real *lse, int
     CUDA_LAUNCHED(be, "k_router_topk");
 }
 
-__global__ void k_router_backward(real *dlogits, const real *dweights, const real *scores,
-                                  const real *probs, const real *logits, const real *lse,
-                                  const int *topk_idx, const real *weights, const int *counts,
-                                  const int *seq_counts, size_t T, int E, int k, int seq_len,
-                                  moe_router_hparams hp, moe_router_grad_scales gs) {
+static __global__ void k_router_backward(real *dlogits, const real *dweights, const real *scores,
+                                         const real *probs, const real *logits, const real *lse,
+                                         const int *topk_idx, const real *weights,
+                                         const int *counts, const int *seq_counts, size_t T, int E,
+                                         int k, int seq_len, moe_router_hparams hp,
+                                         moe_router_grad_scales gs) {
     GRID_STRIDE(t, T) {
         const size_t te = t * E, tk = t * k;
         moe_router_backward_row(dlogits + te, dweights + tk, scores + te, probs + te, logits + te,
@@ -51,7 +52,7 @@ void cuda_router_backward(moe_backend *be, real *dlogits, const real *dweights, 
     CUDA_LAUNCHED(be, "k_router_backward");
 }
 
-__global__ void k_noise(real *u, size_t n, uint64_t key, real lo, real hi) {
+static __global__ void k_noise(real *u, size_t n, uint64_t key, real lo, real hi) {
     GRID_STRIDE(i, n) u[i] = moe_noise_value(key, i, lo, hi);
 }
 void cuda_uniform_noise(moe_backend *be, real *u, size_t n, uint64_t key, real lo, real hi) {

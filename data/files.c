@@ -39,8 +39,8 @@ static moe_status too_large(const char *path, const char *what, uint64_t n, uint
                      (unsigned long long)n, (unsigned long long)max, cap, what);
 }
 
-moe_status file_open_input(const char *path, const char *what, uint64_t max, FILE **out,
-                           uint64_t *size) {
+moe_status moe_file_open_input(const char *path, const char *what, uint64_t max, FILE **out,
+                               uint64_t *size) {
     *out = NULL;
     // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused below)
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -73,12 +73,12 @@ moe_status file_open_input(const char *path, const char *what, uint64_t max, FIL
     return MOE_OK;
 }
 
-moe_status file_read_input(const char *path, const char *what, size_t max, int text, char **out,
-                           size_t *len) {
+moe_status moe_file_read_input(const char *path, const char *what, size_t max, int text, char **out,
+                               size_t *len) {
     *out = NULL;
     FILE *f;
     uint64_t size;
-    moe_status st = file_open_input(path, what, max, &f, &size);
+    moe_status st = moe_file_open_input(path, what, max, &f, &size);
     if (st) return st;
     size_t cap = (size_t)size + 2, n = 0; // room to see one byte more than fstat said
     char *s = malloc(cap);
@@ -113,28 +113,28 @@ moe_status file_read_input(const char *path, const char *what, size_t max, int t
     return MOE_OK;
 }
 
-moe_status file_read_all(const char *path, size_t max, char **out, size_t *len) {
-    return file_read_input(path, "a file", max, 0, out, len);
+moe_status moe_file_read_all(const char *path, size_t max, char **out, size_t *len) {
+    return moe_file_read_input(path, "a file", max, 0, out, len);
 }
 
 #define FILE_LINES_BLOCK ((size_t)1 << 16)
 
-moe_status file_lines_open(file_lines *r, const char *path, const char *what, uint64_t max_file,
-                           size_t max_line) {
+moe_status moe_file_lines_open(moe_file_lines *r, const char *path, const char *what,
+                               uint64_t max_file, size_t max_line) {
     memset(r, 0, sizeof *r);
     r->path = path;
     r->max_line = max_line;
-    moe_status st = file_open_input(path, what, max_file, &r->f, NULL);
+    moe_status st = moe_file_open_input(path, what, max_file, &r->f, NULL);
     if (st) return st;
     if (!(r->block = malloc(FILE_LINES_BLOCK)) || !(r->line = malloc(r->cap = 256))) {
-        file_lines_close(r);
+        moe_file_lines_close(r);
         return moe_error(MOE_ENOMEM, "%s: out of memory", path);
     }
     return MOE_OK;
 }
 
 // Appends n bytes to the line, within max_line.
-static int line_append(file_lines *r, const char *p, size_t n, moe_status *st) {
+static int line_append(moe_file_lines *r, const char *p, size_t n, moe_status *st) {
     if (r->len + n > r->max_line) {
         *st = moe_error(MOE_EIO, "%s:%ld: line longer than %zu bytes", r->path, r->lineno,
                         r->max_line);
@@ -155,7 +155,7 @@ static int line_append(file_lines *r, const char *p, size_t n, moe_status *st) {
     return 0;
 }
 
-int file_lines_next(file_lines *r, moe_status *st) {
+int moe_file_lines_next(moe_file_lines *r, moe_status *st) {
     *st = MOE_OK;
     r->len = 0;
     r->has_newline = 0;
@@ -192,13 +192,13 @@ int file_lines_next(file_lines *r, moe_status *st) {
     return 1;
 }
 
-void file_lines_close(file_lines *r) {
+void moe_file_lines_close(moe_file_lines *r) {
     if (r->f) fclose(r->f);
     free(r->line), free(r->block);
     memset(r, 0, sizeof *r);
 }
 
-moe_status file_write_synced(const char *path, const void *data, size_t n) {
+moe_status moe_file_write_synced(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) return moe_error(MOE_EIO, "%s: cannot write: %s", path, strerror(errno));
     int ok = fwrite(data, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
@@ -206,10 +206,10 @@ moe_status file_write_synced(const char *path, const void *data, size_t n) {
     return ok ? MOE_OK : moe_error(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
 }
 
-moe_status file_read_json_object(const char *path, size_t max, cJSON **out) {
+moe_status moe_file_read_json_object(const char *path, size_t max, cJSON **out) {
     char *text;
     *out = NULL;
-    moe_status st = file_read_input(path, "a JSON", max, 1, &text, NULL);
+    moe_status st = moe_file_read_input(path, "a JSON", max, 1, &text, NULL);
     if (st) return st;
     cJSON *j = cJSON_Parse(text);
     free(text);
@@ -217,7 +217,7 @@ moe_status file_read_json_object(const char *path, size_t max, cJSON **out) {
         cJSON_Delete(j);
         return moe_error(MOE_EIO, "%s: not a JSON object (parse error)", path);
     }
-    if ((st = json_refuse_duplicates(j, path))) { // cJSON takes the first, Python the last
+    if ((st = moe_json_refuse_duplicates(j, path))) { // cJSON takes the first, Python the last
         cJSON_Delete(j);
         return st;
     }
@@ -225,7 +225,7 @@ moe_status file_read_json_object(const char *path, size_t max, cJSON **out) {
     return MOE_OK;
 }
 
-moe_status file_make_dirs(const char *path) {
+moe_status moe_file_make_dirs(const char *path) {
     size_t len = strlen(path);
     char *p = malloc(len + 1);
     if (!p) return moe_error(MOE_ENOMEM, "%s: out of memory", path);

@@ -44,9 +44,9 @@ static size_t where_push(char *where, size_t len, const cJSON *child, int index)
 
 // Checks the object or array v (at where, depth levels down) and every object or array in it.
 static moe_status walk(const cJSON *v, const char *path, char *where, size_t len, int depth) {
-    if (depth > JSON_CHECK_MAX_DEPTH)
+    if (depth > MOE_JSON_CHECK_MAX_DEPTH)
         return moe_error(MOE_EIO, "%s: nested deeper than %d levels (at %s)", path,
-                         JSON_CHECK_MAX_DEPTH, where);
+                         MOE_JSON_CHECK_MAX_DEPTH, where);
     moe_status st = cJSON_IsObject(v) ? keys_unique(v, path, where) : MOE_OK;
     int index = 0;
     for (const cJSON *c = v->child; c && !st; c = c->next, index++) {
@@ -57,7 +57,7 @@ static moe_status walk(const cJSON *v, const char *path, char *where, size_t len
     return st;
 }
 
-moe_status json_refuse_duplicates(const cJSON *root, const char *path) {
+moe_status moe_json_refuse_duplicates(const cJSON *root, const char *path) {
     char where[WHERE_MAX] = "";
     if (!cJSON_IsObject(root) && !cJSON_IsArray(root)) return MOE_OK;
     return walk(root, path, where, 0, 1);

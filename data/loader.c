@@ -34,7 +34,7 @@ void data_loader_free(data_loader *L) {
     memset(L, 0, sizeof *L);
 }
 
-moe_status data_loader_init(data_loader *L, const token_file *tf, int batch_size, int seq_len,
+moe_status data_loader_init(data_loader *L, const moe_token_file *tf, int batch_size, int seq_len,
                             uint64_t seed, int rank, int world) {
     if (!L) return moe_error(MOE_EINVAL, "data_loader_init: L is NULL");
     memset(L, 0, sizeof *L);

@@ -60,7 +60,7 @@ typedef struct {
 } data_loader_state;
 
 typedef struct {
-    const token_file *tf;      // not owned; must outlive the loader
+    const moe_token_file *tf;  // not owned; must outlive the loader
     int batch_size, seq_len;   // windows per batch, tokens per window (+1 for the target)
     int rank, world;           // this rank's share of each epoch
     uint64_t n_windows;        // (count - 1) / seq_len
@@ -76,7 +76,7 @@ typedef struct {
 // (count < seq_len + 1); world > 1 and n_windows < world * batch_size (not one block per
 // rank); vocab_size > 2^31 (token ids are int).
 // On failure *L is left empty (data_loader_free is safe).
-moe_status data_loader_init(data_loader *L, const token_file *tf, int batch_size, int seq_len,
+moe_status data_loader_init(data_loader *L, const moe_token_file *tf, int batch_size, int seq_len,
                             uint64_t seed, int rank, int world);
 
 // Fills inputs and targets, each [batch_size * seq_len] row-major, one window per row:

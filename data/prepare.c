@@ -15,15 +15,16 @@
 
 // ---- byte tokenizer ----------------------------------------------------------------
 
-void byte_tokenize(int *tokens, const char *text, size_t n) {
+void moe_byte_tokenize(int *tokens, const char *text, size_t n) {
     for (size_t i = 0; i < n; i++) tokens[i] = (unsigned char)text[i];
 }
 
-moe_status byte_detokenize(char *text, const int *tokens, size_t n) {
+moe_status moe_byte_detokenize(char *text, const int *tokens, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= BYTE_VOCAB_SIZE)
-            return moe_error(MOE_EINVAL, "byte_detokenize: token %zu has id %d, outside [0, %d)", i,
-                             tokens[i], BYTE_VOCAB_SIZE);
+        if (tokens[i] < 0 || tokens[i] >= DATA_BYTE_VOCAB_SIZE)
+            return moe_error(MOE_EINVAL,
+                             "moe_byte_detokenize: token %zu has id %d, outside [0, %d)", i,
+                             tokens[i], DATA_BYTE_VOCAB_SIZE);
         text[i] = (char)(unsigned char)tokens[i];
     }
     return MOE_OK;
@@ -31,7 +32,7 @@ moe_status byte_detokenize(char *text, const int *tokens, size_t n) {
 
 // ---- which files are text ----------------------------------------------------------
 
-int prepare_is_text_name(const char *name) {
+int moe_prepare_is_text_name(const char *name) {
     static const char *const names[] = {"Makefile", "README", "LICENSE"};
     static const char *const exts[] = {".c",    ".h",    ".cc",  ".cpp",  ".hpp", ".cu",    ".cuh",
                                        ".py",   ".md",   ".txt", ".rst",  ".cfg", ".conf",  ".ini",
@@ -67,7 +68,7 @@ static moe_status corpus_reserve(corpus *c, size_t extra) {
 // Appends the whole file and one '\n'. Reads to EOF rather than trusting the size.
 static moe_status corpus_add_file(corpus *c, const char *path) {
     FILE *f; // a regular file (a FIFO would block, /dev/zero never end: data/files.h)
-    if (file_open_input(path, "a text source", UINT64_MAX, &f, NULL))
+    if (moe_file_open_input(path, "a text source", UINT64_MAX, &f, NULL))
         return errno ? moe_error(MOE_EIO, "prepare: cannot open '%s': %s", path, strerror(errno))
                      : moe_error_context(MOE_EIO, "prepare");
     moe_status s = MOE_OK;
@@ -146,8 +147,8 @@ static moe_status corpus_add_dir(corpus *c, const char *dir) {
             // A symbolic link counts when it points to a regular file (never to a folder).
             int regular = S_ISREG(st.st_mode) ||
                           (S_ISLNK(st.st_mode) && stat(path, &st) == 0 && S_ISREG(st.st_mode));
-            if (regular && prepare_is_text_name(names[i]) &&
-                (uint64_t)st.st_size <= PREPARE_MAX_FILE_BYTES)
+            if (regular && moe_prepare_is_text_name(names[i]) &&
+                (uint64_t)st.st_size <= DATA_PREPARE_MAX_FILE_BYTES)
                 s = corpus_add_file(c, path);
         }
         free(path);
@@ -168,7 +169,7 @@ static moe_status write_bytes(const char *dir, const char *name, const unsigned 
         return moe_error(MOE_ENOMEM, "prepare: cannot allocate %zu tokens for '%s'", n, name);
     }
     for (size_t i = 0; i < n; i++) tokens[i] = bytes[i]; // the byte tokenizer
-    moe_status s = token_file_write(path, tokens, n, BYTE_VOCAB_SIZE);
+    moe_status s = moe_token_file_write(path, tokens, n, DATA_BYTE_VOCAB_SIZE);
     free(tokens);
     free(path);
     return s;
@@ -216,7 +217,7 @@ moe_status data_prepare_text(const char *const *sources, int n_sources, const ch
                       "%zu validation tokens at val_fraction %g; each split needs at least 2",
                       c.n, sources[0], n_sources > 1 ? " and the other sources" : "", nt, nv,
                       val_fraction);
-    if (s == MOE_OK && (s = file_make_dirs(out_dir))) moe_error_context(s, "prepare");
+    if (s == MOE_OK && (s = moe_file_make_dirs(out_dir))) moe_error_context(s, "prepare");
     if (s == MOE_OK) s = write_bytes(out_dir, "train.bin", c.bytes, nt);
     if (s == MOE_OK) s = write_bytes(out_dir, "val.bin", c.bytes + nt, nv);
     free(c.bytes);

@@ -9,26 +9,26 @@
 
 // ---- byte tokenizer: token id = byte value (0..255), vocabulary of 256 -------------
 
-#define BYTE_VOCAB_SIZE 256
+#define DATA_BYTE_VOCAB_SIZE 256
 
 // tokens[i] = (unsigned char)text[i] for i < n.
-void byte_tokenize(int *tokens, const char *text, size_t n);
+void moe_byte_tokenize(int *tokens, const char *text, size_t n);
 
 // text[i] = tokens[i] for i < n (no terminating NUL is written). A token outside
 // [0, 256) is refused with MOE_EINVAL naming its index and value; text is then undefined.
-moe_status byte_detokenize(char *text, const int *tokens, size_t n);
+moe_status moe_byte_detokenize(char *text, const int *tokens, size_t n);
 
 // ---- corpus preparation ------------------------------------------------------------
 
 // Files larger than this are skipped when a folder is walked (generated or data files).
-#define PREPARE_MAX_FILE_BYTES (8u << 20)
+#define DATA_PREPARE_MAX_FILE_BYTES (8u << 20)
 
 // Byte-tokenizes text sources into `out_dir/train.bin` and `out_dir/val.bin` (token
 // files, vocab 256).
 //
 // A source is a file (taken as it is, whatever its name and size) or a folder, walked
 // recursively in sorted (strcmp) order, taking regular files with a text name (see
-// prepare_is_text_name) of at most PREPARE_MAX_FILE_BYTES; hidden entries (names starting
+// moe_prepare_is_text_name) of at most DATA_PREPARE_MAX_FILE_BYTES; hidden entries (names starting
 // with '.') and folders whose names start with "build" are skipped, and symbolic links to
 // folders are not followed (no cycles). Each file taken is appended to the corpus followed
 // by one '\n'. The last floor(val_fraction * bytes) bytes become val.bin, the rest
@@ -44,6 +44,6 @@ moe_status data_prepare_text(const char *const *sources, int n_sources, const ch
 // 1 if a file name looks like text the walker takes: an extension among .c .h .cc .cpp
 // .hpp .cu .cuh .py .md .txt .rst .cfg .conf .ini .toml .yaml .yml .json .sh .cmake .in,
 // or the names Makefile, README, LICENSE.
-int prepare_is_text_name(const char *name);
+int moe_prepare_is_text_name(const char *name);
 
 #endif

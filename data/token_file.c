@@ -28,9 +28,9 @@ static uint64_t get_u64(const unsigned char *p) {
 
 // ---- writer ------------------------------------------------------------------------
 
-moe_status token_file_write(const char *path, const uint32_t *tokens, uint64_t n,
-                            uint32_t vocab_size) {
-    if (!path || !*path) return moe_error(MOE_EINVAL, "token_file_write: empty path");
+moe_status moe_token_file_write(const char *path, const uint32_t *tokens, uint64_t n,
+                                uint32_t vocab_size) {
+    if (!path || !*path) return moe_error(MOE_EINVAL, "moe_token_file_write: empty path");
     if (n > 0 && !tokens) return moe_error(MOE_EINVAL, "token file '%s': tokens is NULL", path);
     if (vocab_size == 0) return moe_error(MOE_EINVAL, "token file '%s': vocab_size is 0", path);
     for (uint64_t i = 0; i < n; i++) {
@@ -46,9 +46,9 @@ moe_status token_file_write(const char *path, const uint32_t *tokens, uint64_t n
     FILE *f = fopen(tmp, "wb");
     if (!f) return moe_error(MOE_EIO, "token file '%s': cannot create: %s", tmp, strerror(errno));
 
-    unsigned char header[TOKEN_FILE_HEADER_BYTES] = {0};
-    memcpy(header, TOKEN_FILE_MAGIC, 8); // includes the NUL
-    put_u32(header + 8, TOKEN_FILE_VERSION);
+    unsigned char header[MOE_TOKEN_FILE_HEADER_BYTES] = {0};
+    memcpy(header, MOE_TOKEN_FILE_MAGIC, 8); // includes the NUL
+    put_u32(header + 8, MOE_TOKEN_FILE_VERSION);
     put_u32(header + 12, dtype);
     put_u64(header + 16, n);
     put_u32(header + 24, vocab_size);
@@ -98,7 +98,7 @@ moe_status token_file_write(const char *path, const uint32_t *tokens, uint64_t n
 
 // ---- reader ------------------------------------------------------------------------
 
-void token_file_free(token_file *tf) {
+void moe_token_file_free(moe_token_file *tf) {
     if (!tf) return;
     free(tf->tokens);
     tf->tokens = NULL;
@@ -108,20 +108,20 @@ void token_file_free(token_file *tf) {
 // Reads the header and checks it against the file size. Returns MOE_OK with the fields set.
 static moe_status read_header(FILE *f, const char *path, uint64_t file_bytes, uint32_t *dtype,
                               uint64_t *count, uint32_t *vocab_size) {
-    unsigned char h[TOKEN_FILE_HEADER_BYTES];
-    if (file_bytes < TOKEN_FILE_HEADER_BYTES || fread(h, 1, sizeof h, f) != sizeof h)
+    unsigned char h[MOE_TOKEN_FILE_HEADER_BYTES];
+    if (file_bytes < MOE_TOKEN_FILE_HEADER_BYTES || fread(h, 1, sizeof h, f) != sizeof h)
         return moe_error(MOE_EIO,
                          "token file '%s': %llu bytes, shorter than the %u-byte header "
                          "(not a token file or truncated)",
-                         path, (unsigned long long)file_bytes, TOKEN_FILE_HEADER_BYTES);
-    if (memcmp(h, TOKEN_FILE_MAGIC, 8) != 0)
+                         path, (unsigned long long)file_bytes, MOE_TOKEN_FILE_HEADER_BYTES);
+    if (memcmp(h, MOE_TOKEN_FILE_MAGIC, 8) != 0)
         return moe_error(MOE_EIO,
                          "token file '%s': wrong magic (expected \"%s\"): not a token file", path,
-                         TOKEN_FILE_MAGIC);
+                         MOE_TOKEN_FILE_MAGIC);
     uint32_t version = get_u32(h + 8);
-    if (version != TOKEN_FILE_VERSION)
+    if (version != MOE_TOKEN_FILE_VERSION)
         return moe_error(MOE_EIO, "token file '%s': unknown version %u (this build reads %u)", path,
-                         version, TOKEN_FILE_VERSION);
+                         version, MOE_TOKEN_FILE_VERSION);
     *dtype = get_u32(h + 12);
     if (*dtype != 2 && *dtype != 4)
         return moe_error(MOE_EIO,
@@ -135,10 +135,10 @@ static moe_status read_header(FILE *f, const char *path, uint64_t file_bytes, ui
         return moe_error(MOE_EIO, "token file '%s': reserved header field is %u, must be 0", path,
                          reserved);
     // Compare sizes without overflowing: a huge count is simply "longer than the file".
-    uint64_t payload = file_bytes - TOKEN_FILE_HEADER_BYTES;
+    uint64_t payload = file_bytes - MOE_TOKEN_FILE_HEADER_BYTES;
     if (*count > payload / *dtype || *count * *dtype != payload) {
         int truncated = *count > payload / *dtype;
-        if (truncated && *count > (UINT64_MAX - TOKEN_FILE_HEADER_BYTES) / *dtype)
+        if (truncated && *count > (UINT64_MAX - MOE_TOKEN_FILE_HEADER_BYTES) / *dtype)
             return moe_error(MOE_EIO,
                              "token file '%s': truncated: header says %llu tokens of %u bytes, "
                              "file has %llu bytes",
@@ -149,21 +149,21 @@ static moe_status read_header(FILE *f, const char *path, uint64_t file_bytes, ui
                          "expected, file has %llu bytes",
                          path, truncated ? "truncated" : "trailing bytes after the tokens",
                          (unsigned long long)*count, *dtype,
-                         (unsigned long long)(TOKEN_FILE_HEADER_BYTES + *count * *dtype),
+                         (unsigned long long)(MOE_TOKEN_FILE_HEADER_BYTES + *count * *dtype),
                          (unsigned long long)file_bytes);
     }
     if (*vocab_size == 0) return moe_error(MOE_EIO, "token file '%s': vocab_size is 0", path);
     return MOE_OK;
 }
 
-moe_status token_file_read(token_file *tf, const char *path) {
-    if (!tf) return moe_error(MOE_EINVAL, "token_file_read: tf is NULL");
+moe_status moe_token_file_read(moe_token_file *tf, const char *path) {
+    if (!tf) return moe_error(MOE_EINVAL, "moe_token_file_read: tf is NULL");
     memset(tf, 0, sizeof *tf);
-    if (!path || !*path) return moe_error(MOE_EINVAL, "token_file_read: empty path");
+    if (!path || !*path) return moe_error(MOE_EINVAL, "moe_token_file_read: empty path");
 
     FILE *f; // a regular file (a FIFO would block, /dev/zero never end: data/files.h)
     uint64_t size;
-    if (file_open_input(path, "token data", UINT64_MAX, &f, &size))
+    if (moe_file_open_input(path, "token data", UINT64_MAX, &f, &size))
         return errno ? moe_error(MOE_EIO, "token file '%s': cannot open: %s", path, strerror(errno))
                      : moe_error_context(MOE_EIO, "token file '%s'", path);
     uint32_t dtype = 0, vocab_size = 0;

@@ -21,9 +21,9 @@
 
 #include "layers/status.h"
 
-#define TOKEN_FILE_MAGIC "MOETOK1" // 7 characters + the terminating NUL = 8 bytes
-#define TOKEN_FILE_VERSION 1u
-#define TOKEN_FILE_HEADER_BYTES 32u
+#define MOE_TOKEN_FILE_MAGIC "MOETOK1" // 7 characters + the terminating NUL = 8 bytes
+#define MOE_TOKEN_FILE_VERSION 1u
+#define MOE_TOKEN_FILE_HEADER_BYTES 32u
 
 // A token file read whole into memory; u16 tokens are widened to u32.
 typedef struct {
@@ -32,19 +32,19 @@ typedef struct {
     uint32_t vocab_size; // every tokens[i] < vocab_size
     uint32_t dtype;      // bytes per token in the file: 2 or 4
     uint32_t *tokens;    // [count], owned
-} token_file;
+} moe_token_file;
 
 // Writes `n` tokens to `path` atomically: to `path.tmp`, fsync, then rename.
 // Refuses vocab_size 0 and a token id >= vocab_size (MOE_EINVAL); I/O failures are MOE_EIO.
-moe_status token_file_write(const char *path, const uint32_t *tokens, uint64_t n,
-                            uint32_t vocab_size);
+moe_status moe_token_file_write(const char *path, const uint32_t *tokens, uint64_t n,
+                                uint32_t vocab_size);
 
 // Reads and validates a whole token file. On failure *tf is left empty (nothing to free)
 // and the message names the file and what is wrong: MOE_EIO for an unreadable or
 // malformed file, MOE_ENOMEM when the tokens do not fit in memory.
-moe_status token_file_read(token_file *tf, const char *path);
+moe_status moe_token_file_read(moe_token_file *tf, const char *path);
 
 // Frees the tokens; safe on an empty or already freed token_file.
-void token_file_free(token_file *tf);
+void moe_token_file_free(moe_token_file *tf);
 
 #endif

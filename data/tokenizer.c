@@ -23,13 +23,13 @@
 
 #define TOK_PATH 4096
 
-const char *const tokenizer_hf_files[] = {"tokenizer.json",
-                                          "tokenizer_config.json",
-                                          "special_tokens_map.json",
-                                          "added_tokens.json",
-                                          "chat_template.jinja",
-                                          "chat_template.json",
-                                          NULL};
+const char *const moe_tokenizer_hf_files[] = {"tokenizer.json",
+                                              "tokenizer_config.json",
+                                              "special_tokens_map.json",
+                                              "added_tokens.json",
+                                              "chat_template.jinja",
+                                              "chat_template.json",
+                                              NULL};
 
 static int readable_file(const char *path) {
     struct stat st;
@@ -59,7 +59,7 @@ static int buf_add(buf *b, const char *s, size_t k) {
 
 // ---- finding and running the script ------------------------------------------------------
 
-moe_status hf_tokenizer_script(char *path, size_t n) {
+moe_status moe_hf_tokenizer_script(char *path, size_t n) {
     const char *env = getenv("MOE_TOKENIZER_SCRIPT");
     if (env && *env) {
         if (!readable_file(env))
@@ -168,12 +168,12 @@ static moe_status pump(int fd_in, const char *in, size_t n_in, int fd_out, buf *
               : moe_error(MOE_ENOMEM, "hf_tokenizer: out of memory reading the script's output");
 }
 
-moe_status hf_tokenizer_run(const char *const *args, int n_args, const char *in, size_t n_in,
-                            char **out, size_t *n_out) {
+moe_status moe_hf_tokenizer_run(const char *const *args, int n_args, const char *in, size_t n_in,
+                                char **out, size_t *n_out) {
     if (out) *out = NULL;
     if (n_out) *n_out = 0;
     char script[TOK_PATH];
-    moe_status st = hf_tokenizer_script(script, sizeof script);
+    moe_status st = moe_hf_tokenizer_script(script, sizeof script);
     if (st) return st;
     const char *python = getenv("MOE_PYTHON");
     if (!python || !*python) python = "python3";
@@ -250,14 +250,14 @@ static const char *opt(char *b, size_t n, const char *name, const char *value) {
     return b;
 }
 
-moe_status hf_tokenizer_encode(const char *tok_dir, const char *text, size_t n, int **ids,
-                               int *n_ids) {
+moe_status moe_hf_tokenizer_encode(const char *tok_dir, const char *text, size_t n, int **ids,
+                                   int *n_ids) {
     *ids = NULL, *n_ids = 0;
     char t[TOK_PATH + 16];
     const char *args[] = {"encode", opt(t, sizeof t, "tokenizer", tok_dir)};
     char *out;
     size_t len;
-    moe_status st = hf_tokenizer_run(args, 2, text, n, &out, &len);
+    moe_status st = moe_hf_tokenizer_run(args, 2, text, n, &out, &len);
     if (st) return st;
     size_t cap = 1;
     for (size_t i = 0; i < len; i++) cap += out[i] == ' ';
@@ -287,8 +287,8 @@ moe_status hf_tokenizer_encode(const char *tok_dir, const char *text, size_t n, 
     return MOE_OK;
 }
 
-moe_status hf_tokenizer_decode(const char *tok_dir, const int *ids, int n_ids, char **text,
-                               size_t *len) {
+moe_status moe_hf_tokenizer_decode(const char *tok_dir, const int *ids, int n_ids, char **text,
+                                   size_t *len) {
     buf in = {0};
     char num[16];
     int ok = buf_add(&in, "", 0);
@@ -300,13 +300,13 @@ moe_status hf_tokenizer_decode(const char *tok_dir, const int *ids, int n_ids, c
     }
     char t[TOK_PATH + 16];
     const char *args[] = {"decode", opt(t, sizeof t, "tokenizer", tok_dir)};
-    moe_status st = hf_tokenizer_run(args, 2, in.p, in.n, text, len);
+    moe_status st = moe_hf_tokenizer_run(args, 2, in.p, in.n, text, len);
     free(in.p);
     return st;
 }
 
-moe_status hf_tokenizer_prepare(const char *tok_dir, const char *const *sources, int n_sources,
-                                const char *out_dir, double val_fraction) {
+moe_status moe_hf_tokenizer_prepare(const char *tok_dir, const char *const *sources, int n_sources,
+                                    const char *out_dir, double val_fraction) {
     if (n_sources < 1) return moe_error(MOE_EINVAL, "prepare: no text sources given");
     const int n_args = n_sources + 4;
     const char **args = calloc((size_t)n_args, sizeof *args);
@@ -329,7 +329,7 @@ moe_status hf_tokenizer_prepare(const char *tok_dir, const char *const *sources,
     }
     if (!st) {
         args[0] = "prepare";
-        st = hf_tokenizer_run(args, n_args, NULL, 0, NULL, NULL);
+        st = moe_hf_tokenizer_run(args, n_args, NULL, 0, NULL, NULL);
     }
     for (int i = 0; owned && i < n_args; i++) free(owned[i]);
     free(owned);
@@ -344,7 +344,7 @@ static void join(char *b, size_t n, const char *dir, const char *name) {
     if (snprintf(b, n, "%s/%s", dir, name) >= (int)n) b[0] = '\0';
 }
 
-int tokenizer_has_hf(const char *dir) {
+int moe_tokenizer_has_hf(const char *dir) {
     char p[TOK_PATH];
     join(p, sizeof p, dir, "tokenizer.json");
     return readable_file(p);
@@ -371,7 +371,7 @@ static void symbol_json(char *out, unsigned u) {
         out[0] = (char)(0xC0 | (u >> 6)), out[1] = (char)(0x80 | (u & 0x3F)), out[2] = 0;
 }
 
-const char *tokenizer_byte_json(void) {
+const char *moe_tokenizer_byte_json(void) {
     static char *json;
     if (json) return json;
     // the `tokenizers` serialisation of a byte-level BPE without merges, written by hand so
@@ -404,34 +404,34 @@ const char *tokenizer_byte_json(void) {
     return json = b.p; // kept for the process's lifetime
 }
 
-int tokenizer_is_byte_hf(const char *dir) {
+int moe_tokenizer_is_byte_hf(const char *dir) {
     char p[TOK_PATH], *text;
-    const char *want = tokenizer_byte_json();
+    const char *want = moe_tokenizer_byte_json();
     join(p, sizeof p, dir, "tokenizer.json");
-    if (!want || !readable_file(p) || file_read_all(p, 1u << 20, &text, NULL)) return 0;
+    if (!want || !readable_file(p) || moe_file_read_all(p, 1u << 20, &text, NULL)) return 0;
     int same = strcmp(text, want) == 0;
     free(text);
     return same;
 }
 
-moe_status tokenizer_write_byte_hf(const char *dir) {
-    const char *json = tokenizer_byte_json();
+moe_status moe_tokenizer_write_byte_hf(const char *dir) {
+    const char *json = moe_tokenizer_byte_json();
     if (!json) return moe_error(MOE_ENOMEM, "byte tokenizer: out of memory");
     char p[TOK_PATH];
     join(p, sizeof p, dir, "tokenizer.json");
-    moe_status st = file_write_synced(p, json, strlen(json));
+    moe_status st = moe_file_write_synced(p, json, strlen(json));
     if (st) return st;
     // model_max_length: transformers' "no limit" value, which it writes itself
     static const char config[] = "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n"
                                  "  \"model_max_length\": 1000000000000000019884624838656,\n"
                                  "  \"clean_up_tokenization_spaces\": false\n}\n";
     join(p, sizeof p, dir, "tokenizer_config.json");
-    return file_write_synced(p, config, sizeof config - 1);
+    return moe_file_write_synced(p, config, sizeof config - 1);
 }
 
 static moe_status copy_file(const char *src, const char *dst) {
     FILE *in; // a regular file (a FIFO would block: data/files.h)
-    if (file_open_input(src, "a tokenizer", UINT64_MAX, &in, NULL)) return MOE_EIO;
+    if (moe_file_open_input(src, "a tokenizer", UINT64_MAX, &in, NULL)) return MOE_EIO;
     FILE *out = fopen(dst, "wb");
     if (!out) {
         fclose(in);
@@ -449,10 +449,10 @@ static moe_status copy_file(const char *src, const char *dst) {
     return ok ? MOE_OK : moe_error(MOE_EIO, "%s: write failed: %s", dst, strerror(errno));
 }
 
-moe_status tokenizer_copy_hf(const char *src_dir, const char *dst_dir, int *copied) {
+moe_status moe_tokenizer_copy_hf(const char *src_dir, const char *dst_dir, int *copied) {
     if (copied) *copied = 0;
     char s[TOK_PATH], d[TOK_PATH];
-    for (const char *const *name = tokenizer_hf_files; *name; name++) {
+    for (const char *const *name = moe_tokenizer_hf_files; *name; name++) {
         join(s, sizeof s, src_dir, *name);
         if (!readable_file(s)) continue;
         join(d, sizeof d, dst_dir, *name);
@@ -463,15 +463,15 @@ moe_status tokenizer_copy_hf(const char *src_dir, const char *dst_dir, int *copi
     return MOE_OK;
 }
 
-moe_status tokenizer_same_hf(const char *a, const char *b, int *same) {
+moe_status moe_tokenizer_same_hf(const char *a, const char *b, int *same) {
     *same = 0;
-    if (!tokenizer_has_hf(a) || !tokenizer_has_hf(b)) return MOE_OK;
+    if (!moe_tokenizer_has_hf(a) || !moe_tokenizer_has_hf(b)) return MOE_OK;
     char pa[TOK_PATH], pb[TOK_PATH], *ta = NULL, *tb = NULL;
     size_t na = 0, nb = 0;
     join(pa, sizeof pa, a, "tokenizer.json");
     join(pb, sizeof pb, b, "tokenizer.json");
-    moe_status st = file_read_all(pa, (size_t)1 << 30, &ta, &na);
-    if (!st) st = file_read_all(pb, (size_t)1 << 30, &tb, &nb);
+    moe_status st = moe_file_read_all(pa, (size_t)1 << 30, &ta, &na);
+    if (!st) st = moe_file_read_all(pb, (size_t)1 << 30, &tb, &nb);
     if (!st) *same = na == nb && memcmp(ta, tb, na) == 0;
     free(ta), free(tb);
     return st;
@@ -537,19 +537,20 @@ static moe_status token_id(const cJSON *tok, const char *path, const char *key, 
     return st;
 }
 
-moe_status tokenizer_special_ids(const char *dir, int vocab_size, int *bos, int *eos, int *pad) {
+moe_status moe_tokenizer_special_ids(const char *dir, int vocab_size, int *bos, int *eos,
+                                     int *pad) {
     int *ids[3] = {bos, eos, pad};
     static const char *const keys[3] = {"bos_token", "eos_token", "pad_token"};
     for (int i = 0; i < 3; i++) *ids[i] = -1;
-    if (!tokenizer_has_hf(dir)) return MOE_OK;
+    if (!moe_tokenizer_has_hf(dir)) return MOE_OK;
     char p[TOK_PATH];
     cJSON *tok = NULL, *cfg[2] = {NULL, NULL};
     static const char *const cfg_files[2] = {"tokenizer_config.json", "special_tokens_map.json"};
     join(p, sizeof p, dir, "tokenizer.json");
-    moe_status st = file_read_json_object(p, (size_t)1 << 30, &tok);
+    moe_status st = moe_file_read_json_object(p, (size_t)1 << 30, &tok);
     for (int f = 0; f < 2 && !st; f++) {
         join(p, sizeof p, dir, cfg_files[f]);
-        if (readable_file(p)) st = file_read_json_object(p, (size_t)1 << 30, &cfg[f]);
+        if (readable_file(p)) st = moe_file_read_json_object(p, (size_t)1 << 30, &cfg[f]);
     }
     join(p, sizeof p, dir, "tokenizer.json");
     const int64_t limit = vocab_size > 0 ? vocab_size : (int64_t)INT_MAX + 1;
@@ -563,8 +564,8 @@ moe_status tokenizer_special_ids(const char *dir, int vocab_size, int *bos, int 
     return st;
 }
 
-moe_status tokenizer_write_generation_config(const char *src_dir, const char *tok_dir,
-                                             int vocab_size, const char *out_dir) {
+moe_status moe_tokenizer_write_generation_config(const char *src_dir, const char *tok_dir,
+                                                 int vocab_size, const char *out_dir) {
     char src[TOK_PATH], dst[TOK_PATH];
     join(dst, sizeof dst, out_dir, "generation_config.json");
     if (src_dir) {
@@ -573,7 +574,7 @@ moe_status tokenizer_write_generation_config(const char *src_dir, const char *to
     }
     int id[3] = {-1, -1, -1};
     moe_status st =
-        tok_dir ? tokenizer_special_ids(tok_dir, vocab_size, &id[0], &id[1], &id[2]) : MOE_OK;
+        tok_dir ? moe_tokenizer_special_ids(tok_dir, vocab_size, &id[0], &id[1], &id[2]) : MOE_OK;
     if (st) return st;
     // only what the tokenizer defines: a made-up eos would stop generation at a real token
     char text[512] = "{\n", line[64];
@@ -584,7 +585,7 @@ moe_status tokenizer_write_generation_config(const char *src_dir, const char *to
             strcat(text, line);
         }
     strcat(text, "  \"transformers_version\": \"5.24.0\"\n}\n"); // the version it is tested with
-    return file_write_synced(dst, text, strlen(text));
+    return moe_file_write_synced(dst, text, strlen(text));
 }
 
 // ---- the run's tokenizer -------------------------------------------------------------------
@@ -599,7 +600,7 @@ static void init_folder(char *dir, size_t n, const char *init_from) {
         return;
     }
     char *text;
-    if (!S_ISREG(st.st_mode) || file_read_all(init_from, 4096, &text, NULL)) return;
+    if (!S_ISREG(st.st_mode) || moe_file_read_all(init_from, 4096, &text, NULL)) return;
     text[strcspn(text, "\r\n")] = '\0';
     const char *slash = strrchr(init_from, '/');
     if (text[0] && !strchr(text, '/'))
@@ -607,36 +608,36 @@ static void init_folder(char *dir, size_t n, const char *init_from) {
     free(text);
 }
 
-moe_status tokenizer_for_run(char *dir, size_t n, const char *data_tokenizer, const char *init_from,
-                             int *from_init) {
+moe_status moe_tokenizer_for_run(char *dir, size_t n, const char *data_tokenizer,
+                                 const char *init_from, int *from_init) {
     dir[0] = '\0';
     if (from_init) *from_init = 0;
     if (data_tokenizer && data_tokenizer[0]) {
-        if (!tokenizer_has_hf(data_tokenizer))
+        if (!moe_tokenizer_has_hf(data_tokenizer))
             return moe_error(MOE_EINVAL,
                              "data.tokenizer = \"%s\": no %s/tokenizer.json (a Hugging "
                              "Face tokenizer folder holds one)",
                              data_tokenizer, data_tokenizer);
-        if (!tokenizer_is_byte_hf(data_tokenizer)) snprintf(dir, n, "%s", data_tokenizer);
+        if (!moe_tokenizer_is_byte_hf(data_tokenizer)) snprintf(dir, n, "%s", data_tokenizer);
         return MOE_OK;
     }
     if (!init_from || !init_from[0]) return MOE_OK;
     char folder[TOK_PATH];
     init_folder(folder, sizeof folder, init_from);
-    if (folder[0] && tokenizer_has_hf(folder) && !tokenizer_is_byte_hf(folder)) {
+    if (folder[0] && moe_tokenizer_has_hf(folder) && !moe_tokenizer_is_byte_hf(folder)) {
         snprintf(dir, n, "%s", folder);
         if (from_init) *from_init = 1;
     }
     return MOE_OK;
 }
 
-moe_status tokenizer_check_data(const char *token_file, const char *tok, unsigned vocab_size) {
+moe_status moe_tokenizer_check_data(const char *token_file, const char *tok, unsigned vocab_size) {
     char folder[TOK_PATH];
     const char *slash = strrchr(token_file, '/');
     snprintf(folder, sizeof folder, "%.*s", slash ? (int)(slash - token_file) : 1,
              slash ? token_file : ".");
     if (slash == token_file) snprintf(folder, sizeof folder, "/");
-    const int has = tokenizer_has_hf(folder) && !tokenizer_is_byte_hf(folder);
+    const int has = moe_tokenizer_has_hf(folder) && !moe_tokenizer_is_byte_hf(folder);
     if (!tok[0]) {
         if (has)
             return moe_error(MOE_EINVAL,
@@ -648,7 +649,7 @@ moe_status tokenizer_check_data(const char *token_file, const char *tok, unsigne
     }
     if (has) {
         int same = 0;
-        moe_status st = tokenizer_same_hf(folder, tok, &same);
+        moe_status st = moe_tokenizer_same_hf(folder, tok, &same);
         if (st) return st;
         if (!same)
             return moe_error(MOE_EINVAL,
@@ -656,7 +657,7 @@ moe_status tokenizer_check_data(const char *token_file, const char *tok, unsigne
                              "differs from the run's %s/tokenizer.json (delete the token files to "
                              "prepare data.text again, or set data.tokenizer to that tokenizer)",
                              folder, tok);
-    } else if (vocab_size == 256 && !tokenizer_has_hf(folder)) {
+    } else if (vocab_size == 256 && !moe_tokenizer_has_hf(folder)) {
         return moe_error(MOE_EINVAL,
                          "byte-tokenized token files (vocabulary 256, no tokenizer.json "
                          "beside them), but the run's tokenizer is %s: delete them to prepare "

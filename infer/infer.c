@@ -13,29 +13,30 @@
 #include "ckpt/checkpoint.h"
 #include "layers/rng.h"
 
-moe_status infer_load(model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk) {
+moe_status infer_load(moe_model *m, moe_backend *be, const char *ckpt, int max_pos, int max_chunk) {
     return infer_load_parallel(m, be, NULL, ckpt, max_pos, max_chunk, MOE_DTYPE_F32);
 }
 
-moe_status infer_load_parallel(model *m, moe_backend *be, moe_comm *ep, const char *ckpt,
+moe_status infer_load_parallel(moe_model *m, moe_backend *be, moe_comm *ep, const char *ckpt,
                                int max_pos, int max_chunk, moe_dtype dtype) {
     return infer_load_batch(m, be, ep, ckpt, max_pos, max_chunk, dtype, 1);
 }
 
-moe_status infer_load_batch(model *m, moe_backend *be, moe_comm *ep, const char *ckpt, int max_pos,
-                            int max_chunk, moe_dtype dtype, int n_seqs) {
+moe_status infer_load_batch(moe_model *m, moe_backend *be, moe_comm *ep, const char *ckpt,
+                            int max_pos, int max_chunk, moe_dtype dtype, int n_seqs) {
     char folder[2048];
-    moe_status st = checkpoint_resolve(folder, sizeof folder, ckpt);
+    moe_status st = moe_checkpoint_resolve(folder, sizeof folder, ckpt);
     if (st) return st;
-    model_config cfg;
-    if ((st = hf_config_read(&cfg, folder))) return st;
-    if ((st = hf_check_sizes(folder, &cfg))) return st; // before allocating from config.json
+    moe_model_config cfg;
+    if ((st = moe_hf_config_read(&cfg, folder))) return st;
+    if ((st = moe_hf_check_sizes(folder, &cfg))) return st; // before allocating from config.json
     cfg.dtype = dtype;
     if (max_pos <= 0 || max_pos > cfg.max_seq_len) max_pos = cfg.max_seq_len;
     if (max_chunk > max_pos) max_chunk = max_pos;
     if (max_chunk < n_seqs) max_chunk = n_seqs < max_pos ? n_seqs : max_pos; // a decode step's rows
-    if ((st = model_create_inference_batch(m, be, &cfg, max_pos, max_chunk, n_seqs, ep))) return st;
-    if ((st = hf_load_weights(m, folder))) model_destroy(m);
+    if ((st = moe_model_create_inference_batch(m, be, &cfg, max_pos, max_chunk, n_seqs, ep)))
+        return st;
+    if ((st = moe_hf_load_weights(m, folder))) moe_model_destroy(m);
     return st;
 }
 
@@ -47,7 +48,7 @@ static long first_nonfinite(const real *logits, size_t n) {
     return -1;
 }
 
-moe_status npy_write_f32(const char *path, const float *data, int rows, int cols) {
+moe_status moe_npy_write_f32(const char *path, const float *data, int rows, int cols) {
     char header[128];
     int n = snprintf(header, sizeof header,
                      "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
@@ -71,7 +72,7 @@ moe_status npy_write_f32(const char *path, const float *data, int rows, int cols
 
 // The largest |w| of m's weights into *value, the tensor holding it into *name (NULL when
 // out of memory): each tensor copied to the host in turn, on the error path only.
-static void largest_weight(const model *m, double *value, const char **name) {
+static void largest_weight(const moe_model *m, double *value, const char **name) {
     *value = -1, *name = NULL;
     size_t most = 0;
     for (int i = 0; i < m->n_tensors; i++) {
@@ -80,7 +81,7 @@ static void largest_weight(const model *m, double *value, const char **name) {
     }
     real *host = most ? malloc(most * sizeof(real)) : NULL;
     for (int i = 0; host && i < m->n_tensors; i++) {
-        const model_tensor *t = &m->tensors[i];
+        const moe_model_tensor *t = &m->tensors[i];
         const size_t n = (size_t)t->rows * (t->cols ? t->cols : 1);
         m->be->copy_to_host(m->be, host, m->params + t->offset, n * sizeof(real));
         for (size_t k = 0; k < n; k++)
@@ -91,8 +92,8 @@ static void largest_weight(const model *m, double *value, const char **name) {
 
 // A finite mean loss whose perplexity exp(loss) overflows a double (loss > log(DBL_MAX), about
 // 709.78 nats/token) is no result: the weights are damaged (MOE_ENUMERIC naming the largest).
-static moe_status check_perplexity(const model *m, double loss) {
-    if (model_ce_is_result(loss)) return MOE_OK;
+static moe_status check_perplexity(const moe_model *m, double loss) {
+    if (moe_model_ce_is_result(loss)) return MOE_OK;
     double w;
     const char *name;
     largest_weight(m, &w, &name);
@@ -107,8 +108,9 @@ static moe_status check_perplexity(const model *m, double loss) {
                      loss, w, name);
 }
 
-moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_windows,
-                      const char *logits_npy, double *loss, long *n_tokens, serve_stats *stats) {
+moe_status infer_eval(moe_model *m, const moe_token_file *tf, int seq_len, long max_windows,
+                      const char *logits_npy, double *loss, long *n_tokens,
+                      moe_serve_stats *stats) {
     const int V = m->cfg.vocab_size;
     if (seq_len < 1 || seq_len > m->max_seq)
         return moe_error(MOE_EINVAL, "eval: --seq-len %d outside [1, %d]", seq_len, m->max_seq);
@@ -138,9 +140,10 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
         be->copy_to_device(be, m->targets, inputs, (size_t)seq_len * sizeof(int));
         for (int t = 0; t < seq_len; t++) inputs[t] = (int)win[t];
         const double t0 = moe_clock_s();
-        if ((st = model_infer(m, inputs, seq_len, 0))) break;
+        if ((st = moe_model_infer(m, inputs, seq_len, 0))) break;
         if (m->be->synchronize) m->be->synchronize(m->be);
-        if (stats && (st = serve_stats_step(stats, m, SERVE_EVAL, seq_len, moe_clock_s() - t0)))
+        if (stats &&
+            (st = moe_serve_stats_step(stats, m, MOE_SERVE_EVAL, seq_len, moe_clock_s() - t0)))
             break;
         // CE_t = logsumexp(z_t) - z_t[target] on the device; the window's sum comes back
         double window_sum;
@@ -168,7 +171,7 @@ moe_status infer_eval(model *m, const token_file *tf, int seq_len, long max_wind
                            (double)logits[bad], w, bad / V, bad % V);
             break;
         }
-        if (w == 0 && logits_npy) st = npy_write_f32(logits_npy, logits, seq_len, V);
+        if (w == 0 && logits_npy) st = moe_npy_write_f32(logits_npy, logits, seq_len, V);
     }
     free(inputs), free(logits);
     if (m->ep) m->ep->allreduce_sum_double(m->ep, &sum, 1);
@@ -192,7 +195,7 @@ static int by_prob_desc(const void *a, const void *b) {
 
 // Samples from softmax(logits / T) restricted to the top_k most likely and to the smallest
 // set whose probability reaches top_p; greedy when T == 0.
-static int sample(const real *logits, int V, const sampling *s, uint64_t *rng, candidate *c) {
+static int sample(const real *logits, int V, const moe_sampling *s, uint64_t *rng, candidate *c) {
     int best = 0;
     for (int i = 1; i < V; i++) best = logits[i] > logits[best] ? i : best;
     if (s->temperature <= 0) return best;
@@ -222,18 +225,18 @@ static int sample(const real *logits, int V, const sampling *s, uint64_t *rng, c
     return c[n - 1].id;
 }
 
-// model_infer, timed into the serving telemetry when there is one.
-static moe_status observed_infer(model *m, const int *tokens, int n, int pos0, serve_stats *stats,
-                                 serve_kind kind) {
+// moe_model_infer, timed into the serving telemetry when there is one.
+static moe_status observed_infer(moe_model *m, const int *tokens, int n, int pos0,
+                                 moe_serve_stats *stats, moe_serve_kind kind) {
     const double t0 = moe_clock_s();
-    moe_status st = model_infer(m, tokens, n, pos0);
+    moe_status st = moe_model_infer(m, tokens, n, pos0);
     if (st || !stats) return st;
     if (m->be->synchronize) m->be->synchronize(m->be);
-    return serve_stats_step(stats, m, kind, n, moe_clock_s() - t0);
+    return moe_serve_stats_step(stats, m, kind, n, moe_clock_s() - t0);
 }
 
-moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, const sampling *s,
-                          int *out, int *n_out) {
+moe_status infer_generate(moe_model *m, const int *prompt, int n_prompt, int n_new,
+                          const moe_sampling *s, int *out, int *n_out) {
     const int V = m->cfg.vocab_size;
     *n_out = 0;
     if (n_prompt < 1) return moe_error(MOE_EINVAL, "generate: the prompt is empty");
@@ -246,7 +249,7 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, 
     int pos = 0;
     for (; pos < n_prompt && !st; pos += chunk) {
         int n = n_prompt - pos < chunk ? n_prompt - pos : chunk;
-        st = observed_infer(m, prompt + pos, n, pos, s->stats, SERVE_PREFILL);
+        st = observed_infer(m, prompt + pos, n, pos, s->stats, MOE_SERVE_PREFILL);
         if (!st && pos + n == n_prompt && n > 1) // keep the last row: the next token's distribution
             m->be->copy_on_device(m->be, m->logits, m->logits + (size_t)(n - 1) * V,
                                   (size_t)V * sizeof(real));
@@ -274,14 +277,14 @@ moe_status infer_generate(model *m, const int *prompt, int n_prompt, int n_new, 
         int next = sample(logits, V, s, &rng, cand);
         out[(*n_out)++] = next;
         if (pos >= m->max_pos || i + 1 == n_new) break; // the cache is full, or done
-        st = observed_infer(m, &next, 1, pos++, s->stats, SERVE_DECODE);
+        st = observed_infer(m, &next, 1, pos++, s->stats, MOE_SERVE_DECODE);
     }
     free(logits), free(cand);
     return st;
 }
 
-moe_status infer_generate_batch(model *m, const int *const *prompts, const int *n_prompts, int B,
-                                int n_new, const sampling *s, int **outs, int *n_outs) {
+moe_status infer_generate_batch(moe_model *m, const int *const *prompts, const int *n_prompts,
+                                int B, int n_new, const moe_sampling *s, int **outs, int *n_outs) {
     const int V = m->cfg.vocab_size;
     if (B < 1 || B > m->n_seqs || B > m->max_seq)
         return moe_error(MOE_EINVAL, "generate: a batch of %d sequences exceeds the KV cache's %d",
@@ -305,10 +308,10 @@ moe_status infer_generate_batch(model *m, const int *const *prompts, const int *
         for (int p = 0; p < n_prompts[b] && !st; p += chunk) {
             const int n = n_prompts[b] - p < chunk ? n_prompts[b] - p : chunk;
             const double t0 = moe_clock_s();
-            st = model_infer_slot(m, b, prompts[b] + p, n, p);
+            st = moe_model_infer_slot(m, b, prompts[b] + p, n, p);
             if (!st && s->stats) {
                 if (m->be->synchronize) m->be->synchronize(m->be);
-                st = serve_stats_step(s->stats, m, SERVE_PREFILL, n, moe_clock_s() - t0);
+                st = moe_serve_stats_step(s->stats, m, MOE_SERVE_PREFILL, n, moe_clock_s() - t0);
             }
             if (!st && p + n == n_prompts[b])
                 m->be->copy_to_host(m->be, last + (size_t)b * V, m->logits + (size_t)(n - 1) * V,
@@ -331,10 +334,10 @@ moe_status infer_generate_batch(model *m, const int *const *prompts, const int *
         for (int b = 0; b < B; b++) full |= pos[b] >= m->max_pos;
         if (st || full || i + 1 == n_new) break; // done, or a cache is full
         const double t0 = moe_clock_s();
-        st = model_decode_batch(m, tok, B, slots, pos);
+        st = moe_model_decode_batch(m, tok, B, slots, pos);
         if (!st && s->stats) {
             if (m->be->synchronize) m->be->synchronize(m->be);
-            st = serve_stats_step(s->stats, m, SERVE_DECODE, B, moe_clock_s() - t0);
+            st = moe_serve_stats_step(s->stats, m, MOE_SERVE_DECODE, B, moe_clock_s() - t0);
         }
         if (!st) m->be->copy_to_host(m->be, last, m->logits, (size_t)B * V * sizeof(real));
         for (int b = 0; b < B; b++) pos[b]++;

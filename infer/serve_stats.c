@@ -9,7 +9,8 @@
 
 static const char *const kind_names[3] = {"prefill", "decode", "eval"};
 
-moe_status serve_stats_init(serve_stats *s, const model *m, int window, const char *jsonl_path) {
+moe_status moe_serve_stats_init(moe_serve_stats *s, const moe_model *m, int window,
+                                const char *jsonl_path) {
     memset(s, 0, sizeof *s);
     s->L = m->cfg.n_layers, s->E = m->cfg.moe.n_experts, s->k = m->cfg.moe.top_k;
     s->window = window > 0 ? window : 32;
@@ -21,7 +22,7 @@ moe_status serve_stats_init(serve_stats *s, const model *m, int window, const ch
     return MOE_OK;
 }
 
-void serve_stats_free(serve_stats *s) {
+void moe_serve_stats_free(moe_serve_stats *s) {
     if (s->jsonl) fclose(s->jsonl);
     free(s->latency), free(s->tokens), free(s->kind), free(s->hot), free(s->win_hits);
     free(s->win_ratio), free(s->win_expert), free(s->win_mean_hot);
@@ -38,7 +39,7 @@ static int grow(void **p, size_t *cap, size_t n, size_t elem) {
 }
 
 // The window that just filled: each layer's hottest expert's hit ratio and mean hottest share.
-static moe_status close_window(serve_stats *s) {
+static moe_status close_window(moe_serve_stats *s) {
     const int L = s->L, E = s->E;
     size_t c = s->win_cap;
     if (!grow((void **)&s->win_ratio, &c, s->n_win, L * sizeof(double)) ||
@@ -61,8 +62,8 @@ static moe_status close_window(serve_stats *s) {
     return MOE_OK;
 }
 
-moe_status serve_stats_step(serve_stats *s, const model *m, serve_kind kind, int tokens,
-                            double latency_s) {
+moe_status moe_serve_stats_step(moe_serve_stats *s, const moe_model *m, moe_serve_kind kind,
+                                int tokens, double latency_s) {
     const int L = s->L, E = s->E;
     long *counts = malloc((size_t)L * E * sizeof *counts);
     if (!counts) return moe_error(MOE_ENOMEM, "stats: out of memory");
@@ -119,7 +120,7 @@ static void quantiles(double *v, size_t n, double q[4]) {
     q[2] = stats_percentile_sorted(v, n, 99), q[3] = v[n - 1];
 }
 
-moe_status serve_stats_finish(serve_stats *s, FILE *out) {
+moe_status moe_serve_stats_finish(moe_serve_stats *s, FILE *out) {
     if (s->in_window > 0) { // the last, partial window counts if it is at least half full
         moe_status st = s->in_window * 2 >= s->window || !s->n_win ? close_window(s) : MOE_OK;
         if (st) return st;
@@ -154,7 +155,7 @@ moe_status serve_stats_finish(serve_stats *s, FILE *out) {
         first_kind = 0;
     }
     // the experts' per-step batch: what batching changes (decode steps; eval windows)
-    for (int kind = SERVE_DECODE; kind <= SERVE_EVAL; kind++) {
+    for (int kind = MOE_SERVE_DECODE; kind <= MOE_SERVE_EVAL; kind++) {
         size_t n = 0;
         double toks = 0;
         for (size_t i = 0; i < s->n; i++)

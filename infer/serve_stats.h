@@ -18,9 +18,9 @@
 
 #include "layers/model.h"
 
-typedef enum { SERVE_PREFILL = 0, SERVE_DECODE = 1, SERVE_EVAL = 2 } serve_kind;
+typedef enum { MOE_SERVE_PREFILL = 0, MOE_SERVE_DECODE = 1, MOE_SERVE_EVAL = 2 } moe_serve_kind;
 
-typedef struct serve_stats {
+typedef struct moe_serve_stats {
     int L, E, k, window;
     FILE *jsonl; // one record per step, then the summary (NULL: none)
     // per step
@@ -37,18 +37,19 @@ typedef struct serve_stats {
     int *win_expert;           // [win_cap][L] and which expert
     double *win_mean_hot;      // [win_cap][L] the mean hottest share of its steps
     double step_hot_sum[1024]; // (per layer, the current window's sum of h; L <= 1024)
-} serve_stats;
+} moe_serve_stats;
 
 // For model m's layers and experts, windows of `window` steps; jsonl_path NULL: no file
 // (else created, MOE_EIO naming it).
-moe_status serve_stats_init(serve_stats *s, const model *m, int window, const char *jsonl_path);
-// One forward step (a model_infer call) of `tokens` tokens that took latency_s: reads
+moe_status moe_serve_stats_init(moe_serve_stats *s, const moe_model *m, int window,
+                                const char *jsonl_path);
+// One forward step (a moe_model_infer call) of `tokens` tokens that took latency_s: reads
 // m->step_hits (its routed counts per layer), summed over the ranks under expert parallelism
 // (collective: every rank calls it).
-moe_status serve_stats_step(serve_stats *s, const model *m, serve_kind kind, int tokens,
-                            double latency_s);
+moe_status moe_serve_stats_step(moe_serve_stats *s, const moe_model *m, moe_serve_kind kind,
+                                int tokens, double latency_s);
 // The summary to out (text) and, as a last {"summary": ...} record, to the JSON lines.
-moe_status serve_stats_finish(serve_stats *s, FILE *out);
-void serve_stats_free(serve_stats *s);
+moe_status moe_serve_stats_finish(moe_serve_stats *s, FILE *out);
+void moe_serve_stats_free(moe_serve_stats *s);
 
 #endif

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-moe_status model_config_check(const model_config *c) {
+moe_status moe_model_config_check(const moe_model_config *c) {
     if (c->vocab_size < 2)
         return moe_error(MOE_EINVAL, "model: vocab_size=%d must be >= 2", c->vocab_size);
     if (c->n_layers < 1)
@@ -50,7 +50,7 @@ typedef struct {
 // Consecutive regions, dense first and the weights of the El local experts of each layer
 // last (El = E with one rank); returns the reals used, and *n_dense the size of the dense
 // part.
-static size_t params_layout(params_offsets *o, const model_config *c, int El, size_t *n_dense) {
+static size_t params_layout(params_offsets *o, const moe_model_config *c, int El, size_t *n_dense) {
     const size_t V = c->vocab_size, d = c->d_model, L = c->n_layers, H = c->n_heads,
                  KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts,
                  ff = c->moe.d_ff;
@@ -75,30 +75,30 @@ static size_t params_layout(params_offsets *o, const model_config *c, int El, si
 }
 
 // Points the views at their regions of buf.
-static void params_views(model_params *p, real *buf, const model_config *c, int El) {
+static void params_views(moe_model_params *p, real *buf, const moe_model_config *c, int El) {
     params_offsets o;
     params_layout(&o, c, El, NULL);
-    *p = (model_params){.embed = buf + o.embed,
-                        .attn_norm = buf + o.attn_norm,
-                        .wqkv = buf + o.wqkv,
-                        .wo = buf + o.wo,
-                        .moe_norm = buf + o.moe_norm,
-                        .router = buf + o.router,
-                        .final_norm = buf + o.final_norm,
-                        .lm_head = buf + o.lm_head,
-                        .w13 = buf + o.w13,
-                        .w2 = buf + o.w2};
+    *p = (moe_model_params){.embed = buf + o.embed,
+                            .attn_norm = buf + o.attn_norm,
+                            .wqkv = buf + o.wqkv,
+                            .wo = buf + o.wo,
+                            .moe_norm = buf + o.moe_norm,
+                            .router = buf + o.router,
+                            .final_norm = buf + o.final_norm,
+                            .lm_head = buf + o.lm_head,
+                            .w13 = buf + o.w13,
+                            .w2 = buf + o.w2};
 }
 
-size_t model_param_count(const model_config *cfg) {
+size_t moe_model_param_count(const moe_model_config *cfg) {
     params_offsets o;
     return params_layout(&o, cfg, cfg->moe.n_experts, NULL);
 }
 
 // Layer l's MoE weights (its El local experts); bias (the model's router_bias, or NULL for
 // gradient views) [L, E].
-static moe_weights layer_moe_weights(const model_params *p, const model_config *c, int El, int l,
-                                     real *bias) {
+static moe_weights layer_moe_weights(const moe_model_params *p, const moe_model_config *c, int El,
+                                     int l, real *bias) {
     const size_t E = c->moe.n_experts, d = c->d_model, ff = c->moe.d_ff;
     moe_weights w = {
         .gate = p->router + l * E * d,
@@ -110,7 +110,7 @@ static moe_weights layer_moe_weights(const model_params *p, const model_config *
 }
 
 // A parameter's bf16 copy: the same offset in params16.
-static const moe_bf16 *shadow(const model *m, const real *w) {
+static const moe_bf16 *shadow(const moe_model *m, const real *w) {
     return m->params16 + (w - m->params);
 }
 
@@ -118,16 +118,16 @@ static const moe_bf16 *shadow(const model *m, const real *w) {
 static moe_bf16 *at16(moe_bf16 *base, size_t off) { return base ? base + off : NULL; }
 
 // Layer l's MoE weights in the model's precision (the bf16 copies too in bf16).
-static moe_weights layer_weights(const model *m, int l) {
+static moe_weights layer_weights(const moe_model *m, int l) {
     moe_weights w = layer_moe_weights(&m->p, &m->cfg, m->E_local, l, m->router_bias);
     if (m->params16)
         w.gate16 = shadow(m, w.gate), w.w13_16 = shadow(m, w.w13), w.w2_16 = shadow(m, w.w2);
     return w;
 }
 
-static void add_tensor(model_tensor *tab, int *n, const char *name, size_t offset, int rows,
+static void add_tensor(moe_model_tensor *tab, int *n, const char *name, size_t offset, int rows,
                        int cols, int layer, int is_norm, int expert) {
-    model_tensor *t = &tab[(*n)++];
+    moe_model_tensor *t = &tab[(*n)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->offset = offset;
     t->rows = rows, t->cols = cols, t->layer = layer;
@@ -135,16 +135,18 @@ static void add_tensor(model_tensor *tab, int *n, const char *name, size_t offse
 }
 
 // Tensors of a model holding El experts per layer.
-static int64_t tensor_count(const model_config *c, int El) {
+static int64_t tensor_count(const moe_model_config *c, int El) {
     return 3 - (c->tie_embeddings != 0) + (int64_t)c->n_layers * (7 + 3 * (int64_t)El);
 }
 
-int64_t model_tensor_count(const model_config *c) { return tensor_count(c, c->moe.n_experts); }
+int64_t moe_model_tensor_count(const moe_model_config *c) {
+    return tensor_count(c, c->moe.n_experts);
+}
 
 // The tensor table in Hugging Face Mixtral names, in HF order: the experts in slots e0 ..
 // e0+El-1 of each layer (tensor_count entries), named by their global index (slot_of: the
 // slot of each global expert, NULL: the identity), listed by it.
-static void build_tensor_table(model_tensor *tab, const model_config *c, int El, int e0,
+static void build_tensor_table(moe_model_tensor *tab, const moe_model_config *c, int El, int e0,
                                const int *slot_of) {
     params_offsets o;
     params_layout(&o, c, El, NULL);
@@ -189,8 +191,8 @@ static void build_tensor_table(model_tensor *tab, const model_config *c, int El,
     if (!c->tie_embeddings) add_tensor(tab, &n, "lm_head.weight", o.lm_head, V, d, -1, 0, -1);
 }
 
-model_tensor *model_tensor_table(const model_config *cfg) {
-    model_tensor *tab = calloc((size_t)model_tensor_count(cfg), sizeof *tab);
+moe_model_tensor *moe_model_tensor_table(const moe_model_config *cfg) {
+    moe_model_tensor *tab = calloc((size_t)moe_model_tensor_count(cfg), sizeof *tab);
     if (tab) build_tensor_table(tab, cfg, cfg->moe.n_experts, 0, NULL);
     return tab;
 }
@@ -202,7 +204,7 @@ typedef struct {
     size_t bytes;
 } buffer_spec;
 
-static moe_status alloc_all(model *m, const buffer_spec *specs, size_t n) {
+static moe_status alloc_all(moe_model *m, const buffer_spec *specs, size_t n) {
     for (size_t i = 0; i < n; i++) {
         *specs[i].ptr = m->be->alloc(m->be, specs[i].bytes);
         m->buffer_bytes += specs[i].bytes;
@@ -215,10 +217,11 @@ static moe_status alloc_all(model *m, const buffer_spec *specs, size_t n) {
 
 // What both modes share: parameters, tensor table, RoPE tables for max_pos positions,
 // n_moe MoE layers of max_tokens tokens each.
-static moe_status create_common(model *m, moe_backend *be, const model_config *cfg, moe_comm *ep,
-                                int max_pos, int n_moe, int max_tokens, int forward_only) {
+static moe_status create_common(moe_model *m, moe_backend *be, const moe_model_config *cfg,
+                                moe_comm *ep, int max_pos, int n_moe, int max_tokens,
+                                int forward_only) {
     memset(m, 0, sizeof *m);
-    moe_status st = model_config_check(cfg);
+    moe_status st = moe_model_config_check(cfg);
     if (st) return st;
     const int E = cfg->moe.n_experts, R_ep = ep ? ep->size : 1;
     if (E % R_ep)
@@ -285,13 +288,13 @@ static moe_status create_common(model *m, moe_backend *be, const model_config *c
     return MOE_OK;
 }
 
-moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int max_batch,
-                        int max_seq) {
-    return model_create_parallel(m, be, cfg, max_batch, max_seq, NULL);
+moe_status moe_model_create(moe_model *m, moe_backend *be, const moe_model_config *cfg,
+                            int max_batch, int max_seq) {
+    return moe_model_create_parallel(m, be, cfg, max_batch, max_seq, NULL);
 }
 
-moe_status model_create_parallel(model *m, moe_backend *be, const model_config *cfg, int max_batch,
-                                 int max_seq, moe_comm *ep) {
+moe_status moe_model_create_parallel(moe_model *m, moe_backend *be, const moe_model_config *cfg,
+                                     int max_batch, int max_seq, moe_comm *ep) {
     if (max_batch < 1 || max_seq < 1 || max_seq > cfg->max_seq_len) {
         memset(m, 0, sizeof *m);
         return moe_error(MOE_EINVAL, "model: batch %d x seq %d out of range (max_seq_len %d)",
@@ -302,12 +305,12 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
                  V = cfg->vocab_size, S = max_seq, B = max_batch, R = sizeof(real);
     moe_status st = create_common(m, be, cfg, ep, max_seq, cfg->n_layers, (int)T, 0);
     if (st) {
-        model_destroy(m);
+        moe_model_destroy(m);
         return st;
     }
     m->training = 1;
     if (m->params16 && (!be->attention_forward_bf16 || !be->attention_backward_bf16)) {
-        model_destroy(m);
+        moe_model_destroy(m);
         return moe_error(MOE_EINVAL,
                          "model: backend %s has no bf16 attention kernels yet (dtype bf16 needs "
                          "them; fp32 runs on it)",
@@ -328,7 +331,7 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
             {(void **)&m->g16, T * g * B16},
         };
         if ((st = alloc_all(m, b16, sizeof b16 / sizeof b16[0]))) {
-            model_destroy(m);
+            moe_model_destroy(m);
             return st;
         }
     }
@@ -358,25 +361,27 @@ moe_status model_create_parallel(model *m, moe_backend *be, const model_config *
         {(void **)&m->dlogits, T * V * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
-        model_destroy(m);
+        moe_model_destroy(m);
         return st;
     }
     params_views(&m->g, m->grads, cfg, m->E_local);
     return MOE_OK;
 }
 
-moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg, int max_pos,
-                                  int max_chunk) {
-    return model_create_inference_parallel(m, be, cfg, max_pos, max_chunk, NULL);
+moe_status moe_model_create_inference(moe_model *m, moe_backend *be, const moe_model_config *cfg,
+                                      int max_pos, int max_chunk) {
+    return moe_model_create_inference_parallel(m, be, cfg, max_pos, max_chunk, NULL);
 }
 
-moe_status model_create_inference_parallel(model *m, moe_backend *be, const model_config *cfg,
-                                           int max_pos, int max_chunk, moe_comm *ep) {
-    return model_create_inference_batch(m, be, cfg, max_pos, max_chunk, 1, ep);
+moe_status moe_model_create_inference_parallel(moe_model *m, moe_backend *be,
+                                               const moe_model_config *cfg, int max_pos,
+                                               int max_chunk, moe_comm *ep) {
+    return moe_model_create_inference_batch(m, be, cfg, max_pos, max_chunk, 1, ep);
 }
 
-moe_status model_create_inference_batch(model *m, moe_backend *be, const model_config *cfg,
-                                        int max_pos, int max_chunk, int n_seqs, moe_comm *ep) {
+moe_status moe_model_create_inference_batch(moe_model *m, moe_backend *be,
+                                            const moe_model_config *cfg, int max_pos, int max_chunk,
+                                            int n_seqs, moe_comm *ep) {
     if (max_pos < 1 || max_chunk < 1 || max_chunk > max_pos || n_seqs < 1 ||
         (size_t)n_seqs * max_pos > ((size_t)1 << 28)) {
         memset(m, 0, sizeof *m);
@@ -390,14 +395,14 @@ moe_status model_create_inference_batch(model *m, moe_backend *be, const model_c
     // one MoE layer's buffers serve every layer: nothing is kept for a backward
     moe_status st = create_common(m, be, cfg, ep, max_pos, 1, max_chunk, 1);
     if (st) {
-        model_destroy(m);
+        moe_model_destroy(m);
         return st;
     }
     m->max_batch = 1, m->max_seq = max_chunk, m->max_pos = max_pos, m->n_seqs = n_seqs;
     m->expert_hits = calloc(2 * L * cfg->moe.n_experts, sizeof(long));
     m->step_hits = m->expert_hits ? m->expert_hits + L * cfg->moe.n_experts : NULL;
     if (!m->expert_hits) {
-        model_destroy(m);
+        moe_model_destroy(m);
         return moe_error(MOE_ENOMEM, "model: cannot allocate expert hit counts");
     }
     buffer_spec specs[] = {
@@ -416,7 +421,7 @@ moe_status model_create_inference_batch(model *m, moe_backend *be, const model_c
         {(void **)&m->v_cache, L * n_seqs * P * KV * hd * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0]))) {
-        model_destroy(m);
+        moe_model_destroy(m);
         return st;
     }
     if (m->params16) { // the bf16 GEMM inputs of one chunk
@@ -424,14 +429,14 @@ moe_status model_create_inference_batch(model *m, moe_backend *be, const model_c
         g = g > H * hd ? g : H * hd;
         buffer_spec b16 = {(void **)&m->g16, C * g * sizeof(moe_bf16)};
         if ((st = alloc_all(m, &b16, 1))) {
-            model_destroy(m);
+            moe_model_destroy(m);
             return st;
         }
     }
     return MOE_OK;
 }
 
-void model_destroy(model *m) {
+void moe_model_destroy(moe_model *m) {
     if (m->be) {
         void *bufs[] = {m->params,  m->grads,    m->rope_cos,  m->rope_sin,    m->tokens,
                         m->targets, m->x,        m->n1,        m->rstd1,       m->qkv,
@@ -445,7 +450,7 @@ void model_destroy(model *m) {
     }
     if (m->moe)
         for (int l = m->n_moe - 1; l >= 0; l--) moe_layer_free(&m->moe[l]); // owner last
-    // (sizes only: see model_memory)
+    // (sizes only: see moe_model_memory)
     free(m->moe);
     free(m->moe_stats);
     free(m->tensors);
@@ -454,13 +459,13 @@ void model_destroy(model *m) {
     memset(m, 0, sizeof *m);
 }
 
-void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp) {
+void moe_model_reduce_grads(moe_model *m, moe_comm *world, moe_comm *edp) {
     if (world && world->size > 1) world->allreduce_sum_real(world, m->be, m->grads, m->n_dense);
     if (edp && edp->size > 1)
         edp->allreduce_sum_real(edp, m->be, m->grads + m->n_dense, m->n_params - m->n_dense);
 }
 
-double model_grad_sum_squares(model *m) {
+double moe_model_grad_sum_squares(moe_model *m) {
     double dense, experts;
     m->be->sum_squares(m->be, &dense, m->grads, m->n_dense);
     m->be->sum_squares(m->be, &experts, m->grads + m->n_dense, m->n_params - m->n_dense);
@@ -468,12 +473,12 @@ double model_grad_sum_squares(model *m) {
     return dense + experts;
 }
 
-void model_set_timer(model *m, moe_timer *t) {
+void moe_model_set_timer(moe_model *m, moe_timer *t) {
     m->timer = t;
     for (int l = 0; l < m->n_moe; l++) m->moe[l].timer = t;
 }
 
-void model_zero_grads(model *m) {
+void moe_model_zero_grads(moe_model *m) {
     if (m->grads) m->be->zero(m->be, m->grads, m->n_params * sizeof(real));
 }
 
@@ -485,12 +490,12 @@ static double normal(uint64_t *s) { // Box-Muller
 }
 
 // The weights of the whole model (all E experts) from seed, in the layout of table tab.
-static void init_host(real *host, const model_tensor *tab, int n_tensors, int n_layers,
+static void init_host(real *host, const moe_model_tensor *tab, int n_tensors, int n_layers,
                       uint64_t seed, double std) {
     uint64_t s = seed;
     const double residual_std = std / sqrt(2.0 * n_layers);
     for (int i = 0; i < n_tensors; i++) {
-        const model_tensor *t = &tab[i];
+        const moe_model_tensor *t = &tab[i];
         size_t n = (size_t)t->rows * (t->cols ? t->cols : 1);
         real *w = host + t->offset;
         int residual = strstr(t->name, "o_proj") || strstr(t->name, ".w2.");
@@ -501,7 +506,7 @@ static void init_host(real *host, const model_tensor *tab, int n_tensors, int n_
 
 // ---- expert placement -----------------------------------------------------------------
 
-moe_status model_set_expert_placement(model *m, const int *placement) {
+moe_status moe_model_set_expert_placement(moe_model *m, const int *placement) {
     const int E = m->cfg.moe.n_experts;
     free(m->placement), m->placement = NULL, m->slot_of = NULL;
     if (placement) {
@@ -525,16 +530,16 @@ moe_status model_set_expert_placement(model *m, const int *placement) {
     return MOE_OK;
 }
 
-int model_expert_global(const model *m, int slot) {
+int moe_model_expert_global(const moe_model *m, int slot) {
     return m->placement ? m->placement[slot] : slot;
 }
 
-int model_holds_expert(const model *m, int expert) {
+int moe_model_holds_expert(const moe_model *m, int expert) {
     const int s = m->slot_of ? m->slot_of[expert] : expert;
     return s >= m->expert0 && s < m->expert0 + m->E_local;
 }
 
-void model_placement_permute(const model *m, real *v, int n, int width, int to_global) {
+void moe_model_placement_permute(const moe_model *m, real *v, int n, int width, int to_global) {
     if (!m->placement) return;
     const size_t E = m->cfg.moe.n_experts, w = width;
     real *tmp = malloc(E * w * sizeof(real));
@@ -550,34 +555,34 @@ void model_placement_permute(const model *m, real *v, int n, int width, int to_g
     free(tmp);
 }
 
-void model_placement_image(const model *m, real *host, int to_global) {
-    model_placement_permute(m, host + (m->p.router - m->params), m->cfg.n_layers, m->cfg.d_model,
-                            to_global);
+void moe_model_placement_image(const moe_model *m, real *host, int to_global) {
+    moe_model_placement_permute(m, host + (m->p.router - m->params), m->cfg.n_layers,
+                                m->cfg.d_model, to_global);
 }
 
 // Under expert parallelism a rank holds some experts of the whole model: it draws the whole
 // model (the same numbers as one rank) and keeps its tensors, found by name in table order.
 // Under an expert placement the gate rows are then put in slot order.
-void model_init_weights(model *m, uint64_t seed, double std) {
-    const size_t n_all = model_param_count(&m->cfg);
+void moe_model_init_weights(moe_model *m, uint64_t seed, double std) {
+    const size_t n_all = moe_model_param_count(&m->cfg);
     real *host = malloc(n_all * sizeof(real));
     const int subset = m->ep || m->placement; // m's table is not the whole one in its order
-    model_tensor *all = subset ? model_tensor_table(&m->cfg) : m->tensors;
+    moe_model_tensor *all = subset ? moe_model_tensor_table(&m->cfg) : m->tensors;
     if (!host || !all)
         moe_fatal("model: cannot allocate %zu bytes to initialise weights", n_all * sizeof(real));
-    init_host(host, all, (int)model_tensor_count(&m->cfg), m->cfg.n_layers, seed, std);
+    init_host(host, all, (int)moe_model_tensor_count(&m->cfg), m->cfg.n_layers, seed, std);
     if (subset) { // keep this rank's tensors: the table is a subsequence of the whole one
         real *mine = malloc(m->n_params * sizeof(real));
         if (!mine) moe_fatal("model: out of memory");
         for (int i = 0, j = 0; i < m->n_tensors; i++) {
             while (strcmp(all[j].name, m->tensors[i].name)) j++;
-            const model_tensor *t = &m->tensors[i];
+            const moe_model_tensor *t = &m->tensors[i];
             memcpy(mine + t->offset, host + all[j].offset,
                    (size_t)t->rows * (t->cols ? t->cols : 1) * sizeof(real));
         }
         free(host), free(all);
         host = mine;
-        model_placement_image(m, host, 0); // the gate rows in slot order
+        moe_model_placement_image(m, host, 0); // the gate rows in slot order
     }
     m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
     free(host);
@@ -593,11 +598,11 @@ static moe_status check_ids(const int *ids, size_t n, int V, const char *what) {
     return MOE_OK;
 }
 
-void model_refresh_bf16(model *m) {
+void moe_model_refresh_bf16(moe_model *m) {
     if (m->params16) m->be->to_bf16(m->be, m->params16, m->params, m->n_params);
 }
 
-moe_bf16 *model_bf16_for_update(model *m) {
+moe_bf16 *moe_model_bf16_for_update(moe_model *m) {
     m->params16_current = m->params16 != NULL;
     return m->params16;
 }
@@ -605,8 +610,8 @@ moe_bf16 *model_bf16_for_update(model *m) {
 // y [T, n_out] = x [T, n_in] W^T for a weight W [n_out, n_in] of the model, in its precision.
 // bf16: x is rounded into x16 (which the backward reads when it is a kept buffer) and the
 // GEMM reads W's bf16 copy; accumulation and y stay fp32.
-static void linear_forward(model *m, real *y, const real *x, moe_bf16 *x16, const real *W, int T,
-                           int n_out, int n_in) {
+static void linear_forward(moe_model *m, real *y, const real *x, moe_bf16 *x16, const real *W,
+                           int T, int n_out, int n_in) {
     moe_backend *be = m->be;
     if (!m->params16) {
         be->matmul(be, y, x, W, T, n_out, n_in, 0, 1, 0);
@@ -618,7 +623,7 @@ static void linear_forward(model *m, real *y, const real *x, moe_bf16 *x16, cons
 
 // Its backward: dx [T, n_in] = dy W (written), dW += dy^T x. fp32 reads x, bf16 the x16 of
 // the forward and dy rounded once (into g16) for both GEMMs.
-static void linear_backward(model *m, real *dx, real *dW, const real *dy, const real *x,
+static void linear_backward(moe_model *m, real *dx, real *dW, const real *dy, const real *x,
                             const moe_bf16 *x16, const real *W, int T, int n_out, int n_in) {
     moe_backend *be = m->be;
     if (!m->params16) {
@@ -633,7 +638,7 @@ static void linear_backward(model *m, real *dx, real *dW, const real *dy, const 
 
 // RoPE on the q and k heads of T qkv rows [T, (H + 2KV) hd] of sequences of S rows from
 // position pos0 (inverse: the backward's rotation).
-static moe_rope_args qkv_rope(const model_config *c, int T, int S, int pos0, int inverse) {
+static moe_rope_args qkv_rope(const moe_model_config *c, int T, int S, int pos0, int inverse) {
     const int H = c->n_heads, KV = c->n_kv_heads;
     const moe_rope_args a = {.T = T,
                              .S = S,
@@ -646,7 +651,7 @@ static moe_rope_args qkv_rope(const model_config *c, int T, int S, int pos0, int
 }
 
 // The attention kernels' shape for B sequences of S tokens.
-static moe_attention_shape attention_shape(const model_config *c, int B, int S) {
+static moe_attention_shape attention_shape(const moe_model_config *c, int B, int S) {
     const moe_attention_shape sh = {
         .B = B, .S = S, .H = c->n_heads, .KV = c->n_kv_heads, .hd = c->d_model / c->n_heads};
     return sh;
@@ -654,17 +659,18 @@ static moe_attention_shape attention_shape(const model_config *c, int B, int S) 
 
 // Inference, bf16: q, k and v rounded to bf16 in place (through q16), the values training's
 // bf16 attention reads; the cached attention then runs in fp32 on them. fp32: nothing.
-static void round_qkv(model *m, real *qkv, moe_bf16 *q16, size_t n) {
+static void round_qkv(moe_model *m, real *qkv, moe_bf16 *q16, size_t n) {
     if (!m->params16) return;
     m->be->to_bf16(m->be, q16, qkv, n);
     m->be->from_bf16(m->be, qkv, q16, n);
 }
 
-moe_status model_forward(model *m, const int *tokens, const int *targets, int B, int S,
-                         moe_pass pass) {
-    const model_config *c = &m->cfg;
+moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets, int B, int S,
+                             moe_pass pass) {
+    const moe_model_config *c = &m->cfg;
     moe_backend *be = m->be;
-    if (!m->training) return moe_error(MOE_EINVAL, "model: created for inference: use model_infer");
+    if (!m->training)
+        return moe_error(MOE_EINVAL, "model: created for inference: use moe_model_infer");
     if (B < 1 || B > m->max_batch || S < 1 || S > m->max_seq)
         return moe_error(MOE_EINVAL, "model: batch %d x seq %d exceeds the buffers (%d x %d)", B, S,
                          m->max_batch, m->max_seq);
@@ -677,8 +683,8 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     be->copy_to_device(be, m->tokens, tokens, (size_t)T * sizeof(int));
     if (targets) be->copy_to_device(be, m->targets, targets, (size_t)T * sizeof(int));
     // the weights may have changed since the last forward, unless the optimizer step that
-    // just changed them also wrote their bf16 copy (model_bf16_for_update)
-    if (!m->params16_current) model_refresh_bf16(m);
+    // just changed them also wrote their bf16 copy (moe_model_bf16_for_update)
+    if (!m->params16_current) moe_model_refresh_bf16(m);
     m->params16_current = 0;
     moe_timer *tm = m->timer;
     moe_lap_start(tm);
@@ -736,8 +742,8 @@ moe_status model_forward(model *m, const int *tokens, const int *targets, int B,
     return MOE_OK;
 }
 
-moe_status model_backward(model *m, double loss_scale) {
-    const model_config *c = &m->cfg;
+moe_status moe_model_backward(moe_model *m, double loss_scale) {
+    const moe_model_config *c = &m->cfg;
     moe_backend *be = m->be;
     if (m->B == 0 || !m->training) return moe_error(MOE_EINVAL, "model: backward before forward");
     const int B = m->B, S = m->S, T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads,
@@ -797,9 +803,9 @@ moe_status model_backward(model *m, double loss_scale) {
 // The attention of n rows over their sequences' KV caches (inference): a chunk of one sequence
 // in cache slot `slot` at positions pos0.. (pos == NULL), or one row per sequence, row i in
 // slot slots[i] at position pos[i] (batched decoding).
-static void infer_attention(model *m, int l, int n, int slot, int pos0, const int *slots,
+static void infer_attention(moe_model *m, int l, int n, int slot, int pos0, const int *slots,
                             const int *pos) {
-    const model_config *c = &m->cfg;
+    const moe_model_config *c = &m->cfg;
     moe_backend *be = m->be;
     const int H = c->n_heads, KV = c->n_kv_heads, hd = c->d_model / H, Q = (H + 2 * KV) * hd;
     const size_t cache = (size_t)m->max_pos * KV * hd;
@@ -816,10 +822,10 @@ static void infer_attention(model *m, int l, int n, int slot, int pos0, const in
     }
 }
 
-// model_infer's body for the rows infer_attention describes.
-static moe_status infer_rows(model *m, const int *tokens, int n, int slot, int pos0,
+// moe_model_infer's body for the rows infer_attention describes.
+static moe_status infer_rows(moe_model *m, const int *tokens, int n, int slot, int pos0,
                              const int *slots, const int *pos) {
-    const model_config *c = &m->cfg;
+    const moe_model_config *c = &m->cfg;
     moe_backend *be = m->be;
     const int d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads, hd = d / H,
               Q = (H + 2 * KV) * hd, V = c->vocab_size;
@@ -829,7 +835,7 @@ static moe_status infer_rows(model *m, const int *tokens, int n, int slot, int p
     const real eps = (real)c->rms_norm_eps;
     be->copy_to_device(be, m->tokens, tokens, (size_t)n * sizeof(int));
     if (!pos && pos0 == 0)
-        model_refresh_bf16(m); // a new sequence: the weights may have been loaded
+        moe_model_refresh_bf16(m); // a new sequence: the weights may have been loaded
     be->embedding_forward(be, m->x, m->tokens, m->p.embed, n, d);
     for (int l = 0; l < L; l++) {
         // x += Attn(RMSNorm(x)) over the cache
@@ -855,12 +861,13 @@ static moe_status infer_rows(model *m, const int *tokens, int n, int slot, int p
     return MOE_OK;
 }
 
-moe_status model_infer(model *m, const int *tokens, int n, int pos0) {
-    return model_infer_slot(m, 0, tokens, n, pos0);
+moe_status moe_model_infer(moe_model *m, const int *tokens, int n, int pos0) {
+    return moe_model_infer_slot(m, 0, tokens, n, pos0);
 }
 
-moe_status model_infer_slot(model *m, int slot, const int *tokens, int n, int pos0) {
-    if (m->training) return moe_error(MOE_EINVAL, "model: created for training: use model_forward");
+moe_status moe_model_infer_slot(moe_model *m, int slot, const int *tokens, int n, int pos0) {
+    if (m->training)
+        return moe_error(MOE_EINVAL, "model: created for training: use moe_model_forward");
     if (n < 1 || n > m->max_seq || pos0 < 0 || pos0 + n > m->max_pos || slot < 0 ||
         slot >= m->n_seqs)
         return moe_error(MOE_EINVAL,
@@ -870,9 +877,10 @@ moe_status model_infer_slot(model *m, int slot, const int *tokens, int n, int po
     return infer_rows(m, tokens, n, slot, pos0, NULL, NULL);
 }
 
-moe_status model_decode_batch(model *m, const int *tokens, int n, const int *slots,
-                              const int *pos) {
-    if (m->training) return moe_error(MOE_EINVAL, "model: created for training: use model_forward");
+moe_status moe_model_decode_batch(moe_model *m, const int *tokens, int n, const int *slots,
+                                  const int *pos) {
+    if (m->training)
+        return moe_error(MOE_EINVAL, "model: created for training: use moe_model_forward");
     if (n < 1 || n > m->max_seq)
         return moe_error(MOE_EINVAL, "model: a batch of %d rows exceeds the chunk of %d", n,
                          m->max_seq);
@@ -885,7 +893,7 @@ moe_status model_decode_batch(model *m, const int *tokens, int n, const int *slo
     return infer_rows(m, tokens, n, 0, 0, slots, pos);
 }
 
-void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations) {
+void moe_model_memory(const moe_model *m, size_t *params, size_t *grads, size_t *activations) {
     *params = m->n_params * (sizeof(real) + (m->params16 ? sizeof(moe_bf16) : 0));
     *grads = m->grads ? m->n_params * sizeof(real) : 0;
     size_t moe = 0;

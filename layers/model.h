@@ -23,7 +23,7 @@
 // ce <= ln(DBL_MAX) = 709.78. Beyond it the model gives the data a probability below e^-709 per
 // token, which only damaged weights do (a norm weight of 1e30 gives 1.7e29): training skips
 // such a step like a NaN one, eval refuses such a mean.
-static inline int model_ce_is_result(double ce) { return !(ce > log(DBL_MAX)); }
+static inline int moe_model_ce_is_result(double ce) { return !(ce > log(DBL_MAX)); }
 
 typedef struct {
     int vocab_size;     // V
@@ -39,13 +39,13 @@ typedef struct {
     moe_dtype dtype; // the whole model's GEMM precision (fp32, or bf16 operands with fp32
                      // accumulation: DESIGN §5b); its MoE layers take it from here
     moe_config moe;  // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
-                     // the model's: model_create sets it)
-} model_config;
+                     // the model's: moe_model_create sets it)
+} moe_model_config;
 
-moe_status model_config_check(const model_config *cfg);
+moe_status moe_model_config_check(const moe_model_config *cfg);
 
 // Reals in the parameter buffer of a model of this config (nothing allocated).
-size_t model_param_count(const model_config *cfg);
+size_t moe_model_param_count(const moe_model_config *cfg);
 
 // Views into the flat parameter (or gradient) buffer. hd = d / H, Q = (H + 2 KV) * hd.
 typedef struct {
@@ -59,7 +59,7 @@ typedef struct {
     real *lm_head;    // [V, d]           (== embed when tied)
     real *w13;        // [L, E_local, 2ff, d]   experts.J.w1 (rows 0..ff-1) and w3 (ff..2ff-1)
     real *w2;         // [L, E_local, d, ff]    experts.J.w2 (E_local = E with one rank)
-} model_params;
+} moe_model_params;
 
 // One named contiguous tensor of the parameter buffer, as Hugging Face names it
 // (the q/k/v and w1/w3 slices of our stacked matrices are tensors of their own).
@@ -71,17 +71,17 @@ typedef struct {
     int is_norm;    // RMSNorm weight (no weight decay by default)
     int is_expert;  // expert weight
     int expert;     // its global expert index (the one in the HF name); -1 when dense
-} model_tensor;
+} moe_model_tensor;
 
-// The tensor table of a model of this config: model_tensor_count entries in HF order
+// The tensor table of a model of this config: moe_model_tensor_count entries in HF order
 // (malloc'd; NULL when out of memory), as m->tensors of a model made from it.
-int64_t model_tensor_count(const model_config *cfg);
-model_tensor *model_tensor_table(const model_config *cfg);
+int64_t moe_model_tensor_count(const moe_model_config *cfg);
+moe_model_tensor *moe_model_tensor_table(const moe_model_config *cfg);
 
 typedef struct {
-    model_config cfg;
+    moe_model_config cfg;
     moe_backend *be;
-    int training;           // 1: model_create (forward + backward); 0: model_create_inference
+    int training; // 1: moe_model_create (forward + backward); 0: moe_model_create_inference
     int max_batch, max_seq; // activation buffers sized for max_batch x max_seq tokens
                             // (inference: max_batch 1, max_seq = the longest chunk)
     int max_pos;            // inference: positions the KV cache holds, per sequence
@@ -89,7 +89,7 @@ typedef struct {
     int B, S;               // shape of the last forward
     moe_comm *ep;           // expert parallelism: the EP group (NULL: one rank)
     int E_local, expert0;   // the experts this model holds: slots expert0 .. expert0 + E_local - 1
-    // expert placement (model_set_expert_placement): slot s holds global expert placement[s];
+    // expert placement (moe_model_set_expert_placement): slot s holds global expert placement[s];
     // every [E]-shaped buffer (router rows, bias, counts) is in slot order; slot_of the
     // inverse. NULL: the identity (slot = global expert)
     int *placement, *slot_of;
@@ -101,12 +101,12 @@ typedef struct {
     // reads; refreshed from params at each training forward (unless params16_current) and at
     // the start of each inference sequence (pos0 = 0) (NULL in fp32)
     moe_bf16 *params16;
-    // set by model_bf16_for_update, cleared by the next training forward, which then skips
+    // set by moe_model_bf16_for_update, cleared by the next training forward, which then skips
     // its refresh: an optimizer has just written params16 with its update
     int params16_current;
-    model_params p, g; // views
+    moe_model_params p, g; // views
     int n_tensors;
-    model_tensor *tensors; // host table, HF names
+    moe_model_tensor *tensors; // host table, HF names
 
     real *rope_cos, *rope_sin; // [positions, hd/2]
     real *router_bias;         // [L, E] selection bias (cfg.router_bias), else NULL; not trained
@@ -142,114 +142,117 @@ typedef struct {
     size_t attn_scratch_size; // reals
     // inference: KV cache [L, n_seqs, max_pos, KV*hd] each
     real *k_cache, *v_cache;
-    long *expert_hits;   // inference: [L, E] routed assignments summed over model_infer calls
-    long *step_hits;     // inference: [L, E] those of the last model_infer call (the layers
+    long *expert_hits;   // inference: [L, E] routed assignments summed over moe_model_infer calls
+    long *step_hits;     // inference: [L, E] those of the last moe_model_infer call (the layers
                          // share one MoE layer, so moe_stats[l].routed is the last layer's)
     size_t buffer_bytes; // device memory of the buffers of this struct (params, grads, ...)
 
     // timing (layers/timing.h): laps by phase of the forwards and backwards, NULL: off
-    // (model_set_timer)
+    // (moe_model_set_timer)
     struct moe_timer *timer;
 
     // loss parts of the last forward (means over its tokens)
     double ce, aux, z; // summed over layers; aux = L_aux + L_seq
-} model;
+} moe_model;
 
 // Allocates parameters, gradients and activations for training; parameters are zero until
-// model_init_weights or a load.
-moe_status model_create(model *m, moe_backend *be, const model_config *cfg, int max_batch,
-                        int max_seq);
+// moe_model_init_weights or a load.
+moe_status moe_model_create(moe_model *m, moe_backend *be, const moe_model_config *cfg,
+                            int max_batch, int max_seq);
 
 // The same under expert parallelism: the model holds the E/R experts of rank r of the EP group
 // ep (R ranks; NULL: one rank, all E), its tensor table lists them under their global HF
 // names, and its MoE layers exchange rows over ep. Dense weights are whole on every rank.
-moe_status model_create_parallel(model *m, moe_backend *be, const model_config *cfg, int max_batch,
-                                 int max_seq, moe_comm *ep);
+moe_status moe_model_create_parallel(moe_model *m, moe_backend *be, const moe_model_config *cfg,
+                                     int max_batch, int max_seq, moe_comm *ep);
 
 // Allocates parameters, a KV cache of max_pos positions and the buffers of one chunk of at
 // most max_chunk tokens (one layer's worth, reused by every layer): no gradients and no
 // activations kept for a backward.
-moe_status model_create_inference(model *m, moe_backend *be, const model_config *cfg, int max_pos,
-                                  int max_chunk);
-// The same holding the experts of rank r of the EP group ep (as model_create_parallel): the
-// ranks of ep must make the same model_infer calls (each on its own tokens).
-moe_status model_create_inference_parallel(model *m, moe_backend *be, const model_config *cfg,
-                                           int max_pos, int max_chunk, moe_comm *ep);
-// The same with a KV cache of n_seqs sequences (model_infer_slot, model_decode_batch).
-moe_status model_create_inference_batch(model *m, moe_backend *be, const model_config *cfg,
-                                        int max_pos, int max_chunk, int n_seqs, moe_comm *ep);
+moe_status moe_model_create_inference(moe_model *m, moe_backend *be, const moe_model_config *cfg,
+                                      int max_pos, int max_chunk);
+// The same holding the experts of rank r of the EP group ep (as moe_model_create_parallel): the
+// ranks of ep must make the same moe_model_infer calls (each on its own tokens).
+moe_status moe_model_create_inference_parallel(moe_model *m, moe_backend *be,
+                                               const moe_model_config *cfg, int max_pos,
+                                               int max_chunk, moe_comm *ep);
+// The same with a KV cache of n_seqs sequences (moe_model_infer_slot, moe_model_decode_batch).
+moe_status moe_model_create_inference_batch(moe_model *m, moe_backend *be,
+                                            const moe_model_config *cfg, int max_pos, int max_chunk,
+                                            int n_seqs, moe_comm *ep);
 
 // Expert placement (DESIGN.md §4): placement [E] lists the global experts in slot order (a
 // permutation; NULL: the identity), so rank r of the EP group holds global experts
 // placement[r El .. (r+1) El - 1]. Internally everything per expert stays in slot order (the
 // gate rows, the bias, the exchange, the counts of moe_stats); the tensor table names each
 // slot's tensors by its global expert, in HF order. Call it before the weights are set
-// (model_init_weights then gives every global expert the weights of the default placement).
+// (moe_model_init_weights then gives every global expert the weights of the default placement).
 // MOE_EINVAL when placement is not a permutation of 0 .. E-1.
-moe_status model_set_expert_placement(model *m, const int *placement);
+moe_status moe_model_set_expert_placement(moe_model *m, const int *placement);
 // The global expert in a slot; whether m holds global expert e.
-int model_expert_global(const model *m, int slot);
-int model_holds_expert(const model *m, int expert);
+int moe_model_expert_global(const moe_model *m, int slot);
+int moe_model_holds_expert(const moe_model *m, int expert);
 // Reorders v, n blocks of [E, width] (host), from slot order to global expert order
 // (to_global = 1) or back (0): the router's rows (width d), the bias [L, E] (width 1).
-void model_placement_permute(const model *m, real *v, int n, int width, int to_global);
+void moe_model_placement_permute(const moe_model *m, real *v, int n, int width, int to_global);
 // The same on a host image laid out like m->params (parameters, moments): its gate rows.
-void model_placement_image(const model *m, real *host, int to_global);
+void moe_model_placement_image(const moe_model *m, real *host, int to_global);
 
 // Inference on one sequence: tokens (host [n]) sit at positions pos0..pos0+n-1; their k/v are
 // appended to the KV cache, which must already hold positions 0..pos0-1. Dropless MoE.
 // Leaves the logits of the n tokens in m->logits [n, V] and the load of each layer in
 // m->moe_stats. Same kernels as training.
-moe_status model_infer(model *m, const int *tokens, int n, int pos0);
-// The same for sequence `slot` of a KV cache of several (model_create_inference_batch).
-moe_status model_infer_slot(model *m, int slot, const int *tokens, int n, int pos0);
+moe_status moe_model_infer(moe_model *m, const int *tokens, int n, int pos0);
+// The same for sequence `slot` of a KV cache of several (moe_model_create_inference_batch).
+moe_status moe_model_infer_slot(moe_model *m, int slot, const int *tokens, int n, int pos0);
 // Batched decoding: n rows, row i the next token of the sequence in slot slots[i] at position
 // pos[i] (host arrays [n]; the caches hold its positions before): one forward, the MoE layers
 // routing all n tokens together. Leaves the logits in m->logits [n, V].
-moe_status model_decode_batch(model *m, const int *tokens, int n, const int *slots, const int *pos);
-void model_destroy(model *m);
+moe_status moe_model_decode_batch(moe_model *m, const int *tokens, int n, const int *slots,
+                                  const int *pos);
+void moe_model_destroy(moe_model *m);
 
 // Normal(0, std) matrices, residual projections (o_proj, w2) scaled by 1/sqrt(2L),
 // norms at 1. Deterministic in seed (host RNG, then copied to the device).
-void model_init_weights(model *m, uint64_t seed, double std);
+void moe_model_init_weights(moe_model *m, uint64_t seed, double std);
 
 // Forward of B sequences of S tokens (host arrays [B*S]); targets may be NULL (no loss).
 // pass: moe_pass_train(the step's capacity factor) or moe_pass_infer() (the MoE layers never
 // drop; the eval of a training model). Returns the loss parts in m->ce/aux/z.
-moe_status model_forward(model *m, const int *tokens, const int *targets, int B, int S,
-                         moe_pass pass);
+moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets, int B, int S,
+                             moe_pass pass);
 
 // Backward of the last forward, accumulating into m->grads the gradient of
 // loss_scale * (CE + sum aux + z) (loss_scale = 1/n under accumulation over n micro-batches).
-moe_status model_backward(model *m, double loss_scale);
+moe_status moe_model_backward(moe_model *m, double loss_scale);
 
-void model_zero_grads(model *m);
+void moe_model_zero_grads(moe_model *m);
 
 // Times the forwards and backwards by phase into t (layers/timing.h; NULL: off): the model's
 // and its MoE layers' laps accumulate into t->s until the caller resets it.
-void model_set_timer(model *m, struct moe_timer *t);
+void moe_model_set_timer(moe_model *m, struct moe_timer *t);
 
 // Expert parallelism, after the backward of a step's micro-batches: the dense gradients summed
 // over all ranks (world), the expert gradients over the ranks that hold the same experts
 // (edp; NULL or one rank: nothing). SUM only: the loss scale already divides by the ranks.
-void model_reduce_grads(model *m, moe_comm *world, moe_comm *edp);
+void moe_model_reduce_grads(moe_model *m, moe_comm *world, moe_comm *edp);
 // sum of squares of the model's whole gradient, every dense and expert parameter once: the
-// dense part is whole on every rank (after model_reduce_grads), the experts' summed over the
+// dense part is whole on every rank (after moe_model_reduce_grads), the experts' summed over the
 // EP group. Collective over m->ep.
-double model_grad_sum_squares(model *m);
+double moe_model_grad_sum_squares(moe_model *m);
 
-// dtype bf16: params16 = bf16(params) (model_forward and model_infer at pos0 = 0 do it
+// dtype bf16: params16 = bf16(params) (moe_model_forward and moe_model_infer at pos0 = 0 do it
 // themselves; exposed for tests and benchmarks). No-op in fp32.
-void model_refresh_bf16(model *m);
-// The bf16 weights for an optimizer step to write (optimizer_step's params16), NULL in fp32.
+void moe_model_refresh_bf16(moe_model *m);
+// The bf16 weights for an optimizer step to write (moe_optimizer_step's params16), NULL in fp32.
 // The caller promises params16 = bf16(params) once its update is done and no other write to
 // params before the next training forward, which then uses params16 as it is instead of
 // refreshing it (AdamW is bound by memory: one pass over params instead of two). Any later
 // forward refreshes again.
-moe_bf16 *model_bf16_for_update(model *m);
+moe_bf16 *moe_model_bf16_for_update(moe_model *m);
 
 // Device memory: parameters (with their bf16 copy in bf16), gradients, and everything else (activations, MoE buffers,
 // scratch, KV cache, RoPE tables), in bytes.
-void model_memory(const model *m, size_t *params, size_t *grads, size_t *activations);
+void moe_model_memory(const moe_model *m, size_t *params, size_t *grads, size_t *activations);
 
 #endif

@@ -8,6 +8,9 @@
 
 #include "layers/moe.h"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 // The readback buffer: counts [E] and offsets [E+1] ints, then the loss slots at an offset
 // aligned for reals.
 static inline size_t readback_loss_offset(int E) {
@@ -29,5 +32,7 @@ static inline int *readback_keep(const moe_layer *L, void *readback) {
 static inline int dedup_exchange(const moe_layer *L) {
     return L->ep && L->cfg.exchange == MOE_EXCHANGE_DEDUP;
 }
+
+#pragma GCC visibility pop
 
 #endif

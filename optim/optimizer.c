@@ -24,8 +24,8 @@ static int merge_regions(optim_region *r, int n) {
     return m;
 }
 
-moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *cfg, size_t n_params,
-                            const optim_region *regions, int n_regions) {
+moe_status moe_optimizer_create(moe_optimizer *o, moe_backend *be, const optim_config *cfg,
+                                size_t n_params, const optim_region *regions, int n_regions) {
     memset(o, 0, sizeof *o);
     if (cfg->kind != OPTIM_ADAMW && cfg->kind != OPTIM_SGD)
         return moe_error(MOE_EINVAL, "optimizer: unknown kind %d", (int)cfg->kind);
@@ -43,14 +43,14 @@ moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *c
     for (int i = 1; i < o->n_regions; i++)
         if (o->regions[i - 1].offset + o->regions[i - 1].count > o->regions[i].offset) {
             size_t at = o->regions[i].offset;
-            optimizer_destroy(o);
+            moe_optimizer_destroy(o);
             return moe_error(MOE_EINVAL, "optimizer: regions overlap at offset %zu", at);
         }
     if (cfg->kind == OPTIM_ADAMW) {
         o->m = be->alloc(be, n_params * sizeof(real));
         o->v = be->alloc(be, n_params * sizeof(real));
         if (!o->m || !o->v) {
-            optimizer_destroy(o);
+            moe_optimizer_destroy(o);
             return moe_error(MOE_ENOMEM, "optimizer: cannot allocate %zu bytes of AdamW moments",
                              2 * n_params * sizeof(real));
         }
@@ -58,7 +58,7 @@ moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *c
     return MOE_OK;
 }
 
-void optimizer_destroy(optimizer *o) {
+void moe_optimizer_destroy(moe_optimizer *o) {
     if (o->be) {
         if (o->m) o->be->free(o->be, o->m);
         if (o->v) o->be->free(o->be, o->v);
@@ -67,8 +67,8 @@ void optimizer_destroy(optimizer *o) {
     memset(o, 0, sizeof *o);
 }
 
-void optimizer_step(optimizer *o, real *params, moe_bf16 *params16, const real *grads, double lr,
-                    double grad_scale) {
+void moe_optimizer_step(moe_optimizer *o, real *params, moe_bf16 *params16, const real *grads,
+                        double lr, double grad_scale) {
     const optim_config *c = &o->cfg;
     const int64_t t = ++o->t;
     const double bc1 = 1 - pow(c->beta1, (double)t), bc2 = 1 - pow(c->beta2, (double)t);
@@ -93,16 +93,16 @@ void optimizer_step(optimizer *o, real *params, moe_bf16 *params16, const real *
     }
 }
 
-double lr_at_step(schedule_kind kind, double lr, double min_lr, int64_t warmup, int64_t steps,
-                  int64_t step) {
+double moe_lr_at_step(moe_schedule_kind kind, double lr, double min_lr, int64_t warmup,
+                      int64_t steps, int64_t step) {
     if (step < warmup) return lr * (double)(step + 1) / (double)warmup;
-    if (kind == SCHEDULE_CONSTANT || steps <= warmup) return lr;
+    if (kind == MOE_SCHEDULE_CONSTANT || steps <= warmup) return lr;
     double progress = (double)(step - warmup) / (double)(steps - warmup); // 0 -> 1
     if (progress > 1) progress = 1;
     return min_lr + 0.5 * (lr - min_lr) * (1 + cos(3.14159265358979323846 * progress));
 }
 
-double clip_scale(double grad_norm, double max_norm) {
+double moe_clip_scale(double grad_norm, double max_norm) {
     if (max_norm <= 0) return 1;
     double s = max_norm / (grad_norm + 1e-6);
     return s < 1 ? s : 1;

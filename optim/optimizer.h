@@ -31,28 +31,28 @@ typedef struct {
     int64_t t;   // updates done (AdamW bias correction uses t+1)
     int n_regions;
     optim_region *regions;
-} optimizer;
+} moe_optimizer;
 
 // regions: any order; contiguous ones with the same decay flag are merged, overlapping ones
 // refused.
-moe_status optimizer_create(optimizer *o, moe_backend *be, const optim_config *cfg, size_t n_params,
-                            const optim_region *regions, int n_regions);
-void optimizer_destroy(optimizer *o);
+moe_status moe_optimizer_create(moe_optimizer *o, moe_backend *be, const optim_config *cfg,
+                                size_t n_params, const optim_region *regions, int n_regions);
+void moe_optimizer_destroy(moe_optimizer *o);
 
 // One update of params with grad_scale * grads at learning rate lr. params16 (NULL: none) is
 // written bf16 of the updated params in the same pass, over the regions (what lies outside
 // them does not change).
-void optimizer_step(optimizer *o, real *params, moe_bf16 *params16, const real *grads, double lr,
-                    double grad_scale);
+void moe_optimizer_step(moe_optimizer *o, real *params, moe_bf16 *params16, const real *grads,
+                        double lr, double grad_scale);
 
 // Learning rate at step (0-based): linear warmup lr*(step+1)/warmup over warmup steps,
 // then cosine from lr to min_lr over the remaining steps (constant: lr after warmup).
-typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } schedule_kind;
-double lr_at_step(schedule_kind kind, double lr, double min_lr, int64_t warmup, int64_t steps,
-                  int64_t step);
+typedef enum { MOE_SCHEDULE_COSINE = 0, MOE_SCHEDULE_CONSTANT = 1 } moe_schedule_kind;
+double moe_lr_at_step(moe_schedule_kind kind, double lr, double min_lr, int64_t warmup,
+                      int64_t steps, int64_t step);
 
 // torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6) when that is < 1, else 1.
 // max_norm <= 0 disables clipping (scale 1).
-double clip_scale(double grad_norm, double max_norm);
+double moe_clip_scale(double grad_norm, double max_norm);
 
 #endif

@@ -35,7 +35,7 @@ import stat
 import struct
 import sys
 
-MAX_FILE_BYTES = 8 << 20  # PREPARE_MAX_FILE_BYTES (data/prepare.h)
+MAX_FILE_BYTES = 8 << 20  # DATA_PREPARE_MAX_FILE_BYTES (data/prepare.h)
 TEXT_NAMES = {"Makefile", "README", "LICENSE"}
 TEXT_EXTS = {".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".cuh", ".py", ".md", ".txt", ".rst",
              ".cfg", ".conf", ".ini", ".toml", ".yaml", ".yml", ".json", ".sh", ".cmake", ".in"}

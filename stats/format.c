@@ -124,11 +124,11 @@ void stats_print_header(const run_t *rd, FILE *out, size_t steps, long first, lo
         stats_prose(rd, out,
                     "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; no metrics.jsonl\n",
                     steps, first, last, from);
-    if (rd->cfg && rd->cfg->capacity.mode != CAPACITY_FIXED)
+    if (rd->cfg && rd->cfg->capacity.mode != MOE_CAPACITY_FIXED)
         fprintf(out,
                 "  model: %d layers, %d experts, top-%d, capacity_factor %s: %.4g at step %ld\n",
                 rd->cfg->model.n_layers, rd->E, rd->top_k,
-                rd->cfg->capacity.mode == CAPACITY_AUTO ? "auto" : "scheduled",
+                rd->cfg->capacity.mode == MOE_CAPACITY_AUTO ? "auto" : "scheduled",
                 isnan(rd->last_cf) ? rd->cfg->model.moe.capacity_factor : rd->last_cf,
                 rd->last_cf_step);
     else if (rd->cfg)

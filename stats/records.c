@@ -105,15 +105,15 @@ typedef moe_status (*object_fn)(void *state, where_t w, const cJSON *obj);
 // last line noted in lg->partial).
 static moe_status read_lines(stats_log *lg, object_fn fn, void *state) {
     lg->missing = 0, lg->partial = 0;
-    file_lines r;
-    moe_status st = file_lines_open(&r, lg->path, "a log", LOG_MAX_BYTES, LOG_MAX_LINE);
+    moe_file_lines r;
+    moe_status st = moe_file_lines_open(&r, lg->path, "a log", LOG_MAX_BYTES, LOG_MAX_LINE);
     if (st) {
         if (errno != ENOENT) return st;
         if (!lg->required) return (lg->missing = 1), MOE_OK;
         return moe_error(MOE_EIO, "%s: cannot open: %s", lg->path, strerror(ENOENT));
     }
     int got;
-    while (!st && (got = file_lines_next(&r, &st)) == 1) {
+    while (!st && (got = moe_file_lines_next(&r, &st)) == 1) {
         char *p = r.line, *e = r.line + r.len;
         while (p < e && isspace((unsigned char)*p)) p++;
         while (e > p && isspace((unsigned char)e[-1])) e--;
@@ -130,11 +130,12 @@ static moe_status read_lines(stats_log *lg, object_fn fn, void *state) {
         if (!obj)
             st = moe_error(MOE_EIO, "%s: not a JSON object: %.60s%s", where, p,
                            e - p > 60 ? "..." : "");
-        else if (!(st = json_refuse_duplicates(obj, where))) // cJSON: the first, Python: the last
+        else if (!(st = moe_json_refuse_duplicates(obj,
+                                                   where))) // cJSON: the first, Python: the last
             st = fn(state, (where_t){lg->path, r.lineno}, obj);
         cJSON_Delete(obj);
     }
-    file_lines_close(&r);
+    moe_file_lines_close(&r);
     return st;
 }
 
@@ -323,7 +324,7 @@ static moe_status check_metric_numbers(where_t w, const cJSON *o) {
 
 // "time": a time in [0, STATS_MAX_SECONDS] for every phase.
 static moe_status get_time(where_t w, const cJSON *tm, stats_metrics_rec *m) {
-    for (int i = 0; i < TIME_N; i++) {
+    for (int i = 0; i < STATS_TIME_N; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(tm, stats_time_name(i));
         if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0))
             return bad(w, "time", "lacks a number >= 0 for a phase");

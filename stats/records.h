@@ -39,8 +39,14 @@
 #define STATS_MAX_SECONDS 1e7 // a time field beyond this (116 days) is damage, not a time
 
 // metrics.jsonl's "time" (layers/timing.h): the phases, then these
-enum { TIME_OPTIMIZER = MOE_T_PHASES, TIME_EXCHANGE, TIME_VALIDATION, TIME_CHECKPOINT, TIME_N };
-// Phase i's name in "time" (i < TIME_N).
+enum {
+    STATS_TIME_OPTIMIZER = MOE_T_PHASES,
+    STATS_TIME_EXCHANGE,
+    STATS_TIME_VALIDATION,
+    STATS_TIME_CHECKPOINT,
+    STATS_TIME_N
+};
+// Phase i's name in "time" (i < STATS_TIME_N).
 const char *stats_time_name(int i);
 
 typedef struct {
@@ -61,7 +67,7 @@ typedef struct {
     double step_s; // NaN when absent, null or skipped
     int skipped;
     int has_time;
-    double time[TIME_N];
+    double time[STATS_TIME_N];
     double capacity_factor; // NaN when absent or null
 } stats_metrics_rec;
 

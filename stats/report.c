@@ -177,27 +177,27 @@ static cJSON *jpair(const char *ka, double a, const char *kb, double b) {
 // Where the time goes: the mean over the logged steps with a "time" breakdown of each phase,
 // as a share of the mean step. To out (the tables) or into doc (--json: "time").
 static void time_report(const run_t *rd, FILE *out, cJSON *doc) {
-    double sum[TIME_N] = {0}, step = 0;
+    double sum[STATS_TIME_N] = {0}, step = 0;
     size_t n = 0;
     for (size_t i = 0; i < rd->m_n; i++) {
         const metric_t *m = &rd->m[i];
         if (!m->has_time || !isfinite(m->step_s)) continue;
-        for (int k = 0; k < TIME_N; k++) sum[k] += m->time[k];
+        for (int k = 0; k < STATS_TIME_N; k++) sum[k] += m->time[k];
         step += m->step_s, n++;
     }
     if (!n) return;
     double parts = 0; // the step's phases (step_s: forward, backward and the update)
-    for (int k = 0; k <= TIME_OPTIMIZER; k++) parts += sum[k];
+    for (int k = 0; k <= STATS_TIME_OPTIMIZER; k++) parts += sum[k];
     if (doc) {
         cJSON *t = cJSON_AddObjectToObject(doc, "time");
         cJSON_AddNumberToObject(t, "steps", (double)n);
         cJSON_AddNumberToObject(t, "step_s", step / n);
         cJSON *mean = cJSON_AddObjectToObject(t, "mean_s"),
               *share = cJSON_AddObjectToObject(t, "share");
-        for (int k = 0; k < TIME_N; k++) {
+        for (int k = 0; k < STATS_TIME_N; k++) {
             const char *name = stats_time_name(k);
             cJSON_AddNumberToObject(mean, name, sum[k] / n);
-            if (k <= TIME_EXCHANGE) cJSON_AddNumberToObject(share, name, sum[k] / step);
+            if (k <= STATS_TIME_EXCHANGE) cJSON_AddNumberToObject(share, name, sum[k] / step);
         }
         cJSON_AddNumberToObject(share, "other", (step - parts) / step);
         return;
@@ -208,13 +208,14 @@ static void time_report(const run_t *rd, FILE *out, cJSON *doc) {
                 1e3 * step / n, n);
     for (int k = 0; k < MOE_T_PHASES; k++) // one line of at most 6 x 16 columns
         fprintf(out, "  %s %.1f%%", moe_phase_names[k], 100 * sum[k] / step);
-    fprintf(out, "\n  optimizer %.1f%%  other %.1f%%\n", 100 * sum[TIME_OPTIMIZER] / step,
+    fprintf(out, "\n  optimizer %.1f%%  other %.1f%%\n", 100 * sum[STATS_TIME_OPTIMIZER] / step,
             100 * (step - parts) / step);
     stats_prose(
         rd, out,
         "  the exchanges (in dispatch and combine, waiting included): %.1f%%; validation %.3g s "
         "and checkpoints %.3g s in all, outside the steps\n",
-        100 * sum[TIME_EXCHANGE] / step, sum[TIME_VALIDATION], sum[TIME_CHECKPOINT]);
+        100 * sum[STATS_TIME_EXCHANGE] / step, sum[STATS_TIME_VALIDATION],
+        sum[STATS_TIME_CHECKPOINT]);
     if (sum[MOE_T_ROUTER] > 0.10 * step)
         stats_prose(
             rd, out,

@@ -14,6 +14,9 @@
 #include "config/config.h"
 #include "stats/records.h"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 #define STATS_DEFAULT_WINDOW 100
 #define STATS_DEFAULT_ALERT 1.5
 #define STATS_DEFAULT_MAX_DROP 0.01
@@ -41,7 +44,7 @@ typedef struct {
     long step;
     double step_s; // NaN when skipped, null or absent
     int has_time;
-    double time[TIME_N];
+    double time[STATS_TIME_N];
 } metric_t;
 
 typedef struct {
@@ -108,5 +111,7 @@ int stats_capacity_report(run_t *rd, FILE *out); // capacity_plan.c
 int stats_watch_loop(const char *dir, double interval, long count,
                      int (*report)(void *ctx, FILE *out, FILE *err), void *ctx, FILE *out,
                      FILE *err);
+
+#pragma GCC visibility pop
 
 #endif

@@ -1,4 +1,4 @@
-// The whole model under expert parallelism (model_create_parallel) against the single-rank
+// The whole model under expert parallelism (moe_model_create_parallel) against the single-rank
 // model, under mpirun -np R: the same seed gives every rank the same dense weights and its
 // experts' slice of the single-rank model's (looked up by HF name); on its own batch each
 // rank's losses and dense gradients equal the single-rank model's on that batch, and each
@@ -18,22 +18,22 @@
 
 #define TOL 1e-6
 
-static const model_tensor *by_name(const model *m, const char *name) {
+static const moe_model_tensor *by_name(const moe_model *m, const char *name) {
     for (int i = 0; i < m->n_tensors; i++)
         if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
     return NULL;
 }
 
-static size_t numel(const model_tensor *t) { return (size_t)t->rows * (t->cols ? t->cols : 1); }
+static size_t numel(const moe_model_tensor *t) { return (size_t)t->rows * (t->cols ? t->cols : 1); }
 
 // Relative difference ||got - want|| / ||want|| over the tensors of `got` (a model of some
 // experts) of one kind (dense or expert) against the same-named tensors of `want` (the whole
 // model), values in host doubles; *worst_tensor: the largest per-tensor relative difference.
-static double compare(const model *got, const double *g, const model *want, const double *w,
+static double compare(const moe_model *got, const double *g, const moe_model *want, const double *w,
                       int experts_only, int *missing, double *worst_tensor) {
     double diff = 0, norm = 0;
     for (int i = 0; i < got->n_tensors; i++) {
-        const model_tensor *t = &got->tensors[i], *u = by_name(want, t->name);
+        const moe_model_tensor *t = &got->tensors[i], *u = by_name(want, t->name);
         if (!u || numel(u) != numel(t)) {
             (*missing)++;
             continue;
@@ -50,20 +50,21 @@ static double compare(const model *got, const double *g, const model *want, cons
 // cfg.dtype bf16: both models in bf16 (the rows travel in fp32), on the CPU backend's
 // reference bf16 GEMM (bf16_reference below): the same bound holds (measured 4e-8 to 9e-8 on
 // 2 and 4 ranks; fp32's 4e-7)
-static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg, int B, int S,
+static void run(moe_comm *world, moe_comm *ep, moe_backend *be, moe_model_config cfg, int B, int S,
                 const char *title) {
     const int T = B * S;
     int *tok = malloc(2 * (size_t)T * sizeof(int)), *tgt = tok + T;
     test_rng r;
     rng_seed(&r, 500 + (uint64_t)world->rank);
     for (int i = 0; i < 2 * T; i++) tok[i] = (int)(rng_uniform(&r) * cfg.vocab_size);
-    model one, par;
-    if (model_create(&one, be, &cfg, B, S) || model_create_parallel(&par, be, &cfg, B, S, ep)) {
+    moe_model one, par;
+    if (moe_model_create(&one, be, &cfg, B, S) ||
+        moe_model_create_parallel(&par, be, &cfg, B, S, ep)) {
         fprintf(stderr, "%s\n", moe_last_error());
         exit(1);
     }
-    model_init_weights(&one, 3, 0.3);
-    model_init_weights(&par, 3, 0.3);
+    moe_model_init_weights(&one, 3, 0.3);
+    moe_model_init_weights(&par, 3, 0.3);
     double *p1 = ep_host_doubles(be, one.params, one.n_params),
            *p2 = ep_host_doubles(be, par.params, par.n_params);
     int missing = 0;
@@ -72,11 +73,12 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
     check_true("EP weights == the whole model's, tensor by tensor (by name)", wp == 0 && !missing);
 
     double loss[2][3];
-    model *ms[2] = {&one, &par};
+    moe_model *ms[2] = {&one, &par};
     for (int i = 0; i < 2; i++) {
-        model_zero_grads(ms[i]);
-        if (model_forward(ms[i], tok, tgt, B, S, moe_pass_train(ms[i]->cfg.moe.capacity_factor)) ||
-            model_backward(ms[i], 1.0)) {
+        moe_model_zero_grads(ms[i]);
+        if (moe_model_forward(ms[i], tok, tgt, B, S,
+                              moe_pass_train(ms[i]->cfg.moe.capacity_factor)) ||
+            moe_model_backward(ms[i], 1.0)) {
             fprintf(stderr, "%s\n", moe_last_error());
             exit(1);
         }
@@ -107,8 +109,8 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, model_config cfg
                "(worst tensor), ce %.4f\n",
                world->size, ep->size, title, worst[0], worst[1], loss[0][0]);
     free(all), free(p1), free(p2), free(g1), free(g2), free(tok);
-    model_destroy(&par);
-    model_destroy(&one);
+    moe_model_destroy(&par);
+    moe_model_destroy(&one);
 }
 
 // bf16 parity runs on the reference bf16 GEMM (on = 1; 0 restores the path it replaced), on
@@ -124,7 +126,7 @@ static void bf16_reference(moe_backend *be, int on) {
     cpu_backend_set_bf16_gemm(be, on ? CPU_BF16_REFERENCE : saved);
 }
 
-static void tokens_of(int rank, const model_config *cfg, int T, int *tok) {
+static void tokens_of(int rank, const moe_model_config *cfg, int T, int *tok) {
     test_rng r;
     rng_seed(&r, 900 + (uint64_t)rank);
     for (int i = 0; i < 2 * T; i++) tok[i] = (int)(rng_uniform(&r) * cfg->vocab_size);
@@ -139,30 +141,32 @@ static void tokens_of(int rank, const model_config *cfg, int T, int *tok) {
 // 1e-8, turns into 1e-4 absolute differences of those weights. Linear in g, SGD keeps the
 // gradients' agreement, which is what this test is about.)
 static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *be,
-                     model_config cfg, int B, int S, const char *title) {
+                     moe_model_config cfg, int B, int S, const char *title) {
     const int T = B * S, R = world->size;
     int *tok = malloc(2 * (size_t)T * sizeof(int));
-    model one, par;
-    if (model_create(&one, be, &cfg, B, S) || model_create_parallel(&par, be, &cfg, B, S, ep)) {
+    moe_model one, par;
+    if (moe_model_create(&one, be, &cfg, B, S) ||
+        moe_model_create_parallel(&par, be, &cfg, B, S, ep)) {
         fprintf(stderr, "%s\n", moe_last_error());
         exit(1);
     }
-    model_init_weights(&one, 5, 0.3);
-    model_init_weights(&par, 5, 0.3);
-    model_zero_grads(&one);
-    model_zero_grads(&par);
+    moe_model_init_weights(&one, 5, 0.3);
+    moe_model_init_weights(&par, 5, 0.3);
+    moe_model_zero_grads(&one);
+    moe_model_zero_grads(&par);
     for (int j = 0; j < R; j++) { // every rank's micro-batch, in rank order
         tokens_of(j, &cfg, T, tok);
-        if (model_forward(&one, tok, tok + T, B, S, moe_pass_train(one.cfg.moe.capacity_factor)) ||
-            model_backward(&one, 1.0 / R))
+        if (moe_model_forward(&one, tok, tok + T, B, S,
+                              moe_pass_train(one.cfg.moe.capacity_factor)) ||
+            moe_model_backward(&one, 1.0 / R))
             exit(1);
     }
     tokens_of(world->rank, &cfg, T, tok);
-    if (model_forward(&par, tok, tok + T, B, S, moe_pass_train(par.cfg.moe.capacity_factor)) ||
-        model_backward(&par, 1.0 / R))
+    if (moe_model_forward(&par, tok, tok + T, B, S, moe_pass_train(par.cfg.moe.capacity_factor)) ||
+        moe_model_backward(&par, 1.0 / R))
         exit(1);
-    model_reduce_grads(&par, world, edp);
-    double ss1, ss2 = model_grad_sum_squares(&par);
+    moe_model_reduce_grads(&par, world, edp);
+    double ss1, ss2 = moe_model_grad_sum_squares(&par);
     be->sum_squares(be, &ss1, one.grads, one.n_params);
     int missing = 0;
     double *g1 = ep_host_doubles(be, one.grads, one.n_params),
@@ -171,13 +175,13 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
                         compare(&par, g2, &one, g1, 1, &missing, NULL));
     worst = fmax(worst, fabs(ss2 - ss1) / ss1);
     const optim_config oc = {.kind = OPTIM_SGD};
-    optimizer o1, o2;
+    moe_optimizer o1, o2;
     const optim_region r1 = {0, one.n_params, 1}, r2 = {0, par.n_params, 1};
-    if (optimizer_create(&o1, be, &oc, one.n_params, &r1, 1) ||
-        optimizer_create(&o2, be, &oc, par.n_params, &r2, 1))
+    if (moe_optimizer_create(&o1, be, &oc, one.n_params, &r1, 1) ||
+        moe_optimizer_create(&o2, be, &oc, par.n_params, &r2, 1))
         exit(1);
-    optimizer_step(&o1, one.params, NULL, one.grads, 0.5, clip_scale(sqrt(ss1), 0.1));
-    optimizer_step(&o2, par.params, NULL, par.grads, 0.5, clip_scale(sqrt(ss2), 0.1));
+    moe_optimizer_step(&o1, one.params, NULL, one.grads, 0.5, moe_clip_scale(sqrt(ss1), 0.1));
+    moe_optimizer_step(&o2, par.params, NULL, par.grads, 0.5, moe_clip_scale(sqrt(ss2), 0.1));
     double *p1 = ep_host_doubles(be, one.params, one.n_params),
            *p2 = ep_host_doubles(be, par.params, par.n_params);
     worst = fmax(worst, fmax(compare(&par, p2, &one, p1, 0, &missing, NULL),
@@ -190,16 +194,16 @@ static void run_step(moe_comm *world, moe_comm *ep, moe_comm *edp, moe_backend *
     if (world->rank == 0)
         printf("R=%d ep=%d step, %-20s relative difference %.2e (gradients, norm, weights)\n", R,
                ep->size, title, worst);
-    optimizer_destroy(&o1), optimizer_destroy(&o2);
+    moe_optimizer_destroy(&o1), moe_optimizer_destroy(&o2);
     free(all), free(g1), free(g2), free(p1), free(p2), free(tok);
-    model_destroy(&par);
-    model_destroy(&one);
+    moe_model_destroy(&par);
+    moe_model_destroy(&one);
 }
 
 int main(void) {
     moe_comm *world = ep_world();
     moe_backend *be = test_backend();
-    model_config cfg = {
+    moe_model_config cfg = {
         .vocab_size = 40,
         .d_model = 16,
         .n_layers = 2,

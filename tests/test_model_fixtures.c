@@ -17,8 +17,8 @@
 static moe_dtype dtype = MOE_DTYPE_F32;
 static double tol_step0 = 1e-5, tol_steps = 1e-4; // fp32; main sets bf16's
 
-static model_config config_from(const fixture *fx) {
-    model_config c = {
+static moe_model_config config_from(const fixture *fx) {
+    moe_model_config c = {
         .vocab_size = fixture_int(fx, "V"),
         .d_model = fixture_int(fx, "d"),
         .n_layers = fixture_int(fx, "n_layers"),
@@ -41,11 +41,11 @@ static model_config config_from(const fixture *fx) {
     return c;
 }
 
-static size_t numel(const model_tensor *t) { return (size_t)t->rows * (t->cols ? t->cols : 1); }
+static size_t numel(const moe_model_tensor *t) { return (size_t)t->rows * (t->cols ? t->cols : 1); }
 
 // Every tensor of the model, by HF name, compared with fixture tensor prefix+name. dev_buf is
 // backend memory of m->n_params reals (m->params or m->grads), read through a host copy.
-static void check_all_tensors(const model *m, const real *dev_buf, const fixture *fx,
+static void check_all_tensors(const moe_model *m, const real *dev_buf, const fixture *fx,
                               const char *prefix, double tol) {
     real *buf = malloc(m->n_params * sizeof(real));
     m->be->copy_to_host(m->be, buf, dev_buf, m->n_params * sizeof(real));
@@ -53,7 +53,7 @@ static void check_all_tensors(const model *m, const real *dev_buf, const fixture
     double worst = 0;
     const char *worst_name = "";
     for (int i = 0; i < m->n_tensors; i++) {
-        const model_tensor *t = &m->tensors[i];
+        const moe_model_tensor *t = &m->tensors[i];
         char name[160];
         snprintf(name, sizeof name, "%s%s", prefix, t->name);
         const fixture_tensor *ref = fixture_get(fx, name, numel(t));
@@ -76,11 +76,11 @@ static void check_all_tensors(const model *m, const real *dev_buf, const fixture
 
 // The bf16 weights the last optimizer step wrote beside its update are bit for bit
 // to_bf16(params): what the next forward would have refreshed them to.
-static void check_fused_bf16(model *m) {
+static void check_fused_bf16(moe_model *m) {
     const size_t bytes = m->n_params * sizeof(moe_bf16);
     moe_bf16 *fused = malloc(bytes), *fresh = malloc(bytes);
     m->be->copy_to_host(m->be, fused, m->params16, bytes);
-    model_refresh_bf16(m);
+    moe_model_refresh_bf16(m);
     m->be->copy_to_host(m->be, fresh, m->params16, bytes);
     size_t bad = 0;
     for (size_t i = 0; i < m->n_params; i++) bad += fused[i] != fresh[i];
@@ -93,16 +93,16 @@ static void check_fused_bf16(model *m) {
 static void run_fixture(const char *path) {
     fixture fx;
     fixture_load(&fx, path);
-    model_config cfg = config_from(&fx);
+    moe_model_config cfg = config_from(&fx);
     const int B = fixture_int(&fx, "B"), S = fixture_int(&fx, "S"),
               steps = fixture_int(&fx, "steps");
     const int T = B * S, L = cfg.n_layers;
     printf("%s: V=%d d=%d L=%d H=%d KV=%d ff=%d E=%d k=%d B=%d S=%d tied=%d cf=%g\n", path,
            cfg.vocab_size, cfg.d_model, L, cfg.n_heads, cfg.n_kv_heads, cfg.moe.d_ff,
            cfg.moe.n_experts, cfg.moe.top_k, B, S, cfg.tie_embeddings, cfg.moe.capacity_factor);
-    model m;
-    if (model_create(&m, test_backend(), &cfg, B, S)) {
-        fprintf(stderr, "model_create: %s\n", moe_last_error());
+    moe_model m;
+    if (moe_model_create(&m, test_backend(), &cfg, B, S)) {
+        fprintf(stderr, "moe_model_create: %s\n", moe_last_error());
         exit(1);
     }
     real *host_params = calloc(m.n_params, sizeof(real)); // the weights, then to the device
@@ -121,8 +121,8 @@ static void run_fixture(const char *path) {
         tokens[i] = (int)tok->data[i], targets[i] = (int)tgt->data[i];
 
     // ---- step 0: forward and backward
-    model_zero_grads(&m);
-    if (model_forward(&m, tokens, targets, B, S, moe_pass_train(m.cfg.moe.capacity_factor))) {
+    moe_model_zero_grads(&m);
+    if (moe_model_forward(&m, tokens, targets, B, S, moe_pass_train(m.cfg.moe.capacity_factor))) {
         fprintf(stderr, "forward: %s\n", moe_last_error());
         exit(1);
     }
@@ -143,7 +143,7 @@ static void run_fixture(const char *path) {
     check_rel("ce", &m.ce, fixture_get(&fx, "ce", 1)->data, 1, tol_step0);
     check_rel("aux", &m.aux, fixture_get(&fx, "aux", 1)->data, 1, tol_step0);
     check_rel("z", &m.z, fixture_get(&fx, "z", 1)->data, 1, tol_step0);
-    model_backward(&m, 1.0);
+    moe_model_backward(&m, 1.0);
     check_all_tensors(&m, m.grads, &fx, "grad.", tol_step0);
     double ss;
     m.be->sum_squares(m.be, &ss, m.grads, m.n_params);
@@ -159,23 +159,23 @@ static void run_fixture(const char *path) {
     }
     optim_config oc = {OPTIM_ADAMW, fixture_double(&fx, "beta1"), fixture_double(&fx, "beta2"),
                        fixture_double(&fx, "eps"), fixture_double(&fx, "weight_decay")};
-    optimizer opt;
-    if (optimizer_create(&opt, m.be, &oc, m.n_params, regions, m.n_tensors)) exit(1);
+    moe_optimizer opt;
+    if (moe_optimizer_create(&opt, m.be, &oc, m.n_params, regions, m.n_tensors)) exit(1);
     const double lr = fixture_double(&fx, "lr"), clip = fixture_double(&fx, "grad_clip");
     double *losses = malloc(steps * sizeof(double)), *norms = malloc(steps * sizeof(double));
     for (int s = 0; s < steps; s++) {
-        model_zero_grads(&m);
-        if (model_forward(&m, tokens + (size_t)s * T, targets + (size_t)s * T, B, S,
-                          moe_pass_train(m.cfg.moe.capacity_factor)))
+        moe_model_zero_grads(&m);
+        if (moe_model_forward(&m, tokens + (size_t)s * T, targets + (size_t)s * T, B, S,
+                              moe_pass_train(m.cfg.moe.capacity_factor)))
             exit(1);
         losses[s] = m.ce + m.aux + m.z;
-        model_backward(&m, 1.0);
+        moe_model_backward(&m, 1.0);
         m.be->sum_squares(m.be, &ss, m.grads, m.n_params);
         norms[s] = sqrt(ss);
         // bf16: the update writes the bf16 weights too, and the next forward uses them as
-        // they are (model_bf16_for_update), as the trainer does
-        optimizer_step(&opt, m.params, model_bf16_for_update(&m), m.grads, lr,
-                       clip_scale(norms[s], clip));
+        // they are (moe_model_bf16_for_update), as the trainer does
+        moe_optimizer_step(&opt, m.params, moe_model_bf16_for_update(&m), m.grads, lr,
+                           moe_clip_scale(norms[s], clip));
     }
     if (m.params16) check_fused_bf16(&m);
     check_rel("5 step losses", losses, fixture_get(&fx, "step_loss", steps)->data, steps,
@@ -185,8 +185,8 @@ static void run_fixture(const char *path) {
     check_all_tensors(&m, m.params, &fx, "final.", tol_steps);
 
     free(losses), free(norms), free(regions), free(tokens), free(targets);
-    optimizer_destroy(&opt);
-    model_destroy(&m);
+    moe_optimizer_destroy(&opt);
+    moe_model_destroy(&m);
     fixture_free(&fx);
 }
 

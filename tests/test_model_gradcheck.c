@@ -46,7 +46,7 @@ typedef struct {
     double dv, dw;  // largest |change| of v and w over all of them and all layers
 } routing_watch;
 
-static void capture_all(moe_routing *r, const model *m) {
+static void capture_all(moe_routing *r, const moe_model *m) {
     int E = m->cfg.moe.n_experts;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const real *bias = m->router_bias ? m->router_bias + (size_t)l * E : NULL;
@@ -70,7 +70,7 @@ static void min_margins(const moe_routing *r, int n, double *ms, double *md, int
     }
 }
 
-static void watch(routing_watch *rw, const model *m) {
+static void watch(routing_watch *rw, const moe_model *m) {
     capture_all(rw->cur, m);
     size_t changed = 0;
     for (int l = 0; l < rw->n; l++) {
@@ -82,8 +82,8 @@ static void watch(routing_watch *rw, const model *m) {
     rw->flipped += changed != 0;
 }
 
-static double total_loss(model *m, const int *tok, const int *tgt, int B, int S) {
-    if (model_forward(m, tok, tgt, B, S, moe_pass_train(m->cfg.moe.capacity_factor))) {
+static double total_loss(moe_model *m, const int *tok, const int *tgt, int B, int S) {
+    if (moe_model_forward(m, tok, tgt, B, S, moe_pass_train(m->cfg.moe.capacity_factor))) {
         fprintf(stderr, "forward: %s\n", moe_last_error());
         exit(1);
     }
@@ -98,7 +98,7 @@ static double total_loss(model *m, const int *tok, const int *tgt, int B, int S)
 // decided by the last bits of the BLAS kernel. A whole-set re-draw asks only "are all
 // margins >= MARGIN_MIN", which every kernel family answers alike (a tie is ~0 under each),
 // so every family builds the same case.
-static int make_decisive(model *m, int *tok, const int *tgt, int B, int S, test_rng *r) {
+static int make_decisive(moe_model *m, int *tok, const int *tgt, int B, int S, test_rng *r) {
     moe_routing *rt = calloc(m->cfg.n_layers, sizeof *rt);
     int redrawn = 0;
     for (;; redrawn++) {
@@ -115,13 +115,13 @@ static int make_decisive(model *m, int *tok, const int *tgt, int B, int S, test_
     return redrawn;
 }
 
-static void run(const char *title, model_config cfg, int B, int S, uint64_t seed) {
-    model m;
-    if (model_create(&m, test_backend(), &cfg, B, S)) {
-        fprintf(stderr, "model_create: %s\n", moe_last_error());
+static void run(const char *title, moe_model_config cfg, int B, int S, uint64_t seed) {
+    moe_model m;
+    if (moe_model_create(&m, test_backend(), &cfg, B, S)) {
+        fprintf(stderr, "moe_model_create: %s\n", moe_last_error());
         exit(1);
     }
-    model_init_weights(&m, seed, 0.5);
+    moe_model_init_weights(&m, seed, 0.5);
     test_rng r;
     rng_seed(&r, seed);
     int T = B * S, *tok = malloc(T * sizeof(int)), *tgt = malloc(T * sizeof(int));
@@ -134,11 +134,11 @@ static void run(const char *title, model_config cfg, int B, int S, uint64_t seed
                 m.params[m.tensors[i].offset + j] = 1 + 0.2 * rng_normal(&r);
     int redrawn = make_decisive(&m, tok, tgt, B, S, &r);
 
-    model_zero_grads(&m);
+    moe_model_zero_grads(&m);
     double l0 = total_loss(&m, tok, tgt, B, S);
     long dropped = 0;
     for (int l = 0; l < cfg.n_layers; l++) dropped += m.moe_stats[l].dropped;
-    model_backward(&m, 1.0);
+    moe_model_backward(&m, 1.0);
     printf("%s: loss %.6f (ce %.6f aux %.6f z %.6f), dropped %ld\n", title, l0, m.ce, m.aux, m.z,
            dropped);
     if (cfg.moe.capacity_factor > 0) check_true("capacity mode drops assignments", dropped > 0);
@@ -158,7 +158,7 @@ static void run(const char *title, model_config cfg, int B, int S, uint64_t seed
 
     size_t total = 0;
     for (int i = 0; i < m.n_tensors; i++) {
-        const model_tensor *t = &m.tensors[i];
+        const moe_model_tensor *t = &m.tensors[i];
         size_t cnt = (size_t)t->rows * (t->cols ? t->cols : 1);
         double *fd = malloc(cnt * sizeof(double)), *an = malloc(cnt * sizeof(double));
         for (size_t j = 0; j < cnt; j++) {
@@ -187,11 +187,11 @@ static void run(const char *title, model_config cfg, int B, int S, uint64_t seed
     check_routing_margins(ms, md, rw.dv, rw.dw, rw.flipped, 2 * total, MARGIN_MIN, MARGIN_SAFETY);
     for (int l = 0; l < L; l++) moe_routing_free(&rw.base[l]), moe_routing_free(&rw.cur[l]);
     free(rw.base), free(rw.cur), free(grads), free(tok), free(tgt);
-    model_destroy(&m);
+    moe_model_destroy(&m);
 }
 
 int main(void) {
-    model_config cfg = {
+    moe_model_config cfg = {
         .vocab_size = 11,
         .d_model = 8,
         .n_layers = 2,

@@ -12,8 +12,8 @@
 
 #define TOL 1e-5
 
-// The logits [rows, V] of the last forward or model_infer, copied from the device to doubles.
-static double *copy_logits(const model *m, int rows, int V) {
+// The logits [rows, V] of the last forward or moe_model_infer, copied from the device to doubles.
+static double *copy_logits(const moe_model *m, int rows, int V) {
     const size_t n = (size_t)rows * V;
     double *out = malloc(n * sizeof(double));
     real *host = malloc(n * sizeof(real));
@@ -24,7 +24,7 @@ static double *copy_logits(const model *m, int rows, int V) {
 }
 
 int main(void) {
-    model_config cfg = {
+    moe_model_config cfg = {
         .vocab_size = 37,
         .d_model = 32,
         .n_layers = 3,
@@ -37,13 +37,13 @@ int main(void) {
     };
     cfg.moe = moe_config_default(32, 40, 6, 2);
     const int S = 24, V = cfg.vocab_size;
-    model train, inf;
-    if (model_create(&train, test_backend(), &cfg, 1, S) ||
-        model_create_inference(&inf, test_backend(), &cfg, S, S)) {
+    moe_model train, inf;
+    if (moe_model_create(&train, test_backend(), &cfg, 1, S) ||
+        moe_model_create_inference(&inf, test_backend(), &cfg, S, S)) {
         fprintf(stderr, "%s\n", moe_last_error());
         return 1;
     }
-    model_init_weights(&train, 7, 0.3);
+    moe_model_init_weights(&train, 7, 0.3);
     inf.be->copy_on_device(inf.be, inf.params, train.params, train.n_params * sizeof(real));
     check_true("inference model has no gradients and one shared MoE layer",
                inf.grads == NULL && inf.n_moe == 1 && train.n_moe == cfg.n_layers);
@@ -52,11 +52,12 @@ int main(void) {
     rng_seed(&r, 3);
     int tokens[24], targets[24];
     for (int t = 0; t < S; t++) tokens[t] = (int)(rng_uniform(&r) * V), targets[t] = (t * 5) % V;
-    if (model_forward(&train, tokens, targets, 1, S, moe_pass_train(train.cfg.moe.capacity_factor)))
+    if (moe_model_forward(&train, tokens, targets, 1, S,
+                          moe_pass_train(train.cfg.moe.capacity_factor)))
         return 1;
     double *full = copy_logits(&train, S, V);
 
-    if (model_infer(&inf, tokens, S, 0)) return 1;
+    if (moe_model_infer(&inf, tokens, S, 0)) return 1;
     double *once = copy_logits(&inf, S, V);
     check_rel("one prefill of 24 == training forward", once, full, (size_t)S * V, TOL);
 
@@ -64,7 +65,7 @@ int main(void) {
     double *chunked = malloc((size_t)S * V * sizeof(double));
     for (int p = 0; p < S; p += 5) {
         int n = p + 5 <= S ? 5 : S - p;
-        if (model_infer(&inf, tokens + p, n, p)) return 1;
+        if (moe_model_infer(&inf, tokens + p, n, p)) return 1;
         double *part = copy_logits(&inf, n, V);
         memcpy(chunked + (size_t)p * V, part, (size_t)n * V * sizeof(double));
         free(part);
@@ -74,7 +75,7 @@ int main(void) {
     // decode: one token at a time
     double *decode = malloc((size_t)S * V * sizeof(double));
     for (int p = 0; p < S; p++) {
-        if (model_infer(&inf, tokens + p, 1, p)) return 1;
+        if (moe_model_infer(&inf, tokens + p, 1, p)) return 1;
         double *row = copy_logits(&inf, 1, V);
         memcpy(decode + (size_t)p * V, row, (size_t)V * sizeof(double));
         free(row);
@@ -98,14 +99,14 @@ int main(void) {
     check_true("expert hits count every routed assignment",
                hits == 3L * cfg.n_layers * S * cfg.moe.top_k);
     check_true("a chunk beyond the cache is refused",
-               model_infer(&inf, tokens, 2, S - 1) == MOE_EINVAL);
+               moe_model_infer(&inf, tokens, 2, S - 1) == MOE_EINVAL);
     printf("    -> %s\n", moe_last_error());
     check_true("training forward on an inference model is refused",
-               model_forward(&inf, tokens, targets, 1, S, moe_pass_infer()) == MOE_EINVAL);
+               moe_model_forward(&inf, tokens, targets, 1, S, moe_pass_infer()) == MOE_EINVAL);
 
     free(full), free(once), free(chunked), free(decode);
-    model_destroy(&train);
-    model_destroy(&inf);
+    moe_model_destroy(&train);
+    moe_model_destroy(&inf);
     printf("%d failure(s)\n", test_failures());
     return test_failures() != 0;
 }

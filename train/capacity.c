@@ -8,12 +8,13 @@
 
 #include "stats/stats.h"
 
-moe_status capacity_ctl_init(capacity_ctl *c, const capacity_plan *plan, double start, int L) {
+moe_status moe_capacity_ctl_init(moe_capacity_ctl *c, const moe_capacity_plan *plan, double start,
+                                 int L) {
     memset(c, 0, sizeof *c);
     c->plan = *plan;
     c->L = L;
     c->factor = start;
-    if (plan->mode != CAPACITY_AUTO) return MOE_OK;
+    if (plan->mode != MOE_CAPACITY_AUTO) return MOE_OK;
     c->need = malloc((size_t)plan->window * (size_t)L * sizeof *c->need);
     if (!c->need)
         return moe_error(MOE_ENOMEM, "capacity: cannot hold a window of %lld steps x %d layers",
@@ -21,12 +22,12 @@ moe_status capacity_ctl_init(capacity_ctl *c, const capacity_plan *plan, double 
     return MOE_OK;
 }
 
-void capacity_ctl_free(capacity_ctl *c) {
+void moe_capacity_ctl_free(moe_capacity_ctl *c) {
     free(c->need);
     c->need = NULL;
 }
 
-static double scheduled(const capacity_plan *p, int64_t step) {
+static double scheduled(const moe_capacity_plan *p, int64_t step) {
     const int n = p->n_points;
     if (step <= p->step[0]) return p->factor[0];
     for (int i = 0; i + 1 < n; i++)
@@ -37,16 +38,16 @@ static double scheduled(const capacity_plan *p, int64_t step) {
     return p->factor[n - 1];
 }
 
-double capacity_ctl_factor(const capacity_ctl *c, double start, int64_t step) {
+double moe_capacity_ctl_factor(const moe_capacity_ctl *c, double start, int64_t step) {
     switch (c->plan.mode) {
-    case CAPACITY_SCHEDULE: return scheduled(&c->plan, step);
-    case CAPACITY_AUTO: return c->factor;
+    case MOE_CAPACITY_SCHEDULE: return scheduled(&c->plan, step);
+    case MOE_CAPACITY_AUTO: return c->factor;
     default: return start;
     }
 }
 
-double capacity_needed_factor(const long *counts, int groups, int E, long T, int top_k,
-                              double max_drop) {
+double moe_capacity_needed_factor(const long *counts, int groups, int E, long T, int top_k,
+                                  double max_drop) {
     long C = stats_needed_capacity(counts, groups, E, 1, max_drop);
     if (C > T) C = T;
     return stats_capacity_factor(C, T, top_k, E);
@@ -58,8 +59,8 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 // The window's decision: P99 of each layer's needs, the largest, clamped, rate-limited.
-static void decide(capacity_ctl *c, int64_t step, capacity_decision *d) {
-    const capacity_plan *p = &c->plan;
+static void decide(moe_capacity_ctl *c, int64_t step, moe_capacity_decision *d) {
+    const moe_capacity_plan *p = &c->plan;
     const int64_t n = c->n;
     double *col = malloc((size_t)n * sizeof *col);
     if (!col) moe_fatal("capacity: out of memory");
@@ -88,8 +89,9 @@ static void decide(capacity_ctl *c, int64_t step, capacity_decision *d) {
     c->n = 0;
 }
 
-int capacity_ctl_observe(capacity_ctl *c, const double *need, int64_t step, capacity_decision *d) {
-    if (c->plan.mode != CAPACITY_AUTO) return 0;
+int moe_capacity_ctl_observe(moe_capacity_ctl *c, const double *need, int64_t step,
+                             moe_capacity_decision *d) {
+    if (c->plan.mode != MOE_CAPACITY_AUTO) return 0;
     memcpy(c->need + c->n * c->L, need, (size_t)c->L * sizeof *need);
     if (++c->n < c->plan.window) return 0;
     decide(c, step, d);

@@ -21,12 +21,12 @@
 #include "config/config.h"
 
 typedef struct {
-    capacity_plan plan;
+    moe_capacity_plan plan;
     int L;         // MoE layers
     double factor; // auto: the factor in force
     int64_t n;     // auto: steps observed in the current window
     double *need;  // auto: [window][L] the needs of those steps
-} capacity_ctl;
+} moe_capacity_ctl;
 
 // One auto decision, at the end of a window.
 typedef struct {
@@ -35,22 +35,24 @@ typedef struct {
     int p99_layer; // its layer
     int limited;   // 1: clamped to the bounds, 2: limited by max_change, 0: neither
     char why[200]; // one line for the console and the log
-} capacity_decision;
+} moe_capacity_decision;
 
 // For a plan (copied) and L layers; start = the factor of step 0 (model.moe.capacity_factor).
-moe_status capacity_ctl_init(capacity_ctl *c, const capacity_plan *plan, double start, int L);
-void capacity_ctl_free(capacity_ctl *c);
+moe_status moe_capacity_ctl_init(moe_capacity_ctl *c, const moe_capacity_plan *plan, double start,
+                                 int L);
+void moe_capacity_ctl_free(moe_capacity_ctl *c);
 
 // The factor in force at step (0-based): fixed: start; schedule: as above; auto: c->factor.
-double capacity_ctl_factor(const capacity_ctl *c, double start, int64_t step);
+double moe_capacity_ctl_factor(const moe_capacity_ctl *c, double start, int64_t step);
 
 // The factor a step of one layer needed (see above): counts [groups][E] routed assignments
 // of its micro-batches of T tokens each, top_k of E experts.
-double capacity_needed_factor(const long *counts, int groups, int E, long T, int top_k,
-                              double max_drop);
+double moe_capacity_needed_factor(const long *counts, int groups, int E, long T, int top_k,
+                                  double max_drop);
 
 // Auto: records one finite step's needs (need [L]); returns 1 and fills *d when this step
 // ends a window (the factor then changes for the next steps when d->new_factor differs).
-int capacity_ctl_observe(capacity_ctl *c, const double *need, int64_t step, capacity_decision *d);
+int moe_capacity_ctl_observe(moe_capacity_ctl *c, const double *need, int64_t step,
+                             moe_capacity_decision *d);
 
 #endif

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t launch_config_hash(const moe_train_config *cfg) {
+uint64_t moe_launch_config_hash(const moe_train_config *cfg) {
     char *text = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&text, &n);
@@ -19,7 +19,7 @@ uint64_t launch_config_hash(const moe_train_config *cfg) {
 }
 
 // What a train intent does with its run directory, in words.
-static void describe_mode(char *buf, size_t size, const launch_intent *x) {
+static void describe_mode(char *buf, size_t size, const moe_launch_intent *x) {
     const char *dry = x->dry_run ? " (--dry-run)" : "";
     if (x->resume[0])
         snprintf(buf, size, "resume from %s (step %lld)%s", x->resume, (long long)x->resume_step,
@@ -30,7 +30,7 @@ static void describe_mode(char *buf, size_t size, const launch_intent *x) {
 }
 
 // The first field in which a differs from b, as "rank r ... , rank 0 ...".
-static moe_status differs(int r, const launch_intent *a, const launch_intent *b) {
+static moe_status differs(int r, const moe_launch_intent *a, const moe_launch_intent *b) {
     const char *what = "the ranks were told different things";
     if (strcmp(a->command, b->command))
         return moe_error(MOE_EINVAL,
@@ -55,9 +55,9 @@ static moe_status differs(int r, const launch_intent *a, const launch_intent *b)
                      what, r, a->inputs, b->inputs);
 }
 
-moe_status launch_agree(moe_comm *w, const launch_intent *mine) {
+moe_status moe_launch_agree(moe_comm *w, const moe_launch_intent *mine) {
     if (!w || w->size <= 1) return MOE_OK;
-    launch_intent me, *all = calloc((size_t)w->size, sizeof *all);
+    moe_launch_intent me, *all = calloc((size_t)w->size, sizeof *all);
     if (!all) moe_fatal("launch: out of memory");
     memset(&me, 0, sizeof me); // every byte defined: the records are compared whole
     memcpy(me.command, mine->command, strnlen(mine->command, sizeof me.command - 1));

@@ -19,21 +19,21 @@
 
 typedef struct {
     char command[16];               // "train", "eval"
-    uint64_t config_hash;           // launch_config_hash of the resolved config (0: none)
+    uint64_t config_hash;           // moe_launch_config_hash of the resolved config (0: none)
     char resume[MOE_PATH_MAX + 64]; // the checkpoint folder a train resumes from ("": none)
     int64_t resume_step;            // its trainer_state.json step (-1: unknown or none)
     int overwrite, dry_run;
     char inputs
         [3 * MOE_PATH_MAX]; // what else the command reads and how ("--ckpt X --data Y ..."), or ""
-} launch_intent;
+} moe_launch_intent;
 
 // FNV-1a over the resolved config as config.cfg writes it (two ranks given the same file and
 // --set have the same hash).
-uint64_t launch_config_hash(const moe_train_config *cfg);
+uint64_t moe_launch_config_hash(const moe_train_config *cfg);
 
 // Every rank of w gathers every rank's intent; MOE_EINVAL on every rank when a rank's differs
 // from rank 0's: "the ranks were told different things: rank 1 ... , rank 0 ...". Collective
 // over w; MOE_OK at once when w has one rank.
-moe_status launch_agree(moe_comm *w, const launch_intent *mine);
+moe_status moe_launch_agree(moe_comm *w, const moe_launch_intent *mine);
 
 #endif

@@ -12,7 +12,7 @@
 // so a log that someone truncates while the run writes (clearing it, logrotate's
 // copytruncate) starts again at the next record, instead of the old offset that "w" keeps
 // (which leaves a hole of NUL bytes before it). A new run empties the file once, here.
-moe_status jsonl_open(jsonl_file *j, const char *dir, const char *name, int append) {
+moe_status moe_jsonl_open(moe_jsonl_file *j, const char *dir, const char *name, int append) {
     snprintf(j->path, sizeof j->path, "%s/%s", dir, name);
     j->f = fopen(j->path, "a");
     if (!j->f)
@@ -33,7 +33,7 @@ static moe_status write_failed(const char *path, int err) {
     return moe_error(MOE_EIO, "%s: write failed: %s", path, strerror(err ? err : EIO));
 }
 
-moe_status jsonl_write(jsonl_file *j, cJSON *obj) {
+moe_status moe_jsonl_write(moe_jsonl_file *j, cJSON *obj) {
     char *s = cJSON_PrintUnformatted(obj);
     cJSON_Delete(obj);
     if (!s) return moe_error(MOE_ENOMEM, "%s: out of memory formatting a record", j->path);
@@ -45,7 +45,7 @@ moe_status jsonl_write(jsonl_file *j, cJSON *obj) {
     return ok ? MOE_OK : write_failed(j->path, err);
 }
 
-moe_status file_close_checked(FILE *f, const char *path) {
+moe_status moe_file_close_checked(FILE *f, const char *path) {
     errno = 0;
     int failed = fflush(f) != 0 || ferror(f);
     int err = errno;
@@ -53,20 +53,20 @@ moe_status file_close_checked(FILE *f, const char *path) {
     return failed ? write_failed(path, err) : MOE_OK;
 }
 
-moe_status jsonl_close(jsonl_file *j) {
+moe_status moe_jsonl_close(moe_jsonl_file *j) {
     if (!j->f) return MOE_OK;
     FILE *f = j->f;
     j->f = NULL;
-    return file_close_checked(f, j->path);
+    return moe_file_close_checked(f, j->path);
 }
 
-cJSON *json_int_array(const long *values, int n) {
+cJSON *moe_json_int_array(const long *values, int n) {
     cJSON *a = cJSON_CreateArray();
     for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)values[i]));
     return a;
 }
 
-moe_status jsonl_keep_until(const char *dir, const char *name, long long max_step) {
+moe_status moe_jsonl_keep_until(const char *dir, const char *name, long long max_step) {
     char path[2048], tmp[2100];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -101,7 +101,7 @@ moe_status jsonl_keep_until(const char *dir, const char *name, long long max_ste
     } else if (!write_ok) {
         fclose(out);
         st = write_failed(tmp, err);
-    } else if ((st = file_close_checked(out, tmp)) == MOE_OK && rename(tmp, path) != 0) {
+    } else if ((st = moe_file_close_checked(out, tmp)) == MOE_OK && rename(tmp, path) != 0) {
         st = moe_error(MOE_EIO, "%s: cannot rewrite: %s", path, strerror(errno));
     }
     if (st) remove(tmp);

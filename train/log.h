@@ -14,22 +14,22 @@
 typedef struct {
     FILE *f;
     char path[2048];
-} jsonl_file;
+} moe_jsonl_file;
 
 // Opens dir/name for appending (append=0 empties it first: a new run); every record goes to
 // the file's end. MOE_EIO with the path on failure.
-moe_status jsonl_open(jsonl_file *j, const char *dir, const char *name, int append);
+moe_status moe_jsonl_open(moe_jsonl_file *j, const char *dir, const char *name, int append);
 // Keeps only the records of dir/name whose "step" is <= max_step (a missing file is fine);
 // MOE_EIO naming the file when a read or write fails (the file is then left as it was).
-moe_status jsonl_keep_until(const char *dir, const char *name, long long max_step);
+moe_status moe_jsonl_keep_until(const char *dir, const char *name, long long max_step);
 // Writes obj as one line, flushes, and frees obj. MOE_EIO "path: write failed: <why>".
-moe_status jsonl_write(jsonl_file *j, cJSON *obj);
-// Closes j (if open). MOE_EIO as jsonl_write when the last data could not be written.
-moe_status jsonl_close(jsonl_file *j);
+moe_status moe_jsonl_write(moe_jsonl_file *j, cJSON *obj);
+// Closes j (if open). MOE_EIO as moe_jsonl_write when the last data could not be written.
+moe_status moe_jsonl_close(moe_jsonl_file *j);
 // Flushes and closes f, a file written to `path`: MOE_EIO "path: write failed: <why>" when
 // any write to it failed (fclose is the last chance to hear of a full disk).
-moe_status file_close_checked(FILE *f, const char *path);
+moe_status moe_file_close_checked(FILE *f, const char *path);
 // An array of ints as a cJSON array.
-cJSON *json_int_array(const long *values, int n);
+cJSON *moe_json_int_array(const long *values, int n);
 
 #endif

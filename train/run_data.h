@@ -17,22 +17,23 @@ typedef struct {
     int from_dir;                    // both come from data.dir
 } data_paths;
 
-void run_data_paths(const moe_train_config *cfg, data_paths *d);
+void moe_run_data_paths(const moe_train_config *cfg, data_paths *d);
 
 // Whether the run prepares data.dir from data.text: a token file of d is missing, data.text
 // names sources, and both files come from data.dir.
-int run_data_from_text(const moe_train_config *cfg, const data_paths *d);
+int moe_run_data_from_text(const moe_train_config *cfg, const data_paths *d);
 
 // Every data.text source exists; else an error naming it and how to point at the text.
-moe_status run_data_check_text(const moe_train_config *cfg);
+moe_status moe_run_data_check_text(const moe_train_config *cfg);
 
 // Token files: data.train / data.val, else data.dir/{train,val}.bin, prepared from
 // data.text when missing. Prints the run's tokenizer and what it prepared. Errors name the
 // config key of the path.
-moe_status run_data_open(const moe_train_config *cfg, token_file *train, token_file *val);
+moe_status moe_run_data_open(const moe_train_config *cfg, moe_token_file *train,
+                             moe_token_file *val);
 
 // Prefixes the last error with the config key a path came from: "KEY = 'PATH': message"
 // (the data keys here; the trainer names model.device and train.init_from the same way).
-moe_status trainer_key_error(moe_status st, const char *key, const char *path);
+moe_status moe_trainer_key_error(moe_status st, const char *key, const char *path);
 
 #endif

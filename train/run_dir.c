@@ -40,7 +40,7 @@ static int nonempty_dir(const char *path) {
     return found;
 }
 
-int trainer_run_dir_holds(const char *run_dir, char *what, size_t n) {
+int moe_trainer_run_dir_holds(const char *run_dir, char *what, size_t n) {
     static const char *names[] = {"metrics.jsonl", "expert_load.jsonl", "ckpt/"};
     char path[MOE_PATH_MAX + 32];
     int found = 0;
@@ -83,7 +83,7 @@ static moe_status delete_checkpoint_folder(const char *path) {
     return st;
 }
 
-moe_status trainer_clear_run_dir(const char *run_dir) {
+moe_status moe_trainer_clear_run_dir(const char *run_dir) {
     static const char *files[] = {"metrics.jsonl",     "expert_load.jsonl",     "config.cfg",
                                   "metrics.jsonl.tmp", "expert_load.jsonl.tmp", "config.cfg.tmp",
                                   "ckpt/latest",       "ckpt/latest.tmp"};
@@ -112,13 +112,13 @@ moe_status trainer_clear_run_dir(const char *run_dir) {
     return st;
 }
 
-moe_status trainer_resolve_resume(char *out, size_t n, const char *arg) {
+moe_status moe_trainer_resolve_resume(char *out, size_t n, const char *arg) {
     char path[MOE_PATH_MAX + 32];
     struct stat sb;
     snprintf(out, n, "%s", arg);
     if (stat(arg, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return MOE_OK;                                       // `latest`, or missing:
-                                                             // checkpoint_load says so
+                                                             // moe_checkpoint_load says so
     static const char *latest[] = {"ckpt/latest", "latest"}; // a run dir, its ckpt folder
     for (int i = 0; i < 2; i++) {
         snprintf(path, sizeof path, "%s/%s", arg, latest[i]);
@@ -142,7 +142,7 @@ moe_status trainer_resolve_resume(char *out, size_t n, const char *arg) {
 
 // Written to config.cfg.tmp and renamed: a reader (moe stats --watch on a starting run) sees
 // no config.cfg or the whole one, never a partial file whose missing keys read as defaults.
-moe_status run_dir_write_config(const moe_train_config *cfg) {
+moe_status moe_run_dir_write_config(const moe_train_config *cfg) {
     char path[MOE_PATH_MAX + 32], tmp[MOE_PATH_MAX + 48];
     snprintf(path, sizeof path, "%s/config.cfg", cfg->run_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -151,7 +151,7 @@ moe_status run_dir_write_config(const moe_train_config *cfg) {
         return moe_error(MOE_EIO, "%s: cannot write the resolved config: %s", tmp, strerror(errno));
     moe_status st = moe_train_config_write(cfg, f);
     if (st) fclose(f);
-    if (!st) st = file_close_checked(f, tmp); // a full disk shows here at the latest
+    if (!st) st = moe_file_close_checked(f, tmp); // a full disk shows here at the latest
     if (!st && rename(tmp, path) != 0)
         st = moe_error(MOE_EIO, "%s: cannot rename to config.cfg: %s", tmp, strerror(errno));
     if (st) remove(tmp);
@@ -162,15 +162,16 @@ moe_status run_dir_write_config(const moe_train_config *cfg) {
 
 // A resume of a run that is already at (or past) train.steps: *finished = its step, after
 // checking that the checkpoint is intact (a damaged one is an error, as for a real resume).
-// Nothing is decided (0) when the state cannot be read: checkpoint_load then says why.
-moe_status run_dir_resume_finished(const char *resume, int64_t steps, int64_t *finished) {
+// Nothing is decided (0) when the state cannot be read: moe_checkpoint_load then says why.
+moe_status moe_run_dir_resume_finished(const char *resume, int64_t steps, int64_t *finished) {
     char folder[MOE_PATH_MAX + 64];
-    checkpoint_state cs;
+    moe_checkpoint_state cs;
     *finished = 0;
-    if (checkpoint_resolve(folder, sizeof folder, resume) || checkpoint_state_read(&cs, folder))
+    if (moe_checkpoint_resolve(folder, sizeof folder, resume) ||
+        moe_checkpoint_state_read(&cs, folder))
         return MOE_OK;
     if (cs.ts.step < steps) return MOE_OK;
-    moe_status st = checkpoint_verify(folder);
+    moe_status st = moe_checkpoint_verify(folder);
     if (st) return st;
     *finished = cs.ts.step;
     return MOE_OK;
@@ -179,12 +180,14 @@ moe_status run_dir_resume_finished(const char *resume, int64_t steps, int64_t *f
 // Warnings for a schedule that changed since the checkpoint (trainer_state.json "schedule":
 // kind, lr, min_lr, warmup_steps, steps): the run continues on the new schedule. A changed
 // train.steps matters to the cosine schedule only (the constant one does not depend on it).
-void run_dir_warn_schedule_change(const moe_train_config *cfg, const char *resume, int64_t step) {
+void moe_run_dir_warn_schedule_change(const moe_train_config *cfg, const char *resume,
+                                      int64_t step) {
     char folder[MOE_PATH_MAX + 64], path[MOE_PATH_MAX + 96];
-    if (checkpoint_resolve(folder, sizeof folder, resume)) return;
+    if (moe_checkpoint_resolve(folder, sizeof folder, resume)) return;
     snprintf(path, sizeof path, "%s/trainer_state.json", folder);
     cJSON *state;
-    if (file_read_json_object(path, (size_t)64 << 20, &state)) return; // checkpoint_load read it
+    if (moe_file_read_json_object(path, (size_t)64 << 20, &state))
+        return; // moe_checkpoint_load read it
     const cJSON *sch = cJSON_GetObjectItemCaseSensitive(state, "schedule");
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(sch, "kind");
     const cJSON *num[4] = {cJSON_GetObjectItemCaseSensitive(sch, "lr"),
@@ -199,7 +202,7 @@ void run_dir_warn_schedule_change(const moe_train_config *cfg, const char *resum
         return;
     }
     const int was_constant = !strcmp(kind->valuestring, "constant");
-    const int constant = cfg->schedule == SCHEDULE_CONSTANT;
+    const int constant = cfg->schedule == MOE_SCHEDULE_CONSTANT;
     const double was[4] = {num[0]->valuedouble, num[1]->valuedouble, num[2]->valuedouble,
                            num[3]->valuedouble};
     const double now[4] = {cfg->lr, cfg->min_lr, (double)cfg->warmup_steps, (double)cfg->steps};
@@ -232,8 +235,8 @@ void run_dir_warn_schedule_change(const moe_train_config *cfg, const char *resum
     if (changed)
         printf("  the learning rate at step %lld: %.3e (the checkpoint's schedule: %.3e)\n",
                (long long)step + 1,
-               lr_at_step(constant ? SCHEDULE_CONSTANT : SCHEDULE_COSINE, now[0], now[1],
-                          (int64_t)now[2], (int64_t)now[3], step),
-               lr_at_step(was_constant ? SCHEDULE_CONSTANT : SCHEDULE_COSINE, was[0], was[1],
-                          (int64_t)was[2], (int64_t)was[3], step));
+               moe_lr_at_step(constant ? MOE_SCHEDULE_CONSTANT : MOE_SCHEDULE_COSINE, now[0],
+                              now[1], (int64_t)now[2], (int64_t)now[3], step),
+               moe_lr_at_step(was_constant ? MOE_SCHEDULE_CONSTANT : MOE_SCHEDULE_COSINE, was[0],
+                              was[1], (int64_t)was[2], (int64_t)was[3], step));
 }

@@ -12,7 +12,7 @@
 #include "train/run_data.h"
 #include "train/trainer.h"
 
-void run_header_bytes(char *buf, size_t n, double b) {
+void moe_run_header_bytes(char *buf, size_t n, double b) {
     const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
     while (b >= 1024 && u < 4) b /= 1024, u++;
@@ -45,11 +45,11 @@ typedef struct {
     size_t params, grads, optimizer, activations, experts; // bytes; activations without experts
 } run_memory;
 
-// The memory of a training model as allocated (model_memory), with the optimizer's state.
-static run_memory memory_of(const model *m, const moe_train_config *cfg) {
+// The memory of a training model as allocated (moe_model_memory), with the optimizer's state.
+static run_memory memory_of(const moe_model *m, const moe_train_config *cfg) {
     run_memory r = {0};
     size_t acts;
-    model_memory(m, &r.params, &r.grads, &acts);
+    moe_model_memory(m, &r.params, &r.grads, &acts);
     for (int l = 0; l < m->n_moe; l++) r.experts += m->moe[l].bytes;
     r.activations = acts - r.experts;
     r.optimizer =
@@ -59,7 +59,7 @@ static run_memory memory_of(const model *m, const moe_train_config *cfg) {
 
 // model, parameter counts, FLOPs per token, memory (NULL: not measured, why in mem_note),
 // the data line, BLAS and threads.
-static void print_header(const moe_train_config *cfg, const model_config *mc, size_t n_params,
+static void print_header(const moe_train_config *cfg, const moe_model_config *mc, size_t n_params,
                          size_t n_dense, const run_memory *mem, const char *mem_note,
                          const char *data_line, moe_backend *be) {
     const int L = mc->n_layers, E = mc->moe.n_experts, k = mc->moe.top_k;
@@ -90,12 +90,12 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
            si(f4, sizeof f4, 3 * fwd));
     if (mem) {
         char p[32], g[32], o[32], act[32], ex[32], all[32];
-        run_header_bytes(p, sizeof p, (double)mem->params);
-        run_header_bytes(g, sizeof g, (double)mem->grads);
-        run_header_bytes(o, sizeof o, (double)mem->optimizer);
-        run_header_bytes(act, sizeof act, (double)mem->activations);
-        run_header_bytes(ex, sizeof ex, (double)mem->experts);
-        run_header_bytes(
+        moe_run_header_bytes(p, sizeof p, (double)mem->params);
+        moe_run_header_bytes(g, sizeof g, (double)mem->grads);
+        moe_run_header_bytes(o, sizeof o, (double)mem->optimizer);
+        moe_run_header_bytes(act, sizeof act, (double)mem->activations);
+        moe_run_header_bytes(ex, sizeof ex, (double)mem->experts);
+        moe_run_header_bytes(
             all, sizeof all,
             (double)(mem->params + mem->grads + mem->optimizer + mem->activations + mem->experts));
         printf("memory (%s, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
@@ -115,17 +115,17 @@ static void print_header(const moe_train_config *cfg, const model_config *mc, si
            cfg->threads > 0 ? " (train.threads)" : " (automatic)");
 }
 
-// What run_data_open would read, without reading or preparing anything.
+// What moe_run_data_open would read, without reading or preparing anything.
 static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
     data_paths d;
-    run_data_paths(cfg, &d);
+    moe_run_data_paths(cfg, &d);
     size_t at = (size_t)snprintf(buf, n, "data:");
     for (int i = 0; i < 2 && at < n; i++) {
         struct stat sb;
         char size[32];
         const char *what = size;
         if (stat(d.path[i], &sb) == 0)
-            run_header_bytes(size, sizeof size, (double)sb.st_size);
+            moe_run_header_bytes(size, sizeof size, (double)sb.st_size);
         else if (d.from_dir && cfg->n_text)
             what = "missing: prepared from data.text by the run";
         else
@@ -138,7 +138,7 @@ static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
                  cfg->seq_len, cfg->grad_accum, cfg->grad_accum == 1 ? "" : "es");
 }
 
-moe_status trainer_dry_run(const moe_train_config *cfg) {
+moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
     printf("# the resolved config: %s with the --set overrides, every key\n",
            cfg->source[0] ? cfg->source : "(defaults)");
     moe_status st = moe_train_config_write(cfg, stdout);
@@ -147,32 +147,32 @@ moe_status trainer_dry_run(const moe_train_config *cfg) {
     moe_backend *be;
     const moe_backend_options bo = {.threads = cfg->threads, .tf32 = cfg->tf32};
     if ((st = moe_backend_create(&be, cfg->device, &bo)))
-        return trainer_key_error(st, "model.device", cfg->device);
-    model_config mc = trainer_model_config(cfg);
-    const size_t n_params = model_param_count(&mc);
+        return moe_trainer_key_error(st, "model.device", cfg->device);
+    moe_model_config mc = moe_trainer_model_config(cfg);
+    const size_t n_params = moe_model_param_count(&mc);
     const size_t n_dense =
         n_params - (size_t)mc.n_layers * mc.moe.n_experts * 3 * (size_t)mc.d_model * mc.moe.d_ff;
     char data_line[3 * MOE_PATH_MAX + 256];
     dry_data_line(cfg, data_line, sizeof data_line);
     // the model allocated as the run would (not initialised, no data): its real buffers
-    model m = {0};
+    moe_model m = {0};
     run_memory mem;
-    st = model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
+    st = moe_model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
     if (!st) mem = memory_of(&m, cfg);
     print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line, be);
     if (st) fprintf(stderr, "warning: the model does not allocate here: %s\n", moe_last_error());
-    model_destroy(&m);
+    moe_model_destroy(&m);
     moe_backend_destroy(be);
     data_paths d;
-    run_data_paths(cfg, &d);
-    if (run_data_from_text(cfg, &d) && run_data_check_text(cfg))
+    moe_run_data_paths(cfg, &d);
+    if (moe_run_data_from_text(cfg, &d) && moe_run_data_check_text(cfg))
         fprintf(stderr, "warning: moe train would stop here: %s\n", moe_last_error());
     return MOE_OK;
 }
 
-void run_header_print(const moe_train_config *cfg, const model *m, moe_backend *be,
-                      const token_file *train, const token_file *val, int ranks,
-                      const char *transport) {
+void moe_run_header_print(const moe_train_config *cfg, const moe_model *m, moe_backend *be,
+                          const moe_token_file *train, const moe_token_file *val, int ranks,
+                          const char *transport) {
     const int E = m->cfg.moe.n_experts;
     char data_line[2 * MOE_PATH_MAX + 256];
     snprintf(data_line, sizeof data_line,

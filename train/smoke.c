@@ -67,15 +67,15 @@ static void min_step_share(const char *run_dir, int L, int E, int k, double *min
 }
 
 static const cli_option smoke_options[] = {
-    {"CONFIG", CLI_POSITIONAL(smoke_opts, config), .flags = CLI_REQUIRED,
+    {"CONFIG", CLI_POSITIONAL(moe_smoke_opts, config), .flags = CLI_REQUIRED,
      .expect = "a CONFIG file"},
-    {"--steps", CLI_INT(smoke_opts, steps), .value = "N", .lo = 1, .hi = 1000000, .def = "10",
+    {"--steps", CLI_INT(moe_smoke_opts, steps), .value = "N", .lo = 1, .hi = 1000000, .def = "10",
      .help = "steps to run, in [1, 1000000]"},
-    {"--set", CLI_LIST(smoke_opts, sets), .value = "group.key=value",
+    {"--set", CLI_LIST(moe_smoke_opts, sets), .value = "group.key=value",
      .help = "override a config key (as for moe train)"},
     {0}};
 
-const cli_command smoke_cli = {
+const cli_command moe_smoke_cli = {
     .name = "moe smoke",
     .about =
         "  Runs the first N steps of the config (its schedule unchanged; no checkpoint; logs in\n"
@@ -92,7 +92,7 @@ const cli_command smoke_cli = {
 // warmup longer than the smoke simply does not finish; *full_steps: train.steps), logs in
 // log.dir/smoke, and the training alert rule as "stop": a sustained alert ends the smoke, and
 // fails it.
-static moe_train_config *smoke_config(const smoke_opts *o, int64_t *full_steps) {
+static moe_train_config *smoke_config(const moe_smoke_opts *o, int64_t *full_steps) {
     moe_train_config *cfg = malloc(sizeof *cfg);
     if (!cfg || moe_train_config_load(cfg, o->config, o->sets.n, (char *const *)o->sets.v))
         moe_fatal("%s", moe_last_error());
@@ -134,8 +134,8 @@ typedef struct {
 
 // Layer l's dead experts (dead of them, none of the layer's total assignments): a failure when
 // the configured capacity dropped assignments (dropped) in the layer, else a note.
-static void dead_experts(smoke_gate *g, const moe_train_config *cfg, const trainer_result *r, int l,
-                         int dead, long dropped, long total) {
+static void dead_experts(smoke_gate *g, const moe_train_config *cfg, const moe_trainer_result *r,
+                         int l, int dead, long dropped, long total) {
     const int E = r->n_experts;
     const long *c = r->routed + (size_t)l * E;
     char list[256];
@@ -158,7 +158,7 @@ static void dead_experts(smoke_gate *g, const moe_train_config *cfg, const train
 // Layer l's line of the load table, and its collapse and dead-expert checks (min_share: the
 // least per-step share of its hottest expert).
 static void layer_load(smoke_gate *g, smoke_found *f, const moe_train_config *cfg,
-                       const trainer_result *r, int l, double min_share) {
+                       const moe_trainer_result *r, int l, double min_share) {
     const int E = r->n_experts, k = cfg->model.moe.top_k;
     const long *c = r->routed + (size_t)l * E, *kept = r->kept + (size_t)l * E;
     long total = 0, dropped = 0;
@@ -195,7 +195,7 @@ static void layer_load(smoke_gate *g, smoke_found *f, const moe_train_config *cf
 }
 
 // The router-logit distribution of the last step, per layer.
-static void router_logits(smoke_found *f, const trainer_result *r) {
+static void router_logits(smoke_found *f, const moe_trainer_result *r) {
     printf("\nrouter logits (last step): layer: mean std max|z| mean-logsumexp\n");
     f->nonfinite = -1;
     for (int l = 0; l < r->n_layers && r->steps_done > 0; l++) {
@@ -213,8 +213,8 @@ static void router_logits(smoke_found *f, const trainer_result *r) {
 }
 
 // Drops, the exchange volume, memory and throughput.
-static void resources(const smoke_found *f, const moe_train_config *cfg, const trainer_result *r,
-                      long steps) {
+static void resources(const smoke_found *f, const moe_train_config *cfg,
+                      const moe_trainer_result *r, long steps) {
     const int L = r->n_layers, k = cfg->model.moe.top_k;
     printf("\ntokens dropped: %ld of %ld assignments (%.2f%%), capacity_factor %g\n", f->dropped,
            f->routed, f->routed ? 100.0 * f->dropped / f->routed : 0.0,
@@ -226,11 +226,11 @@ static void resources(const smoke_found *f, const moe_train_config *cfg, const t
            " x 2 (forward, backward) = %.1f MiB per step)\n",
            per_step, cfg->model.d_model, L, per_step * row_bytes * 4 * L / (1 << 20));
     char pb[32], gb[32], ob[32], ab[32], tb[32];
-    run_header_bytes(pb, sizeof pb, (double)r->param_bytes);
-    run_header_bytes(gb, sizeof gb, (double)r->grad_bytes);
-    run_header_bytes(ob, sizeof ob, (double)r->optimizer_bytes);
-    run_header_bytes(ab, sizeof ab, (double)r->activation_bytes);
-    run_header_bytes(
+    moe_run_header_bytes(pb, sizeof pb, (double)r->param_bytes);
+    moe_run_header_bytes(gb, sizeof gb, (double)r->grad_bytes);
+    moe_run_header_bytes(ob, sizeof ob, (double)r->optimizer_bytes);
+    moe_run_header_bytes(ab, sizeof ab, (double)r->activation_bytes);
+    moe_run_header_bytes(
         tb, sizeof tb,
         (double)(r->param_bytes + r->grad_bytes + r->optimizer_bytes + r->activation_bytes));
     printf("memory (fp32, as allocated): parameters %s, gradients %s, optimizer %s, activations "
@@ -243,7 +243,7 @@ static void resources(const smoke_found *f, const moe_train_config *cfg, const t
 
 // The checks of the whole run: skipped steps or an early stop (stopped: why), non-finite or
 // saturated router logits, a sustained load alert.
-static void run_checks(smoke_gate *g, const smoke_found *f, const trainer_result *r,
+static void run_checks(smoke_gate *g, const smoke_found *f, const moe_trainer_result *r,
                        const char *stopped, int load_stop) {
     const int other_stop = stopped[0] && !load_stop;
     if (r->skipped || other_stop)
@@ -289,14 +289,14 @@ static void verdict(const smoke_gate *g, const smoke_found *f, const moe_train_c
            rule);
 }
 
-int smoke_run(const smoke_opts *o) {
+int moe_smoke_run(const moe_smoke_opts *o) {
     int64_t full_steps;
     moe_train_config *cfg = smoke_config(o, &full_steps);
     const long steps = (long)o->steps;
-    trainer_hooks hooks = {
+    moe_trainer_hooks hooks = {
         .nan_from = -1, .nan_to = -1, .no_checkpoint = 1, .schedule_steps = full_steps};
-    trainer_result r;
-    moe_status st = trainer_run(cfg, NULL, &hooks, &r);
+    moe_trainer_result r;
+    moe_status st = moe_trainer_run(cfg, NULL, &hooks, &r);
     char stopped[1024] = ""; // why the trainer stopped early: non-finite steps, or a load alert
     if (st == MOE_ENUMERIC)
         snprintf(stopped, sizeof stopped, "%s", moe_last_error());
@@ -317,16 +317,16 @@ int smoke_run(const smoke_opts *o) {
     run_checks(&g, &f, &r, stopped, load_stop);
     verdict(&g, &f, cfg, steps);
     free(min_share);
-    trainer_result_free(&r);
+    moe_trainer_result_free(&r);
     free(cfg);
     return g.failed ? 1 : 0;
 }
 
-int smoke_main(int argc, char **argv) {
-    smoke_opts o = {0};
-    int rc = cli_args(&smoke_cli, argc, argv, &o, stdout, stderr);
+int moe_smoke_main(int argc, char **argv) {
+    moe_smoke_opts o = {0};
+    int rc = cli_args(&moe_smoke_cli, argc, argv, &o, stdout, stderr);
     if (rc != CLI_RUN) return rc;
-    rc = smoke_run(&o);
-    cli_free(&smoke_cli, &o);
+    rc = moe_smoke_run(&o);
+    cli_free(&moe_smoke_cli, &o);
     return rc;
 }

@@ -17,12 +17,12 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-double step_log_median(double *v, int n) {
+double moe_step_log_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-void step_load_reset(step_load *s, int L, int E) {
+void moe_step_load_reset(moe_step_load *s, int L, int E) {
     memset(s->routed, 0, (size_t)L * E * sizeof(long));
     memset(s->kept, 0, (size_t)L * E * sizeof(long));
     memset(s->entropy, 0, (size_t)L * sizeof(double));
@@ -32,12 +32,12 @@ void step_load_reset(step_load *s, int L, int E) {
     s->micro = 0;
 }
 
-void step_load_add(step_load *s, const model *m) {
+void moe_step_load_add(moe_step_load *s, const moe_model *m) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     for (int l = 0; l < L; l++) {
         const moe_stats *st = &m->moe_stats[l];
         for (int e = 0; e < E; e++) { // slot e, global expert g
-            const size_t g = (size_t)model_expert_global(m, e);
+            const size_t g = (size_t)moe_model_expert_global(m, e);
             s->routed[(size_t)l * E + g] += st->routed[e];
             s->kept[(size_t)l * E + g] += st->kept[e];
             s->micro_routed[((size_t)s->micro * L + l) * E + g] = st->routed[e];
@@ -50,12 +50,12 @@ void step_load_add(step_load *s, const model *m) {
     s->micro++;
 }
 
-void alert_window_free(alert_window *w) {
+void moe_alert_window_free(moe_alert_window *w) {
     free(w->step), free(w->mom), free(w->hot), free(w->last_seen), free(w->scratch), free(w->votes);
     memset(w, 0, sizeof *w);
 }
 
-int alert_window_init(alert_window *w, int64_t W, int L, int E) {
+int moe_alert_window_init(moe_alert_window *w, int64_t W, int L, int E) {
     memset(w, 0, sizeof *w);
     w->W = W;
     w->step = calloc((size_t)W, sizeof *w->step);
@@ -65,17 +65,17 @@ int alert_window_init(alert_window *w, int64_t W, int L, int E) {
     w->scratch = calloc((size_t)W, sizeof *w->scratch);
     w->votes = calloc((size_t)E, sizeof *w->votes);
     if (w->step && w->mom && w->hot && w->last_seen && w->scratch && w->votes) return 0;
-    alert_window_free(w);
+    moe_alert_window_free(w);
     return -1;
 }
 
 // The verdict of layer l on the window ending with the latest push (w->n == W).
-static alert_verdict alert_window_eval(alert_window *w, int l, int E, double threshold) {
-    alert_verdict v = {0};
+static moe_alert_verdict alert_window_eval(moe_alert_window *w, int l, int E, double threshold) {
+    moe_alert_verdict v = {0};
     const int64_t W = w->W;
     v.from = w->step[w->head], v.to = w->step[(w->head + W - 1) % W];
     memcpy(w->scratch, w->mom + (size_t)l * W, (size_t)W * sizeof *w->scratch);
-    v.median = step_log_median(w->scratch, (int)W);
+    v.median = moe_step_log_median(w->scratch, (int)W);
     v.overload = v.median > threshold;
     memset(w->votes, 0, (size_t)E * sizeof *w->votes);
     for (int64_t i = 0; i < W; i++) w->votes[w->hot[(size_t)l * W + i]]++;
@@ -165,7 +165,7 @@ static void trainer_log_expert_time(trainer *t, int l, cJSON *rec) {
     long rows = 0;
     int hot = -1, cold = -1; // global experts of this rank's slots
     for (int s = t->m.expert0; s < t->m.expert0 + t->m.E_local; s++) {
-        const int e = model_expert_global(&t->m, s);
+        const int e = moe_model_expert_global(&t->m, s);
         rows += kept[e];
         if (hot < 0 || kept[e] > kept[hot]) hot = e;
         if (cold < 0 || kept[e] < kept[cold]) cold = e;
@@ -182,20 +182,20 @@ static void trainer_log_expert_time(trainer *t, int l, cJSON *rec) {
 static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, double mom, double cv,
                                     long dropped) {
     const int L = t->L, E = t->E;
-    const step_load *sl = &t->sl;
+    const moe_step_load *sl = &t->sl;
     const long *routed = sl->routed + (size_t)l * E, *kept = sl->kept + (size_t)l * E;
     cJSON *rec = cJSON_CreateObject();
     cJSON_AddNumberToObject(rec, "step", (double)s->step + 1);
     cJSON_AddNumberToObject(rec, "layer", l);
     cJSON_AddNumberToObject(rec, "tokens", (double)t->T * sl->micro);
     cJSON_AddNumberToObject(rec, "capacity", t->m.moe_stats[l].capacity);
-    cJSON_AddItemToObject(rec, "counts", json_int_array(routed, E));
-    cJSON_AddItemToObject(rec, "kept", json_int_array(kept, E));
+    cJSON_AddItemToObject(rec, "counts", moe_json_int_array(routed, E));
+    cJSON_AddItemToObject(rec, "kept", moe_json_int_array(kept, E));
     if (sl->micro > 1) {
         cJSON *micro = cJSON_AddArrayToObject(rec, "micro_counts");
         for (int i = 0; i < sl->micro; i++)
             cJSON_AddItemToArray(micro,
-                                 json_int_array(sl->micro_routed + ((size_t)i * L + l) * E, E));
+                                 moe_json_int_array(sl->micro_routed + ((size_t)i * L + l) * E, E));
     }
     cJSON_AddNumberToObject(rec, "dropped", (double)dropped);
     cJSON_AddNumberToObject(rec, "max_over_mean", mom);
@@ -211,7 +211,7 @@ static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, dou
             return moe_error(MOE_ENOMEM, "trainer: out of memory");
         }
         t->be->copy_to_host(t->be, b, t->m.router_bias + (size_t)l * E, (size_t)E * sizeof(real));
-        model_placement_permute(&t->m, b, 1, 1, 1); // global expert order
+        moe_model_placement_permute(&t->m, b, 1, 1, 1); // global expert order
         cJSON *arr = cJSON_AddArrayToObject(rec, "bias");
         for (int e = 0; e < E; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(b[e]));
         free(b);
@@ -239,14 +239,14 @@ static moe_status trainer_log_layer(trainer *t, const step_result *s, int l, dou
         cJSON_AddNumberToObject(rec, "exchange_bytes", 0);
         cJSON_AddNumberToObject(rec, "exchange_s", 0);
     }
-    return jsonl_write(&t->load_log, rec);
+    return moe_jsonl_write(&t->load_log, rec);
 }
 
 // Expert load, one record per MoE layer; the load alert's window gets the step's values;
 // the result sums the run's counts.
-moe_status trainer_log_load(trainer *t, step_result *s) {
+moe_status moe_trainer_log_load(trainer *t, step_result *s) {
     const int L = t->L, E = t->E;
-    alert_window *aw = &t->aw;
+    moe_alert_window *aw = &t->aw;
     double drop_sum = 0, routed_sum = 0;
     moe_status st;
     s->worst_mom = 0, s->worst_layer = 0;
@@ -299,7 +299,7 @@ static void trainer_log_time(trainer *t, const step_result *s, cJSON *rec) {
 }
 
 // The step's metrics.jsonl record.
-moe_status trainer_log_metrics(trainer *t, const step_result *s) {
+moe_status moe_trainer_log_metrics(trainer *t, const step_result *s) {
     cJSON *rec = cJSON_CreateObject();
     cJSON_AddNumberToObject(rec, "step", (double)s->step + 1);
     cJSON_AddNumberToObject(rec, "loss", s->loss);
@@ -317,7 +317,7 @@ moe_status trainer_log_metrics(trainer *t, const step_result *s) {
     cJSON_AddNumberToObject(rec, "capacity_factor", s->capacity_factor);
     if (t->cfg->timing) trainer_log_time(t, s, rec);
     if (s->capacity_decided) {
-        const capacity_decision *d = &s->capacity;
+        const moe_capacity_decision *d = &s->capacity;
         cJSON *c = cJSON_AddObjectToObject(rec, "capacity_decision");
         cJSON_AddNumberToObject(c, "old", d->old_factor);
         cJSON_AddNumberToObject(c, "new", d->new_factor);
@@ -325,12 +325,12 @@ moe_status trainer_log_metrics(trainer *t, const step_result *s) {
         cJSON_AddNumberToObject(c, "layer", d->p99_layer);
         cJSON_AddStringToObject(c, "why", d->why);
     }
-    return jsonl_write(&t->metrics, rec);
+    return moe_jsonl_write(&t->metrics, rec);
 }
 
 // train.load_alert_action = "stop": the error of the first step in alert.
 static moe_status alert_stop(const moe_train_config *cfg, int64_t step, int l,
-                             const alert_verdict *v) {
+                             const moe_alert_verdict *v) {
     char why[400];
     if (v->overload)
         snprintf(why, sizeof why,
@@ -349,19 +349,19 @@ static moe_status alert_stop(const moe_train_config *cfg, int64_t step, int l,
 
 // The load alert: past the grace, the step enters the window; on a full window each layer's
 // verdict stops the run ("stop") or is kept for the next console line ("warn").
-moe_status trainer_alerts(trainer *t, int64_t step) {
+moe_status moe_trainer_alerts(trainer *t, int64_t step) {
     const moe_train_config *cfg = t->cfg;
-    alert_window *aw = &t->aw;
+    moe_alert_window *aw = &t->aw;
     if (step + 1 > cfg->alert_after) {
         aw->step[aw->head] = step + 1;
         aw->head = (aw->head + 1) % aw->W;
         if (aw->n < aw->W) aw->n++;
     }
     for (int l = 0; aw->n == aw->W && l < t->L; l++) {
-        const alert_verdict v = alert_window_eval(aw, l, t->E, cfg->load_alert);
+        const moe_alert_verdict v = alert_window_eval(aw, l, t->E, cfg->load_alert);
         if (!v.overload && !v.n_dead) continue;
         if (cfg->load_alert_action == MOE_ALERT_STOP) return alert_stop(cfg, step, l, &v);
-        load_alert *a = &t->alerts[l];
+        moe_load_alert *a = &t->alerts[l];
         if (v.overload) {
             if (!a->n_load || v.median > a->load.median) a->load = v, a->step = step + 1;
             a->n_load++;
@@ -375,7 +375,7 @@ moe_status trainer_alerts(trainer *t, int64_t step) {
 static void trainer_print_alerts(trainer *t) {
     const moe_train_config *cfg = t->cfg;
     for (int l = 0; l < t->L; l++) {
-        const load_alert *a = &t->alerts[l];
+        const moe_load_alert *a = &t->alerts[l];
         if (a->n_load)
             fprintf(stderr,
                     "warning: step %lld layer %d: median max/mean load %.2f over steps "
@@ -394,7 +394,7 @@ static void trainer_print_alerts(trainer *t) {
 }
 
 // The console line, every log.interval steps, at the first, the last and on validation.
-void trainer_print_step(trainer *t, const step_result *s) {
+void moe_trainer_print_step(trainer *t, const step_result *s) {
     const moe_train_config *cfg = t->cfg;
     const int64_t step = s->step;
     if (!((step + 1) % cfg->interval == 0 || step == 0 || step + 1 == cfg->steps || s->evaluated))
@@ -410,5 +410,5 @@ void trainer_print_step(trainer *t, const step_result *s) {
     if (s->evaluated) printf(" | val %.4f", s->val_loss);
     printf("\n");
     fflush(stdout);
-    trainer_print_alerts(t); // warn ("stop" acted in trainer_alerts, on every step)
+    trainer_print_alerts(t); // warn ("stop" acted in moe_trainer_alerts, on every step)
 }

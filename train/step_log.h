@@ -21,12 +21,12 @@ typedef struct {
                          // capacity planning (moe stats --capacity) needs each one's counts
     double *entropy, *aux, *seq_aux, *z; // [L], summed over micro-batches
     int micro;
-} step_load;
+} moe_step_load;
 
-void step_load_reset(step_load *s, int L, int E);
+void moe_step_load_reset(moe_step_load *s, int L, int E);
 
 // Adds the model's statistics of the micro-batch it just ran (s->micro-th of the step).
-void step_load_add(step_load *s, const model *m);
+void moe_step_load_add(moe_step_load *s, const moe_model *m);
 
 // The load alert (README "Expert load: monitoring and balancing"). Steps up to
 // log.alert_after are a warm-up grace: they never enter the window. The window is the last
@@ -47,11 +47,11 @@ typedef struct {
     int64_t *last_seen; // [L][E] the last step with a token for the expert (0: none)
     double *scratch;    // [W]
     int *votes;         // [E]
-} alert_window;
+} moe_alert_window;
 
 // 0, or -1 (nothing allocated) when out of memory.
-int alert_window_init(alert_window *w, int64_t W, int L, int E);
-void alert_window_free(alert_window *w);
+int moe_alert_window_init(moe_alert_window *w, int64_t W, int L, int E);
+void moe_alert_window_free(moe_alert_window *w);
 
 // A layer's verdict on a full window: what fires, and what the messages name.
 typedef struct {
@@ -60,33 +60,33 @@ typedef struct {
     int expert;          // the expert hottest on the most of the window's steps (lowest on ties)
     long long from, to;  // the window's steps
     char dead_list[128]; // the dead experts' indexes (the first few)
-} alert_verdict;
+} moe_alert_verdict;
 
 // Per layer, since the previous console line: the steps in alert for each condition, the
 // worst overload (the highest median) and the latest dead verdict, which the warnings name.
 typedef struct {
     long long n_load, n_dead, step, dead_step;
-    alert_verdict load, dead;
-} load_alert;
+    moe_alert_verdict load, dead;
+} moe_load_alert;
 
 // The median of v[0..n) (n > 0); sorts v.
-double step_log_median(double *v, int n);
+double moe_step_log_median(double *v, int n);
 
 // Expert load, one expert_load.jsonl record per MoE layer; the load alert's window gets the
 // step's values; the result sums the run's counts (and the step's tokens/s enters the median's
 // window). Sets s's load fields (worst_mom, worst_layer, drop_frac, tok_per_s, coact_log).
-moe_status trainer_log_load(struct trainer *t, struct step_result *s);
+moe_status moe_trainer_log_load(struct trainer *t, struct step_result *s);
 
 // The step's metrics.jsonl record.
-moe_status trainer_log_metrics(struct trainer *t, const struct step_result *s);
+moe_status moe_trainer_log_metrics(struct trainer *t, const struct step_result *s);
 
 // The load alert of step (0-based): past the grace, the step enters the window; on a full
 // window each layer's verdict stops the run (MOE_ENUMERIC, train.load_alert_action = "stop")
 // or is kept for the next console line ("warn").
-moe_status trainer_alerts(struct trainer *t, int64_t step);
+moe_status moe_trainer_alerts(struct trainer *t, int64_t step);
 
 // The console line, every log.interval steps, at the first, the last and on validation, and
 // the load warnings since the previous one.
-void trainer_print_step(struct trainer *t, const struct step_result *s);
+void moe_trainer_print_step(struct trainer *t, const struct step_result *s);
 
 #endif

@@ -26,40 +26,40 @@
 #include "train/step_log.h"
 #include "train/trainer_internal.h"
 
-model_config trainer_model_config(const moe_train_config *cfg) {
-    model_config m = cfg->model;
+moe_model_config moe_trainer_model_config(const moe_train_config *cfg) {
+    moe_model_config m = cfg->model;
     m.moe.d_model = m.d_model;          // not keys of their own: they follow from
     m.router_bias = cfg->bias_rate > 0; // model.d_model and model.bias_rate
     return m;
 }
 
-uint64_t trainer_noise_key(uint64_t seed, int64_t step, int micro) {
+uint64_t moe_trainer_noise_key(uint64_t seed, int64_t step, int micro) {
     return moe_mix64(seed ^ moe_mix64((uint64_t)step << 20 | (uint64_t)micro));
 }
 
 // The selection bias of every layer moves toward balance, by the step's routed counts (in
 // global expert order, so the bias is updated in it too).
-static void update_router_bias(model *m, const long *routed, double rate) {
+static void update_router_bias(moe_model *m, const long *routed, double rate) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     real *b = malloc((size_t)L * E * sizeof(real));
     if (!b) moe_fatal("out of memory");
     m->be->copy_to_host(m->be, b, m->router_bias, (size_t)L * E * sizeof(real));
-    model_placement_permute(m, b, L, 1, 1);
+    moe_model_placement_permute(m, b, L, 1, 1);
     for (int l = 0; l < L; l++)
         moe_router_bias_update(b + (size_t)l * E, routed + (size_t)l * E, E, rate);
-    model_placement_permute(m, b, L, 1, 0);
+    moe_model_placement_permute(m, b, L, 1, 0);
     m->be->copy_to_device(m->be, m->router_bias, b, (size_t)L * E * sizeof(real));
     free(b);
 }
 
-void trainer_result_free(trainer_result *r) {
+void moe_trainer_result_free(moe_trainer_result *r) {
     free(r->routed), free(r->kept), free(r->last_stats);
     r->routed = r->kept = NULL;
     r->last_stats = NULL;
 }
 
 // Dropless validation loss (inference mode, as `moe eval`), the same windows every time.
-static moe_status validate(model *m, const token_file *val, const moe_train_config *cfg,
+static moe_status validate(moe_model *m, const moe_token_file *val, const moe_train_config *cfg,
                            int *inputs, int *targets, double *loss) {
     data_loader vl;
     moe_status st =
@@ -68,7 +68,7 @@ static moe_status validate(model *m, const token_file *val, const moe_train_conf
     double sum = 0;
     for (int i = 0; i < cfg->eval_batches; i++) {
         data_loader_next(&vl, inputs, targets);
-        st = model_forward(m, inputs, targets, cfg->batch_size, cfg->seq_len, moe_pass_infer());
+        st = moe_model_forward(m, inputs, targets, cfg->batch_size, cfg->seq_len, moe_pass_infer());
         if (st && st != MOE_ENUMERIC) break;
         sum += m->ce;
         st = MOE_OK;
@@ -79,9 +79,9 @@ static moe_status validate(model *m, const token_file *val, const moe_train_conf
 }
 
 // The first tensor (in HF order) whose gradient has a non-finite element.
-static const char *first_nonfinite_grad(const model *m) {
+static const char *first_nonfinite_grad(const moe_model *m) {
     for (int i = 0; i < m->n_tensors; i++) {
-        const model_tensor *t = &m->tensors[i];
+        const moe_model_tensor *t = &m->tensors[i];
         double ss;
         m->be->sum_squares(m->be, &ss, m->grads + t->offset,
                            (size_t)t->rows * (t->cols ? t->cols : 1));
@@ -91,7 +91,8 @@ static const char *first_nonfinite_grad(const model *m) {
 }
 
 // Whether step (0-based) ends with a checkpoint: every checkpoint.interval steps and at the end.
-static int checkpoint_due(const moe_train_config *cfg, const trainer_hooks *hooks, int64_t step) {
+static int checkpoint_due(const moe_train_config *cfg, const moe_trainer_hooks *hooks,
+                          int64_t step) {
     if (hooks && hooks->no_checkpoint) return 0;
     return (cfg->ckpt_interval > 0 && (step + 1) % cfg->ckpt_interval == 0) ||
            step + 1 == cfg->steps;
@@ -144,9 +145,9 @@ static moe_status rank0_status(const trainer *t, moe_status st, const char *what
 // The token files; rank 0 prepares them from data.text when they are missing, the other ranks
 // read them once it has (and fail when it did).
 static moe_status trainer_open_data(trainer *t) {
-    moe_status st = t->rank == 0 ? run_data_open(t->cfg, &t->train, &t->val) : MOE_OK;
+    moe_status st = t->rank == 0 ? moe_run_data_open(t->cfg, &t->train, &t->val) : MOE_OK;
     if ((st = rank0_status(t, st, "open the data"))) return st;
-    return t->rank ? run_data_open(t->cfg, &t->train, &t->val) : MOE_OK;
+    return t->rank ? moe_run_data_open(t->cfg, &t->train, &t->val) : MOE_OK;
 }
 
 // The backend, the data, the model at its initialisation, the optimizer and the loader.
@@ -155,21 +156,21 @@ static moe_status trainer_open_model(trainer *t) {
     const moe_backend_options bo = {
         .threads = cfg->threads, .procs_per_node = moe_launch_local_size(), .tf32 = cfg->tf32};
     moe_status st = moe_backend_create(&t->be, cfg->device, &bo);
-    if (st) return trainer_key_error(st, "model.device", cfg->device);
+    if (st) return moe_trainer_key_error(st, "model.device", cfg->device);
     if ((st = trainer_open_transport(t))) return st;
     if ((st = trainer_open_groups(t))) return st;
     if ((st = trainer_open_data(t))) return st;
-    const model_config mc = trainer_model_config(cfg);
-    if ((st = model_create_parallel(&t->m, t->be, &mc, cfg->batch_size, cfg->seq_len, t->ep)))
+    const moe_model_config mc = moe_trainer_model_config(cfg);
+    if ((st = moe_model_create_parallel(&t->m, t->be, &mc, cfg->batch_size, cfg->seq_len, t->ep)))
         return st;
-    if (cfg->n_placement && (st = model_set_expert_placement(&t->m, cfg->expert_placement)))
+    if (cfg->n_placement && (st = moe_model_set_expert_placement(&t->m, cfg->expert_placement)))
         return st; // (the config checked that it is a permutation)
-    model_init_weights(&t->m, (uint64_t)cfg->seed, cfg->init_std);
+    moe_model_init_weights(&t->m, (uint64_t)cfg->seed, cfg->init_std);
     // weight decay on matrices; RMSNorm weights only with train.decay_norms
     t->regions = malloc((size_t)t->m.n_tensors * sizeof *t->regions);
     if (!t->regions) return out_of_memory();
     for (int i = 0; i < t->m.n_tensors; i++) {
-        const model_tensor *mt = &t->m.tensors[i];
+        const moe_model_tensor *mt = &t->m.tensors[i];
         t->regions[i].offset = mt->offset;
         t->regions[i].count = (size_t)mt->rows * (mt->cols ? mt->cols : 1);
         t->regions[i].decay = !mt->is_norm || cfg->decay_norms;
@@ -181,15 +182,15 @@ static moe_status trainer_open_model(trainer *t) {
         .eps = cfg->eps,
         .weight_decay = cfg->weight_decay,
     };
-    if ((st = optimizer_create(&t->opt, t->be, &oc, t->m.n_params, t->regions, t->m.n_tensors)))
+    if ((st = moe_optimizer_create(&t->opt, t->be, &oc, t->m.n_params, t->regions, t->m.n_tensors)))
         return st;
     return data_loader_init(&t->loader, &t->train, cfg->batch_size, cfg->seq_len,
                             (uint64_t)cfg->seed, t->rank, t->R);
 }
 
 // Auto capacity continues where the checkpoint was: its factor and its window's needs.
-static moe_status trainer_resume_capacity(trainer *t, const capacity_state *c) {
-    if (t->cap.plan.mode != CAPACITY_AUTO) return MOE_OK;
+static moe_status trainer_resume_capacity(trainer *t, const moe_capacity_state *c) {
+    if (t->cap.plan.mode != MOE_CAPACITY_AUTO) return MOE_OK;
     if (!c->present) {
         printf("note: %s has no auto capacity state (its run did not use capacity_factor = "
                "\"auto\"): auto capacity starts at %.4g with an empty window\n",
@@ -212,7 +213,7 @@ static moe_status trainer_resume(trainer *t) {
     const moe_train_config *cfg = t->cfg;
     train_state ts;
     moe_status st;
-    if ((st = checkpoint_load(t->resume, &t->m, &t->opt, &ts))) return st;
+    if ((st = moe_checkpoint_load(t->resume, &t->m, &t->opt, &ts))) return st;
     st = trainer_resume_capacity(t, &ts.capacity);
     free(ts.capacity.need);
     if (st || (st = data_loader_set_state(&t->loader, &ts.loader))) return st;
@@ -220,20 +221,20 @@ static moe_status trainer_resume(trainer *t) {
     t->consecutive_skips = ts.consecutive_skips;
     t->res.steps_done = t->start_step;
     printf("resumed from %s at step %lld\n", t->resume, (long long)t->start_step);
-    run_dir_warn_schedule_change(cfg, t->resume, t->start_step);
+    moe_run_dir_warn_schedule_change(cfg, t->resume, t->start_step);
     // the logs continue from the checkpoint: records of later steps are dropped
     if (t->rank) return MOE_OK; // rank 0 writes the logs
-    if ((st = jsonl_keep_until(cfg->run_dir, "metrics.jsonl", t->start_step))) return st;
-    return jsonl_keep_until(cfg->run_dir, "expert_load.jsonl", t->start_step);
+    if ((st = moe_jsonl_keep_until(cfg->run_dir, "metrics.jsonl", t->start_step))) return st;
+    return moe_jsonl_keep_until(cfg->run_dir, "expert_load.jsonl", t->start_step);
 }
 
 // train.init_from: the weights of an HF folder (or a checkpoint); errors name the key.
 static moe_status trainer_init_from(trainer *t) {
     char from[MOE_PATH_MAX + 64]; // a folder, or a `latest` file naming one
     moe_status st;
-    if ((st = checkpoint_resolve(from, sizeof from, t->cfg->init_from)) ||
-        (st = hf_config_check(from, &t->m.cfg)) || (st = hf_load_weights(&t->m, from)))
-        return trainer_key_error(st, "train.init_from", t->cfg->init_from);
+    if ((st = moe_checkpoint_resolve(from, sizeof from, t->cfg->init_from)) ||
+        (st = moe_hf_config_check(from, &t->m.cfg)) || (st = moe_hf_load_weights(&t->m, from)))
+        return moe_trainer_key_error(st, "train.init_from", t->cfg->init_from);
     printf("initialised from %s\n", from);
     return MOE_OK;
 }
@@ -242,7 +243,7 @@ static moe_status trainer_init_from(trainer *t) {
 // the result's sums over the run.
 static moe_status trainer_alloc(trainer *t) {
     const int L = t->L, E = t->E;
-    step_load *sl = &t->sl;
+    moe_step_load *sl = &t->sl;
     t->inputs = malloc(t->T * sizeof(int));
     t->targets = malloc(t->T * sizeof(int));
     sl->routed = malloc((size_t)L * E * sizeof(long));
@@ -255,20 +256,20 @@ static moe_status trainer_alloc(trainer *t) {
     t->alerts = calloc((size_t)L, sizeof *t->alerts);
     if (!t->inputs || !t->targets || !sl->routed || !sl->kept || !sl->micro_routed ||
         !sl->entropy || !sl->aux || !sl->seq_aux || !sl->z || !t->alerts ||
-        alert_window_init(&t->aw, t->cfg->alert_window, L, E))
+        moe_alert_window_init(&t->aw, t->cfg->alert_window, L, E))
         return out_of_memory();
     return MOE_OK;
 }
 
 // The result's per-expert sums and memory figures (after the header, as they always were).
 static moe_status trainer_alloc_result(trainer *t) {
-    trainer_result *r = &t->res;
+    moe_trainer_result *r = &t->res;
     r->n_layers = t->L, r->n_experts = t->E;
     r->routed = calloc((size_t)t->L * t->E, sizeof(long));
     r->kept = calloc((size_t)t->L * t->E, sizeof(long));
     r->last_stats = calloc((size_t)t->L, sizeof(moe_stats));
     if (!r->routed || !r->kept || !r->last_stats) return out_of_memory();
-    model_memory(&t->m, &r->param_bytes, &r->grad_bytes, &r->activation_bytes);
+    moe_model_memory(&t->m, &r->param_bytes, &r->grad_bytes, &r->activation_bytes);
     r->optimizer_bytes = t->opt.m ? 2 * t->m.n_params * sizeof(real) : 0;
     return MOE_OK;
 }
@@ -277,16 +278,16 @@ static moe_status trainer_alloc_result(trainer *t) {
 // Everything up to the first step: model, optimizer, data, where the run starts (a
 // checkpoint of this run, an HF folder, or the initialisation), the logs, the header.
 static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const char *resume,
-                               const trainer_hooks *hooks) {
+                               const moe_trainer_hooks *hooks) {
     t->cfg = cfg, t->resume = resume, t->hooks = hooks;
     t->res.last_val_loss = NAN;
     moe_status st;
     if ((st = trainer_open_model(t))) return st;
     t->L = t->m.cfg.n_layers, t->E = t->m.cfg.moe.n_experts;
-    if ((st = capacity_ctl_init(&t->cap, &cfg->capacity, cfg->model.moe.capacity_factor, t->L)))
+    if ((st = moe_capacity_ctl_init(&t->cap, &cfg->capacity, cfg->model.moe.capacity_factor, t->L)))
         return st;
     t->timer.be = t->be;
-    if (cfg->timing) model_set_timer(&t->m, &t->timer);
+    if (cfg->timing) moe_model_set_timer(&t->m, &t->timer);
     if (cfg->coactivation) {
         if (!(t->coact = calloc((size_t)t->L * t->E * t->E, sizeof *t->coact)))
             return out_of_memory();
@@ -299,21 +300,21 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
         st = trainer_init_from(t);
     if (st) return st;
     const char *log_dir = t->rank ? "/dev" : cfg->run_dir; // rank 0 writes the logs
-    if ((st = jsonl_open(&t->metrics, log_dir, t->rank ? "null" : "metrics.jsonl",
-                         resume != NULL)) ||
-        (st = jsonl_open(&t->load_log, log_dir, t->rank ? "null" : "expert_load.jsonl",
-                         resume != NULL)))
+    if ((st = moe_jsonl_open(&t->metrics, log_dir, t->rank ? "null" : "metrics.jsonl",
+                             resume != NULL)) ||
+        (st = moe_jsonl_open(&t->load_log, log_dir, t->rank ? "null" : "expert_load.jsonl",
+                             resume != NULL)))
         return st;
     t->T = (size_t)cfg->batch_size * (size_t)cfg->seq_len;
     if ((st = trainer_alloc(t))) return st;
-    run_header_print(cfg, &t->m, t->be, &t->train, &t->val, t->R, t->world->name);
+    moe_run_header_print(cfg, &t->m, t->be, &t->train, &t->val, t->R, t->world->name);
     if ((st = trainer_alloc_result(t))) return st;
     t->t_start = moe_clock_s();
     return MOE_OK;
 }
 
 // The forward and backward of every micro-batch; a non-finite forward, or one whose
-// cross-entropy is no result (model_ce_is_result: its perplexity overflows), stops the step
+// cross-entropy is no result (moe_model_ce_is_result: its perplexity overflows), stops the step
 // with s->finite = 0 (not an error: the step is skipped).
 static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     const moe_train_config *cfg = t->cfg;
@@ -324,11 +325,12 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     s->finite = 1;
     for (int micro = 0; micro < cfg->grad_accum; micro++) {
         data_loader_next(&t->loader, t->inputs, t->targets);
-        t->m.noise_key = trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
-        st = model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len,
-                           moe_pass_train(s->capacity_factor));
+        t->m.noise_key =
+            moe_trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
+        st = moe_model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len,
+                               moe_pass_train(s->capacity_factor));
         long bad[2] = {st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z)),
-                       !st && !model_ce_is_result(t->m.ce)};
+                       !st && !moe_model_ce_is_result(t->m.ce)};
         if (t->R > 1) t->world->allreduce_sum_long(t->world, bad, 2); // one rank's NaN: all
         if (bad[0] || bad[1]) {
             s->finite = 0;
@@ -336,11 +338,11 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
             return MOE_OK;
         }
         if (st) return st;
-        step_load_add(&t->sl, &t->m);
+        moe_step_load_add(&t->sl, &t->m);
         s->ce += t->m.ce / n_micro;
         s->aux += t->m.aux / n_micro;
         s->z += t->m.z / n_micro;
-        if ((st = model_backward(&t->m, 1.0 / n_micro))) return st;
+        if ((st = moe_model_backward(&t->m, 1.0 / n_micro))) return st;
     }
     return MOE_OK;
 }
@@ -350,9 +352,9 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
 // world, the micro-batch counts gathered in the single-rank order (g R + r).
 static void trainer_reduce_step(trainer *t, step_result *s) {
     moe_comm *w = t->world;
-    step_load *sl = &t->sl;
+    moe_step_load *sl = &t->sl;
     const int L = t->L, E = t->E, G = t->cfg->grad_accum, R = t->R;
-    model_reduce_grads(&t->m, w, t->edp);
+    moe_model_reduce_grads(&t->m, w, t->edp);
     double loss[3] = {s->ce, s->aux, s->z};
     w->allreduce_sum_double(w, loss, 3);
     s->ce = loss[0], s->aux = loss[1], s->z = loss[2];
@@ -375,12 +377,12 @@ static void trainer_reduce_step(trainer *t, step_result *s) {
 // The gradients of one step and their norm (the update is trainer_update's).
 static moe_status trainer_step(trainer *t, step_result *s) {
     const moe_train_config *cfg = t->cfg;
-    const trainer_hooks *h = t->hooks;
-    s->lr = lr_at_step(cfg->schedule, cfg->lr, cfg->min_lr, cfg->warmup_steps,
-                       h && h->schedule_steps ? h->schedule_steps : cfg->steps, s->step);
-    s->capacity_factor = capacity_ctl_factor(&t->cap, cfg->model.moe.capacity_factor, s->step);
-    model_zero_grads(&t->m);
-    step_load_reset(&t->sl, t->L, t->E);
+    const moe_trainer_hooks *h = t->hooks;
+    s->lr = moe_lr_at_step(cfg->schedule, cfg->lr, cfg->min_lr, cfg->warmup_steps,
+                           h && h->schedule_steps ? h->schedule_steps : cfg->steps, s->step);
+    s->capacity_factor = moe_capacity_ctl_factor(&t->cap, cfg->model.moe.capacity_factor, s->step);
+    moe_model_zero_grads(&t->m);
+    moe_step_load_reset(&t->sl, t->L, t->E);
     for (int l = 0; l < t->L && (t->R > 1 || t->cfg->timing); l++)
         moe_layer_exchange_reset(&t->m.moe[l]);
     memset(t->timer.s, 0, sizeof t->timer.s);
@@ -390,13 +392,13 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     if (st) return st;
     if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
         real nan_value = NAN; // test-only: poison the last layer's w2
-        const model_config *mc = &t->m.cfg;
+        const moe_model_config *mc = &t->m.cfg;
         t->be->copy_to_device(t->be,
                               t->m.g.w2 + (size_t)(t->L - 1) * t->E * mc->d_model * mc->moe.d_ff,
                               &nan_value, sizeof nan_value);
     }
     if (t->R > 1) trainer_reduce_step(t, s);
-    const double ss = model_grad_sum_squares(&t->m); // each expert once
+    const double ss = moe_model_grad_sum_squares(&t->m); // each expert once
     s->grad_norm = sqrt(ss), s->loss = s->ce + s->aux + s->z;
     return MOE_OK;
 }
@@ -409,7 +411,7 @@ static int step_is_finite(const step_result *s) {
 // MOE_ENUMERIC after train.max_skipped of them in a row.
 static moe_status trainer_skip(trainer *t, const step_result *s) {
     const moe_train_config *cfg = t->cfg;
-    trainer_result *r = &t->res;
+    moe_trainer_result *r = &t->res;
     r->skipped++;
     t->consecutive_skips++;
     fprintf(stderr,
@@ -428,7 +430,7 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
     cJSON_AddNumberToObject(rec, "grad_norm", s->grad_norm);
     cJSON_AddBoolToObject(rec, "skipped", 1);
     cJSON_AddNumberToObject(rec, "skipped_total", (double)r->skipped);
-    moe_status st = jsonl_write(&t->metrics, rec);
+    moe_status st = moe_jsonl_write(&t->metrics, rec);
     if (st) return st;
     if (t->consecutive_skips >= cfg->max_skipped)
         return moe_error(MOE_ENUMERIC,
@@ -447,8 +449,8 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
 static void trainer_update(trainer *t, step_result *s, double t0) {
     t->consecutive_skips = 0;
     const double o0 = moe_clock_s();
-    optimizer_step(&t->opt, t->m.params, model_bf16_for_update(&t->m), t->m.grads, s->lr,
-                   clip_scale(s->grad_norm, t->cfg->grad_clip));
+    moe_optimizer_step(&t->opt, t->m.params, moe_model_bf16_for_update(&t->m), t->m.grads, s->lr,
+                       moe_clip_scale(s->grad_norm, t->cfg->grad_clip));
     if (t->m.router_bias) update_router_bias(&t->m, t->sl.routed, t->cfg->bias_rate);
     if (t->be->synchronize) t->be->synchronize(t->be);
     s->optimizer_s = moe_clock_s() - o0;
@@ -467,7 +469,7 @@ static void trainer_coactivation(trainer *t) {
     for (int l = 0; l < t->L; l++) // slots (i, j), i < j, to global experts (gi, gj), gi < gj
         for (int i = 0; i < E; i++)
             for (int j = i + 1; j < E; j++) {
-                int gi = model_expert_global(&t->m, i), gj = model_expert_global(&t->m, j);
+                int gi = moe_model_expert_global(&t->m, i), gj = moe_model_expert_global(&t->m, j);
                 if (gi > gj) {
                     const int x = gi;
                     gi = gj, gj = x;
@@ -480,7 +482,7 @@ static void trainer_coactivation(trainer *t) {
 // Auto capacity, after a finite step: each layer's need from its micro-batches' counts
 // (every rank has the same gathered counts); at a window's end the factor of the next steps.
 static void trainer_capacity(trainer *t, step_result *s) {
-    if (t->cap.plan.mode != CAPACITY_AUTO) return;
+    if (t->cap.plan.mode != MOE_CAPACITY_AUTO) return;
     const int L = t->L, E = t->E, G = t->sl.micro;
     double *need = malloc((size_t)L * sizeof *need);
     long *counts = malloc((size_t)G * E * sizeof *counts);
@@ -489,10 +491,10 @@ static void trainer_capacity(trainer *t, step_result *s) {
         for (int g = 0; g < G; g++)
             memcpy(counts + (size_t)g * E, t->sl.micro_routed + ((size_t)g * L + l) * E,
                    (size_t)E * sizeof *counts);
-        need[l] = capacity_needed_factor(counts, G, E, (long)t->T, t->cfg->model.moe.top_k,
-                                         t->cap.plan.max_drop);
+        need[l] = moe_capacity_needed_factor(counts, G, E, (long)t->T, t->cfg->model.moe.top_k,
+                                             t->cap.plan.max_drop);
     }
-    s->capacity_decided = capacity_ctl_observe(&t->cap, need, s->step, &s->capacity);
+    s->capacity_decided = moe_capacity_ctl_observe(&t->cap, need, s->step, &s->capacity);
     // the same inputs give the same decision on every rank; rank 0's is the one kept anyway
     if (s->capacity_decided && t->R > 1)
         t->world->broadcast(t->world, &t->cap.factor, sizeof t->cap.factor, 0);
@@ -510,9 +512,9 @@ static moe_status trainer_validate(trainer *t, step_result *s) {
           s->step + 1 == cfg->steps))
         return MOE_OK;
     const double v0 = moe_clock_s();
-    model_set_timer(&t->m, NULL); // its forwards are not the step's phases
+    moe_model_set_timer(&t->m, NULL); // its forwards are not the step's phases
     moe_status st = validate(&t->m, &t->val, cfg, t->inputs, t->targets, &s->val_loss);
-    if (cfg->timing) model_set_timer(&t->m, &t->timer);
+    if (cfg->timing) moe_model_set_timer(&t->m, &t->timer);
     if (st) return st;
     s->val_s = moe_clock_s() - v0;
     t->res.last_val_loss = s->val_loss;
@@ -530,17 +532,17 @@ static moe_status trainer_checkpoint(trainer *t, int64_t step) {
                       .consecutive_skips = t->consecutive_skips,
                       .world_size = t->R,
                       .ep_size = t->m.ep ? t->m.ep->size : 1,
-                      .capacity = {.present = t->cap.plan.mode == CAPACITY_AUTO,
+                      .capacity = {.present = t->cap.plan.mode == MOE_CAPACITY_AUTO,
                                    .factor = t->cap.factor,
                                    .n = t->cap.n,
                                    .L = t->L,
                                    .need = t->cap.need}};
     data_loader_get_state(&ts.loader, &t->loader);
     const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
-    uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CHECKPOINT_SHARD_BYTES;
+    uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CKPT_SHARD_BYTES;
     const double c0 = moe_clock_s();
-    moe_status st = checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg, t->cfg->ckpt_keep,
-                                    shard, t->R > 1 ? t->world : NULL);
+    moe_status st = moe_checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg,
+                                        t->cfg->ckpt_keep, shard, t->R > 1 ? t->world : NULL);
     t->ckpt_s = moe_clock_s() - c0;
     if (st) return st;
     printf("checkpoint: %s/step_%08lld\n", t->ckpt_root, (long long)step + 1);
@@ -568,20 +570,21 @@ static moe_status trainer_run_step(trainer *t, int64_t step) {
     trainer_update(t, &s, t0);
     trainer_capacity(t, &s);
     trainer_coactivation(t);
-    if ((st = trainer_log_load(t, &s)) || (st = trainer_validate(t, &s)) ||
-        (st = trainer_log_metrics(t, &s)) || (st = trainer_alerts(t, step)))
+    if ((st = moe_trainer_log_load(t, &s)) || (st = trainer_validate(t, &s)) ||
+        (st = moe_trainer_log_metrics(t, &s)) || (st = moe_trainer_alerts(t, step)))
         return st;
-    trainer_print_step(t, &s);
+    moe_trainer_print_step(t, &s);
     return trainer_checkpoint(t, step);
 }
 
 // The result's timing and the closing line.
 static void trainer_finish(trainer *t) {
-    trainer_result *r = &t->res;
+    moe_trainer_result *r = &t->res;
     r->seconds = moe_clock_s() - t->t_start;
     r->median_tokens_per_s =
-        t->n_tps ? step_log_median(t->step_tps, t->n_tps < TPS_WINDOW ? (int)t->n_tps : TPS_WINDOW)
-                 : NAN;
+        t->n_tps
+            ? moe_step_log_median(t->step_tps, t->n_tps < TPS_WINDOW ? (int)t->n_tps : TPS_WINDOW)
+            : NAN;
     char val_part[64] = "no validation at the end"; // a skipped last step, or stopped early
     if (isfinite(r->last_val_loss))
         snprintf(val_part, sizeof val_part, "val loss %.4f", r->last_val_loss);
@@ -591,36 +594,36 @@ static void trainer_finish(trainer *t) {
 
 // Frees what trainer_open got to and hands the result over; st is the run's status, or the
 // logs' when they fail to close (a failed close loses the last records).
-static moe_status trainer_close(trainer *t, moe_status st, trainer_result *result) {
+static moe_status trainer_close(trainer *t, moe_status st, moe_trainer_result *result) {
     if (result)
         *result = t->res;
     else
-        trainer_result_free(&t->res);
+        moe_trainer_result_free(&t->res);
     for (int i = 0; i < 2; i++) {
-        jsonl_file *j = i ? &t->load_log : &t->metrics;
+        moe_jsonl_file *j = i ? &t->load_log : &t->metrics;
         if (st && j->f)
             fclose(j->f);
         else if (!st)
-            st = jsonl_close(j);
+            st = moe_jsonl_close(j);
     }
-    step_load *sl = &t->sl;
+    moe_step_load *sl = &t->sl;
     free(t->inputs), free(t->targets), free(t->regions);
     free(sl->routed), free(sl->kept), free(sl->micro_routed), free(sl->entropy), free(sl->aux),
         free(sl->seq_aux), free(sl->z);
     free(t->alerts);
-    alert_window_free(&t->aw);
-    capacity_ctl_free(&t->cap);
+    moe_alert_window_free(&t->aw);
+    moe_capacity_ctl_free(&t->cap);
     free(t->coact);
     data_loader_free(&t->loader);
-    optimizer_destroy(&t->opt);
-    model_destroy(&t->m);
+    moe_optimizer_destroy(&t->opt);
+    moe_model_destroy(&t->m);
     if (t->ep) t->ep->destroy(t->ep);
     if (t->edp) t->edp->destroy(t->edp);
     // a failed run keeps the world: the caller's moe_fatal ends every rank (MPI_Abort)
     if (t->world && (!st || t->R == 1)) t->world->destroy(t->world);
     moe_backend_destroy(t->be); // after the communicators (an NCCL one uses its device)
-    token_file_free(&t->train);
-    token_file_free(&t->val);
+    moe_token_file_free(&t->train);
+    moe_token_file_free(&t->val);
     return st;
 }
 
@@ -628,9 +631,9 @@ static moe_status trainer_close(trainer *t, moe_status st, trainer_result *resul
 // (train/launch.h; `moe train` compared the rest of its intent before); a rank whose config
 // differs from rank 0's is named.
 static moe_status trainer_same_config(trainer *t, const moe_train_config *cfg) {
-    launch_intent me = {.command = "train", .config_hash = launch_config_hash(cfg)};
+    moe_launch_intent me = {.command = "train", .config_hash = moe_launch_config_hash(cfg)};
     me.resume_step = -1;
-    return launch_agree(t->world, &me);
+    return moe_launch_agree(t->world, &me);
 }
 
 // The world of the run (mpirun's ranks, else one), then the run directory and its config.cfg
@@ -643,20 +646,20 @@ static moe_status trainer_open_run_dir(trainer *t, const moe_train_config *cfg) 
     if (t->rank && !freopen("/dev/null", "w", stdout))
         return moe_error(MOE_EIO, "rank %d: cannot silence stdout", t->rank);
     if (t->R > 1 && (st = trainer_same_config(t, cfg))) return st;
-    if (t->rank == 0) st = file_make_dirs(cfg->run_dir);
-    if (t->rank == 0 && !st) st = run_dir_write_config(cfg);
+    if (t->rank == 0) st = moe_file_make_dirs(cfg->run_dir);
+    if (t->rank == 0 && !st) st = moe_run_dir_write_config(cfg);
     return rank0_status(t, st, "create the run directory (log.dir)");
 }
 
-moe_status trainer_run(const moe_train_config *cfg, const char *resume, const trainer_hooks *hooks,
-                       trainer_result *result) {
-    trainer_result empty = {0};
+moe_status moe_trainer_run(const moe_train_config *cfg, const char *resume,
+                           const moe_trainer_hooks *hooks, moe_trainer_result *result) {
+    moe_trainer_result empty = {0};
     empty.last_val_loss = NAN;
     if (result) *result = empty; // the early returns below leave an empty, freeable result
     moe_status st;
     if (resume) { // a finished run: nothing to do (and nothing written)
         int64_t finished;
-        if ((st = run_dir_resume_finished(resume, cfg->steps, &finished))) return st;
+        if ((st = moe_run_dir_resume_finished(resume, cfg->steps, &finished))) return st;
         if (finished) {
             printf("run already finished at step %lld (train.steps = %lld): nothing to do; raise "
                    "train.steps to continue\n",

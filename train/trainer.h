@@ -18,7 +18,7 @@ typedef struct {
     int no_checkpoint;      // moe smoke: save nothing
     int64_t schedule_steps; // moe smoke: the schedule of a run this long (0: train.steps)
     int64_t stop_after;     // tests: run this many steps in this call, then return (0: all)
-} trainer_hooks;
+} moe_trainer_hooks;
 
 typedef struct {
     int64_t steps_done;
@@ -29,14 +29,14 @@ typedef struct {
     double median_tokens_per_s; // over the last 1024 steps after the first (a bounded window:
                                 // memory does not grow with train.steps)
     // expert load summed over the run's steps, per layer and expert: [L * E] (owned: free
-    // with trainer_result_free); the router logit statistics of the last step per layer
+    // with moe_trainer_result_free); the router logit statistics of the last step per layer
     int n_layers, n_experts;
     long *routed, *kept;
     moe_stats *last_stats; // [L] (routed/kept pointers inside are not valid)
     size_t param_bytes, grad_bytes, optimizer_bytes, activation_bytes;
-} trainer_result;
+} moe_trainer_result;
 
-void trainer_result_free(trainer_result *r);
+void moe_trainer_result_free(moe_trainer_result *r);
 
 // Runs cfg to the end. MOE_ENUMERIC when train.max_skipped consecutive steps were skipped;
 // other errors for bad data, files, or allocation. Writes RUN_DIR/config.cfg,
@@ -46,14 +46,14 @@ void trainer_result_free(trainer_result *r);
 // A step whose update was skipped saves no checkpoint (not even at the end), so the newest
 // checkpoint is the state after a good step and `keep` never rotates the last good one out.
 // A failed write of config.cfg or a log stops the run: MOE_EIO "PATH: write failed: why".
-// Before step 1 it prints the run header (as trainer_dry_run). Resuming a checkpoint at or
+// Before step 1 it prints the run header (as moe_trainer_dry_run). Resuming a checkpoint at or
 // past train.steps prints "run already finished at step N ..." and returns MOE_OK having
 // written nothing (steps_done = N); resuming with another schedule (train.steps, warmup,
 // lr, min_lr, schedule) than the checkpoint's warns that the schedule is re-stretched.
 // Data errors name the config key of the path ("data.train = 'x.bin': ...",
 // "data.dir/train.bin = ...", "data.text[2] = ..."), init_from errors "train.init_from = ...".
-moe_status trainer_run(const moe_train_config *cfg, const char *resume, const trainer_hooks *hooks,
-                       trainer_result *result);
+moe_status moe_trainer_run(const moe_train_config *cfg, const char *resume,
+                           const moe_trainer_hooks *hooks, moe_trainer_result *result);
 
 // moe train --dry-run: prints the resolved config (every key), then the run header: the model,
 // parameter counts (total; active per token = dense + top_k experts per layer), FLOPs per
@@ -62,16 +62,16 @@ moe_status trainer_run(const moe_train_config *cfg, const char *resume, const tr
 // optimizer state, activations, expert buffers), the data paths, BLAS and threads. Reads and
 // prepares no data and creates no run directory; a model that does not allocate is a
 // warning, not an error.
-moe_status trainer_dry_run(const moe_train_config *cfg);
+moe_status moe_trainer_dry_run(const moe_train_config *cfg);
 
 // The router-jitter noise key of micro-batch `micro` of step `step` (both 0-based), a
 // function of (seed, step, micro) alone, so a resumed run draws the same noise. Distinct for
 // every (step, micro) of a run: step << 20 | micro is one-to-one for micro < 2^20
 // (train.grad_accum <= 2^20) and step < 2^44 (train.steps <= 1e12), and moe_mix64 and the
 // xor with the seed are bijections.
-uint64_t trainer_noise_key(uint64_t seed, int64_t step, int micro);
+uint64_t moe_trainer_noise_key(uint64_t seed, int64_t step, int micro);
 
 // The model config a train config describes.
-model_config trainer_model_config(const moe_train_config *cfg);
+moe_model_config moe_trainer_model_config(const moe_train_config *cfg);
 
 #endif

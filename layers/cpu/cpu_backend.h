@@ -8,6 +8,9 @@
 #include "layers/backend.h"
 #include "layers/blas.h"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 // One mapping of strict-mode memory: a whole number of pages, PROT_NONE outside kernels.
 typedef struct {
     void *base;
@@ -99,5 +102,7 @@ void cpu_strict_close(moe_backend **be);
 void *cpu_strict_alloc(moe_backend *be, size_t bytes);
 void cpu_strict_free(moe_backend *be, void *ptr);
 void cpu_strict_release(moe_backend *be); // unmaps what is left (destroy)
+
+#pragma GCC visibility pop
 
 #endif

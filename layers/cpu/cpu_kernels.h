@@ -8,6 +8,9 @@
 #include "layers/backend.h"
 #include "layers/cpu/cpu_backend.h"
 
+// Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
+#pragma GCC visibility push(hidden)
+
 // Every CPU kernel begins with CPU_KERNEL(be). In strict mode ("cpu-strict") it opens the
 // backend's memory to the host for the duration of the call; the cleanup attribute closes it
 // again on every return path. On the plain CPU backend it is one test of a flag.
@@ -183,5 +186,6 @@ void cpu_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m
 void cpu_sgd_update(moe_backend *be, real *params, moe_bf16 *params16, const real *grads, size_t n,
                     real lr, real grad_scale);
 
+#pragma GCC visibility pop
 
 #endif

@@ -19,7 +19,7 @@
 #include "layers/cpu/cpu_backend.h"
 
 // The strict backends whose regions the signal handler searches: a test's own backend and,
-// side by side with it, the trainer's (test_checkpoint runs trainer_run under cpu-strict).
+// side by side with it, the trainer's (test_checkpoint runs moe_trainer_run under cpu-strict).
 #define STRICT_LIVE_MAX 8
 static cpu_state *volatile strict_live[STRICT_LIVE_MAX];
 

@@ -67,15 +67,15 @@ static void round_trip(void) {
     moe_train_config c;
     tiny(&c, "roundtrip");
     c.steps = 20; // the state below is at step 17: a run stops at train.steps (schedule.steps)
-    model_config mc = trainer_model_config(&c);
-    model a, b;
-    model_create(&a, test_backend(), &mc, 1, 8);
-    model_create(&b, test_backend(), &mc, 1, 8);
+    moe_model_config mc = moe_trainer_model_config(&c);
+    moe_model a, b;
+    moe_model_create(&a, test_backend(), &mc, 1, 8);
+    moe_model_create(&b, test_backend(), &mc, 1, 8);
     optim_region all = {0, a.n_params, 1};
     optim_config oc = {OPTIM_ADAMW, 0.9, 0.95, 1e-8, 0.1};
-    optimizer oa, ob;
-    optimizer_create(&oa, a.be, &oc, a.n_params, &all, 1);
-    optimizer_create(&ob, b.be, &oc, b.n_params, &all, 1);
+    moe_optimizer oa, ob;
+    moe_optimizer_create(&oa, a.be, &oc, a.n_params, &all, 1);
+    moe_optimizer_create(&ob, b.be, &oc, b.n_params, &all, 1);
     test_rng r;
     rng_seed(&r, 5);
     fill_device(a.be, a.params, a.n_params, &r, 1), fill_device(a.be, oa.m, a.n_params, &r, 1e-3);
@@ -92,7 +92,7 @@ static void round_trip(void) {
     char root[300];
     snprintf(root, sizeof root, "%s/rt_ckpt", work);
     // 8 KiB shards: the 2-layer model is spread over many files
-    moe_status st = checkpoint_save(root, &a, &oa, &ts, &c, 2, 8192, NULL);
+    moe_status st = moe_checkpoint_save(root, &a, &oa, &ts, &c, 2, 8192, NULL);
     check_true("save succeeds", st == MOE_OK);
     char path[400];
     snprintf(path, sizeof path, "%s/step_00000017/model-00002-of-", root);
@@ -113,7 +113,7 @@ static void round_trip(void) {
 
     snprintf(path, sizeof path, "%s/latest", root);
     train_state back;
-    st = checkpoint_load(path, &b, &ob, &back);
+    st = moe_checkpoint_load(path, &b, &ob, &back);
     if (st) printf("    -> %s\n", moe_last_error());
     check_true("load via latest succeeds", st == MOE_OK);
     check_true("parameters bitwise", device_equal(a.be, a.params, b.params, a.n_params));
@@ -138,45 +138,46 @@ static void round_trip(void) {
     fseek(f, -1, SEEK_END);
     fputc(last ^ 1, f);
     fclose(f);
-    st = checkpoint_load(root, &b, &ob, &back); // a folder that is not a checkpoint
+    st = moe_checkpoint_load(root, &b, &ob, &back); // a folder that is not a checkpoint
     check_true("a folder without trainer_state.json is refused", st == MOE_EIO);
     printf("    -> %s\n", moe_last_error());
     snprintf(path, sizeof path, "%s/step_00000017", root);
-    st = checkpoint_load(path, &b, &ob, &back);
+    st = moe_checkpoint_load(path, &b, &ob, &back);
     check_true("CRC mismatch refused, naming the file",
                st == MOE_EIO && strstr(moe_last_error(), "CRC32 mismatch") &&
                    strstr(moe_last_error(), "optimizer-exp_avg-00001-of-"));
     printf("    -> %s\n", moe_last_error());
 
-    optimizer_destroy(&oa), optimizer_destroy(&ob);
-    model_destroy(&a), model_destroy(&b);
+    moe_optimizer_destroy(&oa), moe_optimizer_destroy(&ob);
+    moe_model_destroy(&a), moe_model_destroy(&b);
 }
 
 // Writes an HF folder (export) of a model with random weights; returns its params.
-static void make_hf_folder(const char *dir, const model_config *mc, model *m) {
-    model_create_inference(m, test_backend(), mc, mc->max_seq_len, mc->max_seq_len);
-    model_init_weights(m, 9, 0.3);
-    if (hf_export(dir, m, ST_F32, CHECKPOINT_SHARD_BYTES)) printf("export: %s\n", moe_last_error());
+static void make_hf_folder(const char *dir, const moe_model_config *mc, moe_model *m) {
+    moe_model_create_inference(m, test_backend(), mc, mc->max_seq_len, mc->max_seq_len);
+    moe_model_init_weights(m, 9, 0.3);
+    if (moe_hf_export(dir, m, MOE_ST_F32, CKPT_SHARD_BYTES))
+        printf("export: %s\n", moe_last_error());
 }
 
 static void hf_folder_errors(void) {
     printf("HF folders: loads, and damaged ones are refused with the file and the reason\n");
     moe_train_config c;
     tiny(&c, "hf");
-    model_config mc = trainer_model_config(&c);
-    model src, dst;
+    moe_model_config mc = moe_trainer_model_config(&c);
+    moe_model src, dst;
     char dir[300], cmd[1024];
     snprintf(dir, sizeof dir, "%s/hf_ok", work);
     make_hf_folder(dir, &mc, &src);
     check_true("load of an exported folder is bitwise",
                infer_load(&dst, test_backend(), dir, 0, 8) == MOE_OK &&
                    device_equal(src.be, src.params, dst.params, src.n_params));
-    model_destroy(&dst);
+    moe_model_destroy(&dst);
 
     // config.json disagreeing: every field named
-    model_config other = mc;
+    moe_model_config other = mc;
     other.d_model = 64, other.moe.d_ff = 48, other.moe.d_model = 64;
-    moe_status st = hf_config_check(dir, &other);
+    moe_status st = moe_hf_config_check(dir, &other);
     check_true("disagreeing config.json names each field",
                st == MOE_EINVAL &&
                    strstr(moe_last_error(), "hidden_size = 32 (model.d_model = 64)") &&
@@ -235,8 +236,8 @@ static void hf_folder_errors(void) {
     // export never overwrites
     snprintf(dir, sizeof dir, "%s/hf_ok", work);
     check_true("export refuses an existing folder",
-               hf_export(dir, &src, ST_F32, CHECKPOINT_SHARD_BYTES) == MOE_EINVAL);
-    model_destroy(&src);
+               moe_hf_export(dir, &src, MOE_ST_F32, CKPT_SHARD_BYTES) == MOE_EINVAL);
+    moe_model_destroy(&src);
 }
 
 
@@ -262,16 +263,16 @@ static void exact_resume(void) {
     printf("resume at step 4 of 8 (capacity dropping on) equals the uninterrupted run, bitwise\n");
     moe_train_config c;
     tiny(&c, "full");
-    trainer_result r;
-    check_true("uninterrupted run", trainer_run(&c, NULL, NULL, &r) == MOE_OK);
-    trainer_result_free(&r);
+    moe_trainer_result r;
+    check_true("uninterrupted run", moe_trainer_run(&c, NULL, NULL, &r) == MOE_OK);
+    moe_trainer_result_free(&r);
     char full[8][40], resumed[8][40], ckpt[1200];
     int n_full = losses_of(c.run_dir, full, 8);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/step_00000004", c.run_dir);
     moe_train_config c2;
     tiny(&c2, "resumed");
-    moe_status st = trainer_run(&c2, ckpt, NULL, &r);
-    trainer_result_free(&r);
+    moe_status st = moe_trainer_run(&c2, ckpt, NULL, &r);
+    moe_trainer_result_free(&r);
     if (st) printf("    -> %s\n", moe_last_error());
     int n_res = losses_of(c2.run_dir, resumed, 8);
     int equal = n_full == 8 && n_res == 4;
@@ -285,25 +286,25 @@ static void exact_resume(void) {
     // resuming in place from step 4 saves step 8 again over the existing step_00000008 (which
     // `latest` names): the folders are swapped atomically, and the new one loads
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/step_00000004", c.run_dir);
-    st = trainer_run(&c, ckpt, NULL, &r);
-    trainer_result_free(&r);
+    st = moe_trainer_run(&c, ckpt, NULL, &r);
+    moe_trainer_result_free(&r);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/latest", c.run_dir);
     char *latest = test_read_file(ckpt);
-    model probe;
-    model_config pmc = trainer_model_config(&c);
-    model_create(&probe, test_backend(), &pmc, 1, 8);
+    moe_model probe;
+    moe_model_config pmc = moe_trainer_model_config(&c);
+    moe_model_create(&probe, test_backend(), &pmc, 1, 8);
     check_true("re-saving an existing step: latest names it and it loads",
                st == MOE_OK && latest && !strcmp(latest, "step_00000008\n") &&
-                   checkpoint_load(ckpt, &probe, NULL, NULL) == MOE_OK);
+                   moe_checkpoint_load(ckpt, &probe, NULL, NULL) == MOE_OK);
     free(latest);
-    model_destroy(&probe);
+    moe_model_destroy(&probe);
 
     // resuming in the same run dir truncates its logs to the checkpoint's step
     moe_train_config c3 = c;
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/latest", c.run_dir);
     c3.steps = 10;
-    st = trainer_run(&c3, ckpt, NULL, &r);
-    trainer_result_free(&r);
+    st = moe_trainer_run(&c3, ckpt, NULL, &r);
+    moe_trainer_result_free(&r);
     char mpath[1300];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", c.run_dir);
     char *metrics = test_read_file(mpath);
@@ -316,27 +317,28 @@ static void exact_resume(void) {
 
     // eval on the val file == the training forward's CE with capacity 0 (dropless)
     printf("eval (inference path) == training forward ce with capacity_factor 0\n");
-    model inf, tr;
+    moe_model inf, tr;
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/latest", c.run_dir);
     st = infer_load(&inf, test_backend(), ckpt, 32, 32);
     char valpath[400];
     snprintf(valpath, sizeof valpath, "%s/data/val.bin", work);
-    token_file val;
-    token_file_read(&val, valpath);
+    moe_token_file val;
+    moe_token_file_read(&val, valpath);
     double loss;
     long ntok;
     st = st ? st : infer_eval(&inf, &val, 32, 1, NULL, &loss, &ntok, NULL);
-    model_config mc = trainer_model_config(&c);
+    moe_model_config mc = moe_trainer_model_config(&c);
     mc.moe.capacity_factor = 0;
-    model_create(&tr, test_backend(), &mc, 1, 32);
+    moe_model_create(&tr, test_backend(), &mc, 1, 32);
     tr.be->copy_on_device(tr.be, tr.params, inf.params, inf.n_params * sizeof(real));
     int in[32], tg[32];
     for (int t = 0; t < 32; t++) in[t] = (int)val.tokens[t], tg[t] = (int)val.tokens[t + 1];
-    model_forward(&tr, in, tg, 1, 32, moe_pass_train(tr.cfg.moe.capacity_factor));
+    moe_model_forward(&tr, in, tg, 1, 32, moe_pass_train(tr.cfg.moe.capacity_factor));
     check_rel("eval loss vs training forward ce", &loss, &tr.ce, 1, 1e-5);
 
     printf("generate with a fixed seed is deterministic\n");
-    sampling s = {.temperature = 0.9, .top_k = 20, .top_p = 0.95, .seed = 42, .prefill_chunk = 5};
+    moe_sampling s = {
+        .temperature = 0.9, .top_k = 20, .top_p = 0.95, .seed = 42, .prefill_chunk = 5};
     int prompt[12], o1[16], o2[16], o3[64], n1, n2, n3;
     for (int i = 0; i < 12; i++) prompt[i] = (int)val.tokens[i];
     infer_generate(&inf, prompt, 12, 16, &s, o1, &n1);
@@ -353,20 +355,20 @@ static void exact_resume(void) {
     s.prefill_chunk = 8;
     infer_generate(&inf, prompt, 12, 40, &s, o3, &n3);
     check_true("decoding stops when the KV cache (32) is full", n3 == 32 - 12 + 1);
-    token_file_free(&val);
-    model_destroy(&inf), model_destroy(&tr);
+    moe_token_file_free(&val);
+    moe_model_destroy(&inf), moe_model_destroy(&tr);
 
     printf("init_from an HF folder\n");
     moe_train_config c4;
     tiny(&c4, "initfrom");
     snprintf(c4.init_from, sizeof c4.init_from, "%s/full/ckpt/step_00000008", work);
     c4.steps = 1;
-    st = trainer_run(&c4, NULL, NULL, &r);
-    trainer_result_free(&r);
+    st = moe_trainer_run(&c4, NULL, NULL, &r);
+    moe_trainer_result_free(&r);
     check_true("init_from a checkpoint folder trains", st == MOE_OK);
     c4.model.moe.d_ff = 32;
-    st = trainer_run(&c4, NULL, NULL, &r);
-    trainer_result_free(&r);
+    st = moe_trainer_run(&c4, NULL, NULL, &r);
+    moe_trainer_result_free(&r);
     check_true("init_from with a disagreeing config stops, naming the field",
                st == MOE_EINVAL &&
                    strstr(moe_last_error(), "intermediate_size = 24 (model.d_ff = 32)"));

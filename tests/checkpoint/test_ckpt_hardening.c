@@ -24,15 +24,15 @@
 static char work[64];
 
 // A small model config: 2 layers, 4 experts top-2.
-static model_config small_config(void) {
-    model_config c = {.vocab_size = 256,
-                      .d_model = 32,
-                      .n_layers = 2,
-                      .n_heads = 4,
-                      .n_kv_heads = 2,
-                      .max_seq_len = 32,
-                      .rope_theta = 1e4,
-                      .rms_norm_eps = 1e-5};
+static moe_model_config small_config(void) {
+    moe_model_config c = {.vocab_size = 256,
+                          .d_model = 32,
+                          .n_layers = 2,
+                          .n_heads = 4,
+                          .n_kv_heads = 2,
+                          .max_seq_len = 32,
+                          .rope_theta = 1e4,
+                          .rms_norm_eps = 1e-5};
     c.moe = moe_config_default(32, 24, 4, 2);
     return c;
 }
@@ -43,14 +43,14 @@ static void make_checkpoint(const char *name, optim_kind kind, char *folder, siz
     moe_train_config tc;
     moe_train_config_default(&tc);
     tc.optimizer = kind == OPTIM_SGD;
-    model_config mc = small_config();
-    model m;
-    model_create(&m, test_backend(), &mc, 1, 8);
-    model_init_weights(&m, 3, 0.1);
+    moe_model_config mc = small_config();
+    moe_model m;
+    moe_model_create(&m, test_backend(), &mc, 1, 8);
+    moe_model_init_weights(&m, 3, 0.1);
     optim_region all = {0, m.n_params, 1};
     optim_config oc = {kind, 0.9, 0.95, 1e-8, 0.1};
-    optimizer o;
-    optimizer_create(&o, m.be, &oc, m.n_params, &all, 1);
+    moe_optimizer o;
+    moe_optimizer_create(&o, m.be, &oc, m.n_params, &all, 1);
     o.t = 3;
     if (o.m) { // moments as after a few steps: not zero, so a load that drops them shows
         real *h = malloc(m.n_params * sizeof(real));
@@ -64,11 +64,11 @@ static void make_checkpoint(const char *name, optim_kind kind, char *folder, siz
                       .loader = {.seed = 1, .position = 2, .n_windows = 9, .seq_len = 8}};
     char root[200];
     snprintf(root, sizeof root, "%s/%s", work, name);
-    if (checkpoint_save(root, &m, &o, &ts, &tc, 2, CHECKPOINT_SHARD_BYTES, NULL))
+    if (moe_checkpoint_save(root, &m, &o, &ts, &tc, 2, CKPT_SHARD_BYTES, NULL))
         printf("save: %s\n", moe_last_error());
     snprintf(folder, n, "%s/step_00000003", root);
-    optimizer_destroy(&o);
-    model_destroy(&m);
+    moe_optimizer_destroy(&o);
+    moe_model_destroy(&m);
 }
 
 static void sh(const char *fmt, const char *a, const char *b) {
@@ -142,12 +142,12 @@ static void remove_field(const char *folder, const char *file, const char *key) 
 // infer_load must fail with `code` and a message holding `a` (and `b` when not NULL).
 static void expect_load_error(const char *what, const char *folder, moe_status code, const char *a,
                               const char *b) {
-    model m;
+    moe_model m;
     moe_status st = infer_load(&m, test_backend(), folder, 8, 8);
     int ok = st == code && strstr(moe_last_error(), a) && (!b || strstr(moe_last_error(), b));
     check_true(what, ok);
     printf("    -> %s\n", st ? moe_last_error() : "(loaded)");
-    if (!st) model_destroy(&m);
+    if (!st) moe_model_destroy(&m);
 }
 
 // A fresh copy of src named work/name; its path goes to out.
@@ -165,8 +165,8 @@ static void case_uaf(void) {
     make_checkpoint("uaf_src", OPTIM_ADAMW, ck, sizeof ck);
     copy_folder(ck, "uaf", dir, sizeof dir);
     set_field(dir, "config.json", "scoring_func", "\"bogus_scoring_function_name\"");
-    model_config c;
-    moe_status st = hf_config_read(&c, dir);
+    moe_model_config c;
+    moe_status st = moe_hf_config_read(&c, dir);
     check_true("unknown scoring_func: an error naming the field (ASan: no use after free)",
                st == MOE_EINVAL && strstr(moe_last_error(), "scoring_func") &&
                    strstr(moe_last_error(), "softmax"));
@@ -186,28 +186,28 @@ static void damage_last_byte(const char *path) {
 
 // The AdamW moments that a and b load into a fresh model are equal (and not all zero).
 static int same_moments(const char *a, const char *b) {
-    model_config mc = small_config();
+    moe_model_config mc = small_config();
     optim_config oc = {OPTIM_ADAMW, 0.9, 0.95, 1e-8, 0.1};
     real *host[2][2] = {{0}};
     size_t n = 0;
     int ok = 1;
     for (int k = 0; k < 2; k++) {
-        model m;
-        optimizer o;
+        moe_model m;
+        moe_optimizer o;
         train_state ts;
-        model_create(&m, test_backend(), &mc, 1, 8);
+        moe_model_create(&m, test_backend(), &mc, 1, 8);
         n = m.n_params;
         optim_region all = {0, n, 1};
-        optimizer_create(&o, m.be, &oc, n, &all, 1);
-        moe_status st = checkpoint_load(k ? b : a, &m, &o, &ts);
+        moe_optimizer_create(&o, m.be, &oc, n, &all, 1);
+        moe_status st = moe_checkpoint_load(k ? b : a, &m, &o, &ts);
         if (st) printf("    -> %s\n", moe_last_error());
         ok &= st == MOE_OK;
         for (int i = 0; i < 2; i++) {
             host[k][i] = malloc(n * sizeof(real));
             m.be->copy_to_host(m.be, host[k][i], i ? o.v : o.m, n * sizeof(real));
         }
-        optimizer_destroy(&o);
-        model_destroy(&m);
+        moe_optimizer_destroy(&o);
+        moe_model_destroy(&m);
     }
     double norm = 0;
     for (int i = 0; i < 2; i++) {
@@ -221,24 +221,24 @@ static int same_moments(const char *a, const char *b) {
 static void case_integrity(void) {
     char ck[300], dir[300], path[400];
     make_checkpoint("int_src", OPTIM_ADAMW, ck, sizeof ck);
-    model m;
+    moe_model m;
     moe_status st = infer_load(&m, test_backend(), ck, 8, 8);
     check_true("an intact checkpoint loads for inference", st == MOE_OK);
-    if (!st) model_destroy(&m);
+    if (!st) moe_model_destroy(&m);
 
     copy_folder(ck, "int_shard", dir, sizeof dir);
     snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
     damage_last_byte(path);
     expect_load_error("eval/generate/export: a damaged shard is refused (CRC32)", dir, MOE_EIO,
                       "CRC32 mismatch", "model-00001-of-00001.safetensors");
-    // init_from loads through hf_load_weights
-    model t;
-    model_config mc = small_config();
-    model_create(&t, test_backend(), &mc, 1, 8);
-    st = hf_load_weights(&t, dir);
+    // init_from loads through moe_hf_load_weights
+    moe_model t;
+    moe_model_config mc = small_config();
+    moe_model_create(&t, test_backend(), &mc, 1, 8);
+    st = moe_hf_load_weights(&t, dir);
     check_true("init_from: a damaged shard is refused (CRC32)",
                st == MOE_EIO && strstr(moe_last_error(), "CRC32 mismatch"));
-    model_destroy(&t);
+    moe_model_destroy(&t);
 
     copy_folder(ck, "int_empty", dir, sizeof dir);
     snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
@@ -306,8 +306,8 @@ static void state_error(const char *what, const char *src, const char *key, cons
         set_field(dir, "trainer_state.json", key, json);
     else
         remove_field(dir, "trainer_state.json", key);
-    checkpoint_state cs;
-    moe_status st = checkpoint_state_read(&cs, dir);
+    moe_checkpoint_state cs;
+    moe_status st = moe_checkpoint_state_read(&cs, dir);
     check_true(what, st == MOE_EIO && strstr(moe_last_error(), "trainer_state.json") &&
                          strstr(moe_last_error(), expect));
     printf("    -> %s\n", st ? moe_last_error() : "(accepted)");
@@ -322,8 +322,8 @@ static void state_outside_step_folder(const char *src) {
     if (rename(dir, renamed) != 0) printf("    rename failed\n");
     set_field(renamed, "trainer_state.json", "step", "100");
     set_field(renamed, "trainer_state.json", "schedule.steps", "4");
-    checkpoint_state cs;
-    moe_status st = checkpoint_state_read(&cs, renamed);
+    moe_checkpoint_state cs;
+    moe_status st = moe_checkpoint_state_read(&cs, renamed);
     check_true("step 100 with schedule.steps = 4 refused (not \"run already finished\")",
                st == MOE_EIO && strstr(moe_last_error(), "trainer_state.json") &&
                    strstr(moe_last_error(), "\"schedule.steps\" = 4"));
@@ -333,8 +333,8 @@ static void state_outside_step_folder(const char *src) {
 static void case_state(void) {
     char ck[300];
     make_checkpoint("state_src", OPTIM_ADAMW, ck, sizeof ck);
-    checkpoint_state cs;
-    moe_status st = checkpoint_state_read(&cs, ck);
+    moe_checkpoint_state cs;
+    moe_status st = moe_checkpoint_state_read(&cs, ck);
     check_true("a saved state reads back", st == MOE_OK && cs.ts.step == 3 && cs.optimizer_t == 3 &&
                                                cs.optimizer == OPTIM_ADAMW &&
                                                cs.ts.loader.position == 2);
@@ -384,28 +384,28 @@ static void case_state(void) {
     char dir[300];
     copy_folder(ck, "state", dir, sizeof dir);
     remove_field(dir, "trainer_state.json", "schedule");
-    st = checkpoint_state_read(&cs, dir);
+    st = moe_checkpoint_state_read(&cs, dir);
     check_true("a state without \"schedule\" (older checkpoints) is still read", st == MOE_OK);
     if (st) printf("    -> %s\n", moe_last_error());
 
     // resuming with another optimizer: refused, naming both
     char sgd[300];
     make_checkpoint("state_sgd", OPTIM_SGD, sgd, sizeof sgd);
-    model m;
-    model_config mc = small_config();
-    model_create(&m, test_backend(), &mc, 1, 8);
+    moe_model m;
+    moe_model_config mc = small_config();
+    moe_model_create(&m, test_backend(), &mc, 1, 8);
     optim_region all = {0, m.n_params, 1};
     optim_config oc = {OPTIM_ADAMW, 0.9, 0.95, 1e-8, 0.1};
-    optimizer o;
-    optimizer_create(&o, m.be, &oc, m.n_params, &all, 1);
+    moe_optimizer o;
+    moe_optimizer_create(&o, m.be, &oc, m.n_params, &all, 1);
     train_state ts;
-    st = checkpoint_load(sgd, &m, &o, &ts);
+    st = moe_checkpoint_load(sgd, &m, &o, &ts);
     check_true("switching the optimizer on resume is refused, naming both",
                st == MOE_EINVAL && strstr(moe_last_error(), "sgd") &&
                    strstr(moe_last_error(), "adamw"));
     printf("    -> %s\n", moe_last_error());
-    optimizer_destroy(&o);
-    model_destroy(&m);
+    moe_optimizer_destroy(&o);
+    moe_model_destroy(&m);
 }
 
 // ---- 4: config.json sizes are bounded and checked against the headers before allocating ---
@@ -458,27 +458,27 @@ static void case_nonfinite(void) {
     config_error("rope_theta = 1e999 (inf) refused", ck, "rope_theta", "1e999", "rope_theta", NULL);
 
     // an HF folder whose weights hold a NaN: refused at load, naming the tensor
-    model_config mc = small_config();
-    model m, back;
-    model_create_inference(&m, test_backend(), &mc, 32, 32);
-    model_init_weights(&m, 4, 0.1);
+    moe_model_config mc = small_config();
+    moe_model m, back;
+    moe_model_create_inference(&m, test_backend(), &mc, 32, 32);
+    moe_model_init_weights(&m, 4, 0.1);
     m.p.wo[5] = NAN;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/nf_nan", work);
-    hf_export(dir, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    moe_hf_export(dir, &m, MOE_ST_F32, CKPT_SHARD_BYTES);
     expect_load_error("a NaN weight is refused, naming the tensor", dir, MOE_EIO,
                       "model.layers.0.self_attn.o_proj.weight", "non-finite");
 
     // finite weights whose forward overflows: eval and generate fail, never print nan
-    model_init_weights(&m, 4, 0.1);
+    moe_model_init_weights(&m, 4, 0.1);
     for (int i = 0; i < mc.vocab_size * mc.d_model; i++) m.p.lm_head[i] = 3e38f;
     snprintf(dir, sizeof dir, "%s/nf_overflow", work);
-    hf_export(dir, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    moe_hf_export(dir, &m, MOE_ST_F32, CKPT_SHARD_BYTES);
     moe_status st = infer_load(&back, test_backend(), dir, 32, 32);
     check_true("overflowing weights still load (they are finite)", st == MOE_OK);
     uint32_t toks[33];
     for (int i = 0; i < 33; i++) toks[i] = (uint32_t)(i * 7 % 256);
-    token_file tf = {.count = 33, .vocab_size = 256, .dtype = 2, .tokens = toks};
+    moe_token_file tf = {.count = 33, .vocab_size = 256, .dtype = 2, .tokens = toks};
     snprintf(tf.path, sizeof tf.path, "in-memory");
     double loss = 0;
     long n = 0;
@@ -486,20 +486,20 @@ static void case_nonfinite(void) {
     check_true("eval: non-finite logits are an error (not 'loss nan', exit 0)",
                st == MOE_ENUMERIC && strstr(moe_last_error(), "non-finite logit"));
     printf("    -> %s\n", moe_last_error());
-    sampling s = {.temperature = 0, .top_p = 1, .seed = 1, .prefill_chunk = 8};
+    moe_sampling s = {.temperature = 0, .top_p = 1, .seed = 1, .prefill_chunk = 8};
     int prompt[4] = {1, 2, 3, 4}, out[8], n_out = 0;
     st = infer_generate(&back, prompt, 4, 8, &s, out, &n_out);
     check_true("generate: non-finite logits are an error (not byte 255 forever)",
                st == MOE_ENUMERIC && n_out == 0 && strstr(moe_last_error(), "non-finite logit"));
     printf("    -> %s\n", moe_last_error());
-    model_destroy(&back);
+    moe_model_destroy(&back);
 
     // finite logits, but a loss whose perplexity overflows (issue 28, item 7): an error naming
     // the largest weight, never "ppl inf"
-    model_init_weights(&m, 4, 0.1);
+    moe_model_init_weights(&m, 4, 0.1);
     for (int i = 0; i < mc.d_model; i++) m.p.final_norm[i] = 1e30f;
     snprintf(dir, sizeof dir, "%s/nf_norm", work);
-    hf_export(dir, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    moe_hf_export(dir, &m, MOE_ST_F32, CKPT_SHARD_BYTES);
     const moe_status loaded = infer_load(&back, test_backend(), dir, 32, 32);
     st = loaded ? loaded : infer_eval(&back, &tf, 16, 1, NULL, &loss, &n, NULL);
     check_true("eval: a loss whose perplexity overflows is an error naming the largest weight",
@@ -507,8 +507,8 @@ static void case_nonfinite(void) {
                    strstr(moe_last_error(), "1e+30 in model.norm.weight"));
     printf("    -> %s\n", st ? moe_last_error() : "(accepted)");
     if (!st) printf("    (loss %g)\n", loss);
-    if (!loaded) model_destroy(&back);
-    model_destroy(&m);
+    if (!loaded) moe_model_destroy(&back);
+    moe_model_destroy(&m);
 }
 
 // ---- transformers 5.x writes rope_parameters instead of rope_theta --------------------------
@@ -519,13 +519,13 @@ static void case_rope(void) {
     remove_field(dir, "config.json", "rope_theta");
     set_field(dir, "config.json", "rope_parameters",
               "{\"rope_theta\": 10000.0, \"rope_type\": \"default\"}");
-    model_config c;
-    moe_status st = hf_config_read(&c, dir);
+    moe_model_config c;
+    moe_status st = moe_hf_config_read(&c, dir);
     check_true("rope_parameters.rope_theta is read (transformers 5.x)",
                st == MOE_OK && c.rope_theta == 1e4);
     set_field(dir, "config.json", "rope_parameters",
               "{\"rope_theta\": 10000.0, \"rope_type\": \"yarn\"}");
-    st = hf_config_read(&c, dir);
+    st = moe_hf_config_read(&c, dir);
     check_true("an unsupported rope_type is an error, not a silent default",
                st == MOE_EINVAL && strstr(moe_last_error(), "rope_type"));
     printf("    -> %s\n", moe_last_error());
@@ -547,19 +547,19 @@ static void case_hf5(void) {
     set_field(dir, "config.json", "head_dim", "null");
     set_field(dir, "config.json", "pad_token_id", "null");
     set_field(dir, "config.json", "dtype", "\"float32\"");
-    model_config c;
-    moe_status st = hf_config_read(&c, dir);
+    moe_model_config c;
+    moe_status st = moe_hf_config_read(&c, dir);
     check_true("transformers 5.x fields (head_dim null, dtype, pad_token_id) are read",
                st == MOE_OK);
     set_field(dir, "config.json", "quantization_config", "{\"quant_method\": \"fp8\"}");
-    st = hf_config_read(&c, dir);
+    st = moe_hf_config_read(&c, dir);
     check_true("a field moe.c does not understand is an error naming it",
                st == MOE_EINVAL &&
                    strstr(moe_last_error(), "\"quantization_config\" is not understood"));
     printf("    -> %s\n", moe_last_error());
     remove_field(dir, "config.json", "quantization_config");
     set_field(dir, "config.json", "architectures", "[\"LlamaForCausalLM\"]");
-    st = hf_config_read(&c, dir);
+    st = moe_hf_config_read(&c, dir);
     check_true("architectures without MixtralForCausalLM is refused",
                st == MOE_EINVAL && strstr(moe_last_error(), "architectures"));
 }
@@ -598,8 +598,8 @@ static void case_duplicates(void) {
                       "key \"model.norm.weight\" appears twice in weight_map");
     copy_folder(ck, "dup_state", dir, sizeof dir);
     add_duplicate(dir, "trainer_state.json", "step", "2");
-    checkpoint_state cs;
-    moe_status st = checkpoint_state_read(&cs, dir);
+    moe_checkpoint_state cs;
+    moe_status st = moe_checkpoint_state_read(&cs, dir);
     check_true("trainer_state.json with \"step\" twice is refused",
                st == MOE_EIO && strstr(moe_last_error(), "trainer_state.json") &&
                    strstr(moe_last_error(), "key \"step\" appears twice in the top level"));
@@ -630,26 +630,26 @@ static void tokenizer_folder(char *dir, size_t n, const char *added, const char 
 
 // The export of m with such a tokenizer is refused naming tokenizer.json and `expect`, and
 // leaves nothing behind.
-static void special_id_error(const char *what, const model *m, const char *added, const char *vocab,
-                             const char *expect) {
+static void special_id_error(const char *what, const moe_model *m, const char *added,
+                             const char *vocab, const char *expect) {
     char src[300], out[400];
     tokenizer_folder(src, sizeof src, added, vocab);
     snprintf(out, sizeof out, "%s_export", src);
-    moe_status st = hf_export_from(out, src, m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    moe_status st = moe_hf_export_from(out, src, m, MOE_ST_F32, CKPT_SHARD_BYTES);
     check_true(what, st == MOE_EIO && strstr(moe_last_error(), "tokenizer.json") &&
                          strstr(moe_last_error(), expect) && access(out, F_OK) != 0);
     printf("    -> %s\n", st ? moe_last_error() : "(exported)");
 }
 
 static void case_special_ids(void) {
-    model_config mc = small_config(); // a vocabulary of 256
-    model m;
-    model_create_inference(&m, test_backend(), &mc, 32, 32);
-    model_init_weights(&m, 4, 0.1);
+    moe_model_config mc = small_config(); // a vocabulary of 256
+    moe_model m;
+    moe_model_create_inference(&m, test_backend(), &mc, 32, 32);
+    moe_model_init_weights(&m, 4, 0.1);
     char src[300], out[400], path[500];
     tokenizer_folder(src, sizeof src, "1", "7");
     snprintf(out, sizeof out, "%s_export", src);
-    moe_status st = hf_export_from(out, src, &m, ST_F32, CHECKPOINT_SHARD_BYTES);
+    moe_status st = moe_hf_export_from(out, src, &m, MOE_ST_F32, CKPT_SHARD_BYTES);
     snprintf(path, sizeof path, "%s/generation_config.json", out);
     cJSON *gen = st ? NULL : read_json_file(path);
     const cJSON *bos = cJSON_GetObjectItem(gen, "bos_token_id"),
@@ -668,7 +668,7 @@ static void case_special_ids(void) {
                      "has id 256, not an integer in [0, 256)");
     special_id_error("a special token's model.vocab id beyond the vocabulary is refused", &m, "1",
                      "4e9", "pad_token \"<pad>\" has id 4000000000");
-    model_destroy(&m);
+    moe_model_destroy(&m);
 }
 
 int main(int argc, char **argv) {

@@ -82,14 +82,14 @@ static void test_roundtrip_f32(void) {
     float cube[2 * 3 * 4];
     for (int i = 0; i < 24; i++) cube[i] = (float)i * 0.37f - 4.0f;
     float odd[6] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, from_bits(1)}; // denormal, NaN, -0
-    st_entry e[5] = {
+    moe_st_entry e[5] = {
         {.name = "model.scalar", .data = &scalar, .ndim = 0},
         {.name = "model.layers.0.cube", .data = cube, .ndim = 3, .shape = {2, 3, 4}},
         {.name = "odd", .data = odd, .ndim = 1, .shape = {6}},
         {.name = "empty", .data = NULL, .ndim = 2, .shape = {0, 5}},
         {.name = "we\"ird\\name\n", .data = cube, .ndim = 2, .shape = {4, 2}},
     };
-    check_true("st_write F32", st_write(path, e, 5, ST_F32) == MOE_OK);
+    check_true("moe_st_write F32", moe_st_write(path, e, 5, MOE_ST_F32) == MOE_OK);
 
     size_t len;
     uint8_t *raw = slurp(path, &len);
@@ -103,71 +103,71 @@ static void test_roundtrip_f32(void) {
     check_true("file size = 8 + header + data", len == 8 + hl + 4 * (1 + 24 + 6 + 0 + 8));
     free(raw);
 
-    st_file f;
-    moe_status st = st_read(&f, path);
+    moe_st_file f;
+    moe_status st = moe_st_read(&f, path);
     if (st != MOE_OK) printf("  %s\n", moe_last_error());
-    check_true("st_read F32", st == MOE_OK);
+    check_true("moe_st_read F32", st == MOE_OK);
     if (st != MOE_OK) return;
     check_true("5 tensors, in the order written",
                f.n == 5 && strcmp(f.tensors[0].name, "model.scalar") == 0 &&
                    strcmp(f.tensors[4].name, "we\"ird\\name\n") == 0);
-    const st_tensor *t = st_find(&f, "model.scalar");
+    const moe_st_tensor *t = moe_st_find(&f, "model.scalar");
     float got[32];
     check_true("scalar: ndim 0, 4 bytes",
-               t && t->ndim == 0 && t->end - t->begin == 4 && t->dtype == ST_F32);
+               t && t->ndim == 0 && t->end - t->begin == 4 && t->dtype == MOE_ST_F32);
     if (t) {
-        st_to_f32(got, &f, t);
+        moe_st_to_f32(got, &f, t);
         check_true("scalar value", got[0] == 3.25f);
     }
-    t = st_find(&f, "model.layers.0.cube");
+    t = moe_st_find(&f, "model.layers.0.cube");
     check_true("cube: shape [2,3,4]",
                t && t->ndim == 3 && t->shape[0] == 2 && t->shape[1] == 3 && t->shape[2] == 4);
     if (t) {
-        st_to_f32(got, &f, t);
+        moe_st_to_f32(got, &f, t);
         int ok = 1;
         for (int i = 0; i < 24; i++) ok &= same_bits(got[i], cube[i]);
         check_true("cube bitwise", ok);
     }
-    t = st_find(&f, "odd");
+    t = moe_st_find(&f, "odd");
     if (t) {
-        st_to_f32(got, &f, t);
+        moe_st_to_f32(got, &f, t);
         int ok = 1;
         for (int i = 0; i < 6; i++) ok &= same_bits(got[i], odd[i]);
         check_true("0, -0, inf, -inf, NaN, denormal bitwise", ok);
     }
-    t = st_find(&f, "empty");
+    t = moe_st_find(&f, "empty");
     check_true("empty tensor [0, 5]", t && t->ndim == 2 && t->shape[0] == 0 && t->begin == t->end);
-    t = st_find(&f, "we\"ird\\name\n");
+    t = moe_st_find(&f, "we\"ird\\name\n");
     check_true("escaped name round trips", t && t->shape[0] == 4 && t->shape[1] == 2);
-    check_true("st_find of an absent name is NULL", st_find(&f, "nope") == NULL);
-    st_free(&f);
-    st_free(&f); // twice is harmless
+    check_true("moe_st_find of an absent name is NULL", moe_st_find(&f, "nope") == NULL);
+    moe_st_free(&f);
+    moe_st_free(&f); // twice is harmless
 }
 
-static void test_roundtrip_half(st_dtype dtype) {
-    printf("round trip %s\n", st_dtype_name(dtype));
+static void test_roundtrip_half(moe_st_dtype dtype) {
+    printf("round trip %s\n", moe_st_dtype_name(dtype));
     char path[1024];
-    path_of(path, sizeof path, dtype == ST_F16 ? "rt_f16.safetensors" : "rt_bf16.safetensors");
+    path_of(path, sizeof path, dtype == MOE_ST_F16 ? "rt_f16.safetensors" : "rt_bf16.safetensors");
     enum { N = 3 * 5 * 7 };
     float x[N];
     test_rng r;
     rng_seed(&r, 7);
     for (int i = 0; i < N; i++) x[i] = (float)(rng_normal(&r) * 10.0);
-    st_entry e[2] = {{.name = "w", .data = x, .ndim = 3, .shape = {3, 5, 7}},
-                     {.name = "s", .data = x, .ndim = 0}};
-    check_true("st_write", st_write(path, e, 2, dtype) == MOE_OK);
-    st_file f;
-    moe_status st = st_read(&f, path);
-    check_true("st_read", st == MOE_OK);
+    moe_st_entry e[2] = {{.name = "w", .data = x, .ndim = 3, .shape = {3, 5, 7}},
+                         {.name = "s", .data = x, .ndim = 0}};
+    check_true("moe_st_write", moe_st_write(path, e, 2, dtype) == MOE_OK);
+    moe_st_file f;
+    moe_status st = moe_st_read(&f, path);
+    check_true("moe_st_read", st == MOE_OK);
     if (st != MOE_OK) {
         printf("  %s\n", moe_last_error());
         return;
     }
-    const st_tensor *t = st_find(&f, "w");
+    const moe_st_tensor *t = moe_st_find(&f, "w");
     check_true("dtype and 2 bytes per element",
                t && t->dtype == dtype && t->end - t->begin == 2 * N);
     float got[N];
-    st_to_f32(got, &f, t);
+    moe_st_to_f32(got, &f, t);
     double g[N], w[N], maxrel = 0;
     int exact = 1;
     for (int i = 0; i < N; i++) {
@@ -175,19 +175,19 @@ static void test_roundtrip_half(st_dtype dtype) {
         w[i] = x[i];
         double rel = fabs(g[i] - w[i]) / fabs(w[i]);
         if (rel > maxrel) maxrel = rel;
-        uint16_t h = dtype == ST_F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
-        exact &= same_bits(got[i], dtype == ST_F16 ? f16_to_f32(h) : bf16_to_f32(h));
+        uint16_t h = dtype == MOE_ST_F16 ? moe_f32_to_f16(x[i]) : moe_f32_to_bf16(x[i]);
+        exact &= same_bits(got[i], dtype == MOE_ST_F16 ? moe_f16_to_f32(h) : moe_bf16_to_f32(h));
     }
     // round to nearest: at most half an ulp, relative 2^-8 (bf16, 7 stored mantissa bits) or
     // 2^-11 (f16, 10 stored bits), for normal values
-    double tol = dtype == ST_F16 ? 1.0 / 2048 : 1.0 / 256;
+    double tol = dtype == MOE_ST_F16 ? 1.0 / 2048 : 1.0 / 256;
     printf("  max elementwise relative error %.3e (bound %.3e)\n", maxrel, tol);
     check_true("every element within half an ulp", maxrel <= tol);
     check_rel("values", g, w, N, tol);
     check_true("values equal the scalar conversion", exact);
-    const st_tensor *s = st_find(&f, "s");
+    const moe_st_tensor *s = moe_st_find(&f, "s");
     check_true("scalar: ndim 0, 2 bytes", s && s->ndim == 0 && s->end - s->begin == 2);
-    st_free(&f);
+    moe_st_free(&f);
 }
 
 // ---- a file as the Hugging Face library writes it ----------------------------------------
@@ -220,56 +220,57 @@ static void test_hf_file(void) {
     d[11] = 0xC1; // a[1] = -10.0f
     put_bytes(path, buf, 8 + hl + 12);
 
-    st_file f;
-    moe_status st = st_read(&f, path);
+    moe_st_file f;
+    moe_status st = moe_st_read(&f, path);
     if (st != MOE_OK) printf("  %s\n", moe_last_error());
     check_true("reads an unpadded header", st == MOE_OK);
     if (st != MOE_OK) return;
     float v[2];
-    const st_tensor *a = st_find(&f, "a"), *b = st_find(&f, "b"), *c = st_find(&f, "c");
+    const moe_st_tensor *a = moe_st_find(&f, "a"), *b = moe_st_find(&f, "b"),
+                        *c = moe_st_find(&f, "c");
     check_true("3 tensors", f.n == 3 && a && b && c);
     if (a && b && c) {
-        st_to_f32(v, &f, a);
+        moe_st_to_f32(v, &f, a);
         check_true("a = [1, -10] (F32)", v[0] == 1.0f && v[1] == -10.0f);
-        st_to_f32(v, &f, b);
+        moe_st_to_f32(v, &f, b);
         check_true("b = 1.5 (BF16 scalar)", v[0] == 1.5f && b->ndim == 0);
-        st_to_f32(v, &f, c);
+        moe_st_to_f32(v, &f, c);
         check_true("c = -2 (F16 [1,1])", v[0] == -2.0f && c->ndim == 2);
     }
-    st_free(&f);
+    moe_st_free(&f);
 
     // no __metadata__ at all, and padding spaces after the JSON: also valid
     path_of(path, sizeof path, "hf_nometa.safetensors");
     write_raw(path, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}      ",
               UINT64_MAX, 4);
-    st = st_read(&f, path);
+    st = moe_st_read(&f, path);
     if (st != MOE_OK) printf("  %s\n", moe_last_error());
     check_true("reads a file without __metadata__, padded", st == MOE_OK && f.n == 1);
-    st_free(&f);
+    moe_st_free(&f);
 
     // no tensors at all
     path_of(path, sizeof path, "hf_empty.safetensors");
     write_raw(path, "{\"__metadata__\":{\"format\":\"pt\"}}", UINT64_MAX, 0);
-    st = st_read(&f, path);
+    st = moe_st_read(&f, path);
     check_true("reads a file with no tensors", st == MOE_OK && f.n == 0);
-    st_free(&f);
+    moe_st_free(&f);
 }
 
 // ---- the loader's refusals -----------------------------------------------------------------
 
-// st_read(path) must fail with MOE_EIO and a message naming the file and holding `detail`.
+// moe_st_read(path) must fail with MOE_EIO and a message naming the file and holding `detail`.
 static void expect_refusal(const char *what, const char *file, const char *detail) {
     char path[1024];
     path_of(path, sizeof path, file);
-    st_file f;
-    moe_status st = st_read(&f, path);
+    moe_st_file f;
+    moe_status st = moe_st_read(&f, path);
     const char *msg = moe_last_error();
     printf("  [%s] %s\n", what, st == MOE_OK ? "(accepted!)" : msg);
     int ok = st == MOE_EIO && strstr(msg, file) && strstr(msg, detail) && f.n == 0 && !f.data &&
              !f.tensors;
     if (!ok && st != MOE_OK) printf("    wanted MOE_EIO naming '%s' and '%s'\n", file, detail);
     check_true(what, ok);
-    if (st == MOE_OK) st_free(&f);
+    if (st == MOE_OK) moe_st_free(&f);
 }
 
 // write_raw into the scratch dir, then expect_refusal.
@@ -386,22 +387,22 @@ static void test_errors(void) {
 
     // the writer refuses bad arguments and unwritable paths
     float x[2] = {1, 2};
-    st_entry dup[2] = {{.name = "a", .data = x, .ndim = 1, .shape = {1}},
-                       {.name = "a", .data = x, .ndim = 1, .shape = {1}}};
+    moe_st_entry dup[2] = {{.name = "a", .data = x, .ndim = 1, .shape = {1}},
+                           {.name = "a", .data = x, .ndim = 1, .shape = {1}}};
     path_of(path, sizeof path, "w_dup.safetensors");
-    moe_status st = st_write(path, dup, 2, ST_F32);
+    moe_status st = moe_st_write(path, dup, 2, MOE_ST_F32);
     printf("  [writer: duplicate] %s\n", moe_last_error());
     check_true("writer refuses duplicate names",
                st == MOE_EINVAL && strstr(moe_last_error(), "'a'"));
-    st_entry bad[1] = {{.name = "a", .data = x, .ndim = 9}};
-    st = st_write(path, bad, 1, ST_F32);
+    moe_st_entry bad[1] = {{.name = "a", .data = x, .ndim = 9}};
+    st = moe_st_write(path, bad, 1, MOE_ST_F32);
     printf("  [writer: ndim 9] %s\n", moe_last_error());
     check_true("writer refuses ndim 9", st == MOE_EINVAL);
-    st_entry meta[1] = {{.name = "__metadata__", .data = x, .ndim = 1, .shape = {1}}};
+    moe_st_entry meta[1] = {{.name = "__metadata__", .data = x, .ndim = 1, .shape = {1}}};
     check_true("writer refuses the name __metadata__",
-               st_write(path, meta, 1, ST_F32) == MOE_EINVAL);
+               moe_st_write(path, meta, 1, MOE_ST_F32) == MOE_EINVAL);
     path_of(path, sizeof path, "no_such_dir/w.safetensors");
-    st = st_write(path, dup, 1, ST_F32);
+    st = moe_st_write(path, dup, 1, MOE_ST_F32);
     printf("  [writer: no folder] %s\n", moe_last_error());
     check_true("writer: unwritable path is MOE_EIO naming it",
                st == MOE_EIO && strstr(moe_last_error(), "no_such_dir/w.safetensors"));
@@ -412,31 +413,32 @@ static void test_errors(void) {
 static void test_crc32(void) {
     printf("CRC-32\n");
     const char *v = "123456789";
-    check_true("crc32('123456789') = 0xCBF43926", crc32_update(0, v, 9) == 0xCBF43926u);
-    check_true("crc32('') = 0", crc32_update(0, "", 0) == 0);
-    check_true("crc32('a') = 0xE8B7BE43", crc32_update(0, "a", 1) == 0xE8B7BE43u);
+    check_true("crc32('123456789') = 0xCBF43926", moe_crc32_update(0, v, 9) == 0xCBF43926u);
+    check_true("crc32('') = 0", moe_crc32_update(0, "", 0) == 0);
+    check_true("crc32('a') = 0xE8B7BE43", moe_crc32_update(0, "a", 1) == 0xE8B7BE43u);
     int chain = 1;
     for (size_t k = 0; k <= 9; k++)
-        chain &= crc32_update(crc32_update(0, v, k), v + k, 9 - k) == 0xCBF43926u;
+        chain &= moe_crc32_update(moe_crc32_update(0, v, k), v + k, 9 - k) == 0xCBF43926u;
     check_true("chaining at every split point", chain);
 
     char path[1024];
     path_of(path, sizeof path, "crc.safetensors");
     float x[300];
     for (int i = 0; i < 300; i++) x[i] = (float)i / 7.0f;
-    st_entry e[1] = {{.name = "x", .data = x, .ndim = 2, .shape = {20, 15}}};
-    check_true("st_write", st_write(path, e, 1, ST_BF16) == MOE_OK);
+    moe_st_entry e[1] = {{.name = "x", .data = x, .ndim = 2, .shape = {20, 15}}};
+    check_true("moe_st_write", moe_st_write(path, e, 1, MOE_ST_BF16) == MOE_OK);
     size_t len;
     uint8_t *raw = slurp(path, &len);
     uint32_t c = 1;
-    check_true("file_crc32 ok", file_crc32(path, &c) == MOE_OK);
-    check_true("file_crc32 = crc32_update of the bytes", c == crc32_update(0, raw, len));
+    check_true("moe_file_crc32 ok", moe_file_crc32(path, &c) == MOE_OK);
+    check_true("moe_file_crc32 = moe_crc32_update of the bytes",
+               c == moe_crc32_update(0, raw, len));
     free(raw);
 
     path_of(path, sizeof path, "crc_missing.bin");
-    moe_status st = file_crc32(path, &c);
+    moe_status st = moe_file_crc32(path, &c);
     printf("  [missing] %s\n", moe_last_error());
-    check_true("file_crc32 of a missing file: MOE_EIO naming it",
+    check_true("moe_file_crc32 of a missing file: MOE_EIO naming it",
                st == MOE_EIO && strstr(moe_last_error(), "crc_missing.bin"));
 }
 
@@ -448,74 +450,81 @@ static int bf16_is_nan(uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x7
 static void test_convert(void) {
     printf("conversions\n");
     // bfloat16
-    check_true("bf16(0) = 0x0000", f32_to_bf16(0.0f) == 0x0000);
-    check_true("bf16(-0) = 0x8000", f32_to_bf16(-0.0f) == 0x8000);
-    check_true("bf16(1) = 0x3F80", f32_to_bf16(1.0f) == 0x3F80);
-    check_true("bf16(65504) = 0x4780 (65536)", f32_to_bf16(65504.0f) == 0x4780);
+    check_true("bf16(0) = 0x0000", moe_f32_to_bf16(0.0f) == 0x0000);
+    check_true("bf16(-0) = 0x8000", moe_f32_to_bf16(-0.0f) == 0x8000);
+    check_true("bf16(1) = 0x3F80", moe_f32_to_bf16(1.0f) == 0x3F80);
+    check_true("bf16(65504) = 0x4780 (65536)", moe_f32_to_bf16(65504.0f) == 0x4780);
     check_true("bf16(inf), bf16(-inf)",
-               f32_to_bf16(INFINITY) == 0x7F80 && f32_to_bf16(-INFINITY) == 0xFF80);
+               moe_f32_to_bf16(INFINITY) == 0x7F80 && moe_f32_to_bf16(-INFINITY) == 0xFF80);
     check_true("bf16(NaN) is a quiet NaN",
-               bf16_is_nan(f32_to_bf16(NAN)) && (f32_to_bf16(NAN) & 0x40));
+               bf16_is_nan(moe_f32_to_bf16(NAN)) && (moe_f32_to_bf16(NAN) & 0x40));
     check_true("bf16(NaN, low payload only) stays NaN",
-               bf16_is_nan(f32_to_bf16(from_bits(0x7F800001u))));
-    check_true("bf16(-NaN) keeps its sign", f32_to_bf16(from_bits(0xFF800001u)) & 0x8000);
-    check_true("bf16 tie 1+2^-8 -> 1 (even)", f32_to_bf16(from_bits(0x3F808000u)) == 0x3F80);
+               bf16_is_nan(moe_f32_to_bf16(from_bits(0x7F800001u))));
+    check_true("bf16(-NaN) keeps its sign", moe_f32_to_bf16(from_bits(0xFF800001u)) & 0x8000);
+    check_true("bf16 tie 1+2^-8 -> 1 (even)", moe_f32_to_bf16(from_bits(0x3F808000u)) == 0x3F80);
     check_true("bf16 tie 0x3F818000 -> 0x3F82 (even)",
-               f32_to_bf16(from_bits(0x3F818000u)) == 0x3F82);
-    check_true("bf16 just above a tie rounds up", f32_to_bf16(from_bits(0x3F808001u)) == 0x3F81);
-    check_true("bf16 just below a tie rounds down", f32_to_bf16(from_bits(0x3F807FFFu)) == 0x3F80);
-    check_true("bf16(FLT_MAX) overflows to inf", f32_to_bf16(from_bits(0x7F7FFFFFu)) == 0x7F80);
-    float b8 = bf16_to_f32(f32_to_bf16(1e-8f));
+               moe_f32_to_bf16(from_bits(0x3F818000u)) == 0x3F82);
+    check_true("bf16 just above a tie rounds up",
+               moe_f32_to_bf16(from_bits(0x3F808001u)) == 0x3F81);
+    check_true("bf16 just below a tie rounds down",
+               moe_f32_to_bf16(from_bits(0x3F807FFFu)) == 0x3F80);
+    check_true("bf16(FLT_MAX) overflows to inf", moe_f32_to_bf16(from_bits(0x7F7FFFFFu)) == 0x7F80);
+    float b8 = moe_bf16_to_f32(moe_f32_to_bf16(1e-8f));
     check_true("bf16(1e-8) within 2^-9", fabsf(b8 - 1e-8f) <= 1e-8f / 512);
-    check_true("bf16 denormal kept", f32_to_bf16(from_bits(0x00010000u)) == 0x0001);
-    check_true("bf16_to_f32(0x3FC0) = 1.5", bf16_to_f32(0x3FC0) == 1.5f);
+    check_true("bf16 denormal kept", moe_f32_to_bf16(from_bits(0x00010000u)) == 0x0001);
+    check_true("moe_bf16_to_f32(0x3FC0) = 1.5", moe_bf16_to_f32(0x3FC0) == 1.5f);
 
     // float16
-    check_true("f16(0) = 0x0000", f32_to_f16(0.0f) == 0x0000);
-    check_true("f16(-0) = 0x8000", f32_to_f16(-0.0f) == 0x8000);
-    check_true("f16(1) = 0x3C00", f32_to_f16(1.0f) == 0x3C00);
-    check_true("f16(-2) = 0xC000", f32_to_f16(-2.0f) == 0xC000);
-    check_true("f16(65504) = 0x7BFF", f32_to_f16(65504.0f) == 0x7BFF);
-    check_true("f16(65519.99) = 0x7BFF", f32_to_f16(65519.99f) == 0x7BFF);
-    check_true("f16(65520) = inf (tie to even)", f32_to_f16(65520.0f) == 0x7C00);
+    check_true("f16(0) = 0x0000", moe_f32_to_f16(0.0f) == 0x0000);
+    check_true("f16(-0) = 0x8000", moe_f32_to_f16(-0.0f) == 0x8000);
+    check_true("f16(1) = 0x3C00", moe_f32_to_f16(1.0f) == 0x3C00);
+    check_true("f16(-2) = 0xC000", moe_f32_to_f16(-2.0f) == 0xC000);
+    check_true("f16(65504) = 0x7BFF", moe_f32_to_f16(65504.0f) == 0x7BFF);
+    check_true("f16(65519.99) = 0x7BFF", moe_f32_to_f16(65519.99f) == 0x7BFF);
+    check_true("f16(65520) = inf (tie to even)", moe_f32_to_f16(65520.0f) == 0x7C00);
     check_true("f16(1e5) = inf, f16(-1e5) = -inf",
-               f32_to_f16(1e5f) == 0x7C00 && f32_to_f16(-1e5f) == 0xFC00);
+               moe_f32_to_f16(1e5f) == 0x7C00 && moe_f32_to_f16(-1e5f) == 0xFC00);
     check_true("f16(inf), f16(-inf)",
-               f32_to_f16(INFINITY) == 0x7C00 && f32_to_f16(-INFINITY) == 0xFC00);
-    check_true("f16(NaN) is a quiet NaN", f16_is_nan(f32_to_f16(NAN)) && (f32_to_f16(NAN) & 0x200));
+               moe_f32_to_f16(INFINITY) == 0x7C00 && moe_f32_to_f16(-INFINITY) == 0xFC00);
+    check_true("f16(NaN) is a quiet NaN",
+               f16_is_nan(moe_f32_to_f16(NAN)) && (moe_f32_to_f16(NAN) & 0x200));
     check_true("f16(NaN, low payload only) stays NaN",
-               f16_is_nan(f32_to_f16(from_bits(0x7F800001u))));
-    check_true("f16(1e-8) = 0 (below half the smallest subnormal)", f32_to_f16(1e-8f) == 0x0000);
-    check_true("f16(-1e-8) = -0", f32_to_f16(-1e-8f) == 0x8000);
-    check_true("f16(2^-24) = 0x0001", f32_to_f16(ldexpf(1, -24)) == 0x0001);
-    check_true("f16(2^-25) = 0 (tie to even)", f32_to_f16(ldexpf(1, -25)) == 0x0000);
+               f16_is_nan(moe_f32_to_f16(from_bits(0x7F800001u))));
+    check_true("f16(1e-8) = 0 (below half the smallest subnormal)",
+               moe_f32_to_f16(1e-8f) == 0x0000);
+    check_true("f16(-1e-8) = -0", moe_f32_to_f16(-1e-8f) == 0x8000);
+    check_true("f16(2^-24) = 0x0001", moe_f32_to_f16(ldexpf(1, -24)) == 0x0001);
+    check_true("f16(2^-25) = 0 (tie to even)", moe_f32_to_f16(ldexpf(1, -25)) == 0x0000);
     check_true("f16(2^-25 + ulp) = 0x0001",
-               f32_to_f16(from_bits(to_bits(ldexpf(1, -25)) + 1)) == 0x0001);
-    check_true("f16(3 * 2^-25) = 0x0002 (tie to even)", f32_to_f16(3 * ldexpf(1, -25)) == 0x0002);
-    check_true("f16(5 * 2^-25) = 0x0002 (tie to even)", f32_to_f16(5 * ldexpf(1, -25)) == 0x0002);
-    check_true("f16(6e-8) = 0x0001", f32_to_f16(6e-8f) == 0x0001);
+               moe_f32_to_f16(from_bits(to_bits(ldexpf(1, -25)) + 1)) == 0x0001);
+    check_true("f16(3 * 2^-25) = 0x0002 (tie to even)",
+               moe_f32_to_f16(3 * ldexpf(1, -25)) == 0x0002);
+    check_true("f16(5 * 2^-25) = 0x0002 (tie to even)",
+               moe_f32_to_f16(5 * ldexpf(1, -25)) == 0x0002);
+    check_true("f16(6e-8) = 0x0001", moe_f32_to_f16(6e-8f) == 0x0001);
     check_true("f16(1023.5 * 2^-24) = 0x0400 (tie up to the smallest normal)",
-               f32_to_f16(1023.5f * ldexpf(1, -24)) == 0x0400);
-    check_true("f16(2^-14) = 0x0400", f32_to_f16(ldexpf(1, -14)) == 0x0400);
-    check_true("f16 tie 1+2^-11 -> 1 (even)", f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3C00);
+               moe_f32_to_f16(1023.5f * ldexpf(1, -24)) == 0x0400);
+    check_true("f16(2^-14) = 0x0400", moe_f32_to_f16(ldexpf(1, -14)) == 0x0400);
+    check_true("f16 tie 1+2^-11 -> 1 (even)", moe_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3C00);
     check_true("f16 tie 1+3*2^-11 -> 0x3C02 (even)",
-               f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3C02);
+               moe_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3C02);
     check_true("f16 2049 -> 2048, 2051 -> 2052",
-               f32_to_f16(2049.0f) == 0x6800 && f32_to_f16(2051.0f) == 0x6802);
-    check_true("f16_to_f32(0x0001) = 2^-24", f16_to_f32(0x0001) == ldexpf(1, -24));
-    check_true("f16_to_f32(0x03FF) = 1023 * 2^-24", f16_to_f32(0x03FF) == 1023 * ldexpf(1, -24));
-    check_true("f16_to_f32(0x7BFF) = 65504", f16_to_f32(0x7BFF) == 65504.0f);
-    check_true("f16_to_f32(0x8000) = -0", same_bits(f16_to_f32(0x8000), -0.0f));
-    check_true("f16_to_f32(0x7C00) = inf", f16_to_f32(0x7C00) == INFINITY);
-    check_true("f16_to_f32(0x7E00) is NaN", isnan(f16_to_f32(0x7E00)));
+               moe_f32_to_f16(2049.0f) == 0x6800 && moe_f32_to_f16(2051.0f) == 0x6802);
+    check_true("moe_f16_to_f32(0x0001) = 2^-24", moe_f16_to_f32(0x0001) == ldexpf(1, -24));
+    check_true("moe_f16_to_f32(0x03FF) = 1023 * 2^-24",
+               moe_f16_to_f32(0x03FF) == 1023 * ldexpf(1, -24));
+    check_true("moe_f16_to_f32(0x7BFF) = 65504", moe_f16_to_f32(0x7BFF) == 65504.0f);
+    check_true("moe_f16_to_f32(0x8000) = -0", same_bits(moe_f16_to_f32(0x8000), -0.0f));
+    check_true("moe_f16_to_f32(0x7C00) = inf", moe_f16_to_f32(0x7C00) == INFINITY);
+    check_true("moe_f16_to_f32(0x7E00) is NaN", isnan(moe_f16_to_f32(0x7E00)));
 
     // every 16-bit pattern survives f32 and back; NaNs stay NaN
     int f16_ok = 1, bf16_ok = 1;
     for (uint32_t h = 0; h < 65536; h++) {
         uint16_t x = (uint16_t)h;
-        uint16_t y = f32_to_f16(f16_to_f32(x));
+        uint16_t y = moe_f32_to_f16(moe_f16_to_f32(x));
         f16_ok &= f16_is_nan(x) ? f16_is_nan(y) && (x & 0x8000) == (y & 0x8000) : y == x;
-        uint16_t z = f32_to_bf16(bf16_to_f32(x));
+        uint16_t z = moe_f32_to_bf16(moe_bf16_to_f32(x));
         bf16_ok &= bf16_is_nan(x) ? bf16_is_nan(z) : z == x;
     }
     check_true("all 65536 f16 patterns round trip", f16_ok);
@@ -526,8 +535,8 @@ static void test_convert(void) {
     for (uint64_t b = 0; b < 0x100000000ull; b += 40503) {
         float x = from_bits((uint32_t)b);
         if (isnan(x)) continue;
-        uint16_t h = f32_to_f16(x);
-        double got = f16_to_f32(h), xd = x;
+        uint16_t h = moe_f32_to_f16(x);
+        double got = moe_f16_to_f32(h), xd = x;
         if (fabs(xd) >= 65520.0) {
             near_ok &= isinf(got) && (got > 0) == (xd > 0);
             continue;
@@ -536,18 +545,18 @@ static void test_convert(void) {
         uint16_t up = (uint16_t)(h + 1), dn = (uint16_t)(h - 1);
         double err = fabs(got - xd);
         if ((h & 0x7FFF) != 0x7C00 && (up & 0x7FFF) < 0x7C00 && (up & 0x8000) == (h & 0x8000))
-            near_ok &= err <= fabs((double)f16_to_f32(up) - xd);
+            near_ok &= err <= fabs((double)moe_f16_to_f32(up) - xd);
         if ((h & 0x7FFF) != 0 && (dn & 0x8000) == (h & 0x8000))
-            near_ok &= err <= fabs((double)f16_to_f32(dn) - xd);
-        uint16_t g = f32_to_bf16(x);
-        double gb = bf16_to_f32(g);
+            near_ok &= err <= fabs((double)moe_f16_to_f32(dn) - xd);
+        uint16_t g = moe_f32_to_bf16(x);
+        double gb = moe_bf16_to_f32(g);
         if (!isinf(gb)) {
             uint16_t gu = (uint16_t)(g + 1), gd = (uint16_t)(g - 1);
             double eb = fabs(gb - xd);
             if ((gu & 0x7FFF) < 0x7F80 && (gu & 0x8000) == (g & 0x8000))
-                near_ok &= eb <= fabs((double)bf16_to_f32(gu) - xd);
+                near_ok &= eb <= fabs((double)moe_bf16_to_f32(gu) - xd);
             if ((g & 0x7FFF) != 0 && (gd & 0x8000) == (g & 0x8000))
-                near_ok &= eb <= fabs((double)bf16_to_f32(gd) - xd);
+                near_ok &= eb <= fabs((double)moe_bf16_to_f32(gd) - xd);
         }
     }
     check_true("sweep: f16 and bf16 are nearest", near_ok);
@@ -561,7 +570,7 @@ static void test_convert(void) {
         _Float16 h = (_Float16)x;
         uint16_t hb;
         memcpy(&hb, &h, sizeof hb);
-        same &= hb == f32_to_f16(x) && same_bits((float)h, f16_to_f32(hb));
+        same &= hb == moe_f32_to_f16(x) && same_bits((float)h, moe_f16_to_f32(hb));
     }
     check_true("sweep: f16 equals the compiler's _Float16", same);
 #endif
@@ -581,8 +590,8 @@ int main(int argc, char **argv) {
     int all = strcmp(what, "all") == 0;
     if (all || strcmp(what, "roundtrip") == 0) {
         test_roundtrip_f32();
-        test_roundtrip_half(ST_BF16);
-        test_roundtrip_half(ST_F16);
+        test_roundtrip_half(MOE_ST_BF16);
+        test_roundtrip_half(MOE_ST_F16);
     }
     if (all || strcmp(what, "hf") == 0) test_hf_file();
     if (all || strcmp(what, "errors") == 0) test_errors();

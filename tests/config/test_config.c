@@ -1004,8 +1004,8 @@ static void case_capacity(void) {
     if (ACCEPT("capacity_sched.cfg",
                "model = {\n  capacity_factor = ((0, 2.0), (100, 1), (5000000000L, 1.5));\n};\n",
                &a)) {
-        const capacity_plan *p = &a.capacity;
-        CHECK(p->mode == CAPACITY_SCHEDULE && p->n_points == 3 && p->step[1] == 100 &&
+        const moe_capacity_plan *p = &a.capacity;
+        CHECK(p->mode == MOE_CAPACITY_SCHEDULE && p->n_points == 3 && p->step[1] == 100 &&
               p->factor[1] == 1.0 && p->step[2] == INT64_C(5000000000) &&
               a.model.moe.capacity_factor == 2.0);
         FILE *f = fopen("capacity_sched_rt.cfg", "w");
@@ -1017,9 +1017,9 @@ static void case_capacity(void) {
                "model = {\n  capacity_factor = \"auto\";\n  max_drop = 0.02;\n"
                "  capacity_window = 50;\n  capacity_max = 3;\n};\n",
                &a)) {
-        const capacity_plan *p = &a.capacity;
-        CHECK(p->mode == CAPACITY_AUTO && p->max_drop == 0.02 && p->window == 50 && p->min == 1.0 &&
-              p->max == 3.0 && p->max_change == 1.25 &&
+        const moe_capacity_plan *p = &a.capacity;
+        CHECK(p->mode == MOE_CAPACITY_AUTO && p->max_drop == 0.02 && p->window == 50 &&
+              p->min == 1.0 && p->max == 3.0 && p->max_change == 1.25 &&
               a.model.moe.capacity_factor == 3.0); // starts at the upper bound
         FILE *f = fopen("capacity_auto_rt.cfg", "w");
         CHECK(f && moe_train_config_write(&a, f) == MOE_OK);

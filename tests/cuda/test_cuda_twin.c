@@ -602,21 +602,21 @@ static void test_bf16(void) {
 
 // The whole model, forward and backward, on both backends from the same weights: the loss
 // parts and the logits within tol, every parameter's gradient (by its HF name) within 10 tol.
-static void test_model(const char *what, model_config cfg, int B, int S, double tol) {
+static void test_model(const char *what, moe_model_config cfg, int B, int S, double tol) {
     printf("model (%s): B=%d S=%d, forward + backward\n", what, B, S);
-    model mc, mg;
-    if (model_create(&mc, C, &cfg, B, S) || model_create(&mg, G, &cfg, B, S)) {
+    moe_model mc, mg;
+    if (moe_model_create(&mc, C, &cfg, B, S) || moe_model_create(&mg, G, &cfg, B, S)) {
         fprintf(stderr, "%s\n", moe_last_error());
         exit(1);
     }
-    model_init_weights(&mc, 11, 0.2);
-    model_init_weights(&mg, 11, 0.2); // host RNG: the same weights on both
+    moe_model_init_weights(&mc, 11, 0.2);
+    moe_model_init_weights(&mg, 11, 0.2); // host RNG: the same weights on both
     int *tok = malloc((size_t)B * S * sizeof(int)), *tgt = malloc((size_t)B * S * sizeof(int));
     for (int i = 0; i < B * S; i++)
         tok[i] = (int)(rng_uniform(&rng) * cfg.vocab_size), tgt[i] = (i * 7 + 3) % cfg.vocab_size;
-    if (model_forward(&mc, tok, tgt, B, S, moe_pass_train(mc.cfg.moe.capacity_factor)) ||
-        model_forward(&mg, tok, tgt, B, S, moe_pass_train(mg.cfg.moe.capacity_factor)) ||
-        model_backward(&mc, 0.5) || model_backward(&mg, 0.5)) {
+    if (moe_model_forward(&mc, tok, tgt, B, S, moe_pass_train(mc.cfg.moe.capacity_factor)) ||
+        moe_model_forward(&mg, tok, tgt, B, S, moe_pass_train(mg.cfg.moe.capacity_factor)) ||
+        moe_model_backward(&mc, 0.5) || moe_model_backward(&mg, 0.5)) {
         fprintf(stderr, "%s\n", moe_last_error());
         exit(1);
     }
@@ -636,7 +636,7 @@ static void test_model(const char *what, model_config cfg, int B, int S, double 
     int worst = -1;
     double worst_err = 0;
     for (int t = 0; t < mc.n_tensors; t++) {
-        const model_tensor *x = &mc.tensors[t];
+        const moe_model_tensor *x = &mc.tensors[t];
         const size_t n = (size_t)x->rows * (x->cols ? x->cols : 1);
         for (size_t i = 0; i < n; i++) da[i] = a[x->offset + i], db[i] = b[x->offset + i];
         const double e = rel_err(db, da, n);
@@ -647,8 +647,8 @@ static void test_model(const char *what, model_config cfg, int B, int S, double 
              worst >= 0 ? mc.tensors[worst].name : "-");
     check_true(line, worst_err <= 10 * tol);
     free(tok), free(tgt), free(a), free(b), free(da), free(db);
-    model_destroy(&mc);
-    model_destroy(&mg);
+    moe_model_destroy(&mc);
+    moe_model_destroy(&mg);
 }
 
 int main(void) {
@@ -679,14 +679,14 @@ int main(void) {
     test_attention(2, 45, 4, 2, 16);
     test_attention(1, 300, 6, 3, 24);  // key tiles beyond one block of 128
     test_attention(2, 129, 2, 2, 130); // head_dim beyond one column per thread
-    model_config cfg = {.vocab_size = 61,
-                        .d_model = 48,
-                        .n_layers = 2,
-                        .n_heads = 6,
-                        .n_kv_heads = 2,
-                        .max_seq_len = 40,
-                        .rope_theta = 1e4,
-                        .rms_norm_eps = 1e-5};
+    moe_model_config cfg = {.vocab_size = 61,
+                            .d_model = 48,
+                            .n_layers = 2,
+                            .n_heads = 6,
+                            .n_kv_heads = 2,
+                            .max_seq_len = 40,
+                            .rope_theta = 1e4,
+                            .rms_norm_eps = 1e-5};
     cfg.moe = moe_config_default(48, 40, 6, 2);
     cfg.moe.capacity_factor = 1.25; // drops, probs policy
     cfg.moe.seq_aux_coef = 1e-3;

@@ -1,6 +1,6 @@
-// json_refuse_duplicates (data/json_check.h): a key twice in any object is refused, named with
+// moe_json_refuse_duplicates (data/json_check.h): a key twice in any object is refused, named with
 // the object's dotted path; 150k distinct keys (a tokenizer.json vocabulary) are checked
-// quickly; nesting beyond JSON_CHECK_MAX_DEPTH is refused, never recursed into.
+// quickly; nesting beyond MOE_JSON_CHECK_MAX_DEPTH is refused, never recursed into.
 // Usage: test_data_json_check SCRATCH_DIR
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -12,10 +12,10 @@
 #include "data/json_check.h"
 #include "tests/data/data_test.h"
 
-// json_refuse_duplicates on the text must fail naming `expect` (NULL: must pass).
+// moe_json_refuse_duplicates on the text must fail naming `expect` (NULL: must pass).
 static void check_text(const char *what, const char *text, const char *expect) {
     cJSON *j = cJSON_Parse(text);
-    moe_status st = j ? json_refuse_duplicates(j, "f.json") : MOE_EINVAL;
+    moe_status st = j ? moe_json_refuse_duplicates(j, "f.json") : MOE_EINVAL;
     const char *msg = moe_last_error();
     if (expect)
         check_true(what, st == MOE_EIO && strstr(msg, "f.json: ") && strstr(msg, expect));
@@ -61,14 +61,14 @@ static void large_object(void) {
     const int n = 150000; // prime to 7919: every key once
     cJSON *j = vocab(n, 0);
     clock_t t0 = clock();
-    moe_status st = json_refuse_duplicates(j, "tokenizer.json");
+    moe_status st = moe_json_refuse_duplicates(j, "tokenizer.json");
     double s = (double)(clock() - t0) / CLOCKS_PER_SEC;
     printf("    %.3f s\n", s);
     check_true("150000 distinct keys pass in under 2 s (sorted, not compared pairwise)",
                st == MOE_OK && s < 2);
     cJSON_Delete(j);
     j = vocab(n, 1);
-    st = json_refuse_duplicates(j, "tokenizer.json");
+    st = moe_json_refuse_duplicates(j, "tokenizer.json");
     check_true("one key twice among them is found",
                st == MOE_EIO && strstr(moe_last_error(), "key \"t0\" appears twice in vocab"));
     cJSON_Delete(j);
@@ -77,32 +77,32 @@ static void large_object(void) {
 static void deep_nesting(void) {
     printf("nesting depth\n");
     cJSON *root = cJSON_CreateArray(), *at = root;
-    for (int d = 1; d < JSON_CHECK_MAX_DEPTH; d++) { // JSON_CHECK_MAX_DEPTH arrays in all
+    for (int d = 1; d < MOE_JSON_CHECK_MAX_DEPTH; d++) { // MOE_JSON_CHECK_MAX_DEPTH arrays in all
         cJSON *inner = cJSON_CreateArray();
         cJSON_AddItemToArray(at, inner);
         at = inner;
     }
-    check_true("nesting of JSON_CHECK_MAX_DEPTH levels passes",
-               json_refuse_duplicates(root, "deep.json") == MOE_OK);
+    check_true("nesting of MOE_JSON_CHECK_MAX_DEPTH levels passes",
+               moe_json_refuse_duplicates(root, "deep.json") == MOE_OK);
     cJSON_AddItemToArray(at, cJSON_CreateObject()); // one level more
-    moe_status st = json_refuse_duplicates(root, "deep.json");
+    moe_status st = moe_json_refuse_duplicates(root, "deep.json");
     check_true("one level more is refused (the walk is bounded)",
                st == MOE_EIO && strstr(moe_last_error(), "deep.json: nested deeper than 1000"));
     cJSON_Delete(root);
 }
 
-// file_read_json_object: the file's object, or an error naming the file and nothing to free.
+// moe_file_read_json_object: the file's object, or an error naming the file and nothing to free.
 static void read_file(const char *dir) {
-    printf("file_read_json_object\n");
+    printf("moe_file_read_json_object\n");
     test_mkdirs(dir);
     const char *ok = test_path(dir, "ok.json"), *bad = test_path(dir, "bad.json");
     test_write_file(ok, "{\"a\": 1}", 8);
     test_write_file(bad, "{\"a\": 1, \"a\": 2}", 16);
     cJSON *j = NULL;
     check_true("a file without duplicates reads",
-               file_read_json_object(ok, 1 << 20, &j) == MOE_OK && cJSON_IsObject(j));
+               moe_file_read_json_object(ok, 1 << 20, &j) == MOE_OK && cJSON_IsObject(j));
     cJSON_Delete(j);
-    moe_status st = file_read_json_object(bad, 1 << 20, &j);
+    moe_status st = moe_file_read_json_object(bad, 1 << 20, &j);
     check_refused("a file with a key twice", st, "bad.json", "key \"a\" appears twice");
     check_true("  and *out is NULL", st && j == NULL);
 }

@@ -16,8 +16,8 @@
 enum { SEQ = 8, NWIN = 37, COUNT = SEQ * NWIN + 1 + 3 }; // 3 tail tokens never used
 
 static const char *dir;
-static token_file tf;  // tokens[i] = (i * 7 + 3) mod VOCAB: a window's start is recoverable
-enum { VOCAB = 1009 }; // prime > COUNT, so i -> tokens[i] is one-to-one on [0, COUNT)
+static moe_token_file tf; // tokens[i] = (i * 7 + 3) mod VOCAB: a window's start is recoverable
+enum { VOCAB = 1009 };    // prime > COUNT, so i -> tokens[i] is one-to-one on [0, COUNT)
 static int64_t start_of[VOCAB];
 
 // The window a row came from, after checking the row is a shifted copy of the file:
@@ -62,8 +62,8 @@ static void make_file(void) {
     uint32_t tok[COUNT];
     for (int i = 0; i < COUNT; i++) tok[i] = (uint32_t)((i * 7 + 3) % VOCAB);
     const char *path = test_path(dir, "loader.bin");
-    if (token_file_write(path, tok, COUNT, VOCAB) != MOE_OK ||
-        token_file_read(&tf, path) != MOE_OK) {
+    if (moe_token_file_write(path, tok, COUNT, VOCAB) != MOE_OK ||
+        moe_token_file_read(&tf, path) != MOE_OK) {
         fprintf(stderr, "test setup: %s\n", moe_last_error());
         exit(2);
     }
@@ -103,8 +103,9 @@ static void uniform_orderings(void) {
     printf("the shuffle is uniform over orderings (3 windows, 600 epochs)\n");
     uint32_t t4[4] = {0, 1, 2, 3};
     const char *path = test_path(dir, "three.bin");
-    token_file tf4;
-    if (token_file_write(path, t4, 4, 4) != MOE_OK || token_file_read(&tf4, path) != MOE_OK) {
+    moe_token_file tf4;
+    if (moe_token_file_write(path, t4, 4, 4) != MOE_OK ||
+        moe_token_file_read(&tf4, path) != MOE_OK) {
         fprintf(stderr, "test setup: %s\n", moe_last_error());
         exit(2);
     }
@@ -124,7 +125,7 @@ static void uniform_orderings(void) {
     check_true("each epoch is a permutation", ok);
     check_true("all 6 orderings appear 60..140 times", uniform);
     data_loader_free(&L);
-    token_file_free(&tf4);
+    moe_token_file_free(&tf4);
 }
 
 static void seeds(void) {
@@ -407,15 +408,16 @@ static void refusals(void) {
     // A tiny file: 8 tokens, seq_len 8 needs 9.
     uint32_t t8[8] = {1, 2, 3, 4, 5, 6, 7, 0};
     const char *small = test_path(dir, "small.bin");
-    token_file tf8;
-    if (token_file_write(small, t8, 8, 256) != MOE_OK || token_file_read(&tf8, small) != MOE_OK) {
+    moe_token_file tf8;
+    if (moe_token_file_write(small, t8, 8, 256) != MOE_OK ||
+        moe_token_file_read(&tf8, small) != MOE_OK) {
         fprintf(stderr, "test setup: %s\n", moe_last_error());
         exit(2);
     }
     check_refused("fewer tokens than one window", data_loader_init(&L, &tf8, 2, 8, 1, 0, 1), small,
                   "8 tokens, fewer than one window of seq_len + 1 = 9 tokens");
     data_loader_free(&L); // safe after a failed init
-    token_file_free(&tf8);
+    moe_token_file_free(&tf8);
 
     printf("set_state refusals leave the loader unchanged\n");
     data_loader a, b;
@@ -462,6 +464,6 @@ int main(int argc, char **argv) {
     save_restore(3, 4, 3);
     world_change();
     refusals();
-    token_file_free(&tf);
+    moe_token_file_free(&tf);
     return test_result();
 }

@@ -25,16 +25,16 @@ static void tokenizer(void) {
     char text[256], back[256];
     int tok[256];
     for (int i = 0; i < 256; i++) text[i] = (char)(unsigned char)(255 - i);
-    byte_tokenize(tok, text, 256);
+    moe_byte_tokenize(tok, text, 256);
     int ok = 1;
     for (int i = 0; i < 256; i++) ok &= tok[i] == 255 - i;
     check_true("token = byte value (0..255, no sign extension)", ok);
-    check_true("detokenize ok", byte_detokenize(back, tok, 256) == MOE_OK);
+    check_true("detokenize ok", moe_byte_detokenize(back, tok, 256) == MOE_OK);
     check_true("round trip of all 256 bytes", memcmp(back, text, 256) == 0);
     tok[7] = 256;
-    check_refused("token 256", byte_detokenize(back, tok, 256), NULL, "token 7 has id 256");
+    check_refused("token 256", moe_byte_detokenize(back, tok, 256), NULL, "token 7 has id 256");
     tok[7] = -1;
-    check_refused("token -1", byte_detokenize(back, tok, 256), NULL, "token 7 has id -1");
+    check_refused("token -1", moe_byte_detokenize(back, tok, 256), NULL, "token 7 has id -1");
 }
 
 static void text_names(void) {
@@ -43,17 +43,17 @@ static void text_names(void) {
                          "x.py", "m.cfg", "run.sh", "f.cmake",   "Makefile",  "LICENSE"};
     const char *no[] = {"a.bin", "a.o", "img.png", "train", ".txt", "a.c.orig", "libx.so"};
     int ok = 1;
-    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) ok &= prepare_is_text_name(yes[i]);
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) ok &= moe_prepare_is_text_name(yes[i]);
     check_true("text names taken", ok);
     ok = 1;
-    for (size_t i = 0; i < sizeof no / sizeof *no; i++) ok &= !prepare_is_text_name(no[i]);
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) ok &= !moe_prepare_is_text_name(no[i]);
     check_true("other names skipped", ok);
 }
 
 // Reads a token file back as bytes (vocab 256 expected); returns the byte count or -1.
 static long read_bytes(const char *path, unsigned char *out, size_t cap) {
-    token_file tf;
-    if (token_file_read(&tf, path) != MOE_OK) {
+    moe_token_file tf;
+    if (moe_token_file_read(&tf, path) != MOE_OK) {
         printf("  %s\n", moe_last_error());
         return -1;
     }
@@ -61,7 +61,7 @@ static long read_bytes(const char *path, unsigned char *out, size_t cap) {
     check_true("vocab 256, u16 tokens", tf.vocab_size == 256 && tf.dtype == 2);
     if (tf.count > cap) n = -1;
     for (long i = 0; i < n; i++) out[i] = (unsigned char)tf.tokens[i];
-    token_file_free(&tf);
+    moe_token_file_free(&tf);
     return n;
 }
 
@@ -86,7 +86,7 @@ static void round_trip(void) {
     // One byte over the size limit: skipped. (A sparse file: cheap to make.)
     const char *big = test_path(src, "big.txt");
     FILE *f = fopen(big, "wb");
-    if (!f || fseek(f, (long)PREPARE_MAX_FILE_BYTES, SEEK_SET) != 0 || fputc('x', f) == EOF) {
+    if (!f || fseek(f, (long)DATA_PREPARE_MAX_FILE_BYTES, SEEK_SET) != 0 || fputc('x', f) == EOF) {
         fprintf(stderr, "test setup: cannot write %s\n", big);
         exit(2);
     }

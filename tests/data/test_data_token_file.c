@@ -58,7 +58,7 @@ static void round_trip(uint32_t vocab, uint64_t n, uint32_t want_dtype) {
     char name[64];
     snprintf(name, sizeof name, "rt_%u_%llu.bin", vocab, (unsigned long long)n);
     const char *path = test_path(dir, name);
-    moe_status s = token_file_write(path, tok, n, vocab);
+    moe_status s = moe_token_file_write(path, tok, n, vocab);
     check_true("write ok", s == MOE_OK);
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -76,8 +76,8 @@ static void round_trip(uint32_t vocab, uint64_t n, uint32_t want_dtype) {
     put_le(want + 24, vocab, 4);
     check_true("header bytes as specified", memcmp(h, want, 32) == 0);
 
-    token_file tf;
-    s = token_file_read(&tf, path);
+    moe_token_file tf;
+    s = moe_token_file_read(&tf, path);
     check_true("read ok", s == MOE_OK);
     if (s == MOE_OK) {
         check_true("count, vocab, dtype",
@@ -87,18 +87,18 @@ static void round_trip(uint32_t vocab, uint64_t n, uint32_t want_dtype) {
     } else {
         printf("  %s\n", moe_last_error());
     }
-    token_file_free(&tf);
-    token_file_free(&tf); // twice is harmless
+    moe_token_file_free(&tf);
+    moe_token_file_free(&tf); // twice is harmless
     free(tok);
 }
 
 static void refuse_read(const char *what, const char *path, const char *keyword) {
-    token_file tf;
+    moe_token_file tf;
     memset(&tf, 0xAB, sizeof tf);
-    moe_status s = token_file_read(&tf, path);
+    moe_status s = moe_token_file_read(&tf, path);
     check_refused(what, s, path, keyword);
     check_true("  nothing left to free", tf.tokens == NULL && tf.count == 0);
-    token_file_free(&tf);
+    moe_token_file_free(&tf);
 }
 
 static void bad_files(void) {
@@ -142,22 +142,22 @@ static void bad_files(void) {
     refuse_read("a folder", dir, NULL);
 
     // A well-formed hand-made file is accepted (the checks above are not over-strict).
-    token_file tf;
-    moe_status s = token_file_read(&tf, raw_file("good.bin", M, 1, 2, 12, 301, 0, 12, 2, v));
+    moe_token_file tf;
+    moe_status s = moe_token_file_read(&tf, raw_file("good.bin", M, 1, 2, 12, 301, 0, 12, 2, v));
     check_true("hand-made valid file accepted",
                s == MOE_OK && tf.count == 12 && tf.tokens[5] == 300);
-    token_file_free(&tf);
+    moe_token_file_free(&tf);
 }
 
 static void bad_writes(void) {
     printf("the writer refuses bad input\n");
     uint32_t t[4] = {0, 1, 256, 3};
     const char *p = test_path(dir, "w_oov.bin");
-    check_refused("token id >= vocab", token_file_write(p, t, 4, 256), p, "token 2 has id 256");
+    check_refused("token id >= vocab", moe_token_file_write(p, t, 4, 256), p, "token 2 has id 256");
     check_true("  nothing written", file_size(p) == -1);
-    check_refused("vocab_size 0", token_file_write(p, t, 4, 0), p, "vocab_size is 0");
+    check_refused("vocab_size 0", moe_token_file_write(p, t, 4, 0), p, "vocab_size is 0");
     p = test_path(dir, "no_such_dir/x.bin");
-    check_refused("folder does not exist", token_file_write(p, t, 2, 256), p, "cannot create");
+    check_refused("folder does not exist", moe_token_file_write(p, t, 2, 256), p, "cannot create");
 }
 
 int main(int argc, char **argv) {

@@ -30,7 +30,7 @@ static void byte_files(void) {
     printf("byte tokenizer files\n");
     const char *d = test_path(dir, "byte");
     test_mkdirs(d);
-    check_true("tokenizer_write_byte_hf", tokenizer_write_byte_hf(d) == MOE_OK);
+    check_true("moe_tokenizer_write_byte_hf", moe_tokenizer_write_byte_hf(d) == MOE_OK);
     cJSON *tok = read_json(test_path(d, "tokenizer.json"));
     check_true("tokenizer.json parses (cJSON)", cJSON_IsObject(tok));
     const cJSON *model = get(tok, "model"), *vocab = get(model, "vocab"), *e;
@@ -76,30 +76,31 @@ static void byte_files(void) {
                    cJSON_IsNumber(get(cfg, "model_max_length")));
     cJSON_Delete(cfg);
 
-    check_true("recognised as the byte tokenizer", tokenizer_is_byte_hf(d) && tokenizer_has_hf(d));
+    check_true("recognised as the byte tokenizer",
+               moe_tokenizer_is_byte_hf(d) && moe_tokenizer_has_hf(d));
     const char *other = test_path(dir, "other");
     test_mkdirs(other);
     remove(test_path(other, "tokenizer.json")); // a previous run's
     remove(test_path(other, "tokenizer_config.json"));
     check_true("a folder without tokenizer.json is not",
-               !tokenizer_is_byte_hf(other) && !tokenizer_has_hf(other));
+               !moe_tokenizer_is_byte_hf(other) && !moe_tokenizer_has_hf(other));
     int copied = -1, same = 0;
-    check_true("copy", tokenizer_copy_hf(d, other, &copied) == MOE_OK && copied == 2);
+    check_true("copy", moe_tokenizer_copy_hf(d, other, &copied) == MOE_OK && copied == 2);
     check_true("the copy is the same tokenizer",
-               tokenizer_same_hf(d, other, &same) == MOE_OK && same);
+               moe_tokenizer_same_hf(d, other, &same) == MOE_OK && same);
     char *text = test_read_file(test_path(other, "tokenizer.json"));
     if (text) text[strlen(text) / 2] ^= 1;
     if (text) test_write_file(test_path(other, "tokenizer.json"), text, strlen(text));
     free(text);
     check_true("one changed byte: another tokenizer",
-               !tokenizer_is_byte_hf(other) && tokenizer_same_hf(d, other, &same) == MOE_OK &&
-                   !same);
+               !moe_tokenizer_is_byte_hf(other) &&
+                   moe_tokenizer_same_hf(d, other, &same) == MOE_OK && !same);
     int bos, eos, pad;
     check_true("the byte tokenizer has no special ids",
-               tokenizer_special_ids(d, 256, &bos, &eos, &pad) == MOE_OK && bos == -1 &&
+               moe_tokenizer_special_ids(d, 256, &bos, &eos, &pad) == MOE_OK && bos == -1 &&
                    eos == -1 && pad == -1);
     check_true("generation_config.json without a source",
-               tokenizer_write_generation_config(NULL, d, 256, d) == MOE_OK);
+               moe_tokenizer_write_generation_config(NULL, d, 256, d) == MOE_OK);
     cJSON *gen = read_json(test_path(d, "generation_config.json"));
     check_true("  has transformers_version and no token ids",
                cJSON_IsString(get(gen, "transformers_version")) && !get(gen, "eos_token_id") &&
@@ -129,12 +130,12 @@ static void special_ids(void) {
     const char *d = special_folder();
     int bos, eos, pad;
     check_true("bos/eos from tokenizer_config.json, pad from special_tokens_map.json",
-               tokenizer_special_ids(d, 8, &bos, &eos, &pad) == MOE_OK && bos == 0 && eos == 1 &&
-                   pad == 7);
+               moe_tokenizer_special_ids(d, 8, &bos, &eos, &pad) == MOE_OK && bos == 0 &&
+                   eos == 1 && pad == 7);
     const char *out = test_path(dir, "export");
     test_mkdirs(out);
     check_true("generation_config.json from the tokenizer",
-               tokenizer_write_generation_config(NULL, d, 0, out) == MOE_OK);
+               moe_tokenizer_write_generation_config(NULL, d, 0, out) == MOE_OK);
     cJSON *gen = read_json(test_path(out, "generation_config.json"));
     check_true("  bos 0, eos 1, pad 7", cJSON_IsNumber(get(gen, "bos_token_id")) &&
                                             get(gen, "bos_token_id")->valueint == 0 &&
@@ -145,7 +146,7 @@ static void special_ids(void) {
     test_mkdirs(hf);
     test_write_file(test_path(hf, "generation_config.json"), "{\"eos_token_id\": 2}\n", 20);
     check_true("an HF folder's own generation_config.json is copied",
-               tokenizer_write_generation_config(hf, d, 0, out) == MOE_OK);
+               moe_tokenizer_write_generation_config(hf, d, 0, out) == MOE_OK);
     char *text = test_read_file(test_path(out, "generation_config.json"));
     check_true("  verbatim", text && !strcmp(text, "{\"eos_token_id\": 2}\n"));
     free(text);
@@ -153,29 +154,30 @@ static void special_ids(void) {
     char tok[1024];
     int from_init = -1;
     check_true("no data.tokenizer, no init_from: byte",
-               tokenizer_for_run(tok, sizeof tok, "", "", &from_init) == MOE_OK && !tok[0] &&
+               moe_tokenizer_for_run(tok, sizeof tok, "", "", &from_init) == MOE_OK && !tok[0] &&
                    !from_init);
-    check_true("data.tokenizer", tokenizer_for_run(tok, sizeof tok, d, "", &from_init) == MOE_OK &&
-                                     !strcmp(tok, d) && !from_init);
+    check_true("data.tokenizer",
+               moe_tokenizer_for_run(tok, sizeof tok, d, "", &from_init) == MOE_OK &&
+                   !strcmp(tok, d) && !from_init);
     check_refused("data.tokenizer without tokenizer.json",
-                  tokenizer_for_run(tok, sizeof tok, hf, "", NULL), hf, "tokenizer.json");
+                  moe_tokenizer_for_run(tok, sizeof tok, hf, "", NULL), hf, "tokenizer.json");
     check_true("data.tokenizer = a byte tokenizer folder: byte",
-               tokenizer_for_run(tok, sizeof tok, test_path(dir, "byte"), "", NULL) == MOE_OK &&
+               moe_tokenizer_for_run(tok, sizeof tok, test_path(dir, "byte"), "", NULL) == MOE_OK &&
                    !tok[0]);
     check_true("init_from's tokenizer",
-               tokenizer_for_run(tok, sizeof tok, "", d, &from_init) == MOE_OK && !strcmp(tok, d) &&
-                   from_init == 1);
+               moe_tokenizer_for_run(tok, sizeof tok, "", d, &from_init) == MOE_OK &&
+                   !strcmp(tok, d) && from_init == 1);
     test_write_file(test_path(dir, "latest"), "special\n", 8);
     check_true("init_from = a latest file naming the folder",
-               tokenizer_for_run(tok, sizeof tok, "", test_path(dir, "latest"), &from_init) ==
+               moe_tokenizer_for_run(tok, sizeof tok, "", test_path(dir, "latest"), &from_init) ==
                        MOE_OK &&
                    !strcmp(tok, d) && from_init == 1);
     check_true("init_from with the byte tokenizer: byte",
-               tokenizer_for_run(tok, sizeof tok, "", test_path(dir, "byte"), &from_init) ==
+               moe_tokenizer_for_run(tok, sizeof tok, "", test_path(dir, "byte"), &from_init) ==
                        MOE_OK &&
                    !tok[0] && !from_init);
     check_true("init_from without a tokenizer: byte",
-               tokenizer_for_run(tok, sizeof tok, "", hf, NULL) == MOE_OK && !tok[0]);
+               moe_tokenizer_for_run(tok, sizeof tok, "", hf, NULL) == MOE_OK && !tok[0]);
 }
 
 // Special-token ids outside [0, vocab_size) (issue 28, item 8), and a key twice in a file
@@ -185,28 +187,28 @@ static void special_refusals(void) {
     const char *d = special_folder();
     int bos, eos, pad;
     check_refused("pad <pad> = 7 with a vocabulary of 7",
-                  tokenizer_special_ids(d, 7, &bos, &eos, &pad), "tokenizer.json",
+                  moe_tokenizer_special_ids(d, 7, &bos, &eos, &pad), "tokenizer.json",
                   "pad_token \"<pad>\" has id 7, not an integer in [0, 7)");
     const char *tok = "{\"added_tokens\": [{\"id\": 4e9, \"content\": \"<s>\"}], \"model\": "
                       "{\"vocab\": {}}}";
     test_write_file(test_path(d, "tokenizer.json"), tok, strlen(tok));
     check_refused("an added token of id 4e9, vocabulary unknown",
-                  tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer.json",
+                  moe_tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer.json",
                   "added token \"<s>\" has id 4000000000, not an integer in [0, 2147483647]");
     const char *out = test_path(dir, "export_bad");
     test_mkdirs(out);
     check_refused("  generation_config.json is not written from it",
-                  tokenizer_write_generation_config(NULL, d, 0, out), "tokenizer.json", "<s>");
+                  moe_tokenizer_write_generation_config(NULL, d, 0, out), "tokenizer.json", "<s>");
     tok = "{\"added_tokens\": [{\"id\": -1, \"content\": \"<unused>\"}], \"model\": {}}";
     test_write_file(test_path(d, "tokenizer.json"), tok, strlen(tok));
     check_refused("a negative id, even of a token no special id names",
-                  tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer.json",
+                  moe_tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer.json",
                   "added token \"<unused>\" has id -1");
     special_folder();
     const char *cfg = "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"bos_token\": \"a\"}";
     test_write_file(test_path(d, "tokenizer_config.json"), cfg, strlen(cfg));
     check_refused("tokenizer_config.json with bos_token twice",
-                  tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer_config.json",
+                  moe_tokenizer_special_ids(d, 0, &bos, &eos, &pad), "tokenizer_config.json",
                   "key \"bos_token\" appears twice in the top level");
     special_folder(); // as it was, for what follows
 }
@@ -227,16 +229,17 @@ static void runner(void) {
     setenv("MOE_PYTHON", "/bin/sh", 1);
     char found[1024];
     check_true("MOE_TOKENIZER_SCRIPT is the script",
-               hf_tokenizer_script(found, sizeof found) == MOE_OK && !strcmp(found, script));
+               moe_hf_tokenizer_script(found, sizeof found) == MOE_OK && !strcmp(found, script));
     int *ids = NULL, n = 0;
-    check_true("encode: ids parsed", hf_tokenizer_encode("TOK", "hello", 5, &ids, &n) == MOE_OK &&
-                                         n == 3 && ids[0] == 5 && ids[1] == 6 && ids[2] == 7);
+    check_true("encode: ids parsed",
+               moe_hf_tokenizer_encode("TOK", "hello", 5, &ids, &n) == MOE_OK && n == 3 &&
+                   ids[0] == 5 && ids[1] == 6 && ids[2] == 7);
     free(ids);
     int in[3] = {1, 20, 300};
     char *text = NULL;
     size_t len = 0;
     check_true("decode: ids sent on stdin, text back",
-               hf_tokenizer_decode("TOK", in, 3, &text, &len) == MOE_OK && text &&
+               moe_hf_tokenizer_decode("TOK", in, 3, &text, &len) == MOE_OK && text &&
                    !strcmp(text, "ids:1 20 300 ") && len == strlen(text));
     free(text);
     // 4 MiB in both directions through a child that answers before it reads: no deadlock
@@ -244,32 +247,33 @@ static void runner(void) {
     char *data = malloc(big);
     for (size_t i = 0; i < big; i++) data[i] = (char)('a' + i % 26);
     const char *early[] = {"early"};
-    moe_status st = hf_tokenizer_run(early, 1, data, big, &text, &len);
+    moe_status st = moe_hf_tokenizer_run(early, 1, data, big, &text, &len);
     check_true("4 MiB through pipes, output before input", st == MOE_OK && len == big + 6 &&
                                                                !memcmp(text, "start\n", 6) &&
                                                                !memcmp(text + 6, data, big));
     free(text), free(data);
     const char *warn[] = {"warn"};
     check_true("a successful run's stderr is passed on",
-               hf_tokenizer_run(warn, 1, NULL, 0, &text, &len) == MOE_OK && !strcmp(text, "ok\n"));
+               moe_hf_tokenizer_run(warn, 1, NULL, 0, &text, &len) == MOE_OK &&
+                   !strcmp(text, "ok\n"));
     free(text);
     const char *fail[] = {"fail"};
-    st = hf_tokenizer_run(fail, 1, "x", 1, &text, &len);
+    st = moe_hf_tokenizer_run(fail, 1, "x", 1, &text, &len);
     check_refused("a failing script: its status and last stderr line", st, "fake.sh",
                   "exit status 3");
     check_true("  the message ends with the last line",
                strstr(moe_last_error(), ": the last line") != NULL);
     check_true("  no output on failure", text == NULL);
     setenv("MOE_PYTHON", "/nonexistent/python3", 1);
-    st = hf_tokenizer_run(warn, 1, NULL, 0, NULL, NULL);
+    st = moe_hf_tokenizer_run(warn, 1, NULL, 0, NULL, NULL);
     check_refused("a missing python", st, "/nonexistent/python3", "MOE_PYTHON");
     setenv("MOE_TOKENIZER_SCRIPT", "/nonexistent/hf_tokenizer.py", 1);
-    check_refused("a missing script", hf_tokenizer_script(found, sizeof found),
+    check_refused("a missing script", moe_hf_tokenizer_script(found, sizeof found),
                   "/nonexistent/hf_tokenizer.py", "MOE_TOKENIZER_SCRIPT");
     unsetenv("MOE_TOKENIZER_SCRIPT");
     unsetenv("MOE_PYTHON");
     check_true("without the variable: the source tree's scripts/hf_tokenizer.py",
-               hf_tokenizer_script(found, sizeof found) == MOE_OK &&
+               moe_hf_tokenizer_script(found, sizeof found) == MOE_OK &&
                    strstr(found, "scripts/hf_tokenizer.py"));
 }
 

@@ -42,11 +42,11 @@ static void loss_falls_and_logs(void) {
     printf("30 steps lower the loss, logs are consistent\n");
     moe_train_config c;
     tiny_config(&c, "smoke");
-    trainer_result r;
-    moe_status st = trainer_run(&c, NULL, NULL, &r);
-    trainer_result_free(&r);
+    moe_trainer_result r;
+    moe_status st = moe_trainer_run(&c, NULL, NULL, &r);
+    moe_trainer_result_free(&r);
     if (st) printf("    -> %s\n", moe_last_error());
-    check_true("trainer_run succeeds", st == MOE_OK);
+    check_true("moe_trainer_run succeeds", st == MOE_OK);
     printf("  first loss %.4f, last loss %.4f, val %.4f\n", r.first_loss, r.last_loss,
            r.last_val_loss);
     check_true("30 steps done, none skipped", r.steps_done == 30 && r.skipped == 0);
@@ -98,15 +98,15 @@ static void planted_nan_is_skipped(void) {
     moe_train_config c;
     tiny_config(&c, "nan");
     c.steps = 12;
-    trainer_hooks hooks = {.nan_from = 5, .nan_to = 5}; // the 6th step
+    moe_trainer_hooks hooks = {.nan_from = 5, .nan_to = 5}; // the 6th step
     char errpath[600];
     snprintf(errpath, sizeof errpath, "%s/nan.stderr", workdir);
     fflush(stderr);
     int saved = dup(2);
     if (!freopen(errpath, "w", stderr)) exit(1);
-    trainer_result r;
-    moe_status st = trainer_run(&c, NULL, &hooks, &r);
-    trainer_result_free(&r);
+    moe_trainer_result r;
+    moe_status st = moe_trainer_run(&c, NULL, &hooks, &r);
+    moe_trainer_result_free(&r);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -125,11 +125,11 @@ static void max_skipped_stops(void) {
     moe_train_config c;
     tiny_config(&c, "nanstop");
     c.max_skipped = 4;
-    trainer_hooks hooks = {.nan_from = 3, .nan_to = 1000};
+    moe_trainer_hooks hooks = {.nan_from = 3, .nan_to = 1000};
     fflush(stderr);
-    trainer_result r;
-    moe_status st = trainer_run(&c, NULL, &hooks, &r);
-    trainer_result_free(&r);
+    moe_trainer_result r;
+    moe_status st = moe_trainer_run(&c, NULL, &hooks, &r);
+    moe_trainer_result_free(&r);
     printf("    -> %s\n", moe_last_error());
     check_true("MOE_ENUMERIC with a message naming train.max_skipped",
                st == MOE_ENUMERIC && strstr(moe_last_error(), "train.max_skipped"));
@@ -144,11 +144,11 @@ static void skipped_steps_do_not_checkpoint(void) {
     moe_train_config c;
     tiny_config(&c, "diverge");
     c.steps = 12, c.ckpt_interval = 2, c.ckpt_keep = 2, c.max_skipped = 4;
-    trainer_hooks hooks = {.nan_from = 5,
-                           .nan_to = 1000}; // steps 6..9 skipped, the 4th stops the run
-    trainer_result r;
-    moe_status st = trainer_run(&c, NULL, &hooks, &r);
-    trainer_result_free(&r);
+    moe_trainer_hooks hooks = {.nan_from = 5,
+                               .nan_to = 1000}; // steps 6..9 skipped, the 4th stops the run
+    moe_trainer_result r;
+    moe_status st = moe_trainer_run(&c, NULL, &hooks, &r);
+    moe_trainer_result_free(&r);
     check_true("the run stops at step 9 (MOE_ENUMERIC)", st == MOE_ENUMERIC && r.skipped == 4);
     char path[1200];
     int ok = 1;
@@ -161,8 +161,8 @@ static void skipped_steps_do_not_checkpoint(void) {
     char *latest = test_read_file(path);
     check_true("latest names step 4", latest && !strcmp(latest, "step_00000004\n"));
     free(latest);
-    st = trainer_run(&c, path, NULL, &r);
-    trainer_result_free(&r);
+    st = moe_trainer_run(&c, path, NULL, &r);
+    moe_trainer_result_free(&r);
     if (st) printf("    -> %s\n", moe_last_error());
     check_true("resuming from latest trains on to step 12", st == MOE_OK && r.steps_done == 12);
 }
@@ -174,10 +174,10 @@ static void huge_step_count_starts(void) {
     moe_train_config c;
     tiny_config(&c, "huge");
     c.steps = 1000000000000L;
-    trainer_hooks hooks = {.nan_from = -1, .nan_to = -1, .no_checkpoint = 1, .stop_after = 3};
-    trainer_result r;
-    moe_status st = trainer_run(&c, NULL, &hooks, &r);
-    trainer_result_free(&r);
+    moe_trainer_hooks hooks = {.nan_from = -1, .nan_to = -1, .no_checkpoint = 1, .stop_after = 3};
+    moe_trainer_result r;
+    moe_status st = moe_trainer_run(&c, NULL, &hooks, &r);
+    moe_trainer_result_free(&r);
     if (st) printf("    -> %s\n", moe_last_error());
     check_true("3 steps done, a finite median tokens/s",
                st == MOE_OK && r.steps_done == 3 && isfinite(r.median_tokens_per_s));
@@ -199,9 +199,9 @@ static void full_disk_stops(void) {
         if (system(cmd) != 0) exit(1);
         snprintf(path, sizeof path, "%s/%s", c.run_dir, files[i]);
         if (symlink("/dev/full", path) != 0) exit(1);
-        trainer_result r;
-        moe_status st = trainer_run(&c, NULL, NULL, &r);
-        trainer_result_free(&r);
+        moe_trainer_result r;
+        moe_status st = moe_trainer_run(&c, NULL, NULL, &r);
+        moe_trainer_result_free(&r);
         printf("    -> %s\n", st ? moe_last_error() : "(no error)");
         snprintf(want, sizeof want, "%s: write failed: No space left on device", path);
         snprintf(what, sizeof what,
@@ -216,7 +216,7 @@ static void full_disk_stops(void) {
         }
     }
 
-    printf("jsonl_keep_until (resume) on a full disk fails and keeps the log as it was\n");
+    printf("moe_jsonl_keep_until (resume) on a full disk fails and keeps the log as it was\n");
     char path[700], tmp[720];
     snprintf(path, sizeof path, "%s/keep.jsonl", workdir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -225,7 +225,7 @@ static void full_disk_stops(void) {
     fclose(f);
     remove(tmp);
     if (symlink("/dev/full", tmp) != 0) exit(1);
-    moe_status st = jsonl_keep_until(workdir, "keep.jsonl", 2);
+    moe_status st = moe_jsonl_keep_until(workdir, "keep.jsonl", 2);
     printf("    -> %s\n", st ? moe_last_error() : "(no error)");
     char *text = test_read_file(path);
     check_true("MOE_EIO: write failed: No space left on device",

@@ -1,8 +1,8 @@
-// Paths inside checkpoint folders (the checkpoint files, hf_config.c). Every folder argument is
+// Private to ckpt/: paths inside checkpoint folders (the checkpoint files, hf_config.c). Every folder argument is
 // checked against PATH_ARG_MAX on entry (check_path_arg), so the names appended with
 // path_fmt always fit in a PATH_BUF.
-#ifndef MOE_CKPT_PATH_H
-#define MOE_CKPT_PATH_H
+#ifndef MOE_CKPT_PATH_INTERNAL_H
+#define MOE_CKPT_PATH_INTERNAL_H
 
 #include <stdarg.h>
 #include <stdio.h>
