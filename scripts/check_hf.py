@@ -30,12 +30,11 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 
-SKIP = 77
+from check_common import SKIP, TOK_HEADER, TOK_MAGIC, CheckError, MoeCommand, Results, read_token_header  # noqa: E402,F401
 HF_PYTHON = os.environ.get("MOE_HF_PYTHON", "/opt/moe-hf/bin/python")
 
 
@@ -70,27 +69,6 @@ transformers.logging.set_verbosity_error()  # missing/unexpected keys are checke
 transformers.logging.disable_progress_bar()
 
 
-class CheckError(Exception):
-    pass
-
-
-# ---------------------------------------------------------------------------------------------
-# results
-
-class Results:
-    def __init__(self):
-        self.passed, self.failed = [], []
-
-    def check(self, name, ok, detail=""):
-        (self.passed if ok else self.failed).append(name)
-        print(f"{'PASS' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
-        return ok
-
-    def error(self, name, err):
-        self.failed.append(name)
-        print(f"FAIL {name}: {err}", flush=True)
-
-
 def rel_err(a, b):
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
@@ -121,10 +99,6 @@ def compare(res, name, got, want, tol, ref=None, got_name="moe", want_name="hf")
 # ---------------------------------------------------------------------------------------------
 # token files (data/README.md)
 
-TOK_MAGIC = b"MOETOK1\0"
-TOK_HEADER = struct.Struct("<8sIIQII")  # magic, version, dtype bytes, count, vocab, reserved
-
-
 def write_tokens(path, tokens, vocab):
     tokens = np.asarray(tokens)
     assert tokens.min() >= 0 and tokens.max() < vocab
@@ -135,15 +109,7 @@ def write_tokens(path, tokens, vocab):
 
 
 def read_tokens(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < TOK_HEADER.size:
-        raise CheckError(f"{path}: {len(data)} bytes, shorter than the 32-byte header")
-    magic, version, dtype, count, vocab, reserved = TOK_HEADER.unpack_from(data)
-    if magic != TOK_MAGIC or version != 1 or dtype not in (2, 4) or reserved != 0:
-        raise CheckError(f"{path}: bad header magic={magic!r} version={version} dtype={dtype} reserved={reserved}")
-    if len(data) != TOK_HEADER.size + count * dtype:
-        raise CheckError(f"{path}: size {len(data)} != 32 + {count} * {dtype}")
+    data, count, vocab, dtype = read_token_header(path)
     toks = np.frombuffer(data, dtype="<u2" if dtype == 2 else "<u4", offset=TOK_HEADER.size).astype(np.int64)
     if count and toks.max() >= vocab:
         raise CheckError(f"{path}: token {toks.max()} >= vocab {vocab}")
@@ -388,30 +354,11 @@ EVAL_PPL = re.compile(r"\bppl\s+([-+0-9.eEnaif]+)")
 EVAL_TOKENS = re.compile(r"\btokens\s+(\d+)|\b(\d+)\s+tokens\b")
 
 
-class Moe:
-    def __init__(self, exe, workdir, timeout):
-        self.exe = os.path.abspath(exe)
-        self.workdir = workdir
-        self.timeout = timeout
-        self.env = dict(os.environ)
-        # keep CPU use modest (the machine may be shared); the check is about numbers, not speed
-        self.env.setdefault("OMP_NUM_THREADS", "1")
-        self.env.setdefault("OPENBLAS_NUM_THREADS", "1")
-
+class Moe(MoeCommand):
     def run(self, *args):
-        cmd = [self.exe] + [str(a) for a in args]
-        print("+ " + " ".join(cmd), flush=True)
-        t0 = time.time()
-        try:
-            p = subprocess.run(cmd, cwd=self.workdir, env=self.env, capture_output=True, text=True,
-                               timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            raise CheckError(f"timed out after {self.timeout}s: {' '.join(cmd)}")
-        out = p.stdout + p.stderr
-        if p.returncode != 0:
-            tail = "\n".join(out.splitlines()[-30:])
-            raise CheckError(f"exit {p.returncode} after {time.time() - t0:.1f}s: {' '.join(cmd)}\n{tail}")
-        return out
+        """stdout and stderr, as text."""
+        out, err = self.run_bytes(*args)
+        return (out + err).decode("utf-8", "replace")
 
     def eval(self, ckpt, data, seq_len, logits_path):
         if os.path.exists(logits_path):
@@ -458,19 +405,6 @@ def make_text(path, n_bytes=48000, seed=3):
         n += len(line)
     with open(path, "w") as f:
         f.write("".join(out))
-
-
-def attempt(res, name, fn, *args):
-    """Runs one step; a CheckError (or a bug) is one FAIL and the next steps still run."""
-    try:
-        return fn(*args)
-    except CheckError as e:
-        res.error(name, e)
-    except Exception as e:
-        import traceback
-        traceback.print_exc()
-        res.error(name, f"{type(e).__name__}: {e}")
-    return None
 
 
 def expected_names(cfg):
@@ -536,13 +470,13 @@ def forward_checks(res, moe, wd, S, tol, tol_bf16, steps):
     exp32, exp16 = os.path.join(wd, "export_fp32"), os.path.join(wd, "export_bf16")
     for p in (exp32, exp16):
         shutil.rmtree(p, ignore_errors=True)
-    attempt(res, "forward: moe export fp32", moe.run, "export", "--ckpt", ckpt, "--out", exp32)
-    attempt(res, "forward: moe export bf16", moe.run, "export", "--ckpt", ckpt, "--out", exp16, "--dtype", "bf16")
+    res.attempt("forward: moe export fp32", moe.run, "export", "--ckpt", ckpt, "--out", exp32)
+    res.attempt("forward: moe export bf16", moe.run, "export", "--ckpt", ckpt, "--out", exp16, "--dtype", "bf16")
 
     ref = {}
     for name, folder, dt in (("checkpoint", ckpt, "F32"), ("export fp32", exp32, "F32"), ("export bf16", exp16, "BF16")):
         if os.path.isdir(folder):
-            ref[folder] = attempt(res, f"forward: {name} files", check_folder, res, name, folder, dt, x)
+            ref[folder] = res.attempt(f"forward: {name} files", check_folder, res, name, folder, dt, x)
     if os.path.isdir(exp32):
         names = sorted(os.listdir(exp32))
         extra = [n for n in names if not (n in ("config.json", "generation_config.json", "model.safetensors.index.json",
@@ -571,11 +505,11 @@ def forward_checks(res, moe, wd, S, tol, tol_bf16, steps):
         check_eval_line(res, "forward bf16", loss16, ppl16, ntok16)
         compare(res, "forward: moe eval vs HF, bf16 export (fp32 compute)", a16, b16, tol, ref.get(exp16))
 
-    a = attempt(res, "forward: fp32 export", fp32_vs_hf) if os.path.isdir(exp32) else None
+    a = res.attempt("forward: fp32 export", fp32_vs_hf) if os.path.isdir(exp32) else None
     if a is not None:
-        attempt(res, "forward: raw checkpoint", ckpt_vs_hf, a)
+        res.attempt("forward: raw checkpoint", ckpt_vs_hf, a)
     if os.path.isdir(exp16):
-        attempt(res, "forward: bf16 export", bf16_vs_hf, a)
+        res.attempt("forward: bf16 export", bf16_vs_hf, a)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -641,7 +575,7 @@ def reverse_checks(res, moe, wd, S, tol):
                 print(f"     note: {S + 1}-token file gave tokens {ntok} (not {S}); loss {loss:.6f}, HF CE {ce:.6f}")
 
     for case in reverse_models(wd, res, S):
-        attempt(res, f"reverse {case[0]}: moe eval", one, *case)
+        res.attempt(f"reverse {case[0]}: moe eval", one, *case)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -720,9 +654,9 @@ def main():
         else:
             moe = Moe(args.moe, wd, args.timeout)
             if args.only in (None, "forward"):
-                attempt(res, "forward", forward_checks, res, moe, wd, args.seq_len, args.tol, args.tol_bf16, args.steps)
+                res.attempt("forward", forward_checks, res, moe, wd, args.seq_len, args.tol, args.tol_bf16, args.steps)
             if args.only in (None, "reverse"):
-                attempt(res, "reverse", reverse_checks, res, moe, wd, args.seq_len, args.tol)
+                res.attempt("reverse", reverse_checks, res, moe, wd, args.seq_len, args.tol)
     except Exception as e:  # a bug here or an unexpected HF behaviour: report, do not skip
         import traceback
         traceback.print_exc()

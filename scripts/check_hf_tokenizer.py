@@ -24,12 +24,11 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 
-SKIP = 77
+from check_common import SKIP, CheckError, MoeCommand, Results, read_token_header  # noqa: E402
 PYTHONS = [p for p in (os.environ.get("MOE_HF_PYTHON"), "/opt/moe-hf5/bin/python", "/opt/moe-hf/bin/python") if p]
 
 
@@ -67,52 +66,14 @@ transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
 
-class CheckError(Exception):
-    pass
-
-
-class Results:
-    def __init__(self):
-        self.passed, self.failed = [], []
-
-    def check(self, name, ok, detail=""):
-        (self.passed if ok else self.failed).append(name)
-        print(f"{'PASS' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
-        return ok
-
-    def attempt(self, name, fn, *args):
-        try:
-            return fn(*args)
-        except CheckError as e:
-            self.failed.append(name)
-            print(f"FAIL {name}: {e}", flush=True)
-        except Exception as e:
-            import traceback
-            traceback.print_exc()
-            self.failed.append(name)
-            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-        return None
-
-
-class Moe:
+class Moe(MoeCommand):
     def __init__(self, exe, workdir, timeout):
-        self.exe, self.workdir, self.timeout = os.path.abspath(exe), workdir, timeout
-        self.env = dict(os.environ)
-        self.env.setdefault("OMP_NUM_THREADS", "1")
-        self.env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        self.env["MOE_PYTHON"] = sys.executable  # the python with the tokenizers package
+        # MOE_PYTHON: the python with the tokenizers package
+        super().__init__(exe, workdir, timeout, MOE_PYTHON=sys.executable)
 
     def run(self, *args):
-        cmd = [self.exe] + [str(a) for a in args]
-        print("+ " + " ".join(cmd), flush=True)
-        try:
-            p = subprocess.run(cmd, cwd=self.workdir, env=self.env, capture_output=True, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            raise CheckError(f"timed out after {self.timeout}s: {' '.join(cmd)}")
-        if p.returncode != 0:
-            tail = "\n".join((p.stdout + p.stderr).decode("utf-8", "replace").splitlines()[-30:])
-            raise CheckError(f"exit {p.returncode}: {' '.join(cmd)}\n{tail}")
-        return p.stdout
+        """stdout, as bytes."""
+        return self.run_bytes(*args)[0]
 
     def generate(self, ckpt, prompt, n):
         out = self.run("generate", "--ckpt", ckpt, "--prompt", prompt, "-n", n, "--temperature", 0)
@@ -123,17 +84,8 @@ class Moe:
 
 # ---- token files (data/token_file.h) ----------------------------------------------------------
 
-TOK_HEADER = struct.Struct("<8sIIQII")
-
-
 def read_tokens(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    magic, version, dtype, count, vocab, reserved = TOK_HEADER.unpack_from(data)
-    if magic != b"MOETOK1\0" or version != 1 or dtype not in (2, 4) or reserved:
-        raise CheckError(f"{path}: bad header")
-    if len(data) != 32 + count * dtype:
-        raise CheckError(f"{path}: size {len(data)} != 32 + {count} * {dtype}")
+    data, count, vocab, dtype = read_token_header(path)
     fmt = "<%d%s" % (count, "H" if dtype == 2 else "I")
     return list(struct.unpack_from(fmt, data, 32)), vocab, dtype
 

@@ -5,21 +5,14 @@
 #   crash_safety.sh MOE_BINARY WORKDIR TEXT_FILE
 set -u
 moe=$1 work=$2 text=$3
-rm -rf "$work" && mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+new_workdir "$work"
 
 for point in model_written before_rename after_rename latest_written before_prune; do
   run="$work/$point"
-  cat > "$run.cfg" <<CFG
-model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; n_kv_heads = 2; d_ff = 24;
-          n_experts = 4; top_k = 2; max_seq_len = 32; capacity_factor = 1.0; };
-train = { steps = 6; batch_size = 2; seq_len = 32; warmup_steps = 1; eval_interval = 0;
-          eval_batches = 1; threads = 2; };
-data = { dir = "$work/data"; text = ["$text"]; };
-log = { dir = "$run"; interval = 100; };
-checkpoint = { interval = 2; keep = 1; };
-CFG
+  tiny_cfg "$run.cfg" model.d_ff=24 model.capacity_factor=1.0 train.steps=6 train.eval_batches=1 \
+    "data.text=[\"$text\"]" "log.dir=\"$run\"" log.interval=100 checkpoint.keep=1
   echo "crash at '$point' of the second save (step 4)"
   MOE_TEST_CRASH_AT=$point MOE_TEST_CRASH_SAVE=2 "$moe" train "$run.cfg" > "$run.log" 2>&1
   rc=$?

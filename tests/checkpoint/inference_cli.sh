@@ -9,18 +9,14 @@
 #   its loss (~1e29) has no finite perplexity (it printed "ppl inf" and exited 0).
 set -u
 moe=$1 work=$2
-rm -rf "$work" && mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+new_workdir "$work"
 
-python3 -c "import random; random.seed(2); print(''.join(random.choice('abcdefgh ,.') for _ in range(20000)))" > "$work/text.txt"
-cat > "$work/tiny.cfg" <<CFG
-model = { vocab_size = 256; d_model = 64; n_layers = 4; n_heads = 4; n_kv_heads = 4; d_ff = 32;
-          n_experts = 4; top_k = 2; max_seq_len = 32; };
-train = { steps = 2; batch_size = 2; seq_len = 32; warmup_steps = 1; threads = 2; eval_batches = 1; };
-data = { dir = "$work/data"; text = ["$work/text.txt"]; };
-log = { dir = "$work/run"; interval = 100; };
-CFG
+random_text "$work/text.txt" 2 20000 'abcdefgh ,.'
+tiny_cfg "$work/tiny.cfg" model.d_model=64 model.n_layers=4 model.n_kv_heads=4 model.d_ff=32 \
+  model.capacity_factor= train.steps=2 train.eval_interval= train.eval_batches=1 \
+  log.interval=100 checkpoint.interval= checkpoint.keep=
 "$moe" train "$work/tiny.cfg" > "$work/train.out" 2>&1 || { cat "$work/train.out"; exit 1; }
 ckpt="$work/run/ckpt/latest"
 "$moe" export --ckpt "$ckpt" --out "$work/hf" > /dev/null || exit 1

@@ -10,21 +10,14 @@
 set -u
 moe=$1 work=$2
 gpu=${MOE_GPU_CLI_DEVICE:-cuda} # another device only to test this script itself on a CPU
-rm -rf "$work" && mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+new_workdir "$work"
 
-python3 -c "import random; random.seed(7); print(''.join(random.choice('abcdefgh ijklmnop,.') for _ in range(30000)))" > "$work/text.txt"
-cat > "$work/tiny.cfg" <<CFG
-model = { vocab_size = 256; d_model = 64; n_layers = 2; n_heads = 4; n_kv_heads = 2; d_ff = 48;
-          n_experts = 4; top_k = 2; max_seq_len = 64; router_jitter = 0.01;
-          seq_aux_coef = 0.001; };
-train = { steps = 20; batch_size = 2; seq_len = 64; grad_accum = 2; warmup_steps = 2;
-          eval_interval = 0; threads = 2; };
-data = { dir = "$work/data"; text = ["$work/text.txt"]; };
-log = { dir = "$work/run"; interval = 1; };
-checkpoint = { interval = 10; keep = 2; };
-CFG
+random_text "$work/text.txt" 7 30000
+tiny_cfg "$work/tiny.cfg" model.d_model=64 model.max_seq_len=64 model.capacity_factor= \
+  model.router_jitter=0.01 model.seq_aux_coef=0.001 train.steps=20 train.seq_len=64 \
+  train.grad_accum=2 train.warmup_steps=2 train.eval_batches= checkpoint.interval=10
 
 train() { # NAME DEVICE [args]: a run in $work/NAME
     local name=$1 dev=$2

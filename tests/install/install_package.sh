@@ -11,14 +11,11 @@
 # MOE_CONSUMER_FLAGS (the sanitizer flags of a MOE_SANITIZE build).
 set -euo pipefail
 build=$1 src=$2 work=$3
-cc=${MOE_CC:-cc} cmake=${MOE_CMAKE:-cmake} gen=${MOE_GENERATOR:-Unix Makefiles}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 read -r -a flags <<< "${MOE_CONSUMER_FLAGS:-}"
-fail() { echo "install_package: FAIL: $*" >&2; exit 1; }
-step() { echo "install_package: $*"; }
 
-rm -rf "$work"
-mkdir -p "$work"
-work=$(cd "$work" && pwd -P)
+new_workdir "$work"
 prefix=$work/prefix
 step "cmake --install $build --prefix $prefix"
 "$cmake" --install "$build" --prefix "$prefix" > "$work/install.log" ||

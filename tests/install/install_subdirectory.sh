@@ -9,14 +9,11 @@
 # MOE_CONSUMER_FLAGS, MOE_SUBPROJECT_ARGS (the options of the build under test).
 set -euo pipefail
 src=$1 work=$2
-cc=${MOE_CC:-cc} cmake=${MOE_CMAKE:-cmake} gen=${MOE_GENERATOR:-Unix Makefiles}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 read -r -a sub_args <<< "${MOE_SUBPROJECT_ARGS:-}"
-fail() { echo "install_subdirectory: FAIL: $*" >&2; exit 1; }
-step() { echo "install_subdirectory: $*"; }
 
-rm -rf "$work"
-mkdir -p "$work/parent"
-work=$(cd "$work" && pwd -P)
+new_workdir "$work" parent
 src=$(cd "$src" && pwd -P)
 cat > "$work/parent/CMakeLists.txt" << EOF
 cmake_minimum_required(VERSION 3.21)

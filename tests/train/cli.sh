@@ -6,9 +6,9 @@
 #   cli.sh MOE_BINARY WORKDIR SOURCE_DIR
 set -u
 moe=$1 work=$2 src=$3
-rm -rf "$work" && mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+new_workdir "$work"
 
 echo "--help, moe help, --version"
 for c in prepare train smoke stats eval generate export; do
@@ -55,16 +55,8 @@ usage_error "prepare: --text missing" "--text is required" prepare --out x
 check "an unknown command: exit 2, the overview on stderr" "[ \$? -eq 2 ] && grep -q \"unknown command 'bogus'\" '$work/ue.err'"
 
 echo "moe train --dry-run"
-python3 -c "import random; random.seed(2); print(''.join(random.choice('abcdefgh ijklmnop,.') for _ in range(30000)))" > "$work/text.txt"
-cat > "$work/tiny.cfg" <<CFG
-model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; n_kv_heads = 2; d_ff = 48;
-          n_experts = 4; top_k = 2; max_seq_len = 32; capacity_factor = 1.25; };
-train = { steps = 4; batch_size = 2; seq_len = 32; warmup_steps = 1; eval_interval = 0;
-          eval_batches = 2; threads = 2; };
-data = { dir = "$work/data"; text = ["$work/text.txt"]; };
-log = { dir = "$work/run"; interval = 1; };
-checkpoint = { interval = 2; keep = 2; };
-CFG
+random_text "$work/text.txt" 2 30000
+tiny_cfg "$work/tiny.cfg"
 "$moe" train --dry-run "$work/tiny.cfg" > "$work/dry.out" 2>&1
 rc=$?
 sed -n '/^model:/,$p' "$work/dry.out"

@@ -14,21 +14,13 @@ set -u
 moe=$1 work=$2
 shift 2
 mpirun=("$@")
-rm -rf "$work" && mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+new_workdir "$work"
 no_leak() { ! grep -q LeakSanitizer "$1"; }
 
-python3 -c "import random; random.seed(3); print(''.join(random.choice('abcdefgh ijklmnop,.') for _ in range(30000)))" > "$work/text.txt"
-cat > "$work/tiny.cfg" <<CFG
-model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; n_kv_heads = 2; d_ff = 48;
-          n_experts = 4; top_k = 2; max_seq_len = 32; capacity_factor = 1.25; };
-train = { steps = 4; batch_size = 2; seq_len = 32; warmup_steps = 1; eval_interval = 0;
-          eval_batches = 2; threads = 1; };
-data = { dir = "$work/data"; text = ["$work/text.txt"]; };
-log = { dir = "$work/run"; interval = 1; };
-checkpoint = { interval = 2; keep = 2; };
-CFG
+random_text "$work/text.txt" 3 30000
+tiny_cfg "$work/tiny.cfg" train.threads=1
 "$moe" train "$work/tiny.cfg" > "$work/train.out" 2>&1
 check "a 4-step run to work on (exit $?)" "[ -d '$work/run/ckpt/step_00000004' ]"
 ckpt=$work/run/ckpt/step_00000004

@@ -9,21 +9,14 @@
 #   strict_cli.sh MOE_BINARY WORKDIR
 set -u
 moe=$1 work=$2
-rm -rf "$work" && mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+new_workdir "$work"
 
-python3 -c "import random; random.seed(3); print(''.join(random.choice('abcdefgh ijklmnop,.') for _ in range(20000)))" > "$work/text.txt"
-cat > "$work/tiny.cfg" <<CFG
-model = { vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; n_kv_heads = 2; d_ff = 24;
-          n_experts = 4; top_k = 2; max_seq_len = 32; capacity_factor = 1.0; bias_rate = 0.001;
-          router_jitter = 0.01; seq_aux_coef = 0.001; };
-train = { steps = 3; batch_size = 2; seq_len = 32; grad_accum = 2; warmup_steps = 1;
-          eval_interval = 2; eval_batches = 1; threads = 2; };
-data = { dir = "$work/data"; text = ["$work/text.txt"]; };
-log = { dir = "$work/run"; interval = 1; };
-checkpoint = { interval = 3; keep = 1; };
-CFG
+random_text "$work/text.txt" 3 20000
+tiny_cfg "$work/tiny.cfg" model.d_ff=24 model.capacity_factor=1.0 model.bias_rate=0.001 \
+  model.router_jitter=0.01 model.seq_aux_coef=0.001 train.steps=3 train.grad_accum=2 \
+  train.eval_interval=2 train.eval_batches=1 checkpoint.interval=3 checkpoint.keep=1
 
 echo "moe train --device cpu-strict: 3 steps"
 "$moe" train "$work/tiny.cfg" --device cpu-strict > "$work/train.out" 2>&1
