@@ -3,7 +3,6 @@
 #include "layers/model.h"
 
 #include "layers/timing.h"
-#include "layers/rng.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -482,28 +481,6 @@ void moe_model_zero_grads(moe_model *m) {
     if (m->grads) m->be->zero(m->be, m->grads, m->n_params * sizeof(real));
 }
 
-// ---- initialisation -------------------------------------------------------------------
-
-static double normal(uint64_t *s) { // Box-Muller
-    double u1 = moe_uniform01(moe_splitmix64(s)) + 0x1.0p-53, u2 = moe_uniform01(moe_splitmix64(s));
-    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-// The weights of the whole model (all E experts) from seed, in the layout of table tab.
-static void init_host(real *host, const moe_model_tensor *tab, int n_tensors, int n_layers,
-                      uint64_t seed, double std) {
-    uint64_t s = seed;
-    const double residual_std = std / sqrt(2.0 * n_layers);
-    for (int i = 0; i < n_tensors; i++) {
-        const moe_model_tensor *t = &tab[i];
-        size_t n = (size_t)t->rows * (t->cols ? t->cols : 1);
-        real *w = host + t->offset;
-        int residual = strstr(t->name, "o_proj") || strstr(t->name, ".w2.");
-        for (size_t j = 0; j < n; j++)
-            w[j] = t->is_norm ? 1 : (real)((residual ? residual_std : std) * normal(&s));
-    }
-}
-
 // ---- expert placement -----------------------------------------------------------------
 
 moe_status moe_model_set_expert_placement(moe_model *m, const int *placement) {
@@ -558,34 +535,6 @@ void moe_model_placement_permute(const moe_model *m, real *v, int n, int width, 
 void moe_model_placement_image(const moe_model *m, real *host, int to_global) {
     moe_model_placement_permute(m, host + (m->p.router - m->params), m->cfg.n_layers,
                                 m->cfg.d_model, to_global);
-}
-
-// Under expert parallelism a rank holds some experts of the whole model: it draws the whole
-// model (the same numbers as one rank) and keeps its tensors, found by name in table order.
-// Under an expert placement the gate rows are then put in slot order.
-void moe_model_init_weights(moe_model *m, uint64_t seed, double std) {
-    const size_t n_all = moe_model_param_count(&m->cfg);
-    real *host = malloc(n_all * sizeof(real));
-    const int subset = m->ep || m->placement; // m's table is not the whole one in its order
-    moe_model_tensor *all = subset ? moe_model_tensor_table(&m->cfg) : m->tensors;
-    if (!host || !all)
-        moe_fatal("model: cannot allocate %zu bytes to initialise weights", n_all * sizeof(real));
-    init_host(host, all, (int)moe_model_tensor_count(&m->cfg), m->cfg.n_layers, seed, std);
-    if (subset) { // keep this rank's tensors: the table is a subsequence of the whole one
-        real *mine = malloc(m->n_params * sizeof(real));
-        if (!mine) moe_fatal("model: out of memory");
-        for (int i = 0, j = 0; i < m->n_tensors; i++) {
-            while (strcmp(all[j].name, m->tensors[i].name)) j++;
-            const moe_model_tensor *t = &m->tensors[i];
-            memcpy(mine + t->offset, host + all[j].offset,
-                   (size_t)t->rows * (t->cols ? t->cols : 1) * sizeof(real));
-        }
-        free(host), free(all);
-        host = mine;
-        moe_model_placement_image(m, host, 0); // the gate rows in slot order
-    }
-    m->be->copy_to_device(m->be, m->params, host, m->n_params * sizeof(real));
-    free(host);
 }
 
 // ---- forward / backward ---------------------------------------------------------------
