@@ -63,6 +63,10 @@ cJSON *moe_hf_config_json(const moe_model_config *c, const char *torch_dtype) {
                             c->moe.scoring == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
     add_float(j, "routed_scaling_factor", c->moe.route_scale);
     cJSON_AddBoolToObject(j, "router_bias", c->router_bias);
+    if (c->moe.n_group > 1) { // group-limited routing, DeepSeek-V3's names
+        cJSON_AddNumberToObject(j, "n_group", c->moe.n_group);
+        cJSON_AddNumberToObject(j, "topk_group", c->moe.topk_group);
+    }
     return j;
 }
 
@@ -176,6 +180,8 @@ static const char *const hf_model_fields[] = {"model_type",
                                               "scoring_func",
                                               "routed_scaling_factor",
                                               "router_bias", // ours
+                                              "n_group",
+                                              "topk_group",
                                               NULL};
 // Accepted and not used: training-only hyperparameters (the train config sets training),
 // token ids (tokenizer metadata), storage and bookkeeping fields.
@@ -270,7 +276,9 @@ static moe_status parse_hf_config(moe_model_config *out, const cJSON *j, const c
     if ((st = cj_bool(j, path, "norm_topk_prob", &c.moe.norm_topk_prob)) ||
         (st = cj_enum(j, path, "scoring_func", scoring, &score)) ||
         (st = cj_num(j, path, "routed_scaling_factor", 0, 1e6, &c.moe.route_scale)) ||
-        (st = cj_bool(j, path, "router_bias", &c.router_bias)))
+        (st = cj_bool(j, path, "router_bias", &c.router_bias)) ||
+        (st = cj_int(j, path, "n_group", 1, 64, 0, &c.moe.n_group)) ||
+        (st = cj_int(j, path, "topk_group", 1, 64, 0, &c.moe.topk_group)))
         return st;
     c.moe.scoring = score ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
     if ((st = moe_model_config_check(&c))) return moe_error_context(st, "%s", path);
@@ -317,6 +325,8 @@ moe_status moe_hf_config_check(const char *folder, const moe_model_config *cfg) 
           "%d")
     CHECK("routed_scaling_factor", "model.route_scale", h.moe.route_scale, cfg->moe.route_scale,
           "%g")
+    CHECK("n_group", "model.n_group", h.moe.n_group, cfg->moe.n_group, "%d")
+    CHECK("topk_group", "model.topk_group", h.moe.topk_group, cfg->moe.topk_group, "%d")
 #undef CHECK
     if (used)
         return moe_error(MOE_EINVAL, "%s/config.json disagrees with the model config: %s", folder,

@@ -187,6 +187,30 @@ moe_status moe_cfg_check_placement(const load_ctx *c, const moe_train_config *cf
     return MOE_OK;
 }
 
+// Group-limited routing: model.n_group groups of at least two experts (a group's score is
+// the sum of its two best), model.topk_group of them kept, model.top_k experts among those.
+static moe_status check_groups(const load_ctx *c, const moe_train_config *cfg) {
+    const int n_group = moe_cfg_spec_index("model", "n_group"),
+              topk_group = moe_cfg_spec_index("model", "topk_group"),
+              n_experts = moe_cfg_spec_index("model", "n_experts"),
+              top_k = moe_cfg_spec_index("model", "top_k");
+    const moe_config *m = &cfg->model.moe;
+    const char *groups_why = "group-limited routing splits the experts into n_group groups of "
+                             "at least 2 (a group's score is the sum of its two best)";
+    if (m->n_experts % m->n_group)
+        return inconsistent(c, cfg, n_group, n_experts, "does not divide", groups_why);
+    if (m->n_group > 1 && m->n_experts / m->n_group < 2)
+        return inconsistent(c, cfg, n_group, n_experts, "leaves one expert a group of", groups_why);
+    if (m->topk_group > m->n_group)
+        return inconsistent(c, cfg, topk_group, n_group, "exceeds",
+                            "the topk_group best of the n_group groups are kept");
+    if (m->n_group > 1 && m->top_k > m->topk_group * (m->n_experts / m->n_group))
+        return inconsistent(c, cfg, top_k, topk_group, "exceeds the experts of",
+                            "top_k picks among the topk_group * n_experts / n_group experts "
+                            "of the kept groups");
+    return MOE_OK;
+}
+
 moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
     const int n_heads = moe_cfg_spec_index("model", "n_heads"),
               n_kv = moe_cfg_spec_index("model", "n_kv_heads"),
@@ -207,6 +231,8 @@ moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
     if (m->moe.top_k > m->moe.n_experts)
         return inconsistent(c, cfg, top_k, n_experts, "exceeds",
                             "each token is routed to top_k different experts");
+    moe_status st = check_groups(c, cfg);
+    if (st) return st;
     if (m->n_kv_heads > m->n_heads)
         return inconsistent(c, cfg, n_kv, n_heads, "exceeds",
                             "each KV head serves one or more query heads");

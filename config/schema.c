@@ -68,6 +68,8 @@ const key_spec moe_cfg_specs[] = {
     KFLT("model", "init_std", init_std, 0, OPEN, INFINITY, OPEN),
     KENUM("model", "scoring", model.moe.scoring, moe_scoring, scoring_names),
     KFLT("model", "route_scale", model.moe.route_scale, 0, OPEN, 1e6, CLOSED), // config.json's
+    KINT("model", "n_group", model.moe.n_group, 1, 64),       // and divides n_experts
+    KINT("model", "topk_group", model.moe.topk_group, 1, 64), // and <= n_group
     KFLT("model", "bias_rate", bias_rate, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "seq_aux_coef", model.moe.seq_aux_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "router_jitter", model.moe.jitter_eps, 0, CLOSED, 1, OPEN),

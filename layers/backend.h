@@ -101,6 +101,9 @@ typedef struct {
     real aux_coef;       // L_aux's coefficient
     real seq_aux_coef;   // L_seq's coefficient (0: off, seq_counts is not read)
     real z_coef;         // L_z's coefficient
+    int n_group;         // group-limited routing (DeepSeek-V3): E experts in n_group groups of
+    int topk_group;      // E/n_group; the topk_group groups of the largest sum of their two
+                         // best s + bias are kept, top-k picks among those. n_group <= 1: off
 } moe_router_hparams;
 
 // One rope call: rows of n_heads heads of size hd, the first n_rot of them rotated.
@@ -225,9 +228,11 @@ struct moe_backend {
     // ---- router ----------------------------------------------------------
     // Scores: softmax p = softmax(z), or sigmoid s = sigmoid(z); probs s' = the per-token
     // expert distribution the balancing losses use (p, or s / sum_e s_e); lse = logsumexp(z).
-    // Top-k of s + bias (bias may be NULL; ties: lower expert index), in descending order;
+    // Top-k of s + bias (bias may be NULL; ties: lower expert index), in descending order,
+    // among the experts of the hp.topk_group best of hp.n_group groups (a group's score: the
+    // sum of its two best s + bias; n_group <= 1: all experts);
     // weights = route_scale * s_sel / sum(s_sel) when norm_topk_prob, else route_scale * s_sel
-    // (shape.T, E, k; hp.scoring, norm_topk_prob, route_scale).
+    // (shape.T, E, k; hp.scoring, norm_topk_prob, route_scale, n_group, topk_group).
     // scores, probs [T,E]; lse [T]; topk_idx, weights [T,k]; logits [T,E]; bias [E]
     void (*router_topk)(moe_backend *be, real *scores, real *probs, real *lse, int *topk_idx,
                         real *weights, const real *logits, const real *bias, moe_router_shape shape,

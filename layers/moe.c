@@ -26,8 +26,36 @@ moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k) {
         .jitter_eps = 0.0,
         .dtype = MOE_DTYPE_F32,
         .exchange = MOE_EXCHANGE_DEDUP,
+        .n_group = 1,
+        .topk_group = 1,
     };
     return c;
+}
+
+// Group-limited routing's fields (moe_config: n_group, topk_group).
+static moe_status check_groups(const moe_config *cfg) {
+    const int E = cfg->n_experts, n = cfg->n_group, kg = cfg->topk_group;
+    if (n <= 1) {
+        if (n < 0 || kg < 0 || kg > 1)
+            return moe_error(MOE_EINVAL,
+                             "moe: n_group=%d, topk_group=%d: without groups "
+                             "(n_group <= 1) topk_group must be 1",
+                             n, kg);
+        return MOE_OK;
+    }
+    if (n > 64 || E % n || E / n < 2)
+        return moe_error(MOE_EINVAL,
+                         "moe: n_group=%d must divide n_experts=%d into groups of "
+                         "at least 2 experts (at most 64 groups)",
+                         n, E);
+    if (kg < 1 || kg > n)
+        return moe_error(MOE_EINVAL, "moe: topk_group=%d must be in [1, n_group=%d]", kg, n);
+    if (cfg->top_k > kg * (E / n))
+        return moe_error(MOE_EINVAL,
+                         "moe: top_k=%d exceeds the %d experts of topk_group=%d "
+                         "groups of %d",
+                         cfg->top_k, kg * (E / n), kg, E / n);
+    return MOE_OK;
 }
 
 moe_status moe_config_check(const moe_config *cfg) {
@@ -65,6 +93,8 @@ moe_status moe_config_check(const moe_config *cfg) {
         return moe_error(MOE_EINVAL, "moe: jitter_eps=%g must be in [0, 1)", cfg->jitter_eps);
     if (cfg->dtype != MOE_DTYPE_F32 && cfg->dtype != MOE_DTYPE_BF16)
         return moe_error(MOE_EINVAL, "moe: dtype=%d is neither fp32 nor bf16", (int)cfg->dtype);
+    moe_status st = check_groups(cfg);
+    if (st) return st;
     if (cfg->exchange != MOE_EXCHANGE_DEDUP && cfg->exchange != MOE_EXCHANGE_ROWS)
         return moe_error(MOE_EINVAL, "moe: exchange=%d is neither dedup nor rows",
                          (int)cfg->exchange);
@@ -138,7 +168,9 @@ static moe_router_hparams router_hparams(const moe_config *c) {
                                    .route_scale = (real)c->route_scale,
                                    .aux_coef = (real)c->aux_coef,
                                    .seq_aux_coef = (real)c->seq_aux_coef,
-                                   .z_coef = (real)c->z_coef};
+                                   .z_coef = (real)c->z_coef,
+                                   .n_group = c->n_group,
+                                   .topk_group = c->topk_group};
     return hp;
 }
 

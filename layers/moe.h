@@ -41,6 +41,10 @@ typedef struct {
     moe_dtype dtype;       // GEMM precision (DESIGN.md §5b): fp32 (default) or bf16 operands
                            // with fp32 accumulation; routing, losses and SwiGLU stay fp32
     moe_exchange exchange; // expert parallelism's row exchange (no effect on one rank)
+    int n_group;           // group-limited routing (DeepSeek-V3): E experts in n_group groups,
+    int topk_group;        // top-k among the topk_group best (sum of a group's two best scores);
+                           // n_group <= 1: off. 1 < n_group <= 64, E % n_group == 0, E/n_group
+                           // >= 2, 1 <= topk_group <= n_group, k <= topk_group E / n_group
 } moe_config;
 
 // Defaults: Mixtral routing, dropless, aux 0.01, z 0.001.

@@ -17,9 +17,42 @@
 #include "layers/real.h"
 #include "layers/rng.h"
 
+// Group-limited routing (DeepSeek-V3's, transformers' DeepseekV3TopkRouter): the groups a
+// token may pick from, as bits of a mask (hp.n_group <= 64). Group g holds experts
+// [g G, (g+1) G), G = E / n_group; its score is the sum of its two largest v = s + bias; the
+// hp.topk_group best groups are kept (strict '>': the lower group index wins a tie).
+// hp.n_group <= 1: every group (~0).
+MOE_HD static inline uint64_t moe_router_groups_row(const real *s, const real *bias, int E,
+                                                    moe_router_hparams hp) {
+    if (hp.n_group <= 1) return ~(uint64_t)0;
+    const int G = E / hp.n_group;
+    real score[64];
+    for (int g = 0; g < hp.n_group; g++) {
+        real top1 = 0, top2 = 0;
+        for (int i = 0; i < G; i++) {
+            const int e = g * G + i;
+            const real v = bias ? s[e] + bias[e] : s[e];
+            if (i == 0 || v > top1)
+                top2 = i == 0 ? top2 : top1, top1 = v;
+            else if (i == 1 || v > top2)
+                top2 = v;
+        }
+        score[g] = top1 + top2;
+    }
+    uint64_t kept = 0;
+    for (int j = 0; j < hp.topk_group; j++) {
+        int best = -1;
+        for (int g = 0; g < hp.n_group; g++)
+            if (!(kept >> g & 1) && (best < 0 || score[g] > score[best])) best = g;
+        kept |= (uint64_t)1 << best;
+    }
+    return kept;
+}
+
 // One token: z [E] logits -> s, p [E] scores and the balancing distribution, *lse, the top k
-// experts idx [k] (descending, ties: lower index) of s + bias (bias [E] or NULL) and their
-// combine weights w [k] (hp: scoring, norm_topk_prob, route_scale).
+// experts idx [k] (descending, ties: lower index) of s + bias (bias [E] or NULL), among the
+// experts of the groups moe_router_groups_row keeps, and their combine weights w [k]
+// (hp: scoring, norm_topk_prob, route_scale, n_group, topk_group).
 MOE_HD static inline void moe_router_topk_row(real *s, real *p, real *lse, int *idx, real *w,
                                               const real *z, const real *bias, int E, int k,
                                               moe_router_hparams hp) {
@@ -38,12 +71,14 @@ MOE_HD static inline void moe_router_topk_row(real *s, real *p, real *lse, int *
     }
 
     // top-k by repeated selection (k is small); strict '>' keeps the lower index on ties
+    const uint64_t groups = moe_router_groups_row(s, bias, E, hp);
+    const int G = hp.n_group > 1 ? E / hp.n_group : E;
     real sel_sum = 0;
     for (int j = 0; j < k; j++) {
         int best = -1;
         real best_v = 0;
         for (int e = 0; e < E; e++) {
-            int taken = 0;
+            int taken = !(groups >> (e / G) & 1);
             for (int i = 0; i < j; i++) taken |= idx[i] == e;
             real v = bias ? s[e] + bias[e] : s[e];
             if (!taken && (best < 0 || v > best_v)) best = e, best_v = v;

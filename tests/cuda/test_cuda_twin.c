@@ -181,6 +181,18 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
     same_reals("router_topk probs", p, (size_t)T * E, TOL);
     same_reals("router_topk lse", lse, (size_t)T, TOL);
     same_reals("router_topk weights", w, (size_t)T * k, TOL);
+    { // group-limited routing (DeepSeek-V3): 3 groups of 3 experts, the best 2 kept
+        moe_router_hparams hg = hp;
+        hg.n_group = 3, hg.topk_group = 2;
+        twin gi = output((size_t)T * k * sizeof(int)), gw = output((size_t)T * k * sizeof(real));
+        C->router_topk(C, RC(s), RC(p), RC(lse), IC(gi), RC(gw), RC(z), with_bias ? RC(bias) : NULL,
+                       shape, hg);
+        G->router_topk(G, RG(s), RG(p), RG(lse), IG(gi), RG(gw), RG(z), with_bias ? RG(bias) : NULL,
+                       shape, hg);
+        same_ints("router_topk idx, group-limited", gi, (size_t)T * k);
+        same_reals("router_topk weights, group-limited", gw, (size_t)T * k, TOL);
+        drop(gi), drop(gw);
+    }
     // from here both sides continue from the CPU's choices, so that decisions are compared on
     // identical inputs (the weights may differ in the last bit)
     {
