@@ -4,12 +4,33 @@ Imported by path: both scripts run from scripts/ (python3 scripts/check_hf.py ..
 import os
 import struct
 import subprocess
+import sys
 import time
 
 SKIP = 77  # CTest's skip code: no interpreter with transformers
 
 TOK_MAGIC = b"MOETOK1\0"
 TOK_HEADER = struct.Struct("<8sIIQII")  # magic, version, dtype bytes, count, vocab, reserved
+
+
+def python_with(name, probe, pythons, hint):
+    """probe() imports what the calling script needs. When it raises, the script is run again
+    (os.execv) under the first of pythons not tried yet ($MOE_HF_TRIED), else it prints a SKIP
+    line naming why and exits 77."""
+    try:
+        probe()
+        return
+    except Exception as e:  # ImportError, or a broken install raising something else
+        why = f"{type(e).__name__}: {e}"
+    # (by path, not resolved: a venv's python is a link to the base interpreter)
+    tried = os.environ.get("MOE_HF_TRIED", "").split(os.pathsep) + [os.path.abspath(sys.executable)]
+    for py in pythons:
+        if os.path.exists(py) and os.path.abspath(py) not in tried:
+            os.environ["MOE_HF_TRIED"] = os.pathsep.join(tried)
+            sys.stdout.flush()
+            os.execv(py, [py, os.path.abspath(sys.argv[0])] + sys.argv[1:])
+    print(f"{name}: SKIP: {hint} not importable with {sys.executable} ({why}); tried {pythons}")
+    sys.exit(SKIP)
 
 
 class CheckError(Exception):

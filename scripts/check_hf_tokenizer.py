@@ -28,33 +28,19 @@ import sys
 import tempfile
 import time
 
-from check_common import SKIP, CheckError, MoeCommand, Results, read_token_header  # noqa: E402
+from check_common import SKIP, CheckError, MoeCommand, Results, python_with, read_token_header  # noqa: E402,F401
 PYTHONS = [p for p in (os.environ.get("MOE_HF_PYTHON"), "/opt/moe-hf5/bin/python", "/opt/moe-hf/bin/python") if p]
 
 
-def _import_hf():
-    """Import torch/transformers/tokenizers; else re-exec under an HF venv, or exit 77."""
-    try:
-        import tokenizers  # noqa: F401
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-        from transformers import AutoTokenizer, MixtralForCausalLM, pipeline  # noqa: F401
-        return
-    except Exception as e:  # ImportError, or a broken install raising something else
-        why = f"{type(e).__name__}: {e}"
-    # (by path, not resolved: a venv's python is a link to the base interpreter)
-    tried = os.environ.get("MOE_HF_TRIED", "").split(os.pathsep) + [os.path.abspath(sys.executable)]
-    for py in PYTHONS:
-        if os.path.exists(py) and os.path.abspath(py) not in tried:
-            os.environ["MOE_HF_TRIED"] = os.pathsep.join(tried)
-            sys.stdout.flush()
-            os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
-    print(f"check_hf_tokenizer: SKIP: transformers/tokenizers/torch are not importable with "
-          f"{sys.executable} ({why}); tried {PYTHONS} (scripts/install_hf.sh)")
-    sys.exit(SKIP)
+def _probe():
+    import tokenizers  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import AutoTokenizer, MixtralForCausalLM, pipeline  # noqa: F401
 
 
-_import_hf()
+python_with("check_hf_tokenizer", _probe, PYTHONS,
+            "transformers/tokenizers/torch (scripts/install_hf.sh) are")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402

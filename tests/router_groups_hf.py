@@ -20,31 +20,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHONS = [p for p in (os.environ.get("MOE_HF_PYTHON"), "/opt/moe-hf5/bin/python") if p]
 
 
-def import_hf():
-    try:
-        import torch  # noqa: F401
-        from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: F401
-        return
-    except Exception as e:  # ImportError, or a broken install
-        why = f"{type(e).__name__}: {e}"
-    tried = os.environ.get("MOE_HF_TRIED", "").split(os.pathsep) + [os.path.abspath(sys.executable)]
-    for py in PYTHONS:
-        if os.path.exists(py) and os.path.abspath(py) not in tried:
-            os.environ["MOE_HF_TRIED"] = os.pathsep.join(tried)
-            sys.stdout.flush()
-            os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
-    print(f"router_groups_hf: SKIP: transformers with DeepSeek-V3 is not importable ({why}); "
-          f"tried {PYTHONS} (scripts/install_hf5.sh)")
-    sys.exit(77)
+def probe():
+    import torch  # noqa: F401
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: F401
 
 
-import_hf()
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+from check_common import python_with  # noqa: E402
+
+python_with("router_groups_hf", probe, PYTHONS,
+            "transformers 5 with DeepSeek-V3 (scripts/install_hf5.sh) is")
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import DeepseekV3Config  # noqa: E402
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter  # noqa: E402
 
-sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
 from make_fixtures import write_fixture  # noqa: E402
 
 # (E, k, n_group, topk_group, norm_topk_prob, routed_scaling_factor, bias)
