@@ -41,7 +41,7 @@ cJSON *moe_hf_config_json(const moe_model_config *c, const char *torch_dtype) {
     cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layers);
     cJSON_AddNumberToObject(j, "num_attention_heads", c->n_heads);
     cJSON_AddNumberToObject(j, "num_key_value_heads", c->n_kv_heads);
-    cJSON_AddNumberToObject(j, "head_dim", c->d_model / c->n_heads);
+    cJSON_AddNumberToObject(j, "head_dim", moe_model_head_dim(c));
     cJSON_AddNumberToObject(j, "num_local_experts", c->moe.n_experts);
     cJSON_AddNumberToObject(j, "num_experts_per_tok", c->moe.top_k);
     add_float(j, "rms_norm_eps", c->rms_norm_eps);
@@ -255,17 +255,14 @@ static moe_status parse_hf_config(moe_model_config *out, const cJSON *j, const c
     c.n_kv_heads = c.n_heads;
     if ((st = cj_int(j, path, "num_key_value_heads", 1, 4096, 0, &c.n_kv_heads)) ||
         (st = cj_int(j, path, "max_position_embeddings", 1, 1 << 20, 0, &c.max_seq_len)) ||
-        (st = cj_int_or_null(j, path, "head_dim", 1, 65536, &head_dim)) ||
+        (st = cj_int_or_null(j, path, "head_dim", 1, 4096, &head_dim)) ||
         (st = cj_num(j, path, "rms_norm_eps", 0, 1, &c.rms_norm_eps)) ||
         (st = cj_rope(j, path, &c.rope_theta)) ||
         (st = cj_bool(j, path, "tie_word_embeddings", &c.tie_embeddings)) ||
         (st = cj_enum(j, path, "hidden_act", silu, &act)))
         return st;
-    if (head_dim && (int64_t)head_dim * c.n_heads != c.d_model)
-        return moe_error(MOE_EINVAL,
-                         "%s: head_dim = %d differs from hidden_size / "
-                         "num_attention_heads = %d / %d (not supported)",
-                         path, head_dim, c.d_model, c.n_heads);
+    // a head_dim other than hidden_size / num_attention_heads is the model's own (0: that)
+    if (head_dim && (int64_t)head_dim * c.n_heads != c.d_model) c.head_dim = head_dim;
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
     if (sw && !cJSON_IsNull(sw))
         return moe_error(MOE_EINVAL,
@@ -315,6 +312,7 @@ moe_status moe_hf_config_check(const char *folder, const moe_model_config *cfg) 
     CHECK("num_hidden_layers", "model.n_layers", h.n_layers, cfg->n_layers, "%d")
     CHECK("num_attention_heads", "model.n_heads", h.n_heads, cfg->n_heads, "%d")
     CHECK("num_key_value_heads", "model.n_kv_heads", h.n_kv_heads, cfg->n_kv_heads, "%d")
+    CHECK("head_dim", "model.head_dim", moe_model_head_dim(&h), moe_model_head_dim(cfg), "%d")
     CHECK("num_local_experts", "model.n_experts", h.moe.n_experts, cfg->moe.n_experts, "%d")
     CHECK("num_experts_per_tok", "model.top_k", h.moe.top_k, cfg->moe.top_k, "%d")
     CHECK("tie_word_embeddings", "model.tie_embeddings", h.tie_embeddings, cfg->tie_embeddings,

@@ -92,7 +92,8 @@ static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
               k = KEY("model", "top_k"), d = KEY("model", "d_model"), ff = KEY("model", "d_ff"),
               V = KEY("model", "vocab_size"), L = KEY("model", "n_layers"),
               E = KEY("model", "n_experts"), G = KEY("train", "grad_accum"),
-              ev = KEY("train", "eval_batches");
+              ev = KEY("train", "eval_batches"), H = KEY("model", "n_heads"),
+              hd = KEY("model", "head_dim");
 #undef KEY
     const moe_model_config *mc = &cfg->model;
     const int64_t T = mul(cfg->batch_size, cfg->seq_len), wide = mc->moe.d_ff > mc->d_model;
@@ -148,6 +149,12 @@ static moe_status check_sizes(const load_ctx *c, const moe_train_config *cfg) {
          "2^34 reals",
          "the attention weights are up to 4 x n_layers x d_model^2 reals",
          {L, d, -1, -1}},
+        {"model.n_layers * model.d_model * model.n_heads * model.head_dim",
+         mul(mul(mul(mc->n_layers, mc->d_model), mc->n_heads), moe_model_head_dim(mc)),
+         MOE_CONFIG_MAX_ATTN_WEIGHTS,
+         "2^34 reals",
+         "the attention weights are up to 4 x n_layers x d_model x n_heads x head_dim reals",
+         {L, d, H, hd}},
         {"model.n_layers * model.n_experts * 3 * model.d_ff * model.d_model",
          mul(mul(mul(mul(mc->n_layers, mc->moe.n_experts), 3), mc->moe.d_ff), mc->d_model),
          MOE_CONFIG_MAX_EXPERT_WEIGHTS,
@@ -215,6 +222,7 @@ moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
     const int n_heads = moe_cfg_spec_index("model", "n_heads"),
               n_kv = moe_cfg_spec_index("model", "n_kv_heads"),
               d_model = moe_cfg_spec_index("model", "d_model"),
+              head_dim = moe_cfg_spec_index("model", "head_dim"),
               top_k = moe_cfg_spec_index("model", "top_k"),
               n_experts = moe_cfg_spec_index("model", "n_experts"),
               max_seq = moe_cfg_spec_index("model", "max_seq_len"),
@@ -239,16 +247,18 @@ moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
     if (m->n_heads % m->n_kv_heads != 0)
         return inconsistent(c, cfg, n_kv, n_heads, "does not divide",
                             "GQA shares each KV head among n_heads / n_kv_heads query heads");
-    if (m->d_model % m->n_heads != 0)
+    if (m->head_dim == 0 && m->d_model % m->n_heads != 0)
         return inconsistent(c, cfg, n_heads, d_model, "does not divide",
-                            "head_dim = d_model / n_heads must be an integer");
-    if ((m->d_model / m->n_heads) % 2 != 0) {
+                            "head_dim = d_model / n_heads must be an integer (or set "
+                            "model.head_dim)");
+    if (moe_model_head_dim(m) % 2 != 0) {
         char why[160];
         snprintf(why, sizeof why,
-                 "head_dim = d_model / n_heads = %d is odd; RoPE rotates pairs "
-                 "of dimensions, so head_dim must be even",
-                 m->d_model / m->n_heads);
-        return inconsistent(c, cfg, d_model, n_heads, "with", why);
+                 "head_dim = %s%d is odd; RoPE rotates pairs of dimensions, so head_dim must "
+                 "be even",
+                 m->head_dim ? "" : "d_model / n_heads = ", moe_model_head_dim(m));
+        return m->head_dim ? inconsistent(c, cfg, head_dim, n_heads, "with", why)
+                           : inconsistent(c, cfg, d_model, n_heads, "with", why);
     }
     const moe_capacity_plan *cap = &cfg->capacity;
     static const char *const auto_keys[] = {"max_drop", "capacity_window", "capacity_min",

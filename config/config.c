@@ -36,6 +36,7 @@ void moe_train_config_default(moe_train_config *cfg) {
     m->rope_theta = 1e6;
     m->rms_norm_eps = 1e-5;
     m->tie_embeddings = 0;
+    m->head_dim = 0; // d_model / n_heads
     // the MoE layer's own defaults (layers/moe.h: Mixtral routing, dropless, aux 0.01, z 0.001),
     // field by field: a struct copy may bring indeterminate padding bytes into the memset one
     const moe_config d = moe_config_default(m->d_model, 256, 8, 2);

@@ -44,6 +44,7 @@ const key_spec moe_cfg_specs[] = {
     KINT("model", "d_model", model.d_model, 1, 65536),
     KINT("model", "n_layers", model.n_layers, 1, 1024),
     KINT("model", "n_heads", model.n_heads, 1, 4096),
+    KINT("model", "head_dim", model.head_dim, 0, 4096),     // 0: d_model / n_heads; even
     KINT("model", "n_kv_heads", model.n_kv_heads, 1, 4096), // and <= n_heads, divides it
     KINT("model", "d_ff", model.moe.d_ff, 1, 1 << 20),
     KINT("model", "n_experts", model.moe.n_experts, 1, 4096),

@@ -14,15 +14,17 @@ moe_status moe_model_config_check(const moe_model_config *c) {
         return moe_error(MOE_EINVAL, "model: vocab_size=%d must be >= 2", c->vocab_size);
     if (c->n_layers < 1)
         return moe_error(MOE_EINVAL, "model: n_layers=%d must be >= 1", c->n_layers);
-    if (c->n_heads < 1 || c->d_model % c->n_heads)
-        return moe_error(MOE_EINVAL, "model: d_model=%d is not a multiple of n_heads=%d",
-                         c->d_model, c->n_heads);
+    if (c->n_heads < 1 || c->head_dim < 0 || (c->head_dim == 0 && c->d_model % c->n_heads))
+        return moe_error(MOE_EINVAL,
+                         "model: d_model=%d is not a multiple of n_heads=%d (and head_dim=%d "
+                         "does not say the head size)",
+                         c->d_model, c->n_heads, c->head_dim);
     if (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads)
         return moe_error(MOE_EINVAL, "model: n_heads=%d is not a multiple of n_kv_heads=%d",
                          c->n_heads, c->n_kv_heads);
-    if ((c->d_model / c->n_heads) % 2)
+    if (moe_model_head_dim(c) % 2)
         return moe_error(MOE_EINVAL, "model: head_dim=%d must be even (RoPE pairs)",
-                         c->d_model / c->n_heads);
+                         moe_model_head_dim(c));
     if (c->max_seq_len < 1)
         return moe_error(MOE_EINVAL, "model: max_seq_len=%d must be >= 1", c->max_seq_len);
     if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
@@ -51,8 +53,8 @@ typedef struct {
 // part.
 static size_t params_layout(params_offsets *o, const moe_model_config *c, int El, size_t *n_dense) {
     const size_t V = c->vocab_size, d = c->d_model, L = c->n_layers, H = c->n_heads,
-                 KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, E = c->moe.n_experts,
-                 ff = c->moe.d_ff;
+                 KV = c->n_kv_heads, hd = moe_model_head_dim(c), Q = (H + 2 * KV) * hd,
+                 E = c->moe.n_experts, ff = c->moe.d_ff;
     size_t off = 0;
 #define TAKE(field, n) (o->field = off, off += (n))
     TAKE(embed, V * d);
@@ -149,8 +151,9 @@ static void build_tensor_table(moe_model_tensor *tab, const moe_model_config *c,
                                const int *slot_of) {
     params_offsets o;
     params_layout(&o, c, El, NULL);
-    const int V = c->vocab_size, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads, hd = d / H,
-              Q = (H + 2 * KV) * hd, E = c->moe.n_experts, ff = c->moe.d_ff;
+    const int V = c->vocab_size, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads,
+              hd = moe_model_head_dim(c), Q = (H + 2 * KV) * hd, E = c->moe.n_experts,
+              ff = c->moe.d_ff;
     char name[96];
     int n = 0;
     add_tensor(tab, &n, "model.embed_tokens.weight", o.embed, V, d, -1, 0, -1);
@@ -232,7 +235,7 @@ static moe_status create_common(moe_model *m, moe_backend *be, const moe_model_c
     m->be = be;
     m->ep = R_ep > 1 ? ep : NULL;
     m->E_local = E / R_ep, m->expert0 = R_ep > 1 ? ep->rank * m->E_local : 0;
-    const size_t L = cfg->n_layers, hd = cfg->d_model / cfg->n_heads, P = max_pos, R = sizeof(real);
+    const size_t L = cfg->n_layers, hd = moe_model_head_dim(cfg), P = max_pos, R = sizeof(real);
     params_offsets offsets;
     m->n_params = params_layout(&offsets, cfg, m->E_local, &m->n_dense);
     buffer_spec specs[] = {
@@ -300,8 +303,9 @@ moe_status moe_model_create_parallel(moe_model *m, moe_backend *be, const moe_mo
                          max_batch, max_seq, cfg->max_seq_len);
     }
     const size_t T = (size_t)max_batch * max_seq, d = cfg->d_model, L = cfg->n_layers,
-                 H = cfg->n_heads, KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd,
-                 V = cfg->vocab_size, S = max_seq, B = max_batch, R = sizeof(real);
+                 H = cfg->n_heads, KV = cfg->n_kv_heads, hd = moe_model_head_dim(cfg),
+                 Q = (H + 2 * KV) * hd, V = cfg->vocab_size, S = max_seq, B = max_batch,
+                 R = sizeof(real);
     moe_status st = create_common(m, be, cfg, ep, max_seq, cfg->n_layers, (int)T, 0);
     if (st) {
         moe_model_destroy(m);
@@ -389,8 +393,8 @@ moe_status moe_model_create_inference_batch(moe_model *m, moe_backend *be,
                          n_seqs, max_pos, max_chunk);
     }
     const size_t C = max_chunk, P = max_pos, d = cfg->d_model, L = cfg->n_layers, H = cfg->n_heads,
-                 KV = cfg->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = cfg->vocab_size,
-                 R = sizeof(real);
+                 KV = cfg->n_kv_heads, hd = moe_model_head_dim(cfg), Q = (H + 2 * KV) * hd,
+                 V = cfg->vocab_size, R = sizeof(real);
     // one MoE layer's buffers serve every layer: nothing is kept for a backward
     moe_status st = create_common(m, be, cfg, ep, max_pos, 1, max_chunk, 1);
     if (st) {
@@ -594,7 +598,7 @@ static moe_rope_args qkv_rope(const moe_model_config *c, int T, int S, int pos0,
                              .pos0 = pos0,
                              .n_rot = H + KV,
                              .n_heads = H + 2 * KV,
-                             .hd = c->d_model / H,
+                             .hd = moe_model_head_dim(c),
                              .inverse = inverse};
     return a;
 }
@@ -602,7 +606,7 @@ static moe_rope_args qkv_rope(const moe_model_config *c, int T, int S, int pos0,
 // The attention kernels' shape for B sequences of S tokens.
 static moe_attention_shape attention_shape(const moe_model_config *c, int B, int S) {
     const moe_attention_shape sh = {
-        .B = B, .S = S, .H = c->n_heads, .KV = c->n_kv_heads, .hd = c->d_model / c->n_heads};
+        .B = B, .S = S, .H = c->n_heads, .KV = c->n_kv_heads, .hd = moe_model_head_dim(c)};
     return sh;
 }
 
@@ -624,7 +628,7 @@ moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets
         return moe_error(MOE_EINVAL, "model: batch %d x seq %d exceeds the buffers (%d x %d)", B, S,
                          m->max_batch, m->max_seq);
     const int T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads,
-              hd = d / H, Q = (H + 2 * KV) * hd, V = c->vocab_size;
+              hd = moe_model_head_dim(c), Q = (H + 2 * KV) * hd, V = c->vocab_size;
     moe_status st = check_ids(tokens, T, V, "tokens");
     if (!st && targets) st = check_ids(targets, T, V, "targets");
     if (st) return st;
@@ -696,7 +700,8 @@ moe_status moe_model_backward(moe_model *m, double loss_scale) {
     moe_backend *be = m->be;
     if (m->B == 0 || !m->training) return moe_error(MOE_EINVAL, "model: backward before forward");
     const int B = m->B, S = m->S, T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads,
-              KV = c->n_kv_heads, hd = d / H, Q = (H + 2 * KV) * hd, V = c->vocab_size;
+              KV = c->n_kv_heads, hd = moe_model_head_dim(c), Q = (H + 2 * KV) * hd,
+              V = c->vocab_size;
     const size_t Td = (size_t)T * d;
 
     moe_timer *tm = m->timer;
@@ -756,7 +761,7 @@ static void infer_attention(moe_model *m, int l, int n, int slot, int pos0, cons
                             const int *pos) {
     const moe_model_config *c = &m->cfg;
     moe_backend *be = m->be;
-    const int H = c->n_heads, KV = c->n_kv_heads, hd = c->d_model / H, Q = (H + 2 * KV) * hd;
+    const int H = c->n_heads, KV = c->n_kv_heads, hd = moe_model_head_dim(c), Q = (H + 2 * KV) * hd;
     const size_t cache = (size_t)m->max_pos * KV * hd;
     for (int i = 0; i < (pos ? n : 1); i++) {
         const int rows = pos ? 1 : n, at = pos ? pos[i] : pos0, sq = pos ? slots[i] : slot;
@@ -776,8 +781,8 @@ static moe_status infer_rows(moe_model *m, const int *tokens, int n, int slot, i
                              const int *slots, const int *pos) {
     const moe_model_config *c = &m->cfg;
     moe_backend *be = m->be;
-    const int d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads, hd = d / H,
-              Q = (H + 2 * KV) * hd, V = c->vocab_size;
+    const int d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads,
+              hd = moe_model_head_dim(c), Q = (H + 2 * KV) * hd, V = c->vocab_size;
     moe_status st = check_ids(tokens, n, V, "tokens");
     if (st) return st;
     const size_t nd = (size_t)n * d;

@@ -31,6 +31,8 @@ typedef struct {
     int n_layers;       // L
     int n_heads;        // H
     int n_kv_heads;     // KV (GQA: H % KV == 0)
+    int head_dim;       // hd, even; 0: d_model / n_heads (Mixtral). Qwen3-MoE's and OLMoE's
+                        // folders set it: q, k, v are H*hd, KV*hd wide, o_proj maps H*hd -> d
     int max_seq_len;    // longest sequence (RoPE table size)
     int tie_embeddings; // lm_head is embed
     double rope_theta;
@@ -44,10 +46,15 @@ typedef struct {
 
 moe_status moe_model_config_check(const moe_model_config *cfg);
 
+// hd: head_dim, or d_model / n_heads when it is 0.
+static inline int moe_model_head_dim(const moe_model_config *c) {
+    return c->head_dim > 0 ? c->head_dim : c->d_model / c->n_heads;
+}
+
 // Reals in the parameter buffer of a model of this config (nothing allocated).
 size_t moe_model_param_count(const moe_model_config *cfg);
 
-// Views into the flat parameter (or gradient) buffer. hd = d / H, Q = (H + 2 KV) * hd.
+// Views into the flat parameter (or gradient) buffer. hd = moe_model_head_dim, Q = (H + 2 KV) * hd.
 typedef struct {
     real *embed;      // [V, d]
     real *attn_norm;  // [L, d]          input_layernorm

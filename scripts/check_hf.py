@@ -24,6 +24,7 @@ the safetensors files itself (and checks the format rules of DESIGN.md §5), so 
 which side is off.
 """
 import argparse
+import inspect
 import json
 import math
 import os
@@ -207,7 +208,7 @@ def read_hf_folder(folder, strict=True):
 def numpy_mixtral_logits(cfg, W, tokens):
     d = cfg["hidden_size"]
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = d // H
+    hd = cfg.get("head_dim") or d // H  # transformers 5 writes head_dim (may be null)
     k = cfg["num_experts_per_tok"]
     eps = cfg.get("rms_norm_eps", 1e-5)
     theta = cfg.get("rope_theta", 1e6)
@@ -242,7 +243,7 @@ def numpy_mixtral_logits(cfg, W, tokens):
             s = q[:, i] @ kk[:, j].T / math.sqrt(hd) + mask
             s = np.exp(s - s.max(-1, keepdims=True))
             att[:, i] = (s / s.sum(-1, keepdims=True)) @ v[:, j]
-        x = x + att.reshape(S, d) @ W[p + "self_attn.o_proj.weight"].T
+        x = x + att.reshape(S, H * hd) @ W[p + "self_attn.o_proj.weight"].T
         h = rms(x, W[p + "post_attention_layernorm.weight"])
         z = h @ W[p + "block_sparse_moe.gate.weight"].T
         pr = np.exp(z - z.max(-1, keepdims=True))
@@ -523,6 +524,10 @@ REVERSE_CASES = [
     ("bf16", 1, torch.bfloat16, {}, {}, False),
     ("fp16", 1, torch.float16, {}, {}, False),
 ]
+# head_dim other than hidden_size / num_attention_heads (32 / 4 = 8): Qwen3-MoE's shape, in a
+# Mixtral folder; transformers' Mixtral reads head_dim from 4.46 on
+if "head_dim" in inspect.signature(MixtralConfig.__init__).parameters:
+    REVERSE_CASES.append(("fp32 head_dim 12", 3, None, {"head_dim": 12}, {}, False))
 
 
 def reverse_models(wd, res, S):

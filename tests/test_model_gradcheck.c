@@ -212,6 +212,11 @@ int main(void) {
     cfg.n_kv_heads = 2;
     cfg.moe.drop_policy = MOE_DROP_POSITION;
     run("tied, MHA, capacity 0.7 position", cfg, 2, 5, 3);
+    // head_dim 6 != d_model / n_heads = 4 (Qwen3-MoE's shape): q, k, v 6 wide per head,
+    // o_proj maps 2 x 6 -> 8
+    cfg.head_dim = 6;
+    cfg.tie_embeddings = 0, cfg.n_kv_heads = 1, cfg.moe.capacity_factor = 0;
+    run("head_dim 6 (d_model 8, 2 heads), GQA, dropless", cfg, 2, 5, 4);
     printf("%d failure(s)\n", test_failures());
     return test_failures() != 0;
 }

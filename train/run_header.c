@@ -64,7 +64,7 @@ static void print_header(const moe_train_config *cfg, const moe_model_config *mc
                          const char *data_line, moe_backend *be) {
     const int L = mc->n_layers, E = mc->moe.n_experts, k = mc->moe.top_k;
     const double d = mc->d_model, ff = mc->moe.d_ff, V = mc->vocab_size;
-    const double hd = d / mc->n_heads, q_rows = (mc->n_heads + 2.0 * mc->n_kv_heads) * hd;
+    const double hd = moe_model_head_dim(mc), q_rows = (mc->n_heads + 2.0 * mc->n_kv_heads) * hd;
     const double expert = 3 * d * ff; // w1, w3 (stacked as w13) and w2 of one expert
     const double active = (double)n_dense + (double)L * k * expert;
     printf("model: %d layers, d=%d, %d heads (%d kv), %d experts top-%d, ff=%d: %.2fM parameters "

@@ -18,7 +18,8 @@ enum { MAX_POS = 16, MAX_CHUNK = 4 };
 // parameters, the KV cache and one chunk's activations.
 static double model_reals(const moe_model_config *c) {
     const double V = c->vocab_size, d = c->d_model, L = c->n_layers, H = c->n_heads,
-                 KV = c->n_kv_heads, hd = d / H, E = c->moe.n_experts, ff = c->moe.d_ff;
+                 KV = c->n_kv_heads, hd = moe_model_head_dim(c), E = c->moe.n_experts,
+                 ff = c->moe.d_ff;
     const double per_layer = 2 * d + (H + 2 * KV) * hd * d + d * H * hd + E * d + 3 * E * ff * d;
     const double params = V * d * (c->tie_embeddings ? 1 : 2) + L * per_layer + d;
     return params + MAX_POS * L * 2 * KV * hd + MAX_CHUNK * (V + E * ff + 8 * d);
