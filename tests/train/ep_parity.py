@@ -8,7 +8,7 @@ largest relative differences.
   ep_parity.py MOE MPIRUN_ARGS... -- WORKDIR
 
 Cases: R = 2 and 4; ep_size R and R/2; dropless, capacity with both drop policies (drops
-happen), the aux-loss-free bias; SGD (the bar: 1e-6 on losses and weights) and one AdamW
+happen), the aux-loss-free bias, group-limited sigmoid routing with head_dim 12; SGD (the bar: 1e-6 on losses and weights) and one AdamW
 case (reported: AdamW's first step maps g to g/(|g|+eps), which turns last-bit differences of
 gradients that cancel to ~1e-8 into ~1e-4 weight differences; its losses stay within 1e-5).
 Then a checkpoint of 4 ranks resumes on 2 ranks and on 1 rank: the next losses equal those
@@ -73,7 +73,10 @@ checkpoint = { interval = %d; keep = 5; };
     cases = [("dropless", "", "sgd", 2, 0), ("capacity_probs", "capacity_factor = 1.0;", "sgd", 2, 0),
              ("capacity_position", 'capacity_factor = 1.0; drop_policy = "position";', "sgd", 4, 0),
              ("ep_half_bias", "capacity_factor = 1.0; bias_rate = 0.001;", "sgd", 4, 2),
-             ("adamw", "capacity_factor = 1.0;", "adamw", 2, 0)]
+             ("adamw", "capacity_factor = 1.0;", "adamw", 2, 0),
+             # group-limited sigmoid routing with the bias and head_dim 12 (32 / 4 = 8)
+             ("groups_head_dim", 'scoring = "sigmoid"; n_group = 4; topk_group = 2; head_dim = 12; '
+              "capacity_factor = 1.0; bias_rate = 0.001;", "sgd", 4, 2)]
     for name, extra, opt, R, ep in cases:
         one = cfg(name + "_one", extra, opt, R)
         par = cfg(name + "_ep", extra, opt, 1)
