@@ -149,6 +149,16 @@ static void test_gemm(double tol, const char *tag) {
 static void check_dispatch_bf16(twin x, twin rtok, twin y, twin dout, twin w, twin arow, int T,
                                 int N, int k, int d);
 
+
+// router_topk on both backends, the same arguments (bias NULL: no bias).
+static void router_topk_twins(twin s, twin p, twin lse, twin idx, twin w, twin z, const twin *bias,
+                              moe_router_shape shape, moe_router_hparams hp) {
+    C->router_topk(C, RC(s), RC(p), RC(lse), IC(idx), RC(w), RC(z), bias ? RC(*bias) : NULL, shape,
+                   hp);
+    G->router_topk(G, RG(s), RG(p), RG(lse), IG(idx), RG(w), RG(z), bias ? RG(*bias) : NULL, shape,
+                   hp);
+}
+
 static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacity,
                                  moe_drop_policy policy) {
     printf("router + dispatch (%s%s, capacity %d, %s)\n",
@@ -172,10 +182,7 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
                                    .aux_coef = 0.01f,
                                    .seq_aux_coef = 0.003f,
                                    .z_coef = 0.001f};
-    C->router_topk(C, RC(s), RC(p), RC(lse), IC(idx), RC(w), RC(z), with_bias ? RC(bias) : NULL,
-                   shape, hp);
-    G->router_topk(G, RG(s), RG(p), RG(lse), IG(idx), RG(w), RG(z), with_bias ? RG(bias) : NULL,
-                   shape, hp);
+    router_topk_twins(s, p, lse, idx, w, z, with_bias ? &bias : NULL, shape, hp);
     same_ints("router_topk idx (ties: lower index)", idx, (size_t)T * k);
     same_reals("router_topk scores", s, (size_t)T * E, TOL);
     same_reals("router_topk probs", p, (size_t)T * E, TOL);
@@ -185,10 +192,7 @@ static void test_router_dispatch(moe_scoring scoring, int with_bias, int capacit
         moe_router_hparams hg = hp;
         hg.n_group = 3, hg.topk_group = 2;
         twin gi = output((size_t)T * k * sizeof(int)), gw = output((size_t)T * k * sizeof(real));
-        C->router_topk(C, RC(s), RC(p), RC(lse), IC(gi), RC(gw), RC(z), with_bias ? RC(bias) : NULL,
-                       shape, hg);
-        G->router_topk(G, RG(s), RG(p), RG(lse), IG(gi), RG(gw), RG(z), with_bias ? RG(bias) : NULL,
-                       shape, hg);
+        router_topk_twins(s, p, lse, gi, gw, z, with_bias ? &bias : NULL, shape, hg);
         same_ints("router_topk idx, group-limited", gi, (size_t)T * k);
         same_reals("router_topk weights, group-limited", gw, (size_t)T * k, TOL);
         drop(gi), drop(gw);

@@ -100,11 +100,8 @@ def check_headers(include):
             n_names += 1
             if rel == "layers/real.h" and name in REAL_H:
                 continue
-            ok = name.startswith(UPPER) if kind in ("enum constant", "macro") \
-                else name.startswith(LOWER)
-            if not ok and kind == "enum constant" and name.startswith(LOWER):
-                ok = True
-            if not ok:
+            allowed = {"macro": UPPER, "enum constant": UPPER + LOWER}.get(kind, LOWER)
+            if not name.startswith(allowed):
                 fail("include/moe/%s: %s %s has no moe_ or room prefix" % (rel, kind, name))
     print("public_names: %d names in %d installed headers checked" % (n_names, n_files))
 
