@@ -8,7 +8,8 @@ weights, aux + z losses; loss = (out * dout).sum() + aux + z):
            experts, torch.where + index_add_
   grouped  tokens sorted by expert, the expert GEMMs as torch._grouped_mm (w1|w3 stacked),
            combine by index_add_
-fp32 storage; --math fp32 (torch.backends.cuda.matmul.allow_tf32 = False) or tf32. CUDA events
+fp32 storage; --math fp32 (torch.backends.cuda.matmul.allow_tf32 = False), tf32, or bf16
+(torch.autocast to bf16: fp32 weights, bf16 GEMM operands, as moe.c's bf16 layer). CUDA events
 around each step after warm-up, median of the repeats. One JSON line per implementation with
 --json; an implementation this torch cannot run reports "error".
 
@@ -35,6 +36,7 @@ class GroupedMoe(torch.nn.Module):
         self.gate = block.gate
         self.w13 = torch.nn.Parameter(torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in block.experts]).detach().clone())
         self.w2 = torch.nn.Parameter(torch.stack([e.w2.weight for e in block.experts]).detach().clone())
+        self.cd = torch.float32  # the grouped GEMMs' operand type (bf16: --math bf16)
 
     def forward(self, x):
         T, d = x.shape[1], x.shape[2]
@@ -48,12 +50,12 @@ class GroupedMoe(torch.nn.Module):
         token = order // self.k
         counts = torch.bincount(flat, minlength=self.E)
         offs = torch.cumsum(counts, 0).to(torch.int32)
-        xp = h[token]
-        h13 = torch._grouped_mm(xp, self.w13.transpose(-2, -1), offs=offs)
+        xp = h[token].to(self.cd)
+        h13 = torch._grouped_mm(xp, self.w13.to(self.cd).transpose(-2, -1), offs=offs)
         ff = h13.shape[1] // 2
         act = F.silu(h13[:, :ff]) * h13[:, ff:]
-        ye = torch._grouped_mm(act, self.w2.transpose(-2, -1), offs=offs)
-        ye = ye * w.reshape(-1)[order, None]
+        ye = torch._grouped_mm(act, self.w2.to(self.cd).transpose(-2, -1), offs=offs)
+        ye = ye.float() * w.reshape(-1)[order, None]
         out = torch.zeros_like(h).index_add_(0, token, ye)
         return out.view(1, T, d), logits, sel
 
@@ -77,7 +79,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in (("T", 16384), ("d", 4096), ("ff", 4096), ("E", 8), ("k", 2)):
         ap.add_argument("--" + name, type=int, default=default)
-    ap.add_argument("--math", choices=["fp32", "tf32"], default="fp32")
+    ap.add_argument("--math", choices=["fp32", "tf32", "bf16"], default="fp32")
     ap.add_argument("--impl", choices=["hf", "grouped", "both"], default="both")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
@@ -101,14 +103,19 @@ def main():
     for impl in impls:
         model = block if impl == "hf" else GroupedMoe(block).to(dev)
         params = list(model.parameters())
+        bf16 = args.math == "bf16"
+        if bf16 and impl == "grouped":
+            model.cd = torch.bfloat16
 
         def step():
             for p in params:
                 p.grad = None
             x.grad = None
-            out, logits, sel = model(x)
-            aux, z = router_losses(logits, sel, args.E, args.k, 0.01, 0.001)
-            ((out * dout).sum() + aux + z).backward()
+            # bf16: fp32 weights, bf16 GEMM operands (autocast), as moe.c's bf16 layer
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                out, logits, sel = model(x)
+            aux, z = router_losses(logits.float(), sel, args.E, args.k, 0.01, 0.001)
+            ((out.float() * dout).sum() + aux + z).backward()
 
         rec = {"impl": "pytorch " + impl, "math": args.math, "T": args.T, "d": args.d, "ff": args.ff,
                "E": args.E, "k": args.k, "torch": torch.__version__,
