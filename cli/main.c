@@ -468,6 +468,7 @@ static void print_expert_hits(const moe_model *m, int n_seq) {
     printf("expert hits per layer while decoding (top-%d assignments%s):\n", m->cfg.moe.top_k,
            n_seq > 1 ? ", the last batch" : "");
     for (int l = 0; l < m->cfg.n_layers; l++) {
+        if (!moe_model_layer_is_moe(&m->cfg, l)) continue; // dense: no experts
         printf("  layer %d:", l);
         for (int e = 0; e < E; e++) printf(" %ld", m->expert_hits[(size_t)l * E + e]);
         printf("\n");

@@ -37,6 +37,8 @@ void moe_train_config_default(moe_train_config *cfg) {
     m->rms_norm_eps = 1e-5;
     m->tie_embeddings = 0;
     m->head_dim = 0; // d_model / n_heads
+    m->family = MOE_FAMILY_MIXTRAL;
+    m->sparse_step = 1; // every layer MoE (first_k_dense 0, no shared expert, q/k norm or biases)
     // the MoE layer's own defaults (layers/moe.h: Mixtral routing, dropless, aux 0.01, z 0.001),
     // field by field: a struct copy may bring indeterminate padding bytes into the memset one
     const moe_config d = moe_config_default(m->d_model, 256, 8, 2);

@@ -19,6 +19,9 @@ static const char *const alert_action_names[] = {"warn", "stop", NULL};
 static const char *const dtype_names[] = {"fp32", "bf16", NULL};     // moe_dtype's order
 static const char *const exchange_names[] = {"dedup", "rows", NULL}; // moe_exchange's order
 static const char *const transport_names[] = {"mpi", "nccl", NULL};  // moe_transport's order
+// moe_family's order: the HF model_type of each
+static const char *const family_names[] = {"mixtral", "qwen3_moe", "qwen2_moe", "olmoe", NULL};
+static const char *const qk_norm_names[] = {"none", "head", "full", NULL}; // moe_qk_norm's order
 
 #define ENUM_FITS_INT(T) _Static_assert(sizeof(T) == sizeof(int), #T " is written as an int")
 ENUM_FITS_INT(moe_drop_policy);
@@ -30,6 +33,10 @@ ENUM_FITS_INT(moe_dtype);
 _Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "train.dtype: fp32 -> 0, bf16 -> 1");
 ENUM_FITS_INT(moe_exchange);
 ENUM_FITS_INT(moe_transport);
+ENUM_FITS_INT(moe_family);
+ENUM_FITS_INT(moe_qk_norm);
+_Static_assert(MOE_FAMILY_MIXTRAL == 0 && MOE_FAMILY_OLMOE == 3, "model.family: family_names");
+_Static_assert(MOE_QK_NORM_NONE == 0 && MOE_QK_NORM_FULL == 2, "model.qk_norm: qk_norm_names");
 _Static_assert(MOE_EXCHANGE_DEDUP == 0 && MOE_EXCHANGE_ROWS == 1,
                "parallel.exchange: dedup -> 0, rows -> 1");
 
@@ -47,6 +54,15 @@ const key_spec moe_cfg_specs[] = {
     KINT("model", "head_dim", model.head_dim, 0, 4096),     // 0: d_model / n_heads; even
     KINT("model", "n_kv_heads", model.n_kv_heads, 1, 4096), // and <= n_heads, divides it
     KINT("model", "d_ff", model.moe.d_ff, 1, 1 << 20),
+    // the layers of 2025-26 models (DESIGN.md §2.1), all off by default
+    KENUM("model", "family", model.family, moe_family, family_names),
+    KINT("model", "first_k_dense", model.first_k_dense, 0, 1024), // dense layers 0..k-1
+    KINT("model", "sparse_step", model.sparse_step, 1, 1024),     // MoE where (l+1) % step == 0
+    KINT("model", "dense_d_ff", model.dense_d_ff, 0, 1 << 20),    // 0: d_ff
+    KINT("model", "shared_d_ff", model.shared_d_ff, 0, 1 << 20),  // 0: no shared expert
+    KBOOL("model", "shared_gate", model.shared_gate),
+    KENUM("model", "qk_norm", model.qk_norm, moe_qk_norm, qk_norm_names),
+    KBOOL("model", "qkv_bias", model.qkv_bias),
     KINT("model", "n_experts", model.moe.n_experts, 1, 4096),
     KINT("model", "top_k", model.moe.top_k, 1, 4096), // and <= n_experts
     KINT("model", "max_seq_len", model.max_seq_len, 1, 1 << 20),

@@ -164,6 +164,12 @@ static void cuda_fill_table(moe_backend *be) {
     be->embedding_backward = cuda_embedding_backward;
     be->rmsnorm_forward = cuda_rmsnorm_forward;
     be->rmsnorm_backward = cuda_rmsnorm_backward;
+    be->head_rmsnorm_forward = cuda_head_rmsnorm_forward;
+    be->head_rmsnorm_backward = cuda_head_rmsnorm_backward;
+    be->bias_add = cuda_bias_add;
+    be->bias_backward = cuda_bias_backward;
+    be->sigmoid_gate_forward = cuda_sigmoid_gate_forward;
+    be->sigmoid_gate_backward = cuda_sigmoid_gate_backward;
     be->rope = cuda_rope;
     be->attention_forward = cuda_attention_forward;
     be->attention_backward = cuda_attention_backward;

@@ -102,6 +102,12 @@ void cuda_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *in
                           const real *weight, int T, int d, real eps);
 void cuda_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
                            const real *inp, const real *weight, const real *rstd, int T, int d);
+void cuda_head_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp,
+                               const real *weight, int T, int stride, int n_heads, int hd,
+                               real eps);
+void cuda_head_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
+                                const real *inp, const real *weight, const real *rstd, int T,
+                                int stride, int n_heads, int hd);
 // rope.cu
 void cuda_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin,
                moe_rope_args ra);
@@ -132,6 +138,15 @@ void cuda_cross_entropy_backward(moe_backend *be, real *dlogits, const real *log
 void cuda_add(moe_backend *be, real *out, const real *a, const real *b, size_t n);
 void cuda_sum_squares(moe_backend *be, double *host_out, const real *x, size_t n);
 void cuda_sum(moe_backend *be, double *host_out, const real *x, size_t n);
+void cuda_bias_add(moe_backend *be, real *out, const real *bias, int T, int n);
+void cuda_bias_backward(moe_backend *be, real *dbias, const real *dout, int T, int n);
+void cuda_sigmoid_gate_forward(moe_backend *be, real *out, const real *z, const real *y, int T,
+                               int d);
+void cuda_sigmoid_gate_backward(moe_backend *be, real *dy, real *dz, const real *dout,
+                                const real *z, const real *y, int T, int d);
+// Not a table entry (rmsnorm.cu's and the bias gradient's second stage): grad[i] +=
+// the chunk partials part [chunks, n] of column i summed in chunk order (layers/dense_rows.h).
+void cuda_grad_chunks_add(moe_backend *be, real *grad, const double *part, int chunks, int n);
 // optim_update.cu
 void cuda_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
                        const real *grads, size_t n, moe_adamw_hparams hp);

@@ -1,9 +1,13 @@
 // RMSNorm on the GPU, twin of layers/cpu/rmsnorm.c: one block per row, the row statistic a
 // block reduction in double (a fixed shape: the same bits every run); the weight gradient,
 // which every token adds to, per column over chunks of 64 tokens, then over the chunks in
-// order (no atomics).
+// order (no atomics). The q/k norm (head_rmsnorm) runs the CPU's own bodies
+// (layers/dense_rows.h): one thread per segment, its weight gradient per (chunk, column).
 #include "cuda/cuda_kernels.cuh" // first: the C headers as C++
 #include "cuda/reduce.cuh"
+extern "C" {
+#include "layers/dense_rows.h"
+}
 
 static __global__ void k_rmsnorm(real *out, real *rstd, const real *inp, const real *weight, int d,
                                  real eps) {
@@ -70,4 +74,54 @@ void cuda_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const rea
     k_rmsnorm_weight_sum<<<cuda_grid((size_t)d, 128), 128, 0, cuda_stream(be)>>>(dweight, part,
                                                                                  chunks, d);
     CUDA_LAUNCHED(be, "k_rmsnorm_weight_sum");
+}
+
+static __global__ void k_head_rmsnorm(real *out, real *rstd, const real *inp, const real *weight,
+                                      size_t n_seg, int stride, int n_heads, int hd, real eps) {
+    GRID_STRIDE(s, n_seg) {
+        const size_t o = moe_head_segment((int)s, stride, n_heads, hd);
+        rstd[s] = moe_head_rmsnorm_row(out + o, inp + o, weight, hd, eps);
+    }
+}
+void cuda_head_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp,
+                               const real *weight, int T, int stride, int n_heads, int hd,
+                               real eps) {
+    const size_t n_seg = (size_t)T * n_heads;
+    if (T <= 0 || n_heads <= 0 || hd <= 0) return;
+    k_head_rmsnorm<<<cuda_grid(n_seg, 128), 128, 0, cuda_stream(be)>>>(
+        out, rstd, inp, weight, n_seg, stride, n_heads, hd, eps);
+    CUDA_LAUNCHED(be, "k_head_rmsnorm");
+}
+static __global__ void k_head_rmsnorm_backward_input(real *dinp, const real *dout, const real *inp,
+                                                     const real *weight, const real *rstd,
+                                                     size_t n_seg, int stride, int n_heads,
+                                                     int hd) {
+    GRID_STRIDE(s, n_seg) {
+        const size_t o = moe_head_segment((int)s, stride, n_heads, hd);
+        moe_head_rmsnorm_backward_row(dinp + o, dout + o, inp + o, weight, rstd[s], hd);
+    }
+}
+// part [chunks, hd]: one thread per (chunk, column), adjacent threads on adjacent columns
+static __global__ void k_head_rmsnorm_weight_partial(double *part, const real *dout,
+                                                     const real *inp, const real *rstd, int chunks,
+                                                     int stride, int n_heads, int hd, int n_seg) {
+    GRID_STRIDE(j, (size_t)chunks * hd) {
+        part[j] = moe_head_rmsnorm_dweight_part(dout, inp, rstd, stride, n_heads, hd, n_seg,
+                                                (int)(j / hd), (int)(j % hd));
+    }
+}
+// The weight partials first: they read dout, which the input gradient may overwrite (in place).
+void cuda_head_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
+                                const real *inp, const real *weight, const real *rstd, int T,
+                                int stride, int n_heads, int hd) {
+    if (T <= 0 || n_heads <= 0 || hd <= 0) return;
+    const int n_seg = T * n_heads, chunks = moe_grad_chunks((size_t)n_seg);
+    double *part = (double *)cuda_work(be, (size_t)chunks * hd * sizeof(double));
+    k_head_rmsnorm_weight_partial<<<cuda_grid((size_t)chunks * hd, 128), 128, 0, cuda_stream(be)>>>(
+        part, dout, inp, rstd, chunks, stride, n_heads, hd, n_seg);
+    CUDA_LAUNCHED(be, "k_head_rmsnorm_weight_partial");
+    k_head_rmsnorm_backward_input<<<cuda_grid((size_t)n_seg, 128), 128, 0, cuda_stream(be)>>>(
+        dinp, dout, inp, weight, rstd, (size_t)n_seg, stride, n_heads, hd);
+    CUDA_LAUNCHED(be, "k_head_rmsnorm_backward_input");
+    cuda_grad_chunks_add(be, dweight, part, chunks, hd);
 }

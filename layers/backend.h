@@ -350,6 +350,34 @@ struct moe_backend {
     void (*rmsnorm_backward)(moe_backend *be, real *dinp, real *dweight, const real *dout,
                              const real *inp, const real *weight, const real *rstd, int T, int d);
 
+    // q/k norm (DESIGN.md §2.1): RMSNorm of the n_heads segments of hd reals inside each of T
+    // rows of `stride` reals, all with the one weight [hd]: for t < T, h < n_heads, x = the
+    // hd reals at inp + t*stride + h*hd,
+    //   out = x * r * weight, r = rstd[t*n_heads + h] = 1 / sqrt(mean_i x_i^2 + eps)
+    // (per head: n_heads heads of hd; the whole projection: n_heads 1, hd its width). Only the
+    // segments are written. out, inp [T, stride] (out != inp); rstd [T, n_heads]; weight [hd]
+    void (*head_rmsnorm_forward)(moe_backend *be, real *out, real *rstd, const real *inp,
+                                 const real *weight, int T, int stride, int n_heads, int hd,
+                                 real eps);
+    // Its backward over the same segments, n = x * r:
+    //   dinp = r * (w*dout - n * mean_i(w*dout*n))   (written; dinp may be dout: in place)
+    //   dweight += sum_{t,h} dout * n
+    // dinp, dout, inp [T, stride]; weight, dweight [hd]; rstd [T, n_heads]
+    void (*head_rmsnorm_backward)(moe_backend *be, real *dinp, real *dweight, const real *dout,
+                                  const real *inp, const real *weight, const real *rstd, int T,
+                                  int stride, int n_heads, int hd);
+    // Linear biases: out[t,:] += bias; dbias += sum_t dout[t,:]     out, dout [T,n]; bias [n]
+    void (*bias_add)(moe_backend *be, real *out, const real *bias, int T, int n);
+    void (*bias_backward)(moe_backend *be, real *dbias, const real *dout, int T, int n);
+    // The shared expert's gate (Qwen2-MoE), s_t = sigmoid(z[t]):
+    //   forward   out[t,:] += s_t * y[t,:]
+    //   backward  dy[t,:] = s_t * dout[t,:] (written), dz[t] = s_t (1 - s_t) <dout[t,:], y[t,:]>
+    //             (written)                   out, y, dout, dy [T,d]; z, dz [T]
+    void (*sigmoid_gate_forward)(moe_backend *be, real *out, const real *z, const real *y, int T,
+                                 int d);
+    void (*sigmoid_gate_backward)(moe_backend *be, real *dy, real *dz, const real *dout,
+                                  const real *z, const real *y, int T, int d);
+
     // Rotary embedding, HF rotate_half convention, on the first n_rot heads of each row of
     // n_heads heads of size hd (the q and k heads of a qkv row; v is copied unchanged).
     // Token t has position pos0 + t % S. For i < hd/2, (a, b) = (x[i], x[i+hd/2]):

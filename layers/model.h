@@ -25,7 +25,26 @@
 // such a step like a NaN one, eval refuses such a mean.
 static inline int moe_model_ce_is_result(double ce) { return !(ce > log(DBL_MAX)); }
 
+// The Hugging Face class a model is a folder of (DESIGN.md §2.1): its config.json fields and
+// tensor names, and what it can express (moe_model_config_check refuses the rest).
+typedef enum {
+    MOE_FAMILY_MIXTRAL = 0, // MixtralForCausalLM: every layer MoE, no shared expert, no q/k norm
+    MOE_FAMILY_QWEN3_MOE,   // Qwen3MoeForCausalLM: q/k norm per head, dense layers
+    MOE_FAMILY_QWEN2_MOE,   // Qwen2MoeForCausalLM: q/k/v biases, gated shared expert, dense layers
+    MOE_FAMILY_OLMOE,       // OlmoeForCausalLM: q/k norm over the whole projection
+} moe_family;
+
+// q/k normalisation: an RMSNorm of q and of k after the projection, before RoPE.
+typedef enum {
+    MOE_QK_NORM_NONE = 0,
+    MOE_QK_NORM_HEAD, // each head's hd values, weights q_norm [hd], k_norm [hd] (Qwen3-MoE)
+    MOE_QK_NORM_FULL, // the whole projection, q_norm [H hd], k_norm [KV hd] (OLMoE)
+} moe_qk_norm;
+
+#define MOE_MODEL_MAX_LAYERS 1024
+
 typedef struct {
+    moe_family family;  // the HF class of its folders
     int vocab_size;     // V
     int d_model;        // d
     int n_layers;       // L
@@ -38,13 +57,40 @@ typedef struct {
     double rope_theta;
     double rms_norm_eps;
     int router_bias; // keep a per-layer selection bias [L, E] (aux-loss-free balancing)
-    moe_dtype dtype; // the whole model's GEMM precision (fp32, or bf16 operands with fp32
-                     // accumulation: DESIGN §5b); its MoE layers take it from here
-    moe_config moe;  // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
-                     // the model's: moe_model_create sets it)
+    // Dense layers (moe_model_layer_is_moe): layer l's FFN is one SwiGLU MLP of dense_d_ff
+    // instead of the MoE when l < first_k_dense (DeepSeek's first_k_dense_replace), when its
+    // bit is set in dense_layers (Qwen's mlp_only_layers), or when (l + 1) % sparse_step != 0
+    // (Qwen's decoder_sparse_step; 1: none). moe.d_ff is the experts' width.
+    int first_k_dense, sparse_step;
+    uint64_t dense_layers[MOE_MODEL_MAX_LAYERS / 64];
+    int dense_d_ff; // the dense layers' MLP width (HF intermediate_size beside moe_intermediate_size)
+    // Shared expert: every MoE layer adds g(x) MLP_s(x) to its output, MLP_s one SwiGLU of
+    // shared_d_ff (0: none), g = sigmoid(x . w_g) per token when shared_gate (Qwen2-MoE), else 1
+    int shared_d_ff, shared_gate;
+    moe_qk_norm qk_norm; // q/k RMSNorm before RoPE
+    int qkv_bias;        // q, k and v projections have biases (Qwen2-MoE)
+    moe_dtype dtype;     // the whole model's GEMM precision (fp32, or bf16 operands with fp32
+                         // accumulation: DESIGN §5b); its MoE layers take it from here
+    moe_config moe;      // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
+                         // the model's: moe_model_create sets it)
 } moe_model_config;
 
 moe_status moe_model_config_check(const moe_model_config *cfg);
+
+// Whether layer l is a MoE layer (else dense: see first_k_dense); the MoE layers; the MoE
+// layer number of layer l (the MoE layers before it: the index of its router, experts and
+// bias among the Lm MoE layers'), -1 when l is dense.
+int moe_model_layer_is_moe(const moe_model_config *c, int l);
+int moe_model_n_moe_layers(const moe_model_config *c);
+int moe_model_moe_index(const moe_model_config *c, int l);
+static inline void moe_model_set_dense_layer(moe_model_config *c, int l) {
+    c->dense_layers[l / 64] |= (uint64_t)1 << (l % 64);
+}
+static inline int moe_model_dense_layer_listed(const moe_model_config *c, int l) {
+    return (int)((c->dense_layers[l / 64] >> (l % 64)) & 1);
+}
+// The family's name in config.json's model_type ("mixtral", "qwen3_moe", ...).
+const char *moe_model_family_name(moe_family f);
 
 // hd: head_dim, or d_model / n_heads when it is 0.
 static inline int moe_model_head_dim(const moe_model_config *c) {
@@ -54,30 +100,44 @@ static inline int moe_model_head_dim(const moe_model_config *c) {
 // Reals in the parameter buffer of a model of this config (nothing allocated).
 size_t moe_model_param_count(const moe_model_config *cfg);
 
-// Views into the flat parameter (or gradient) buffer. hd = moe_model_head_dim, Q = (H + 2 KV) * hd.
+// Views into the flat parameter (or gradient) buffer. hd = moe_model_head_dim, Q = (H + 2 KV) * hd;
+// Lm MoE layers and Ld = L - Lm dense ones (moe_model_moe_index); nq, nk: hd, hd (q/k norm per
+// head) or H hd, KV hd (the whole projection). A view of a part the config does not have is
+// NULL. HF names are Mixtral's (the other families': mlp.gate, mlp.experts.J.gate_proj, ...).
 typedef struct {
-    real *embed;      // [V, d]
-    real *attn_norm;  // [L, d]          input_layernorm
-    real *wqkv;       // [L, Q, d]        q_proj, k_proj, v_proj stacked by rows
-    real *wo;         // [L, d, H*hd]     o_proj
-    real *moe_norm;   // [L, d]          post_attention_layernorm
-    real *router;     // [L, E, d]        block_sparse_moe.gate
-    real *final_norm; // [d]             model.norm
-    real *lm_head;    // [V, d]           (== embed when tied)
-    real *w13;        // [L, E_local, 2ff, d]   experts.J.w1 (rows 0..ff-1) and w3 (ff..2ff-1)
-    real *w2;         // [L, E_local, d, ff]    experts.J.w2 (E_local = E with one rank)
+    real *embed;       // [V, d]
+    real *attn_norm;   // [L, d]          input_layernorm
+    real *wqkv;        // [L, Q, d]        q_proj, k_proj, v_proj stacked by rows
+    real *bqkv;        // [L, Q]           their biases (qkv_bias)
+    real *q_norm;      // [L, nq]          self_attn.q_norm (qk_norm)
+    real *k_norm;      // [L, nk]          self_attn.k_norm
+    real *wo;          // [L, d, H*hd]     o_proj
+    real *moe_norm;    // [L, d]          post_attention_layernorm
+    real *router;      // [Lm, E, d]       block_sparse_moe.gate
+    real *shared_gate; // [Lm, d]          mlp.shared_expert_gate (shared_gate)
+    real *shared_w13;  // [Lm, 2 sff, d]   mlp.shared_expert.gate_proj (rows 0..sff-1), up_proj
+    real *shared_w2;   // [Lm, d, sff]     mlp.shared_expert.down_proj
+    real *dense_w13;   // [Ld, 2 dff, d]   mlp.gate_proj, mlp.up_proj of the dense layers
+    real *dense_w2;    // [Ld, d, dff]     mlp.down_proj
+    real *final_norm;  // [d]             model.norm
+    real *lm_head;     // [V, d]           (== embed when tied)
+    real *w13;         // [Lm, E_local, 2ff, d]   experts.J.w1 (rows 0..ff-1) and w3 (ff..2ff-1)
+    real *w2;          // [Lm, E_local, d, ff]    experts.J.w2 (E_local = E with one rank)
 } moe_model_params;
 
 // One named contiguous tensor of the parameter buffer, as Hugging Face names it
 // (the q/k/v and w1/w3 slices of our stacked matrices are tensors of their own).
 typedef struct {
     char name[96];
-    size_t offset;  // in reals, from the start of the buffer
-    int rows, cols; // cols == 0 for a vector
-    int layer;      // -1 for embed, final norm, lm_head
-    int is_norm;    // RMSNorm weight (no weight decay by default)
-    int is_expert;  // expert weight
-    int expert;     // its global expert index (the one in the HF name); -1 when dense
+    size_t offset;   // in reals, from the start of the buffer
+    int rows, cols;  // cols == 0 for a vector
+    int layer;       // -1 for embed, final norm, lm_head
+    int is_norm;     // RMSNorm weight (no weight decay by default)
+    int is_bias;     // a linear bias (no weight decay by default; initialised to 0)
+    int is_residual; // a projection into the residual stream (o_proj, down_proj: the init's
+                     // 1/sqrt(2L) scale)
+    int is_expert;   // expert weight
+    int expert;      // its global expert index (the one in the HF name); -1 when dense
 } moe_model_tensor;
 
 // The tensor table of a model of this config: moe_model_tensor_count entries in HF order
@@ -135,10 +195,19 @@ typedef struct {
     real *h;          // [L, T, d]   after the attention residual
     real *n2, *rstd2; // [L, T, d], [L, T]   MoE RMSNorm
     real *moe_out;    // [T, d]
-    real *xf, *rstdf; // [T, d], [T]
-    real *logits;     // [T, V]
-    real *losses;     // [T]
-    moe_layer *moe;   // [n_moe]: L for training, 1 shared by every layer for inference
+    // the MLPs outside the experts (dense layers, shared expert; fm: the widest, see
+    // moe_model_config), kept for the backward (inference: one layer's, [chunk, ...]):
+    real *mlp_h13, *mlp_act; // [L, T, 2 fm], [L, T, fm]   gate|up projections, silu(gate) * up
+    real *shared_y;          // [L, T, d]   MLP_s(n2), before the gate (shared_gate)
+    real *shared_z;          // [L, T]      the gate's logit x . w_g
+    moe_bf16 *n2_16, *act16; // bf16: the MLP GEMMs' inputs [L, T, d], [L, T, fm]
+    real *qkv_pre;           // [L, T, Q]   qk_norm: q, k, v before the norm (and RoPE)
+    real *rstd_qk;           // [L, T, nh]  their norms' rstd (nh = H + KV per head, 2 full)
+    real *dmlp_h13, *dmlp_act, *dmlp_y, *dshared_z; // backward [T, 2 fm], [T, fm], [T, d], [T]
+    real *xf, *rstdf;                               // [T, d], [T]
+    real *logits;                                   // [T, V]
+    real *losses;                                   // [T]
+    moe_layer *moe; // [n_moe]: L for training, 1 shared by every layer for inference
     int n_moe;
     moe_stats *moe_stats; // [L] of the last forward
     // backward scratch

@@ -1,6 +1,7 @@
 // The model's initial weights (moe_model_init_weights): normal(0, std) matrices drawn on the
-// host from the seed, the residual projections (o_proj, w2) scaled by 1/sqrt(2L), norms at 1;
-// the same numbers on every rank and under any expert placement (each keeps its tensors).
+// host from the seed, the residual projections (o_proj, w2/down_proj) scaled by 1/sqrt(2L),
+// norms at 1, biases at 0; the same numbers on every rank and under any expert placement (each
+// keeps its tensors).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +23,10 @@ static void init_host(real *host, const moe_model_tensor *tab, int n_tensors, in
         const moe_model_tensor *t = &tab[i];
         size_t n = (size_t)t->rows * (t->cols ? t->cols : 1);
         real *w = host + t->offset;
-        int residual = strstr(t->name, "o_proj") || strstr(t->name, ".w2.");
         for (size_t j = 0; j < n; j++)
-            w[j] = t->is_norm ? 1 : (real)((residual ? residual_std : std) * normal(&s));
+            w[j] = t->is_norm   ? 1
+                   : t->is_bias ? 0
+                                : (real)((t->is_residual ? residual_std : std) * normal(&s));
     }
 }
 

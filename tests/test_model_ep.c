@@ -100,7 +100,7 @@ static void run(moe_comm *world, moe_comm *ep, moe_backend *be, moe_model_config
     double *all = malloc(2 * (size_t)world->size * sizeof(double));
     world->allgather(world, all, mine, sizeof mine);
     for (int j = 0; j < 2 * world->size; j++) worst[j % 2] = fmax(worst[j % 2], all[j]);
-    char what[128];
+    char what[192];
     snprintf(what, sizeof what,
              "EP model %s: losses (ce, aux, z), dense and expert gradients within %g", title, TOL);
     check_true(what, worst[0] <= TOL && g1n > 0 && !missing);
@@ -237,12 +237,22 @@ int main(void) {
         cfg.router_bias = 1, cfg.tie_embeddings = 1;
         run(world, ep, be, cfg, 2, 12, "capacity 1.0, bias, tied");
         cfg.router_bias = 0, cfg.tie_embeddings = 0;
+        // the dense parts of 2025-26 models (DESIGN.md §2.1) stay on the token's rank: a dense
+        // layer, q/k/v biases, a gated shared expert (Qwen2-MoE); q/k norm per head (Qwen3-MoE)
+        moe_model_config q2 = cfg, q3 = cfg;
+        q2.family = MOE_FAMILY_QWEN2_MOE, q2.n_layers = 3, q2.sparse_step = 2, q2.dense_d_ff = 20;
+        q2.qkv_bias = 1, q2.shared_d_ff = 12, q2.shared_gate = 1;
+        run(world, ep, be, q2, 2, 12, "qwen2_moe: dense layer, biases, gated shared expert");
+        q3.family = MOE_FAMILY_QWEN3_MOE, q3.qk_norm = MOE_QK_NORM_HEAD, q3.first_k_dense = 1;
+        q3.n_layers = 3, q3.moe.capacity_factor = 0;
+        run(world, ep, be, q3, 2, 12, "qwen3_moe: q/k norm, layer 0 dense, dropless");
         moe_comm *edp; // the ranks holding the same experts: same place in their EP groups
         if (world->split(world, world->rank % ep_sizes[s], world->rank, &edp)) return 1;
         cfg.moe.capacity_factor = 0;
         run_step(world, ep, edp, be, cfg, 2, 12, "dropless");
         cfg.moe.capacity_factor = 1.0;
         run_step(world, ep, edp, be, cfg, 2, 12, "capacity 1.0");
+        run_step(world, ep, edp, be, q2, 2, 12, "qwen2_moe, capacity 1.0");
         edp->destroy(edp);
         ep->destroy(ep);
     }

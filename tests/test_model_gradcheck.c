@@ -46,11 +46,14 @@ typedef struct {
     double dv, dw;  // largest |change| of v and w over all of them and all layers
 } routing_watch;
 
+// The routing of every MoE layer (r[j]: the j-th MoE layer; dense layers route nothing).
 static void capture_all(moe_routing *r, const moe_model *m) {
     int E = m->cfg.moe.n_experts;
     for (int l = 0; l < m->cfg.n_layers; l++) {
+        const int j = moe_model_moe_index(&m->cfg, l);
+        if (j < 0) continue;
         const real *bias = m->router_bias ? m->router_bias + (size_t)l * E : NULL;
-        moe_routing_capture(&r[l], &m->moe[l], bias);
+        moe_routing_capture(&r[j], &m->moe[j], bias);
     }
 }
 
@@ -99,18 +102,19 @@ static double total_loss(moe_model *m, const int *tok, const int *tgt, int B, in
 // margins >= MARGIN_MIN", which every kernel family answers alike (a tie is ~0 under each),
 // so every family builds the same case.
 static int make_decisive(moe_model *m, int *tok, const int *tgt, int B, int S, test_rng *r) {
-    moe_routing *rt = calloc(m->cfg.n_layers, sizeof *rt);
+    const int Lm = moe_model_n_moe_layers(&m->cfg);
+    moe_routing *rt = calloc(Lm, sizeof *rt);
     int redrawn = 0;
     for (;; redrawn++) {
         total_loss(m, tok, tgt, B, S);
         capture_all(rt, m);
         double ms, md;
         int t;
-        min_margins(rt, m->cfg.n_layers, &ms, &md, &t);
+        min_margins(rt, Lm, &ms, &md, &t);
         if ((ms >= MARGIN_MIN && md >= MARGIN_MIN) || redrawn >= MAX_REDRAWS) break;
         for (t = 0; t < B * S; t++) tok[t] = (int)(rng_uniform(r) * m->cfg.vocab_size);
     }
-    for (int l = 0; l < m->cfg.n_layers; l++) moe_routing_free(&rt[l]);
+    for (int l = 0; l < Lm; l++) moe_routing_free(&rt[l]);
     free(rt);
     return redrawn;
 }
@@ -127,11 +131,12 @@ static void run(const char *title, moe_model_config cfg, int B, int S, uint64_t 
     int T = B * S, *tok = malloc(T * sizeof(int)), *tgt = malloc(T * sizeof(int));
     for (int t = 0; t < T; t++) tok[t] = (int)(rng_uniform(&r) * cfg.vocab_size);
     for (int t = 0; t < T; t++) tgt[t] = (int)(rng_uniform(&r) * cfg.vocab_size);
-    // norms away from 1 so their gradients are not special
+    // norms away from 1 and biases away from 0 so their gradients are not special
     for (int i = 0; i < m.n_tensors; i++)
-        if (m.tensors[i].is_norm)
-            for (int j = 0; j < m.tensors[i].rows; j++)
-                m.params[m.tensors[i].offset + j] = 1 + 0.2 * rng_normal(&r);
+        for (int j = 0; j < m.tensors[i].rows && (m.tensors[i].is_norm || m.tensors[i].is_bias);
+             j++)
+            m.params[m.tensors[i].offset + j] =
+                (m.tensors[i].is_norm ? 1 : 0) + 0.2 * rng_normal(&r);
     int redrawn = make_decisive(&m, tok, tgt, B, S, &r);
 
     moe_model_zero_grads(&m);
@@ -143,7 +148,7 @@ static void run(const char *title, moe_model_config cfg, int B, int S, uint64_t 
            dropped);
     if (cfg.moe.capacity_factor > 0) check_true("capacity mode drops assignments", dropped > 0);
 
-    const int L = cfg.n_layers;
+    const int L = moe_model_n_moe_layers(&cfg); // the MoE layers'
     routing_watch rw = {L, calloc(L, sizeof(moe_routing)), calloc(L, sizeof(moe_routing)), 0, 0, 0};
     capture_all(rw.base, &m);
     double ms, md;
@@ -217,6 +222,23 @@ int main(void) {
     cfg.head_dim = 6;
     cfg.tie_embeddings = 0, cfg.n_kv_heads = 1, cfg.moe.capacity_factor = 0;
     run("head_dim 6 (d_model 8, 2 heads), GQA, dropless", cfg, 2, 5, 4);
+
+    // The layers of 2025-26 models (DESIGN.md §2.1), each family's combination:
+    // Qwen3-MoE: q/k RMSNorm per head (head_dim 6), the first layer dense (an MLP of 10)
+    cfg.family = MOE_FAMILY_QWEN3_MOE, cfg.qk_norm = MOE_QK_NORM_HEAD;
+    cfg.first_k_dense = 1, cfg.dense_d_ff = 10, cfg.n_layers = 3;
+    run("qwen3_moe: q/k norm per head, head_dim 6, layer 0 dense", cfg, 2, 5, 5);
+    // Qwen2-MoE: q/k/v biases, a gated shared expert, every second layer MoE, capacity drops
+    cfg.family = MOE_FAMILY_QWEN2_MOE, cfg.qk_norm = MOE_QK_NORM_NONE, cfg.head_dim = 0;
+    cfg.first_k_dense = 0, cfg.sparse_step = 2, cfg.n_layers = 2, cfg.dense_d_ff = 7;
+    cfg.qkv_bias = 1, cfg.shared_d_ff = 5, cfg.shared_gate = 1;
+    cfg.moe.capacity_factor = 0.7;
+    run("qwen2_moe: q/k/v biases, gated shared expert, sparse_step 2, capacity 0.7", cfg, 2, 5, 6);
+    // OLMoE: q/k RMSNorm over the whole projections (q 8 wide, k 4: GQA)
+    cfg.family = MOE_FAMILY_OLMOE, cfg.qk_norm = MOE_QK_NORM_FULL;
+    cfg.sparse_step = 1, cfg.qkv_bias = 0, cfg.shared_d_ff = 0, cfg.shared_gate = 0;
+    cfg.moe.capacity_factor = 0;
+    run("olmoe: q/k norm over the projections, GQA, dropless", cfg, 2, 5, 7);
     printf("%d failure(s)\n", test_failures());
     return test_failures() != 0;
 }

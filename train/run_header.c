@@ -65,21 +65,26 @@ static void print_header(const moe_train_config *cfg, const moe_model_config *mc
     const int L = mc->n_layers, E = mc->moe.n_experts, k = mc->moe.top_k;
     const double d = mc->d_model, ff = mc->moe.d_ff, V = mc->vocab_size;
     const double hd = moe_model_head_dim(mc), q_rows = (mc->n_heads + 2.0 * mc->n_kv_heads) * hd;
-    const double expert = 3 * d * ff; // w1, w3 (stacked as w13) and w2 of one expert
-    const double active = (double)n_dense + (double)L * k * expert;
+    const double expert = 3 * d * ff;          // w1, w3 (stacked as w13) and w2 of one expert
+    const int Lm = moe_model_n_moe_layers(mc); // the others are dense layers
+    const double active = (double)n_dense + (double)Lm * k * expert;
     printf("model: %d layers, d=%d, %d heads (%d kv), %d experts top-%d, ff=%d: %.2fM parameters "
            "(%.2fM in experts)\n",
            L, mc->d_model, mc->n_heads, mc->n_kv_heads, E, k, mc->moe.d_ff, n_params / 1e6,
            (n_params - n_dense) / 1e6);
     char a[32], b[32], c[32], e[32];
     printf("parameters: %s total, %s active per token (%s dense + top-%d of %d experts of %s\n"
-           "  in each of %d layers)\n",
+           "  in each of %d MoE layers)\n",
            grouped(a, sizeof a, n_params), grouped(b, sizeof b, (uint64_t)active),
-           grouped(c, sizeof c, n_dense), k, E, grouped(e, sizeof e, (uint64_t)expert), L);
+           grouped(c, sizeof c, n_dense), k, E, grouped(e, sizeof e, (uint64_t)expert), Lm);
     // forward FLOPs per token: 2 per weight of every matmul a token goes through (q/k/v, o,
     // router, its top_k experts, lm_head; the embedding is a lookup), and attention's
     // QK^T and AV: 2 x 2 x S x (heads x head_dim) per layer over the whole S x S window
-    const double matmul = L * (q_rows * d + d * mc->n_heads * hd + E * d + k * expert) + V * d;
+    // (and the dense layers' MLPs, the shared experts: 3 d f each)
+    const double dff = mc->dense_d_ff > 0 ? mc->dense_d_ff : ff;
+    const double matmul = L * (q_rows * d + d * mc->n_heads * hd) +
+                          Lm * (E * d + k * expert + 3 * d * mc->shared_d_ff) +
+                          (L - Lm) * 3 * d * dff + V * d;
     const double attn = L * 4.0 * cfg->seq_len * mc->n_heads * hd;
     const double fwd = 2 * matmul + attn;
     char f1[32], f2[32], f3[32], f4[32];
@@ -150,8 +155,8 @@ moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
         return moe_trainer_key_error(st, "model.device", cfg->device);
     moe_model_config mc = moe_trainer_model_config(cfg);
     const size_t n_params = moe_model_param_count(&mc);
-    const size_t n_dense =
-        n_params - (size_t)mc.n_layers * mc.moe.n_experts * 3 * (size_t)mc.d_model * mc.moe.d_ff;
+    const size_t n_dense = n_params - (size_t)moe_model_n_moe_layers(&mc) * mc.moe.n_experts * 3 *
+                                          (size_t)mc.d_model * mc.moe.d_ff;
     char data_line[3 * MOE_PATH_MAX + 256];
     dry_data_line(cfg, data_line, sizeof data_line);
     // the model allocated as the run would (not initialised, no data): its real buffers

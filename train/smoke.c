@@ -200,6 +200,7 @@ static void router_logits(smoke_found *f, const moe_trainer_result *r) {
     f->nonfinite = -1;
     for (int l = 0; l < r->n_layers && r->steps_done > 0; l++) {
         const moe_stats *s = &r->last_stats[l];
+        if (!s->routed) continue; // a dense layer: no router
         printf("  layer %2d: %8.4f %8.4f %8.4f %8.4f\n", l, s->logit_mean, s->logit_std,
                s->logit_max_abs, s->lse_mean);
         if (!isfinite(s->logit_mean) || !isfinite(s->logit_std) || !isfinite(s->logit_max_abs) ||
@@ -311,7 +312,8 @@ int moe_smoke_run(const moe_smoke_opts *o) {
     smoke_found f = {0};
     printf("\n== moe smoke: %s, %ld steps (logs: %s) ==\n", o->config, steps, cfg->run_dir);
     printf("\nexpert load over the %ld steps (token share per expert, %%):\n", steps);
-    for (int l = 0; l < L; l++) layer_load(&g, &f, cfg, &r, l, min_share[l]);
+    for (int l = 0; l < L; l++)
+        if (moe_model_layer_is_moe(&cfg->model, l)) layer_load(&g, &f, cfg, &r, l, min_share[l]);
     router_logits(&f, &r);
     resources(&f, cfg, &r, steps);
     run_checks(&g, &f, &r, stopped, load_stop);

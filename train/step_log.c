@@ -36,7 +36,8 @@ void moe_step_load_add(moe_step_load *s, const moe_model *m) {
     const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
     for (int l = 0; l < L; l++) {
         const moe_stats *st = &m->moe_stats[l];
-        for (int e = 0; e < E; e++) { // slot e, global expert g
+        if (!moe_model_layer_is_moe(&m->cfg, l)) continue; // a dense layer routes nothing
+        for (int e = 0; e < E; e++) {                      // slot e, global expert g
             const size_t g = (size_t)moe_model_expert_global(m, e);
             s->routed[(size_t)l * E + g] += st->routed[e];
             s->kept[(size_t)l * E + g] += st->kept[e];
@@ -125,7 +126,7 @@ static void format_duration(char *buf, size_t n, double s) {
 // time (the straggler signal: a rank that waits long waits for a hot one), the rows its
 // experts received, and the R x R matrix of bytes rank i sent to rank j.
 static void trainer_log_exchange(trainer *t, int l, cJSON *rec) {
-    const moe_layer *L = &t->m.moe[l];
+    const moe_layer *L = &t->m.moe[moe_model_moe_index(&t->m.cfg, l)];
     const int R = t->R, ep = L->ep_size, group0 = t->rank / ep * ep;
     double *mine = calloc((size_t)R + 2, sizeof(double)),
            *all = malloc((size_t)R * (R + 2) * sizeof(double));
@@ -160,7 +161,7 @@ static void trainer_log_exchange(trainer *t, int l, cJSON *rec) {
 // "expert_s" {"max", "max_expert", "min", "min_expert", "all"}. An estimate: one grouped call
 // computes every local expert, so their times are not measured apart.
 static void trainer_log_expert_time(trainer *t, int l, cJSON *rec) {
-    const moe_layer *L = &t->m.moe[l];
+    const moe_layer *L = &t->m.moe[moe_model_moe_index(&t->m.cfg, l)];
     const long *kept = t->sl.kept + (size_t)l * t->E; // global order
     long rows = 0;
     int hot = -1, cold = -1; // global experts of this rank's slots
@@ -255,6 +256,7 @@ moe_status moe_trainer_log_load(trainer *t, step_result *s) {
     if (s->coact_log && t->R > 1) // every rank's tokens
         t->world->allreduce_sum_long(t->world, t->coact, (size_t)L * E * E);
     for (int l = 0; l < L; l++) {
+        if (!moe_model_layer_is_moe(&t->m.cfg, l)) continue; // dense: no load, no record
         const long *routed = t->sl.routed + (size_t)l * E, *kept = t->sl.kept + (size_t)l * E;
         double mom, cv;
         int hot;
@@ -290,7 +292,7 @@ static void trainer_log_time(trainer *t, const step_result *s, cJSON *rec) {
     for (int p = 0; p < MOE_T_PHASES; p++)
         cJSON_AddNumberToObject(o, moe_phase_names[p], t->timer.s[p]);
     double exchange = 0;
-    for (int l = 0; l < t->L; l++) exchange += t->m.moe[l].exchange_s;
+    for (int j = 0; j < t->m.n_moe; j++) exchange += t->m.moe[j].exchange_s;
     cJSON_AddNumberToObject(o, "optimizer", s->optimizer_s);
     cJSON_AddNumberToObject(o, "exchange_wait", exchange);
     cJSON_AddNumberToObject(o, "validation", s->evaluated ? s->val_s : 0);
@@ -358,6 +360,7 @@ moe_status moe_trainer_alerts(trainer *t, int64_t step) {
         if (aw->n < aw->W) aw->n++;
     }
     for (int l = 0; aw->n == aw->W && l < t->L; l++) {
+        if (!moe_model_layer_is_moe(&t->m.cfg, l)) continue;
         const moe_alert_verdict v = alert_window_eval(aw, l, t->E, cfg->load_alert);
         if (!v.overload && !v.n_dead) continue;
         if (cfg->load_alert_action == MOE_ALERT_STOP) return alert_stop(cfg, step, l, &v);

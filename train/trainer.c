@@ -166,14 +166,14 @@ static moe_status trainer_open_model(trainer *t) {
     if (cfg->n_placement && (st = moe_model_set_expert_placement(&t->m, cfg->expert_placement)))
         return st; // (the config checked that it is a permutation)
     moe_model_init_weights(&t->m, (uint64_t)cfg->seed, cfg->init_std);
-    // weight decay on matrices; RMSNorm weights only with train.decay_norms
+    // weight decay on matrices; RMSNorm weights and biases only with train.decay_norms
     t->regions = malloc((size_t)t->m.n_tensors * sizeof *t->regions);
     if (!t->regions) return out_of_memory();
     for (int i = 0; i < t->m.n_tensors; i++) {
         const moe_model_tensor *mt = &t->m.tensors[i];
         t->regions[i].offset = mt->offset;
         t->regions[i].count = (size_t)mt->rows * (mt->cols ? mt->cols : 1);
-        t->regions[i].decay = !mt->is_norm || cfg->decay_norms;
+        t->regions[i].decay = !(mt->is_norm || mt->is_bias) || cfg->decay_norms;
     }
     optim_config oc = {
         .kind = cfg->optimizer,
@@ -291,7 +291,7 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
     if (cfg->coactivation) {
         if (!(t->coact = calloc((size_t)t->L * t->E * t->E, sizeof *t->coact)))
             return out_of_memory();
-        for (int l = 0; l < t->L; l++) t->m.moe[l].coactivation = 1;
+        for (int j = 0; j < t->m.n_moe; j++) t->m.moe[j].coactivation = 1;
     }
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/ckpt", cfg->run_dir);
     if (resume)
@@ -383,11 +383,11 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     s->capacity_factor = moe_capacity_ctl_factor(&t->cap, cfg->model.moe.capacity_factor, s->step);
     moe_model_zero_grads(&t->m);
     moe_step_load_reset(&t->sl, t->L, t->E);
-    for (int l = 0; l < t->L && (t->R > 1 || t->cfg->timing); l++)
-        moe_layer_exchange_reset(&t->m.moe[l]);
+    for (int j = 0; j < t->m.n_moe && (t->R > 1 || t->cfg->timing); j++)
+        moe_layer_exchange_reset(&t->m.moe[j]);
     memset(t->timer.s, 0, sizeof t->timer.s);
-    for (int l = 0; l < t->L && t->coact; l++)
-        memset(t->m.moe[l].coact, 0, (size_t)t->E * t->E * sizeof(long));
+    for (int j = 0; j < t->m.n_moe && t->coact; j++)
+        memset(t->m.moe[j].coact, 0, (size_t)t->E * t->E * sizeof(long));
     moe_status st = trainer_micro_batches(t, s);
     if (st) return st;
     if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
@@ -466,16 +466,18 @@ static void trainer_coactivation(trainer *t) {
     if (!t->coact) return;
     const int E = t->E;
     const size_t EE = (size_t)E * E;
-    for (int l = 0; l < t->L; l++) // slots (i, j), i < j, to global experts (gi, gj), gi < gj
-        for (int i = 0; i < E; i++)
+    for (int l = 0; l < t->L; l++) { // slots (i, j), i < j, to global experts (gi, gj), gi < gj
+        const int ml = moe_model_moe_index(&t->m.cfg, l); // (a dense layer: none)
+        for (int i = 0; i < E && ml >= 0; i++)
             for (int j = i + 1; j < E; j++) {
                 int gi = moe_model_expert_global(&t->m, i), gj = moe_model_expert_global(&t->m, j);
                 if (gi > gj) {
                     const int x = gi;
                     gi = gj, gj = x;
                 }
-                t->coact[l * EE + (size_t)gi * E + gj] += t->m.moe[l].coact[(size_t)i * E + j];
+                t->coact[l * EE + (size_t)gi * E + gj] += t->m.moe[ml].coact[(size_t)i * E + j];
             }
+    }
     t->coact_steps++;
 }
 
@@ -488,6 +490,8 @@ static void trainer_capacity(trainer *t, step_result *s) {
     long *counts = malloc((size_t)G * E * sizeof *counts);
     if (!need || !counts) moe_fatal("trainer: out of memory");
     for (int l = 0; l < L; l++) {
+        need[l] = 0; // a dense layer needs no capacity
+        if (!moe_model_layer_is_moe(&t->m.cfg, l)) continue;
         for (int g = 0; g < G; g++)
             memcpy(counts + (size_t)g * E, t->sl.micro_routed + ((size_t)g * L + l) * E,
                    (size_t)E * sizeof *counts);

@@ -150,6 +150,11 @@ void cpu_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp
                          const real *weight, int T, int d, real eps);
 void cpu_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
                           const real *inp, const real *weight, const real *rstd, int T, int d);
+void cpu_head_rmsnorm_forward(moe_backend *be, real *out, real *rstd, const real *inp,
+                              const real *weight, int T, int stride, int n_heads, int hd, real eps);
+void cpu_head_rmsnorm_backward(moe_backend *be, real *dinp, real *dweight, const real *dout,
+                               const real *inp, const real *weight, const real *rstd, int T,
+                               int stride, int n_heads, int hd);
 // rope.c
 void cpu_rope(moe_backend *be, real *out, const real *inp, const real *cos, const real *sin,
               moe_rope_args ra);
@@ -180,6 +185,12 @@ void cpu_cross_entropy_backward(moe_backend *be, real *dlogits, const real *logi
 void cpu_add(moe_backend *be, real *out, const real *a, const real *b, size_t n);
 void cpu_sum_squares(moe_backend *be, double *host_out, const real *x, size_t n);
 void cpu_sum(moe_backend *be, double *host_out, const real *x, size_t n);
+void cpu_bias_add(moe_backend *be, real *out, const real *bias, int T, int n);
+void cpu_bias_backward(moe_backend *be, real *dbias, const real *dout, int T, int n);
+void cpu_sigmoid_gate_forward(moe_backend *be, real *out, const real *z, const real *y, int T,
+                              int d);
+void cpu_sigmoid_gate_backward(moe_backend *be, real *dy, real *dz, const real *dout, const real *z,
+                               const real *y, int T, int d);
 // optim_update.c
 void cpu_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
                       const real *grads, size_t n, moe_adamw_hparams hp);

@@ -1,7 +1,8 @@
-// Elementwise sums and reductions.
+// Elementwise sums and reductions; the linear biases and the shared expert's sigmoid gate.
 #include <stdlib.h>
 
 #include "layers/cpu/cpu_kernels.h"
+#include "layers/dense_rows.h"
 
 void cpu_add(moe_backend *be, real *out, const real *a, const real *b, size_t n) {
     CPU_KERNEL(be);
@@ -50,4 +51,57 @@ void cpu_sum(moe_backend *be, double *host_out, const real *x, size_t n) {
     double acc = 0;
     for (size_t i = 0; i < n; i++) acc += x[i];
     *host_out = acc;
+}
+
+void cpu_bias_add(moe_backend *be, real *out, const real *bias, int T, int n) {
+    CPU_KERNEL(be);
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * n))
+    for (int t = 0; t < T; t++) {
+        real *o = out + (size_t)t * n;
+        for (int i = 0; i < n; i++) o[i] += bias[i];
+    }
+}
+
+// dbias += sum_t dout: per chunk of MOE_GRAD_CHUNK tokens a partial per column in double, then
+// the chunks per column in chunk order (layers/dense_rows.h: CUDA's sums, bit for bit).
+void cpu_bias_backward(moe_backend *be, real *dbias, const real *dout, int T, int n) {
+    CPU_KERNEL(be);
+    const int nb = moe_grad_chunks((size_t)(T > 0 ? T : 0));
+    if (nb == 0 || n <= 0) return;
+    double *part = malloc((size_t)nb * n * sizeof(double));
+    if (!part) moe_fatal("bias_backward: out of memory (%d x %d partial sums)", nb, n);
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * n))
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < n; i++) part[(size_t)b * n + i] = moe_bias_dbias_part(dout, T, n, b, i);
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)nb * n))
+    for (int i = 0; i < n; i++) dbias[i] += (real)moe_grad_chunks_sum(part, nb, n, i);
+    free(part);
+}
+
+void cpu_sigmoid_gate_forward(moe_backend *be, real *out, const real *z, const real *y, int T,
+                              int d) {
+    CPU_KERNEL(be);
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
+    for (int t = 0; t < T; t++) {
+        const real s = moe_sigmoid(z[t]), *yt = y + (size_t)t * d;
+        real *o = out + (size_t)t * d;
+        for (int i = 0; i < d; i++) o[i] += s * yt[i];
+    }
+}
+
+// dy = s dout, dz = s (1 - s) <dout, y> (the dot product in double, lane-wise as rmsnorm's
+// row sums; read before dy is written)
+void cpu_sigmoid_gate_backward(moe_backend *be, real *dy, real *dz, const real *dout, const real *z,
+                               const real *y, int T, int d) {
+    CPU_KERNEL(be);
+#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)T * d))
+    for (int t = 0; t < T; t++) {
+        const real s = moe_sigmoid(z[t]), *g = dout + (size_t)t * d, *yt = y + (size_t)t * d;
+        real *dyt = dy + (size_t)t * d;
+        double dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int i = 0; i < d; i++) dot += (double)g[i] * yt[i];
+        for (int i = 0; i < d; i++) dyt[i] = s * g[i];
+        dz[t] = moe_sigmoid_gate_dz(s, dot);
+    }
 }

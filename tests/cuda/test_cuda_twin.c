@@ -405,6 +405,97 @@ static void test_dense(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
 }
 
+// Both sides filled with 0xFF bytes (NaN): the columns a kernel must not write.
+static void poison_both(twin t) {
+    void *h = malloc(t.bytes);
+    memset(h, 0xFF, t.bytes);
+    C->copy_to_device(C, t.c, h, t.bytes);
+    G->copy_to_device(G, t.g, h, t.bytes);
+    free(h);
+}
+// Rows of `stride` reals: columns [off, off + width) compared as same_reals does, and on both
+// sides every other column still the poison (0xFF bytes) it held.
+static void same_segments(const char *what, twin t, int T, int stride, int off, int width,
+                          double tol) {
+    const size_t n = (size_t)T * stride, nw = (size_t)T * width;
+    real *a = malloc(n * sizeof(real)), *b = malloc(n * sizeof(real)), p;
+    double *da = malloc(nw * sizeof(double)), *db = malloc(nw * sizeof(double));
+    memset(&p, 0xFF, sizeof p);
+    G->copy_to_host(G, a, t.g, n * sizeof(real));
+    C->copy_to_host(C, b, t.c, n * sizeof(real));
+    size_t k = 0, written = 0;
+    for (int r = 0; r < T; r++)
+        for (int i = 0; i < stride; i++) {
+            const size_t j = (size_t)r * stride + i;
+            if (i >= off && i < off + width)
+                da[k] = a[j], db[k++] = b[j];
+            else
+                written += memcmp(&a[j], &p, sizeof p) != 0 || memcmp(&b[j], &p, sizeof p) != 0;
+        }
+    check_rel(what, da, db, nw, tol);
+    char line[128];
+    snprintf(line, sizeof line, "%s: other columns untouched (%zu written)", what, written);
+    check_true(line, written == 0);
+    free(a), free(b), free(da), free(db);
+}
+
+// The q/k norm on T rows of `stride` reals: n_heads segments of hd from column off.
+static void test_head_rmsnorm(int T, int stride, int off, int n_heads, int hd) {
+    printf("head_rmsnorm T=%d stride=%d off=%d n_heads=%d hd=%d\n", T, stride, off, n_heads, hd);
+    const size_t n = (size_t)T * stride, ns = (size_t)T * n_heads;
+    const int width = n_heads * hd;
+    twin x = reals(n, 1), w = reals((size_t)hd, 1), dout = reals(n, 1);
+    twin y = make(n * sizeof(real)), rstd = output(ns * sizeof(real));
+    poison_both(y);
+    C->head_rmsnorm_forward(C, RC(y) + off, RC(rstd), RC(x) + off, RC(w), T, stride, n_heads, hd,
+                            1e-5f);
+    G->head_rmsnorm_forward(G, RG(y) + off, RG(rstd), RG(x) + off, RG(w), T, stride, n_heads, hd,
+                            1e-5f);
+    same_segments("head_rmsnorm out", y, T, stride, off, width, TOL);
+    same_reals("head_rmsnorm rstd", rstd, ns, TOL);
+    twin dx = make(n * sizeof(real)), dw = reals((size_t)hd, 1);
+    poison_both(dx);
+    C->head_rmsnorm_backward(C, RC(dx) + off, RC(dw), RC(dout) + off, RC(x) + off, RC(w), RC(rstd),
+                             T, stride, n_heads, hd);
+    G->head_rmsnorm_backward(G, RG(dx) + off, RG(dw), RG(dout) + off, RG(x) + off, RG(w), RG(rstd),
+                             T, stride, n_heads, hd);
+    same_segments("head_rmsnorm dinp", dx, T, stride, off, width, TOL);
+    same_reals("head_rmsnorm dweight (+=)", dw, (size_t)hd, TOL);
+    // in place (dinp = dout), into a nonzero dweight again; the other columns keep dout
+    C->head_rmsnorm_backward(C, RC(dout) + off, RC(dw), RC(dout) + off, RC(x) + off, RC(w),
+                             RC(rstd), T, stride, n_heads, hd);
+    G->head_rmsnorm_backward(G, RG(dout) + off, RG(dw), RG(dout) + off, RG(x) + off, RG(w),
+                             RG(rstd), T, stride, n_heads, hd);
+    same_reals("head_rmsnorm dinp in place (whole rows)", dout, n, TOL);
+    same_reals("head_rmsnorm dweight (+=, twice)", dw, (size_t)hd, TOL);
+    twin all[] = {x, w, dout, y, rstd, dx, dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
+}
+
+// The linear bias and the shared expert's sigmoid gate on [T, n].
+static void test_bias_gate(int T, int n) {
+    printf("bias, sigmoid gate T=%d n=%d\n", T, n);
+    const size_t tn = (size_t)T * n;
+    twin out = reals(tn, 1), b = reals((size_t)n, 1), dout = reals(tn, 1), db = reals((size_t)n, 1);
+    C->bias_add(C, RC(out), RC(b), T, n);
+    G->bias_add(G, RG(out), RG(b), T, n);
+    same_reals("bias_add (+=)", out, tn, 0);
+    C->bias_backward(C, RC(db), RC(dout), T, n);
+    G->bias_backward(G, RG(db), RG(dout), T, n);
+    same_reals("bias_backward (+=)", db, (size_t)n, TOL);
+    twin z = reals((size_t)T, 3), y = reals(tn, 1);
+    C->sigmoid_gate_forward(C, RC(out), RC(z), RC(y), T, n);
+    G->sigmoid_gate_forward(G, RG(out), RG(z), RG(y), T, n);
+    same_reals("sigmoid_gate_forward (+=)", out, tn, TOL);
+    twin dy = output(tn * sizeof(real)), dz = output((size_t)T * sizeof(real));
+    C->sigmoid_gate_backward(C, RC(dy), RC(dz), RC(dout), RC(z), RC(y), T, n);
+    G->sigmoid_gate_backward(G, RG(dy), RG(dz), RG(dout), RG(z), RG(y), T, n);
+    same_reals("sigmoid_gate_backward dy", dy, tn, TOL);
+    same_reals("sigmoid_gate_backward dz", dz, (size_t)T, TOL);
+    twin all[] = {out, b, dout, db, z, y, dy, dz};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) drop(all[i]);
+}
+
 static void test_attention(int B, int S, int H, int KV, int hd) {
     printf("attention B=%d S=%d H=%d KV=%d hd=%d\n", B, S, H, KV, hd);
     const int row = (H + 2 * KV) * hd;
@@ -691,6 +782,15 @@ int main(void) {
     test_router_dispatch(MOE_SCORE_SIGMOID, 0, 1, MOE_DROP_PROBS);
     test_elementwise();
     test_dense();
+    // a qkv row of H = 6 query and KV = 3 key/value heads of hd = 12: the q heads, the k heads,
+    // the whole q projection (n_heads 1, hd 72)
+    for (int T = 37; T <= 301; T += 264) {
+        test_head_rmsnorm(T, (6 + 2 * 3) * 12, 0, 6, 12);
+        test_head_rmsnorm(T, (6 + 2 * 3) * 12, 6 * 12, 3, 12);
+        test_head_rmsnorm(T, (6 + 2 * 3) * 12, 0, 1, 72);
+    }
+    test_bias_gate(37, 45);
+    test_bias_gate(203, 301); // rows beyond one block of 256 threads
     test_bf16();
     test_attention(2, 45, 4, 2, 16);
     test_attention(1, 300, 6, 3, 24);  // key tiles beyond one block of 128

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""The Hugging Face families other than Mixtral, both ways, against transformers itself
+(DESIGN.md §2.1): Qwen3MoeForCausalLM (q/k norm per head, head_dim of its own, dense layers),
+Qwen2MoeForCausalLM (q/k/v biases, a gated shared expert, decoder_sparse_step) and
+OlmoeForCausalLM (q/k norm over the whole projections).
+
+    python3 scripts/check_hf_families.py --moe build/moe [--workdir DIR] [--family qwen3_moe]
+
+(re-runs itself under the transformers 5 venv, scripts/install_hf5.sh; exit 77 without it.)
+
+Reverse (HF -> moe): a seeded random model of each family with every part on (norms and
+biases random too), save_pretrained, `moe eval --logits` on a token file; its logits against
+the class's own forward in fp32.
+Forward (moe -> HF): `moe train` a tiny model of the family for a few steps (its config keys:
+model.family and the family's options), its checkpoint folder loaded by from_pretrained with
+every tensor accounted for; HF's logits against `moe eval --logits` of the same folder.
+Every comparison is ||a - b|| / ||b|| over the [seq_len, vocab] logits.
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("MOE_HF_PYTHON", os.environ.get("MOE_HF5_PYTHON", "/opt/moe-hf5/bin/python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_hf as ch  # noqa: E402  (re-execs under MOE_HF_PYTHON or exits 77 without transformers)
+from check_hf import CheckError, Moe, Results, compare, write_tokens  # noqa: E402
+
+np, torch, transformers = ch.np, ch.torch, ch.transformers
+
+# family: (HF class names, the HF config of the reverse check, the moe config keys of the forward)
+FAMILIES = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(head_dim=12, intermediate_size=40, moe_intermediate_size=24, num_experts=4,
+                       num_hidden_layers=3, mlp_only_layers=[0], norm_topk_prob=True),
+                  ["model.family=\"qwen3_moe\"", "model.qk_norm=\"head\"", "model.head_dim=12",
+                   "model.first_k_dense=1", "model.dense_d_ff=40", "model.n_layers=3",
+                   "model.norm_topk_prob=true"]),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(intermediate_size=40, moe_intermediate_size=24, num_experts=4,
+                       shared_expert_intermediate_size=20, decoder_sparse_step=2, num_hidden_layers=4,
+                       norm_topk_prob=False),
+                  ["model.family=\"qwen2_moe\"", "model.qkv_bias=true", "model.shared_d_ff=20",
+                   "model.shared_gate=true", "model.sparse_step=2", "model.dense_d_ff=40",
+                   "model.n_layers=4", "model.norm_topk_prob=false"]),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM",
+              dict(intermediate_size=24, num_experts=4, norm_topk_prob=False),
+              ["model.family=\"olmoe\"", "model.qk_norm=\"full\"", "model.norm_topk_prob=false"]),
+}
+
+
+def hf_classes(family):
+    cfg_name, cls_name, _, _ = FAMILIES[family]
+    return getattr(transformers, cfg_name), getattr(transformers, cls_name)
+
+
+def random_model(family, seed):
+    Config, Model = hf_classes(family)
+    kw = dict(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=64,
+              rope_theta=10000.0, tie_word_embeddings=False, rms_norm_eps=1e-5, initializer_range=0.1)
+    kw.update(FAMILIES[family][2])
+    torch.manual_seed(seed)
+    model = Model(Config(**kw))
+    with torch.no_grad():  # norms and biases away from 1 and 0, so a misread one shows
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif n.endswith(".bias"):
+                p.normal_(0, 0.1)
+    return model.eval()
+
+
+def hf_load(family, folder, res, name):
+    _, Model = hf_classes(family)
+    model, info = Model.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                        output_loading_info=True)
+    bad = {k: [str(x) for x in v][:6] for k, v in info.items() if v}
+    res.check(f"{name}: HF loads every tensor of the folder", not bad, str(bad) if bad else "")
+    if bad:
+        raise CheckError(f"{folder}: HF loading info {bad}")
+    return model.eval()
+
+
+def reverse(res, moe, wd, family, S, tol):
+    model = random_model(family, seed=11)
+    folder = os.path.join(wd, f"hf_{family}")
+    if os.path.exists(folder):
+        shutil.rmtree(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    rng = np.random.default_rng(5)
+    toks = rng.integers(0, 256, size=4 * S)
+    data = os.path.join(wd, f"{family}_tokens.bin")
+    write_tokens(data, toks, 256)
+    got, _, _, _ = moe.eval(folder, data, S, os.path.join(wd, f"{family}_reverse.npy"))
+    want = ch.hf_logits(model, toks[:S])
+    compare(res, f"{family}: HF save_pretrained -> moe eval logits", got[:S] if got.ndim == 2 else got[0], want, tol)
+
+
+def forward(res, moe, wd, family, S, tol, steps):
+    text = os.path.join(wd, "text.txt")
+    ch.make_text(text)
+    run = os.path.join(wd, f"run_{family}")
+    sets = ["model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.d_ff=24",
+            "model.n_experts=4", "model.top_k=2", f"model.max_seq_len={S}", "model.capacity_factor=0",
+            f"train.seq_len={S}", "train.batch_size=2", f"train.steps={steps}", "train.warmup_steps=0",
+            "train.eval_batches=1", f"train.eval_interval={steps}", f"checkpoint.interval={steps}",
+            f"log.dir=\"{run}\"", f"data.dir=\"{os.path.join(wd, 'data')}\"",
+            f"data.text=[\"{text}\"]"] + FAMILIES[family][3]
+    args = ["train", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "default.cfg")]
+    for s in sets:
+        args += ["--set", s]
+    moe.run(*args)
+    with open(os.path.join(run, "ckpt", "latest")) as f:  # the name of the latest step's folder
+        ckpt = os.path.join(run, "ckpt", f.read().strip())
+    data = os.path.join(wd, "data", "val.bin")
+    got, _, _, _ = moe.eval(ckpt, data, S, os.path.join(wd, f"{family}_forward.npy"))
+    toks, _ = ch.read_tokens(data)
+    model = hf_load(family, ckpt, res, f"{family}: moe train -> HF")
+    want = ch.hf_logits(model, toks[:S])
+    compare(res, f"{family}: moe train -> from_pretrained logits", got[:S] if got.ndim == 2 else got[0], want, tol)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--moe", required=True)
+    ap.add_argument("--workdir")
+    ap.add_argument("--family", choices=sorted(FAMILIES), action="append")
+    ap.add_argument("--seq-len", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--tol", type=float, default=1e-5)
+    ap.add_argument("--timeout", type=int, default=300)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"check_hf_families: torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
+    tmp = args.workdir is None
+    wd = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="moe_check_families_"))
+    os.makedirs(wd, exist_ok=True)
+    moe, res, t0 = Moe(args.moe, wd, args.timeout), Results(), time.time()
+    for fam in args.family or sorted(FAMILIES):
+        res.attempt(f"{fam} reverse", reverse, res, moe, wd, fam, args.seq_len, args.tol)
+        res.attempt(f"{fam} forward", forward, res, moe, wd, fam, args.seq_len, args.tol, args.steps)
+    ok = not res.failed and res.passed
+    print(f"check_hf_families: {len(res.passed)} passed, {len(res.failed)} failed "
+          f"({time.time() - t0:.1f}s, workdir {wd})")
+    for n in res.failed:
+        print(f"  failed: {n}")
+    if ok and tmp:
+        shutil.rmtree(wd, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
