@@ -87,6 +87,10 @@ moe_status moe_checkpoint_save(const char *ckpt_root, const moe_model *m, const 
 // Resolves `path`: a step folder, or a `latest` file naming one (relative to its folder).
 moe_status moe_checkpoint_resolve(char *folder, size_t n, const char *path);
 
+// The model of a checkpoint or HF folder (or `latest`): its config.json, read and checked
+// (ckpt/hf_config.h). The config library's reader of train.init_from's model keys.
+moe_status moe_checkpoint_model_config(const char *path, moe_model_config *out);
+
 // Loads a checkpoint folder (or `latest`) into m (and opt and ts when not NULL), after
 // moe_checkpoint_verify, moe_checkpoint_state_read, config.json against m's config, and opt's kind
 // against the one that wrote the moments (MOE_EINVAL: no switching optimizers on resume).

@@ -53,6 +53,12 @@ static moe_status load_verified(const char *folder, moe_checkpoint_state *cs, mo
     return MOE_OK;
 }
 
+moe_status moe_checkpoint_model_config(const char *path, moe_model_config *out) {
+    char folder[PATH_BUF];
+    moe_status st = moe_checkpoint_resolve(folder, sizeof folder, path);
+    return st ? st : moe_hf_config_read(out, folder);
+}
+
 moe_status moe_checkpoint_load(const char *path, moe_model *m, moe_optimizer *opt,
                                train_state *ts) {
     char folder[PATH_BUF];

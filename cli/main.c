@@ -795,6 +795,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(name, "help")) return help_command(argc, argv);
+    // train.init_from's model keys come from the folder it names (config/config.h)
+    moe_train_config_set_model_reader(moe_checkpoint_model_config);
     const command *c = find_command(name);
     if (!c) {
         fprintf(stderr, "moe: error: unknown command '%s'\n\n%s", name, usage);

@@ -234,7 +234,7 @@ moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
               drop = moe_cfg_spec_index("model", "drop_policy");
     moe_model_config *m = &cfg->model;
 
-    if (!c->at[n_kv]) m->n_kv_heads = m->n_heads; // default: no GQA
+    if (!c->at[n_kv] && !c->adopted[n_kv]) m->n_kv_heads = m->n_heads; // default: no GQA
 
     if (m->moe.top_k > m->moe.n_experts)
         return inconsistent(c, cfg, top_k, n_experts, "exceeds",

@@ -156,6 +156,7 @@ moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_
         if ((st = moe_cfg_apply_set(c, sets[i], &origins[i]))) goto done;
     }
     if ((st = moe_cfg_read_tree(c, tmp))) goto done;
+    if ((st = moe_cfg_merge_init_from(c, tmp))) goto done;
     if ((st = moe_cfg_check_combinations(c, tmp))) goto done;
     if ((st = moe_cfg_check_placement(c, tmp))) goto done;
     memcpy(cfg, tmp, sizeof *cfg);

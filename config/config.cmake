@@ -6,6 +6,7 @@ moe_component(moe_train_config
           ${CMAKE_CURRENT_LIST_DIR}/scan.c ${CMAKE_CURRENT_LIST_DIR}/literal.c
           ${CMAKE_CURRENT_LIST_DIR}/read.c ${CMAKE_CURRENT_LIST_DIR}/check.c
           ${CMAKE_CURRENT_LIST_DIR}/set.c ${CMAKE_CURRENT_LIST_DIR}/write.c
+          ${CMAKE_CURRENT_LIST_DIR}/init_from.c
   LINK moe_data moe_layers PkgConfig::LIBCONFIG m)
 
 if(MOE_BUILD_TESTS)

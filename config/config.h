@@ -228,6 +228,15 @@ void moe_train_config_default(moe_train_config *cfg);
 moe_status moe_train_config_load(moe_train_config *cfg, const char *path, int n_set,
                                  char *const *sets);
 
+// train.init_from's model keys (DESIGN.md §2.1): with a reader set, moe_train_config_load
+// reads the model of the folder train.init_from names (a checkpoint or an HF folder) and takes
+// each model key the config leaves at its default from it; a key the config sets must agree
+// (an error names both values). Without one (the default) the keys stay as configured and are
+// compared with the folder when its weights load. The reader fills *out from the folder's
+// config.json (the checkpoint library's moe_checkpoint_model_config).
+typedef moe_status (*moe_cfg_model_reader)(const char *init_from, moe_model_config *out);
+void moe_train_config_set_model_reader(moe_cfg_model_reader reader);
+
 // Writes the resolved config (every key, defaults included) in libconfig syntax, so that
 // loading it gives the same struct: doubles in the shortest form that reads back exactly,
 // int64 with an L suffix outside the 32-bit range, strings escaped. When capacity_factor

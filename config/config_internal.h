@@ -110,6 +110,7 @@ typedef struct {
     override_origin *overrides;
     config_t lc;
     const config_setting_t *at[CFG_N_SPECS]; // the setting each key was read from (NULL: default)
+    unsigned char adopted[CFG_N_SPECS];      // taken from train.init_from's folder (init_from.c)
 } load_ctx;
 
 // The override a setting (or its group) comes from, or NULL (a file).
@@ -164,6 +165,9 @@ moe_status moe_cfg_int_value(load_ctx *c, const config_setting_t *s, const char 
 moe_status moe_cfg_read_tree(load_ctx *c, moe_train_config *cfg);
 // The checks across keys (and the sizes their products give), after moe_cfg_read_tree.
 moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg);
+// train.init_from's model keys (init_from.c): the defaults taken from the folder, the set ones
+// compared with it (config.h: moe_train_config_set_model_reader).
+moe_status moe_cfg_merge_init_from(load_ctx *c, moe_train_config *cfg);
 // parallel.expert_placement against model.n_experts.
 moe_status moe_cfg_check_placement(const load_ctx *c, const moe_train_config *cfg);
 // One `--set group.key=value` into the parsed tree (o: its origin, filled here).

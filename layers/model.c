@@ -964,30 +964,57 @@ static void mlp_weights(const moe_model *m, const moe_model_params *p, int l, re
 
 // Layer l's FFN of x = n2 [T, d] into out [T, d]: the dense MLP, or the MoE layer ml plus
 // g(x) MLP_s(x), g = sigmoid(x . w_g) with shared_gate, else 1.
-static moe_status ffn_forward(moe_model *m, real *out, const real *x, moe_layer *ml, int l,
-                              const mlp_bufs *b, int T, int S, moe_pass pass) {
+// The shared expert added to the MoE output: out += g(x) MLP_s(x), g = sigmoid(x . w_g) of
+// MoE layer j (shared_gate) or 1.
+static void shared_forward(moe_model *m, real *out, const real *x, const mlp_bufs *b,
+                           const real *w13, const real *w2, int f, size_t j, int T) {
     const moe_model_config *c = &m->cfg;
     moe_backend *be = m->be;
-    real *w13, *w2;
-    int f;
-    mlp_weights(m, &m->p, l, &w13, &w2, &f);
-    if (!moe_model_layer_is_moe(c, l)) {
-        memset(&m->moe_stats[l], 0, sizeof m->moe_stats[l]); // no load: no routing
-        mlp_forward(m, out, x, b, w13, w2, T, f);
-        return MOE_OK;
-    }
-    const moe_weights w = layer_weights(m, l);
-    moe_status st = moe_layer_forward(ml, out, x, &w, T, S, pass, &m->moe_stats[l]);
-    if (st || !c->shared_d_ff) return st;
     mlp_forward(m, b->y, x, b, w13, w2, T, f);
     if (!c->shared_gate) {
         be->add(be, out, out, b->y, (size_t)T * c->d_model);
-        return MOE_OK;
+        return;
     }
-    const size_t j = (size_t)moe_model_moe_index(c, l);
     linear_forward(m, b->z, x, b->x16, m->p.shared_gate + j * c->d_model, T, 1, c->d_model);
     be->sigmoid_gate_forward(be, out, b->z, b->y, T, c->d_model);
-    return MOE_OK;
+}
+
+// Layer l's FFN of x = n2 [T, d] into out [T, d]: the dense MLP, or the MoE layer ml plus
+// g(x) MLP_s(x). The MLPs' time is the "dense" phase's (the MoE layer laps its own phases).
+static moe_status ffn_forward(moe_model *m, real *out, const real *x, moe_layer *ml, int l,
+                              const mlp_bufs *b, int T, int S, moe_pass pass) {
+    const moe_model_config *c = &m->cfg;
+    real *w13, *w2;
+    int f;
+    mlp_weights(m, &m->p, l, &w13, &w2, &f);
+    moe_status st = MOE_OK;
+    if (!moe_model_layer_is_moe(c, l)) {
+        memset(&m->moe_stats[l], 0, sizeof m->moe_stats[l]); // no load: no routing
+        mlp_forward(m, out, x, b, w13, w2, T, f);
+    } else {
+        const moe_weights w = layer_weights(m, l);
+        st = moe_layer_forward(ml, out, x, &w, T, S, pass, &m->moe_stats[l]);
+        if (!st && c->shared_d_ff)
+            shared_forward(m, out, x, b, w13, w2, f, (size_t)moe_model_moe_index(c, l), T);
+    }
+    moe_lap(m->timer, MOE_T_DENSE);
+    return st;
+}
+
+// The shared expert's backward (MoE layer j): dx += dL/dx, its gradients +=.
+static void shared_backward(moe_model *m, real *dx, const real *dout, const real *x,
+                            const mlp_bufs *b, const real *w13, const real *w2, real *gw13,
+                            real *gw2, int f, size_t j, int T) {
+    const moe_model_config *c = &m->cfg;
+    const size_t d = c->d_model;
+    const real *dy = dout;
+    if (c->shared_gate) { // out += s(z) y, z = x w_g^T: dy = s dout, dx += dz w_g
+        m->be->sigmoid_gate_backward(m->be, m->dmlp_y, m->dshared_z, dout, b->z, b->y, T, (int)d);
+        linear_backward(m, dx, m->g.shared_gate + j * d, m->dshared_z, x, b->x16,
+                        m->p.shared_gate + j * d, T, 1, (int)d, 1);
+        dy = m->dmlp_y;
+    }
+    mlp_backward(m, dx, gw13, gw2, dy, x, b, w13, w2, T, f);
 }
 
 // Its backward: dx += dL/dx (dx zeroed by the caller), every weight gradient +=.
@@ -998,23 +1025,17 @@ static moe_status ffn_backward(moe_model *m, real *dx, const real *dout, const r
     int f;
     mlp_weights(m, &m->p, l, &w13, &w2, &f);
     mlp_weights(m, &m->g, l, &gw13, &gw2, &f);
+    moe_status st = MOE_OK;
     if (!moe_model_layer_is_moe(c, l)) {
         mlp_backward(m, dx, gw13, gw2, dout, x, b, w13, w2, T, f);
-        return MOE_OK;
+    } else {
+        const size_t j = (size_t)moe_model_moe_index(c, l);
+        moe_weights w = layer_weights(m, l), gw = layer_moe_weights(&m->g, c, m->E_local, l, NULL);
+        st = moe_layer_backward(&m->moe[j], dx, &gw, dout, x, &w, loss_scale);
+        if (!st && c->shared_d_ff) shared_backward(m, dx, dout, x, b, w13, w2, gw13, gw2, f, j, T);
     }
-    const size_t j = (size_t)moe_model_moe_index(c, l), d = c->d_model;
-    moe_weights w = layer_weights(m, l), gw = layer_moe_weights(&m->g, c, m->E_local, l, NULL);
-    moe_status st = moe_layer_backward(&m->moe[j], dx, &gw, dout, x, &w, loss_scale);
-    if (st || !c->shared_d_ff) return st;
-    const real *dy = dout;
-    if (c->shared_gate) { // out += s(z) y, z = x w_g^T: dy = s dout, dx += dz w_g
-        m->be->sigmoid_gate_backward(m->be, m->dmlp_y, m->dshared_z, dout, b->z, b->y, T, (int)d);
-        linear_backward(m, dx, m->g.shared_gate + j * d, m->dshared_z, x, b->x16,
-                        m->p.shared_gate + j * d, T, 1, (int)d, 1);
-        dy = m->dmlp_y;
-    }
-    mlp_backward(m, dx, gw13, gw2, dy, x, b, w13, w2, T, f);
-    return MOE_OK;
+    moe_lap(m->timer, MOE_T_DENSE);
+    return st;
 }
 
 moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets, int B, int S,

@@ -97,6 +97,31 @@ def reverse(res, moe, wd, family, S, tol):
     got, _, _, _ = moe.eval(folder, data, S, os.path.join(wd, f"{family}_reverse.npy"))
     want = ch.hf_logits(model, toks[:S])
     compare(res, f"{family}: HF save_pretrained -> moe eval logits", got[:S] if got.ndim == 2 else got[0], want, tol)
+    fine_tune(res, moe, wd, family, folder, S)
+
+
+def fine_tune(res, moe, wd, family, folder, S):
+    """train.init_from an HF folder with no model key in the config: the model is the folder's;
+    a model key that disagrees with it is refused naming both values."""
+    text = os.path.join(wd, "text.txt")
+    ch.make_text(text)
+    cfg = os.path.join(wd, "finetune.cfg")
+    with open(cfg, "w") as f:
+        f.write(f'train = {{ init_from = "{folder}"; steps = 2; warmup_steps = 0; batch_size = 2; '
+                f'seq_len = {S}; eval_batches = 1; }};\n'
+                f'model = {{ max_seq_len = {S}; }};\n'
+                f'data = {{ dir = "{os.path.join(wd, "ft_data")}"; text = ["{text}"]; }};\n'
+                f'log = {{ dir = "{os.path.join(wd, "ft_" + family)}"; }};\n')
+    out = moe.run("train", cfg, "--overwrite")
+    resolved = open(os.path.join(wd, "ft_" + family, "config.cfg")).read()
+    res.check(f"{family}: train.init_from an HF folder with no model keys trains it",
+              f'family = "{family}"' in resolved and "initialised from" in out)
+    try:
+        moe.run("train", cfg, "--overwrite", "--set", "model.n_layers=7")
+        res.check(f"{family}: a model key that disagrees with the folder is refused", False, "exit 0")
+    except CheckError as e:
+        res.check(f"{family}: a model key that disagrees with the folder is refused",
+                  "model.n_layers: 7, but train.init_from" in str(e), str(e).splitlines()[-1][:200])
 
 
 def forward(res, moe, wd, family, S, tol, steps):
