@@ -57,7 +57,7 @@ static need_t need_at(const run_t *rd, double cf, long C) {
     n.cf_short = C > 0 ? cf_short(C, rd->T_group, rd->top_k, rd->E, &n.decimals) : 0;
     n.rows = (double)rd->E * (double)C;
     n.bytes_layer = n.rows * (double)fwd;
-    n.bytes_all = n.rows * ((double)fwd * rd->cfg->model.n_layers + (double)bwd);
+    n.bytes_all = n.rows * ((double)fwd * moe_model_n_moe_layers(&rd->cfg->model) + (double)bwd);
     return n;
 }
 
@@ -167,7 +167,7 @@ static void capacity_json(const run_t *rd, const cap_plan *P, FILE *out) {
     if (P->tok_note[0]) cJSON_AddStringToObject(doc, "tokens_note", P->tok_note);
     cJSON_AddNumberToObject(doc, "d_model", rd->cfg->model.d_model);
     cJSON_AddNumberToObject(doc, "d_ff", rd->cfg->model.moe.d_ff);
-    cJSON_AddNumberToObject(doc, "n_layers", rd->cfg->model.n_layers);
+    cJSON_AddNumberToObject(doc, "n_layers", moe_model_n_moe_layers(&rd->cfg->model));
     size_t fwd, bwd;
     row_bytes_of(rd, &fwd, &bwd);
     cJSON_AddNumberToObject(doc, "row_bytes", (double)fwd);          // per layer
@@ -228,7 +228,7 @@ static void capacity_text_head(const run_t *rd, const cap_plan *P, FILE *out) {
             "  current: capacity_factor %g -> C = %ld per expert per micro-batch, %.0f rows, "
             "%.3f MiB per layer, %.3f MiB for %d layers\n\n",
             P->cur_cf, P->cur_C, P->cur.rows, mib(P->cur.bytes_layer), mib(P->cur.bytes_all),
-            rd->cfg->model.n_layers);
+            moe_model_n_moe_layers(&rd->cfg->model));
     else
         stats_prose(rd, out, "  current: capacity_factor 0 (dropless)\n\n");
 }
@@ -254,7 +254,7 @@ static void capacity_table_wide(const run_t *rd, const cap_plan *P, FILE *out) {
     fprintf(out, "%-5s %6s | %-43s | %-51s | %s\n", "", "", "needed on the P99 step",
             "needed on the worst step", "current");
     char all[32]; // all layers' forward rows and the shared backward scratch
-    snprintf(all, sizeof all, "MiB %dL", rd->cfg->model.n_layers);
+    snprintf(all, sizeof all, "MiB %dL", moe_model_n_moe_layers(&rd->cfg->model));
     fprintf(out, "%-5s %6s | %8s %6s %7s %9s %8s | %8s %6s %7s %9s %8s %7s | %s\n", "layer",
             "steps", "cf", "C", "rows", "MiB/layer", all, "cf", "C", "rows", "MiB/layer", all,
             "step", "drop fraction");
@@ -279,12 +279,14 @@ static void capacity_run_lines(const run_t *rd, const cap_plan *P, FILE *out) {
                 "  P99 step:   capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
                 "layer, %.3f MiB for %d layers\n",
                 P->rp99.decimals, P->rp99.cf_short, P->p99_layer, P->rp99.C, P->rp99.rows,
-                mib(P->rp99.bytes_layer), mib(P->rp99.bytes_all), rd->cfg->model.n_layers);
+                mib(P->rp99.bytes_layer), mib(P->rp99.bytes_all),
+                moe_model_n_moe_layers(&rd->cfg->model));
     stats_prose(rd, out,
                 "  worst step: capacity_factor %.*f (layer %d) -> C = %ld, %.0f rows, %.3f MiB per "
                 "layer, %.3f MiB for %d layers\n",
                 P->rworst.decimals, P->rworst.cf_short, P->worst_layer, P->rworst.C, P->rworst.rows,
-                mib(P->rworst.bytes_layer), mib(P->rworst.bytes_all), rd->cfg->model.n_layers);
+                mib(P->rworst.bytes_layer), mib(P->rworst.bytes_all),
+                moe_model_n_moe_layers(&rd->cfg->model));
 }
 
 int stats_capacity_report(run_t *rd, FILE *out) {

@@ -124,16 +124,21 @@ void stats_print_header(const run_t *rd, FILE *out, size_t steps, long first, lo
         stats_prose(rd, out,
                     "  expert_load.jsonl: %zu steps logged (steps %ld..%ld)%s; no metrics.jsonl\n",
                     steps, first, last, from);
+    char moe_layers[48] = ""; // " (2 MoE)" when some layers are dense
+    if (rd->cfg && moe_model_n_moe_layers(&rd->cfg->model) < rd->cfg->model.n_layers)
+        snprintf(moe_layers, sizeof moe_layers, " (%d MoE)",
+                 moe_model_n_moe_layers(&rd->cfg->model));
     if (rd->cfg && rd->cfg->capacity.mode != MOE_CAPACITY_FIXED)
         fprintf(out,
-                "  model: %d layers, %d experts, top-%d, capacity_factor %s: %.4g at step %ld\n",
-                rd->cfg->model.n_layers, rd->E, rd->top_k,
+                "  model: %d layers%s, %d experts, top-%d, capacity_factor %s: %.4g at step %ld\n",
+                rd->cfg->model.n_layers, moe_layers, rd->E, rd->top_k,
                 rd->cfg->capacity.mode == MOE_CAPACITY_AUTO ? "auto" : "scheduled",
                 isnan(rd->last_cf) ? rd->cfg->model.moe.capacity_factor : rd->last_cf,
                 rd->last_cf_step);
     else if (rd->cfg)
-        fprintf(out, "  model: %d layers, %d experts, top-%d, capacity_factor %g%s\n",
-                rd->cfg->model.n_layers, rd->E, rd->top_k, rd->cfg->model.moe.capacity_factor,
+        fprintf(out, "  model: %d layers%s, %d experts, top-%d, capacity_factor %g%s\n",
+                rd->cfg->model.n_layers, moe_layers, rd->E, rd->top_k,
+                rd->cfg->model.moe.capacity_factor,
                 rd->cfg->model.moe.capacity_factor > 0 ? "" : " (dropless)");
     else
         fprintf(out, "  model: %d experts (no config.cfg)\n", rd->E);

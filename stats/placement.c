@@ -330,9 +330,14 @@ int stats_placement(const char *dir, const moe_train_config *cfg, int R, int jso
         free(text);
         cJSON_Delete(doc);
     } else {
+        size_t steps = 0; // (a dense layer logs none)
+        int moe_layers = 0;
+        for (int l = 0; l < p.L; l++)
+            steps = p.n[l] > steps ? p.n[l] : steps, moe_layers += p.n[l] > 0;
         fprintf(out,
-                "moe stats %s --placement %d: %d experts over %d ranks, %d layers, %zu steps\n",
-                dir, R, E, R, p.L, p.n[0]);
+                "moe stats %s --placement %d: %d experts over %d ranks, %d MoE layers, %zu "
+                "steps\n",
+                dir, R, E, R, moe_layers, steps);
         fprintf(out, "  %-22s %9s %11s %12s %14s\n", "mapping", "P99 load", "rows/token",
                 "rows, dedup", "hot link KiB");
         print_row(out, "contiguous (default)", &c_cont, p.have_coact);

@@ -124,8 +124,14 @@ static int report_once(void *ctx, FILE *out, FILE *err) {
         rc = 1;
     } else if (rd.only_layer >= 0 &&
                (rd.only_layer >= rd.n_layers || !rd.layers[rd.only_layer].n)) {
-        fprintf(err, "moe stats: --layer %d: no records of that layer in %s (layers 0..%d)\n",
-                rd.only_layer, rd.load_path, rd.n_layers - 1);
+        if (rd.cfg && rd.only_layer < rd.cfg->model.n_layers &&
+            !moe_model_layer_is_moe(&rd.cfg->model, rd.only_layer))
+            fprintf(err,
+                    "moe stats: --layer %d: a dense layer of the model (no experts, no load)\n",
+                    rd.only_layer);
+        else
+            fprintf(err, "moe stats: --layer %d: no records of that layer in %s (layers 0..%d)\n",
+                    rd.only_layer, rd.load_path, rd.n_layers - 1);
         rc = 2;
     } else {
         rc = rd.capacity ? stats_capacity_report(&rd, out) : stats_report(&rd, out);
