@@ -22,6 +22,7 @@ static const char *const transport_names[] = {"mpi", "nccl", NULL};  // moe_tran
 // moe_family's order: the HF model_type of each
 static const char *const family_names[] = {"mixtral", "qwen3_moe", "qwen2_moe", "olmoe", NULL};
 static const char *const qk_norm_names[] = {"none", "head", "full", NULL}; // moe_qk_norm's order
+static const char *const aux_scope_names[] = {"micro", "global", NULL};    // moe_aux_scope's order
 
 #define ENUM_FITS_INT(T) _Static_assert(sizeof(T) == sizeof(int), #T " is written as an int")
 ENUM_FITS_INT(moe_drop_policy);
@@ -35,6 +36,8 @@ ENUM_FITS_INT(moe_exchange);
 ENUM_FITS_INT(moe_transport);
 ENUM_FITS_INT(moe_family);
 ENUM_FITS_INT(moe_qk_norm);
+ENUM_FITS_INT(moe_aux_scope);
+_Static_assert(MOE_AUX_MICRO == 0 && MOE_AUX_GLOBAL == 1, "model.aux_scope: aux_scope_names");
 _Static_assert(MOE_FAMILY_MIXTRAL == 0 && MOE_FAMILY_OLMOE == 3, "model.family: family_names");
 _Static_assert(MOE_QK_NORM_NONE == 0 && MOE_QK_NORM_FULL == 2, "model.qk_norm: qk_norm_names");
 _Static_assert(MOE_EXCHANGE_DEDUP == 0 && MOE_EXCHANGE_ROWS == 1,
@@ -81,6 +84,7 @@ const key_spec moe_cfg_specs[] = {
     KFLT("model", "capacity_max_change", capacity.max_change, 1, CLOSED, INFINITY, OPEN),
     KENUM("model", "drop_policy", model.moe.drop_policy, moe_drop_policy, moe_cfg_drop_names),
     KFLT("model", "aux_coef", model.moe.aux_coef, 0, CLOSED, INFINITY, OPEN),
+    KENUM("model", "aux_scope", model.aux_scope, moe_aux_scope, aux_scope_names),
     KFLT("model", "z_coef", model.moe.z_coef, 0, CLOSED, INFINITY, OPEN),
     KFLT("model", "init_std", init_std, 0, OPEN, INFINITY, OPEN),
     KENUM("model", "scoring", model.moe.scoring, moe_scoring, scoring_names),

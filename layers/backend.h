@@ -104,6 +104,9 @@ typedef struct {
     int n_group;         // group-limited routing (DeepSeek-V3): E experts in n_group groups of
     int topk_group;      // E/n_group; the topk_group groups of the largest sum of their two
                          // best s + bias are kept, top-k picks among those. n_group <= 1: off
+    int aux_tokens;      // the tokens L_aux's counts were taken over: f_e = counts[e] / (k
+                         // aux_tokens); 0: T, the call's own (global-batch balancing passes the
+                         // step's counts over every micro-batch and rank, DESIGN.md §3.6)
 } moe_router_hparams;
 
 // One rope call: rows of n_heads heads of size hd, the first n_rot of them rotated.

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1182,6 +1183,31 @@ moe_status moe_model_backward(moe_model *m, double loss_scale) {
     be->embedding_backward(be, m->g.embed, m->dx, m->tokens, T, d);
     moe_lap(tm, MOE_T_DENSE);
     return MOE_OK;
+}
+
+moe_status moe_model_set_aux_counts(moe_model *m, const long *counts, long tokens) {
+    const moe_model_config *c = &m->cfg;
+    const int E = c->moe.n_experts;
+    int *layer = malloc((size_t)E * sizeof(int));
+    if (!layer) return moe_error(MOE_ENOMEM, "model: out of memory");
+    moe_status st = MOE_OK;
+    if (counts && (tokens < 1 || tokens > INT_MAX))
+        st = moe_error(MOE_EINVAL, "model: %ld tokens for the global aux loss exceed an int",
+                       tokens);
+    for (int l = 0; !st && l < c->n_layers; l++) {
+        const int j = moe_model_moe_index(c, l);
+        if (j < 0) continue;
+        for (int e = 0; counts && e < E && !st; e++) {
+            const long n = counts[(size_t)l * E + e];
+            if (n < 0 || n > INT_MAX)
+                st = moe_error(MOE_EINVAL,
+                               "model: layer %d expert %d: %ld assignments exceed an int", l, e, n);
+            layer[e] = (int)n;
+        }
+        if (!st) moe_layer_set_aux_counts(&m->moe[j], counts ? layer : NULL, (int)tokens);
+    }
+    free(layer);
+    return st;
 }
 
 // The attention of n rows over their sequences' KV caches (inference): a chunk of one sequence

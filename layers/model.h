@@ -41,6 +41,13 @@ typedef enum {
     MOE_QK_NORM_FULL, // the whole projection, q_norm [H hd], k_norm [KV hd] (OLMoE)
 } moe_qk_norm;
 
+// The tokens the load-balancing loss counts its f over (DESIGN.md §3.6).
+typedef enum {
+    MOE_AUX_MICRO = 0, // each micro-batch's own counts (Switch, Mixtral)
+    MOE_AUX_GLOBAL,    // the step's: every micro-batch of every rank (Megatron's global_aux_loss,
+                       // Qwen's global-batch balancing): moe_model_set_aux_counts
+} moe_aux_scope;
+
 #define MOE_MODEL_MAX_LAYERS 1024
 
 typedef struct {
@@ -67,12 +74,13 @@ typedef struct {
     // Shared expert: every MoE layer adds g(x) MLP_s(x) to its output, MLP_s one SwiGLU of
     // shared_d_ff (0: none), g = sigmoid(x . w_g) per token when shared_gate (Qwen2-MoE), else 1
     int shared_d_ff, shared_gate;
-    moe_qk_norm qk_norm; // q/k RMSNorm before RoPE
-    int qkv_bias;        // q, k and v projections have biases (Qwen2-MoE)
-    moe_dtype dtype;     // the whole model's GEMM precision (fp32, or bf16 operands with fp32
-                         // accumulation: DESIGN §5b); its MoE layers take it from here
-    moe_config moe;      // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
-                         // the model's: moe_model_create sets it)
+    moe_qk_norm qk_norm;     // q/k RMSNorm before RoPE
+    int qkv_bias;            // q, k and v projections have biases (Qwen2-MoE)
+    moe_aux_scope aux_scope; // L_aux's counts: the micro-batch's, or the step's (the trainer)
+    moe_dtype dtype;         // the whole model's GEMM precision (fp32, or bf16 operands with fp32
+                             // accumulation: DESIGN §5b); its MoE layers take it from here
+    moe_config moe; // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
+                    // the model's: moe_model_create sets it)
 } moe_model_config;
 
 moe_status moe_model_config_check(const moe_model_config *cfg);
@@ -301,6 +309,13 @@ moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets
 // Backward of the last forward, accumulating into m->grads the gradient of
 // loss_scale * (CE + sum aux + z) (loss_scale = 1/n under accumulation over n micro-batches).
 moe_status moe_model_backward(moe_model *m, double loss_scale);
+
+// Global-batch balancing (aux_scope "global", DESIGN.md §3.6): the following forwards and
+// backwards take each MoE layer's L_aux f from counts [L, E] (host, by model layer, slot order:
+// the step's routed counts summed over its micro-batches and every rank; dense layers' rows
+// unread) over `tokens` tokens (micro-batches x ranks x T). counts NULL: each forward's own.
+// MOE_EINVAL when a count or tokens does not fit an int.
+moe_status moe_model_set_aux_counts(moe_model *m, const long *counts, long tokens);
 
 void moe_model_zero_grads(moe_model *m);
 

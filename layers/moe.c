@@ -161,9 +161,17 @@ static void count_coactivations(moe_layer *L, const int *topk, int T) {
             }
 }
 
-// The router kernels' hyper-parameters, from the layer's config.
-static moe_router_hparams router_hparams(const moe_config *c) {
-    const moe_router_hparams hp = {.scoring = c->scoring,
+void moe_layer_set_aux_counts(moe_layer *L, const int *counts, int tokens) {
+    L->aux_tokens = counts ? tokens : 0;
+    if (counts)
+        L->be->copy_to_device(L->be, L->aux_counts, counts, (size_t)L->cfg.n_experts * sizeof(int));
+}
+
+// The router kernels' hyper-parameters, from the layer's config (and its global counts).
+static moe_router_hparams router_hparams(const moe_layer *L) {
+    const moe_config *c = &L->cfg;
+    const moe_router_hparams hp = {.aux_tokens = L->aux_tokens,
+                                   .scoring = c->scoring,
                                    .norm_topk_prob = c->norm_topk_prob,
                                    .route_scale = (real)c->route_scale,
                                    .aux_coef = (real)c->aux_coef,
@@ -195,7 +203,8 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
         be->matmul(be, L->logits, router_in, w->gate, T, E, d, 0, 1, 0);
     }
     const moe_router_shape shape = {.T = T, .E = E, .k = k, .seq_len = seq_len};
-    const moe_router_hparams hp = router_hparams(c);
+    const moe_router_hparams hp = router_hparams(L);
+    const int *aux_counts = L->aux_tokens ? L->aux_counts : L->counts; // f's counts
     be->router_topk(be, L->scores, L->probs, L->lse, L->topk_idx, L->weights, L->logits, w->bias,
                     shape, hp);
     be->moe_dispatch_counts(be, L->counts, L->topk_idx, T, k, E);
@@ -204,7 +213,7 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
                           capacity, c->drop_policy);
     be->moe_permute_index(be, L->counts + E, L->assign_row, L->row_token, L->topk_idx, L->keep, T,
                           k, E);
-    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, L->counts, L->seq_counts, shape,
+    be->router_losses(be, L->losses, L->probs, L->logits, L->lse, aux_counts, L->seq_counts, shape,
                       hp);
     // the top-k choices when counted, and with them keep for a dedup plan
     const size_t N_max = (size_t)L->max_tokens * k, I = sizeof(int);
@@ -578,8 +587,8 @@ static void route_backward(moe_layer *L, real *dinp, const moe_weights *grads, c
     const int T = L->last_tokens, E = c->n_experts, k = c->top_k, d = c->d_model;
     const moe_router_shape shape = {.T = T, .E = E, .k = k, .seq_len = L->last_seq_len};
     be->router_backward(be, s->dlogits, s->dweights, L->scores, L->probs, L->logits, L->lse,
-                        L->topk_idx, L->weights, L->counts, L->seq_counts, shape, router_hparams(c),
-                        (real)dloss);
+                        L->topk_idx, L->weights, L->aux_tokens ? L->aux_counts : L->counts,
+                        L->seq_counts, shape, router_hparams(L), (real)dloss);
     const real *router_in = L->jittered ? L->router_in : inp;
     // dgate += dlogits^T router_in; dx_r (+)= dlogits gate, straight into dinp without jitter
     real *dxr = L->jittered ? s->dxp : dinp; // dxp is free again

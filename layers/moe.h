@@ -234,11 +234,15 @@ typedef struct {
     real *host_losses;   // [MOE_LOSS_SLOTS]
     int *host_kept;      // [E]
     moe_stats stats;
-    int last_seq_len;   // seq_len of the last forward
-    size_t bytes;       // device memory of the buffers above (a shared scratch: its owner's)
-    int jittered;       // the last forward used router_in
-    uint64_t noise_key; // set by the caller before a training forward: the jitter
-                        // noise is a function of it (resumable, backend-independent)
+    int last_seq_len; // seq_len of the last forward
+    size_t bytes;     // device memory of the buffers above (a shared scratch: its owner's)
+    // Global-batch balancing (moe_layer_set_aux_counts): L_aux's f from these counts [E]
+    // (device) over aux_tokens tokens instead of the forward's own; aux_tokens 0: off
+    int *aux_counts;
+    int aux_tokens;
+    int jittered;                // the last forward used router_in
+    uint64_t noise_key;          // set by the caller before a training forward: the jitter
+                                 // noise is a function of it (resumable, backend-independent)
     const real *jitter_override; // test-only: this noise [T, d] (backend memory) instead of
                                  // drawing it
 } moe_layer;
@@ -264,6 +268,12 @@ void moe_layer_free(moe_layer *L);
 // If stats is not NULL it receives the load statistics of this call.
 moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w, int T,
                              int seq_len, moe_pass pass, moe_stats *stats);
+
+// Global-batch balancing (DESIGN.md §3.6): the next forwards and backwards take L_aux's f from
+// counts [E] (host, slot order: the step's routed counts summed over its micro-batches and
+// ranks) over `tokens` tokens, f_e = counts[e] / (k tokens), P from their own tokens; the
+// gradient is the same formula's. counts NULL: back to the forward's own counts.
+void moe_layer_set_aux_counts(moe_layer *L, const int *counts, int tokens);
 
 // Backward of the last forward (same inp and w).
 // dinp [T, d] += dL/dinp, grads += dL/dweights, where

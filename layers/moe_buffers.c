@@ -237,6 +237,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         {(void **)&L->scratch, 2 * N * I}, {&L->readback, readback_bytes((int)E) + 2 * N * I},
         {(void **)&L->xp, N * d * R},      {(void **)&L->h13, 2 * Ne * ff * R},
         {(void **)&L->act, Ne * ff * R},   {(void **)&L->ye, N * d * R},
+        {(void **)&L->aux_counts, E * I},
     };
     if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &L->bytes))) {
         memset(L, 0, sizeof *L);
@@ -310,7 +311,7 @@ void moe_layer_free(moe_layer *L) {
             L->weights, NULL /* keep */, L->assign_row, L->row_token,
             L->scratch, L->readback,     L->xp,         L->h13,
             L->act,     L->ye,           L->xr,         L->router_in16,
-            L->xe16,    L->act16,        L->h13_16};
+            L->xe16,    L->act16,        L->h13_16,     L->aux_counts};
         if (L->staged_in_bwd) bufs[14] = bufs[15] = bufs[16] = NULL; // xp, h13, act: bwd's
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);

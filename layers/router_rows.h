@@ -101,7 +101,8 @@ MOE_HD static inline moe_router_grad_scales
 moe_router_grad_scales_of(moe_router_shape sh, moe_router_hparams hp, real dloss) {
     const int T = sh.T, E = sh.E, k = sh.k, seq_len = sh.seq_len, B = T / seq_len;
     moe_router_grad_scales g;
-    g.aux_scale = dloss * hp.aux_coef * (real)E / ((real)k * (real)T * (real)T);
+    const int Tf = hp.aux_tokens > 0 ? hp.aux_tokens : T; // f's tokens (P's are T)
+    g.aux_scale = dloss * hp.aux_coef * (real)E / ((real)k * (real)Tf * (real)T);
     g.seq_scale =
         dloss * hp.seq_aux_coef * (real)E / ((real)B * (real)k * (real)seq_len * (real)seq_len);
     g.z_scale = dloss * 2 * hp.z_coef / (real)T;
@@ -182,14 +183,15 @@ MOE_HD static inline moe_router_loss_sums moe_router_loss_row(const real *p, con
 }
 
 // The loss slots (MOE_LOSS_*) from the sums over all T tokens of B = T / seq_len sequences:
-// L_aux = aux_coef E aux / (k T^2), L_seq = seq_aux_coef E seq / (B k seq_len^2),
+// L_aux = aux_coef E aux / (k Tf T) (Tf: hp.aux_tokens or T), L_seq = seq_aux_coef E seq / (B k seq_len^2),
 // L_z = z_coef z / T, and the statistics (mean entropy, logits' mean, std, max |z|, mean lse).
 MOE_HD static inline void moe_router_losses_of(real *out, moe_router_loss_sums s,
                                                moe_router_shape sh, moe_router_hparams hp) {
     const int T = sh.T, E = sh.E, k = sh.k, seq_len = sh.seq_len, B = T / seq_len;
     const real aux_coef = hp.aux_coef, seq_aux_coef = hp.seq_aux_coef, z_coef = hp.z_coef;
     const double n = (double)T * E, mean = s.zsum / n;
-    out[MOE_LOSS_AUX] = (real)((double)aux_coef * E * s.aux / ((double)k * T * T));
+    const double Tf = hp.aux_tokens > 0 ? hp.aux_tokens : T; // f's tokens (P's are T)
+    out[MOE_LOSS_AUX] = (real)((double)aux_coef * E * s.aux / ((double)k * Tf * T));
     out[MOE_LOSS_Z] = (real)((double)z_coef * s.z / T);
     out[MOE_LOSS_ENTROPY] = (real)(s.ent / T);
     out[MOE_LOSS_SEQ_AUX] =

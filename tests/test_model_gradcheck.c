@@ -195,6 +195,94 @@ static void run(const char *title, moe_model_config cfg, int B, int S, uint64_t 
     moe_model_destroy(&m);
 }
 
+// Global-batch balancing (aux_scope "global", DESIGN.md §3.6) over two micro-batches of one
+// sequence each: J = (1/2) sum_m (CE_m + L_aux_m + L_z_m), L_aux_m with f from the counts of
+// both micro-batches (a pre-pass, as the trainer's). Counts are integers, so away from a routing
+// flip the finite differences of J (its pre-pass included) are J's gradient with f held, which
+// the two backwards at loss_scale 1/2 accumulate. Dropless: a token routes the same in a batch
+// of one sequence or two, so the margins of the two-sequence forward are the micro-batches'.
+static long *global_counts(moe_model *m, const int *tok, const int *tgt, int S) {
+    const int L = m->cfg.n_layers, E = m->cfg.moe.n_experts;
+    long *c = calloc((size_t)L * E, sizeof(long));
+    moe_model_set_aux_counts(m, NULL, 0);
+    for (int mb = 0; mb < 2; mb++) {
+        total_loss(m, tok + mb * S, tgt + mb * S, 1, S);
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < E && moe_model_layer_is_moe(&m->cfg, l); e++)
+                c[(size_t)l * E + e] += m->moe_stats[l].routed[e];
+    }
+    return c;
+}
+
+static double global_loss(moe_model *m, const int *tok, const int *tgt, int S, int backward) {
+    long *c = global_counts(m, tok, tgt, S);
+    if (moe_model_set_aux_counts(m, c, 2L * S)) exit(1);
+    double J = 0;
+    for (int mb = 0; mb < 2; mb++) {
+        J += total_loss(m, tok + mb * S, tgt + mb * S, 1, S) / 2;
+        if (backward) moe_model_backward(m, 0.5);
+    }
+    moe_model_set_aux_counts(m, NULL, 0);
+    free(c);
+    return J;
+}
+
+static void run_global(const char *title, moe_model_config cfg, int S, uint64_t seed) {
+    moe_model m;
+    if (moe_model_create(&m, test_backend(), &cfg, 2, S)) exit(1);
+    moe_model_init_weights(&m, seed, 0.5);
+    test_rng r;
+    rng_seed(&r, seed);
+    int *tok = malloc(2 * S * sizeof(int)), *tgt = malloc(2 * S * sizeof(int));
+    for (int t = 0; t < 2 * S; t++) tok[t] = (int)(rng_uniform(&r) * cfg.vocab_size);
+    for (int t = 0; t < 2 * S; t++) tgt[t] = (int)(rng_uniform(&r) * cfg.vocab_size);
+    const int redrawn = make_decisive(&m, tok, tgt, 2, S, &r);
+    moe_model_zero_grads(&m);
+    const double J = global_loss(&m, tok, tgt, S, 1);
+    // the global f is not the micro-batches' own: J differs from the micro-batch scope's
+    double Jm = 0;
+    for (int mb = 0; mb < 2; mb++) Jm += total_loss(&m, tok + mb * S, tgt + mb * S, 1, S) / 2;
+    printf("%s: J %.6f (micro-batch scope %.6f)\n", title, J, Jm);
+    check_true("the global scope changes the loss", fabs(J - Jm) > 1e-9);
+    const int L = moe_model_n_moe_layers(&cfg);
+    routing_watch rw = {L, calloc(L, sizeof(moe_routing)), calloc(L, sizeof(moe_routing)), 0, 0, 0};
+    total_loss(&m, tok, tgt, 2, S);
+    capture_all(rw.base, &m);
+    double ms, md;
+    int worst;
+    min_margins(rw.base, L, &ms, &md, &worst);
+    real *grads = malloc(m.n_params * sizeof(real));
+    memcpy(grads, m.grads, m.n_params * sizeof(real));
+    size_t total = 0;
+    for (int i = 0; i < m.n_tensors; i++) {
+        const moe_model_tensor *t = &m.tensors[i];
+        const size_t cnt = (size_t)t->rows * (t->cols ? t->cols : 1);
+        double *fd = malloc(cnt * sizeof(double)), *an = malloc(cnt * sizeof(double));
+        for (size_t j = 0; j < cnt; j++) {
+            real *p = m.params + t->offset + j, saved = *p;
+            *p = saved + H_STEP;
+            const double lp = global_loss(&m, tok, tgt, S, 0);
+            total_loss(&m, tok, tgt, 2, S), watch(&rw, &m);
+            *p = saved - H_STEP;
+            const double lm = global_loss(&m, tok, tgt, S, 0);
+            total_loss(&m, tok, tgt, 2, S), watch(&rw, &m);
+            *p = saved;
+            total++;
+            fd[j] = (lp - lm) / (2 * H_STEP), an[j] = grads[t->offset + j];
+        }
+        if (!strstr(t->name, "experts.") || strstr(t->name, "experts.0.") ||
+            !(rel_err(an, fd, cnt) <= TOL))
+            check_rel(t->name, an, fd, cnt, TOL);
+        free(fd), free(an);
+    }
+    printf("  tokens re-drawn %d times; margins: select %.3e; max change under +-h: v %.3e\n",
+           redrawn, ms, rw.dv);
+    check_routing_margins(ms, md, rw.dv, rw.dw, rw.flipped, 2 * total, MARGIN_MIN, MARGIN_SAFETY);
+    for (int l = 0; l < L; l++) moe_routing_free(&rw.base[l]), moe_routing_free(&rw.cur[l]);
+    free(rw.base), free(rw.cur), free(grads), free(tok), free(tgt);
+    moe_model_destroy(&m);
+}
+
 int main(void) {
     moe_model_config cfg = {
         .vocab_size = 11,
@@ -239,6 +327,12 @@ int main(void) {
     cfg.sparse_step = 1, cfg.qkv_bias = 0, cfg.shared_d_ff = 0, cfg.shared_gate = 0;
     cfg.moe.capacity_factor = 0;
     run("olmoe: q/k norm over the projections, GQA, dropless", cfg, 2, 5, 7);
+
+    // global-batch balancing, with a dense layer and a shared expert in the stack
+    cfg.family = MOE_FAMILY_QWEN2_MOE, cfg.qk_norm = MOE_QK_NORM_NONE, cfg.sparse_step = 2;
+    cfg.shared_d_ff = 5, cfg.shared_gate = 1, cfg.qkv_bias = 1, cfg.n_layers = 2;
+    cfg.moe.aux_coef = 0.5; // (large: the aux part of the gradient is well above the tolerance)
+    run_global("aux_scope global: two micro-batches, qwen2_moe, dropless", cfg, 5, 8);
     printf("%d failure(s)\n", test_failures());
     return test_failures() != 0;
 }

@@ -239,6 +239,11 @@ static moe_status trainer_init_from(trainer *t) {
     return MOE_OK;
 }
 
+// Global-batch balancing is on (a pre-pass per step; nothing to balance without aux_coef).
+static int global_aux(const trainer *t) {
+    return t->cfg->model.aux_scope == MOE_AUX_GLOBAL && t->cfg->model.moe.aux_coef > 0;
+}
+
 // The buffers of the steps: a micro-batch's tokens, the step's load, the load alert's, and
 // the result's sums over the run.
 static moe_status trainer_alloc(trainer *t) {
@@ -254,6 +259,11 @@ static moe_status trainer_alloc(trainer *t) {
     sl->seq_aux = malloc((size_t)L * sizeof(double));
     sl->z = malloc((size_t)L * sizeof(double));
     t->alerts = calloc((size_t)L, sizeof *t->alerts);
+    if (global_aux(t)) {
+        t->step_tokens = malloc((size_t)t->cfg->grad_accum * 2 * t->T * sizeof(int));
+        t->aux_counts = malloc((size_t)L * E * sizeof(long));
+        if (!t->step_tokens || !t->aux_counts) return out_of_memory();
+    }
     if (!t->inputs || !t->targets || !sl->routed || !sl->kept || !sl->micro_routed ||
         !sl->entropy || !sl->aux || !sl->seq_aux || !sl->z || !t->alerts ||
         moe_alert_window_init(&t->aw, t->cfg->alert_window, L, E))
@@ -316,6 +326,55 @@ static moe_status trainer_open(trainer *t, const moe_train_config *cfg, const ch
 // The forward and backward of every micro-batch; a non-finite forward, or one whose
 // cross-entropy is no result (moe_model_ce_is_result: its perplexity overflows), stops the step
 // with s->finite = 0 (not an error: the step is skipped).
+// The step's per-layer counters of the MoE layers (exchange statistics, co-activations).
+static void trainer_reset_layer_counters(trainer *t) {
+    for (int j = 0; j < t->m.n_moe && (t->R > 1 || t->cfg->timing); j++)
+        moe_layer_exchange_reset(&t->m.moe[j]);
+    for (int j = 0; j < t->m.n_moe && t->coact; j++)
+        memset(t->m.moe[j].coact, 0, (size_t)t->E * t->E * sizeof(long));
+}
+
+// Micro-batch `micro` of the step: its tokens (read now, or by the pre-pass) and its forward.
+// Returns the forward's status; *bad: a non-finite loss or a CE beyond a result on any rank
+// (all ranks agree: collective under expert parallelism).
+static moe_status trainer_forward(trainer *t, step_result *s, int micro, int from_buffer,
+                                  long bad[2]) {
+    const moe_train_config *cfg = t->cfg;
+    int *in = t->inputs, *tg = t->targets;
+    if (t->step_tokens) in = t->step_tokens + (size_t)2 * micro * t->T, tg = in + t->T;
+    if (!from_buffer) data_loader_next(&t->loader, in, tg);
+    t->m.noise_key = moe_trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
+    const moe_status st = moe_model_forward(&t->m, in, tg, cfg->batch_size, cfg->seq_len,
+                                            moe_pass_train(s->capacity_factor));
+    bad[0] = st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z));
+    bad[1] = !st && !moe_model_ce_is_result(t->m.ce);
+    if (t->R > 1) t->world->allreduce_sum_long(t->world, bad, 2); // one rank's NaN: all
+    return st;
+}
+
+// Global-batch balancing (DESIGN.md §3.6): the step's micro-batches forwarded once for their
+// routed counts (the same tokens, jitter and capacity as the pass that follows, so the same
+// routing), summed over them and over the world; the forwards and backwards that follow take
+// L_aux's f from these counts. Its forwards' losses and counters are discarded.
+static moe_status trainer_aux_prepass(trainer *t, step_result *s) {
+    const int L = t->L, E = t->E;
+    memset(t->aux_counts, 0, (size_t)L * E * sizeof(long));
+    moe_status st = moe_model_set_aux_counts(&t->m, NULL, 0);
+    for (int micro = 0; !st && micro < t->cfg->grad_accum; micro++) {
+        long bad[2];
+        st = trainer_forward(t, s, micro, 0, bad);
+        if (bad[0] || bad[1]) return MOE_OK; // the pass below meets the same forward
+        if (st) return st;
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < E && moe_model_layer_is_moe(&t->m.cfg, l); e++)
+                t->aux_counts[(size_t)l * E + e] += t->m.moe_stats[l].routed[e];
+    }
+    if (t->R > 1) t->world->allreduce_sum_long(t->world, t->aux_counts, (size_t)L * E);
+    trainer_reset_layer_counters(t);
+    const long tokens = (long)t->cfg->grad_accum * t->R * t->T;
+    return st ? st : moe_model_set_aux_counts(&t->m, t->aux_counts, tokens);
+}
+
 static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     const moe_train_config *cfg = t->cfg;
     moe_status st;
@@ -323,15 +382,10 @@ static moe_status trainer_micro_batches(trainer *t, step_result *s) {
     // g is micro-batch g R + r of that (its data block and its jitter noise)
     const int n_micro = cfg->grad_accum * t->R;
     s->finite = 1;
+    if (global_aux(t) && (st = trainer_aux_prepass(t, s))) return st;
     for (int micro = 0; micro < cfg->grad_accum; micro++) {
-        data_loader_next(&t->loader, t->inputs, t->targets);
-        t->m.noise_key =
-            moe_trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
-        st = moe_model_forward(&t->m, t->inputs, t->targets, cfg->batch_size, cfg->seq_len,
-                               moe_pass_train(s->capacity_factor));
-        long bad[2] = {st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z)),
-                       !st && !moe_model_ce_is_result(t->m.ce)};
-        if (t->R > 1) t->world->allreduce_sum_long(t->world, bad, 2); // one rank's NaN: all
+        long bad[2];
+        st = trainer_forward(t, s, micro, global_aux(t), bad);
         if (bad[0] || bad[1]) {
             s->finite = 0;
             s->ce_overflow = !bad[0];
@@ -383,12 +437,10 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     s->capacity_factor = moe_capacity_ctl_factor(&t->cap, cfg->model.moe.capacity_factor, s->step);
     moe_model_zero_grads(&t->m);
     moe_step_load_reset(&t->sl, t->L, t->E);
-    for (int j = 0; j < t->m.n_moe && (t->R > 1 || t->cfg->timing); j++)
-        moe_layer_exchange_reset(&t->m.moe[j]);
+    trainer_reset_layer_counters(t);
     memset(t->timer.s, 0, sizeof t->timer.s);
-    for (int j = 0; j < t->m.n_moe && t->coact; j++)
-        memset(t->m.moe[j].coact, 0, (size_t)t->E * t->E * sizeof(long));
     moe_status st = trainer_micro_batches(t, s);
+    if (global_aux(t)) moe_model_set_aux_counts(&t->m, NULL, 0); // (validation: its own)
     if (st) return st;
     if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
         real nan_value = NAN; // test-only: poison the last layer's w2
@@ -612,6 +664,7 @@ static moe_status trainer_close(trainer *t, moe_status st, moe_trainer_result *r
     }
     moe_step_load *sl = &t->sl;
     free(t->inputs), free(t->targets), free(t->regions);
+    free(t->step_tokens), free(t->aux_counts);
     free(sl->routed), free(sl->kept), free(sl->micro_routed), free(sl->entropy), free(sl->aux),
         free(sl->seq_aux), free(sl->z);
     free(t->alerts);

@@ -37,6 +37,10 @@ typedef struct trainer {
     data_loader loader;
     moe_jsonl_file metrics, load_log;
     int *inputs, *targets; // [T]
+    // global-batch balancing (model.aux_scope "global"): the step's micro-batches [grad_accum]
+    // [inputs T, targets T], read once for the routing pre-pass; its counts [L, E]
+    int *step_tokens;
+    long *aux_counts;
     optim_region *regions;
     moe_step_load sl;
     moe_load_alert *alerts; // [L]

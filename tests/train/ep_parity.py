@@ -8,7 +8,8 @@ largest relative differences.
   ep_parity.py MOE MPIRUN_ARGS... -- WORKDIR
 
 Cases: R = 2 and 4; ep_size R and R/2; dropless, capacity with both drop policies (drops
-happen), the aux-loss-free bias, group-limited sigmoid routing with head_dim 12; SGD (the bar: 1e-6 on losses and weights) and one AdamW
+happen), the aux-loss-free bias, group-limited sigmoid routing with head_dim 12, global-batch
+balancing (model.aux_scope "global", also with a Qwen2-MoE layer stack); SGD (the bar: 1e-6 on losses and weights) and one AdamW
 case (reported: AdamW's first step maps g to g/(|g|+eps), which turns last-bit differences of
 gradients that cancel to ~1e-8 into ~1e-4 weight differences; its losses stay within 1e-5).
 Then a checkpoint of 4 ranks resumes on 2 ranks and on 1 rank: the next losses equal those
@@ -76,7 +77,13 @@ checkpoint = { interval = %d; keep = 5; };
              ("adamw", "capacity_factor = 1.0;", "adamw", 2, 0),
              # group-limited sigmoid routing with the bias and head_dim 12 (32 / 4 = 8)
              ("groups_head_dim", 'scoring = "sigmoid"; n_group = 4; topk_group = 2; head_dim = 12; '
-              "capacity_factor = 1.0; bias_rate = 0.001;", "sgd", 4, 2)]
+              "capacity_factor = 1.0; bias_rate = 0.001;", "sgd", 4, 2),
+             # global-batch balancing: f from the counts of every micro-batch of every rank
+             ("global_aux", 'aux_scope = "global"; capacity_factor = 1.0;', "sgd", 2, 0),
+             # with a Qwen2-MoE layer stack: layer 0 dense, q/k/v biases, a gated shared expert
+             ("global_aux_qwen2", 'aux_scope = "global"; family = "qwen2_moe"; qkv_bias = true; '
+              "shared_d_ff = 16; shared_gate = true; sparse_step = 2; norm_topk_prob = false; "
+              "capacity_factor = 1.0;", "sgd", 4, 2)]
     for name, extra, opt, R, ep in cases:
         one = cfg(name + "_one", extra, opt, R)
         par = cfg(name + "_ep", extra, opt, 1)
@@ -94,6 +101,15 @@ checkpoint = { interval = %d; keep = 5; };
         fails += not ok
         print("  %s  R=%d ep=%d %-18s %s: losses %.2e, weights %.2e (worst tensor), %d dropped" %
               ("ok  " if ok else "FAIL", R, ep or R, name, opt, dl, dw, drops))
+
+    # the global scope is in effect: the same run with the micro-batch scope (capacity_probs,
+    # one rank, grad_accum 2) has other losses
+    lg = losses(os.path.join(work, "run_global_aux_one"))
+    lm = losses(os.path.join(work, "run_capacity_probs_one"))
+    d = max(abs(a - b) / abs(a) for a, b in zip(lg, lm))
+    ok = len(lg) == len(lm) == 5 and d > 1e-6
+    fails += not ok
+    print("  %s  aux_scope \"global\" changes the losses of grad_accum 2 (by %.2e)" % ("ok  " if ok else "FAIL", d))
 
     # moe stats --capacity reads an EP run: grad_accum x ranks capacity groups per step
     r = subprocess.run([moe, "stats", os.path.join(work, "run_capacity_position_ep"), "--capacity", "--json"],
