@@ -38,7 +38,7 @@ static const char *usage =
     "  stats     expert-load report and capacity planning from a run's logs\n"
     "  eval      mean cross-entropy of a checkpoint over a token file\n"
     "  generate  text from a checkpoint (KV cache, the checkpoint's tokenizer)\n"
-    "  export    a checkpoint as an inference-only Hugging Face Mixtral folder\n"
+    "  export    a checkpoint as an inference-only Hugging Face folder of its family\n"
     "  help      this text, or moe help COMMAND: the command's usage\n"
     "\n"
     "  moe --version: the version and the git revision it was built from\n";
@@ -124,11 +124,12 @@ static const char *const dtype_choices[] = {"fp32", "bf16", NULL};
 // --dtype of eval and generate: the GEMM precision (DESIGN.md §5b).
 static moe_dtype dtype_of(const infer_opts *o) { return o->dtype ? MOE_DTYPE_BF16 : MOE_DTYPE_F32; }
 
-#define CKPT_OPTION(T)                                                                       \
-    {                                                                                        \
-        "--ckpt", CLI_STRING(T, inf.ckpt),                                                   \
-            .value = "DIR", .flags = CLI_REQUIRED,                                           \
-            .help = "a checkpoint folder, RUN/ckpt/latest, or a Hugging Face Mixtral folder" \
+#define CKPT_OPTION(T)                                                                          \
+    {                                                                                           \
+        "--ckpt", CLI_STRING(T, inf.ckpt),                                                      \
+            .value = "DIR", .flags = CLI_REQUIRED,                                              \
+            .help = "a checkpoint folder, RUN/ckpt/latest, or a Hugging Face folder (Mixtral, " \
+                    "Qwen3-MoE, Qwen2-MoE, OLMoE)"                                              \
     }
 #define DEVICE_OPTION(T)                                                           \
     {                                                                              \
@@ -246,7 +247,8 @@ static const char *const export_dtypes[] = {"f32",      "bf16",    "f16", "float
 
 static const cli_option export_options[] = {
     {"--ckpt", CLI_STRING(export_opts, ckpt), .value = "DIR", .flags = CLI_REQUIRED,
-     .help = "a checkpoint folder, RUN/ckpt/latest, or a Hugging Face Mixtral folder"},
+     .help = "a checkpoint folder, RUN/ckpt/latest, or a Hugging Face folder (Mixtral, Qwen3-MoE, "
+             "Qwen2-MoE, OLMoE)"},
     {"--out", CLI_STRING(export_opts, out), .value = "DIR", .flags = CLI_REQUIRED,
      .help = "the output folder"},
     {"--dtype", CLI_CHOICE(export_opts, dtype), .choices = export_dtypes, .value = "f32|bf16|f16",
@@ -259,7 +261,7 @@ static const cli_option export_options[] = {
 static const cli_command export_cli = {
     .name = "moe export",
     .about =
-        "  Writes a checkpoint's weights as an inference-only Hugging Face Mixtral folder\n"
+        "  Writes a checkpoint's weights as an inference-only Hugging Face folder of its family\n"
         "  (config.json, safetensors shards and their index, generation_config.json) with the\n"
         "  checkpoint's tokenizer files (the byte tokenizer's for a vocabulary of 256).\n",
     .options = export_options};

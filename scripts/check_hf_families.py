@@ -12,8 +12,10 @@ Reverse (HF -> moe): a seeded random model of each family with every part on (no
 biases random too), save_pretrained, `moe eval --logits` on a token file; its logits against
 the class's own forward in fp32.
 Forward (moe -> HF): `moe train` a tiny model of the family for a few steps (its config keys:
-model.family and the family's options), its checkpoint folder loaded by from_pretrained with
-every tensor accounted for; HF's logits against `moe eval --logits` of the same folder.
+model.family and the family's options), its checkpoint folder and its `moe export` loaded by
+from_pretrained with every tensor accounted for; HF's logits against `moe eval --logits`.
+Fine-tune: a config with no model keys and train.init_from the HF folder trains the folder's
+model; a model key that disagrees with it is refused naming both values.
 Every comparison is ||a - b|| / ||b|| over the [seq_len, vocab] logits.
 """
 import argparse
@@ -74,9 +76,12 @@ def random_model(family, seed):
 
 
 def hf_load(family, folder, res, name):
+    """AutoModelForCausalLM.from_pretrained in fp32: the family's class, every tensor from the folder."""
     _, Model = hf_classes(family)
-    model, info = Model.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
-                                        output_loading_info=True)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    res.check(f"{name}: AutoModelForCausalLM gives {Model.__name__}", type(model) is Model,
+              type(model).__name__)
     bad = {k: [str(x) for x in v][:6] for k, v in info.items() if v}
     res.check(f"{name}: HF loads every tensor of the folder", not bad, str(bad) if bad else "")
     if bad:
@@ -146,6 +151,13 @@ def forward(res, moe, wd, family, S, tol, steps):
     model = hf_load(family, ckpt, res, f"{family}: moe train -> HF")
     want = ch.hf_logits(model, toks[:S])
     compare(res, f"{family}: moe train -> from_pretrained logits", got[:S] if got.ndim == 2 else got[0], want, tol)
+    out = os.path.join(wd, f"export_{family}")
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    moe.run("export", "--ckpt", ckpt, "--out", out)
+    exported = hf_load(family, out, res, f"{family}: moe export -> HF")
+    compare(res, f"{family}: moe export -> from_pretrained logits", got[:S] if got.ndim == 2 else got[0],
+            ch.hf_logits(exported, toks[:S]), tol)
 
 
 def main():
