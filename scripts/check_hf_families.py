@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The Hugging Face families other than Mixtral, both ways, against transformers itself
-(DESIGN.md §2.1): Qwen3MoeForCausalLM (q/k norm per head, head_dim of its own, dense layers),
+"""The Hugging Face families, both ways, against transformers itself (DESIGN.md §2.1):
+MixtralForCausalLM (scripts/check_hf.py checks its formats and dtypes at length),
+Qwen3MoeForCausalLM (q/k norm per head, head_dim of its own, dense layers),
 Qwen2MoeForCausalLM (q/k/v biases, a gated shared expert, decoder_sparse_step) and
 OlmoeForCausalLM (q/k norm over the whole projections).
 
@@ -16,9 +17,12 @@ model.family and the family's options), its checkpoint folder and its `moe expor
 from_pretrained with every tensor accounted for; HF's logits against `moe eval --logits`.
 Fine-tune: a config with no model keys and train.init_from the HF folder trains the folder's
 model; a model key that disagrees with it is refused naming both values.
-Every comparison is ||a - b|| / ||b|| over the [seq_len, vocab] logits.
+Training: 20 AdamW steps from a random folder in moe and in PyTorch (float32 and float64) on
+the same batch; moe's losses no further from float64's than PyTorch's float32 ones (3x).
+Every logits comparison is ||a - b|| / ||b|| over the [seq_len, vocab] logits.
 """
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -47,6 +51,8 @@ FAMILIES = {
                   ["model.family=\"qwen2_moe\"", "model.qkv_bias=true", "model.shared_d_ff=20",
                    "model.shared_gate=true", "model.sparse_step=2", "model.dense_d_ff=40",
                    "model.n_layers=4", "model.norm_topk_prob=false"]),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(intermediate_size=24, num_local_experts=4),
+                ["model.family=\"mixtral\""]),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM",
               dict(intermediate_size=24, num_experts=4, norm_topk_prob=False),
               ["model.family=\"olmoe\"", "model.qk_norm=\"full\"", "model.norm_topk_prob=false"]),
@@ -62,7 +68,10 @@ def random_model(family, seed):
     Config, Model = hf_classes(family)
     kw = dict(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=64,
-              rope_theta=10000.0, tie_word_embeddings=False, rms_norm_eps=1e-5, initializer_range=0.1)
+              rope_theta=10000.0, tie_word_embeddings=False, rms_norm_eps=1e-5, initializer_range=0.1,
+              # no padding_idx: HF's nn.Embedding would freeze the pad token's row in training
+              # (OLMoE's default pad_token_id is 1), which moe.c does not (docs/checkpoints.md)
+              pad_token_id=None)
     kw.update(FAMILIES[family][2])
     torch.manual_seed(seed)
     model = Model(Config(**kw))
@@ -160,6 +169,68 @@ def forward(res, moe, wd, family, S, tol, steps):
             ch.hf_logits(exported, toks[:S]), tol)
 
 
+def torch_train(model, dtype, batches, steps, lr, wd):
+    """The same run as moe's in PyTorch: AdamW (betas 0.9, 0.95, eps 1e-8; weight decay on every
+    tensor but norms and biases, as moe.c), constant lr, no clipping, CE only; the losses."""
+    model = model.to(dtype).train()
+    decay = [p for n, p in model.named_parameters() if not (n.endswith("norm.weight") or n.endswith(".bias"))]
+    rest = [p for n, p in model.named_parameters() if n.endswith("norm.weight") or n.endswith(".bias")]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    inp, tgt = (torch.as_tensor(x, dtype=torch.long) for x in batches)
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        logits = model(input_ids=inp).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), tgt.reshape(-1))
+        loss.backward()
+        opt.step()
+        out.append(float(loss))
+    return np.array(out)
+
+
+def train_vs_torch(res, moe, wd, family, S, steps=20):
+    """20 AdamW steps from a random HF folder in moe and in PyTorch on the same batch (a token
+    file of exactly one batch of windows: every step sees all of them, in an order that does
+    not change the mean loss), both against PyTorch in float64: moe no further from it than
+    PyTorch's own float32 run."""
+    model = random_model(family, seed=21)
+    folder = os.path.join(wd, f"hf_train_{family}")
+    if os.path.exists(folder):
+        shutil.rmtree(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    B, lr, wdk = 4, 1e-3, 0.1
+    toks = np.random.default_rng(9).integers(0, 256, size=B * S + 1)
+    data = os.path.join(wd, f"train_{family}.bin")
+    write_tokens(data, toks, 256)
+    windows = np.stack([toks[w * S:(w + 1) * S + 1] for w in range(B)])
+    batches = (windows[:, :-1], windows[:, 1:])
+    run = os.path.join(wd, f"adamw_{family}")
+    cfg = os.path.join(wd, f"adamw_{family}.cfg")
+    with open(cfg, "w") as f:
+        f.write(f'train = {{ init_from = "{folder}"; steps = {steps}; batch_size = {B}; seq_len = {S}; '
+                f'warmup_steps = 0; schedule = "constant"; lr = {lr}; beta1 = 0.9; beta2 = 0.95; eps = 1e-8; '
+                f'weight_decay = {wdk}; grad_clip = 0.0; eval_interval = 0; threads = 1; }};\n'
+                f'model = {{ max_seq_len = {S}; aux_coef = 0.0; z_coef = 0.0; capacity_factor = 0.0; }};\n'
+                f'data = {{ train = "{data}"; val = "{data}"; }};\n'
+                f'log = {{ dir = "{run}"; interval = 1; }};\ncheckpoint = {{ interval = 0; }};\n')
+    moe.run("train", cfg, "--overwrite")
+    ours = np.array([r["loss"] for r in map(json.loads, open(os.path.join(run, "metrics.jsonl"))) if "loss" in r])
+    f32 = torch_train(hf_copy(family, folder), torch.float32, batches, steps, lr, wdk)
+    f64 = torch_train(hf_copy(family, folder), torch.float64, batches, steps, lr, wdk)
+    d_moe, d_t32 = np.abs(ours - f64).max(), np.abs(f32 - f64).max()
+    ok = len(ours) == steps and d_moe <= max(3 * d_t32, 1e-6)
+    res.check(f"{family}: {steps} AdamW steps, moe vs PyTorch float64 no further than PyTorch float32", ok,
+              f"max |loss - f64|: moe {d_moe:.2e}, torch f32 {d_t32:.2e}; loss {ours[0]:.4f} -> {ours[-1]:.4f} "
+              f"(f64 {f64[0]:.4f} -> {f64[-1]:.4f})")
+
+
+def hf_copy(family, folder):
+    _, Model = hf_classes(family)
+    return Model.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                 experts_implementation="eager")  # (float64: no grouped_mm)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--moe", required=True)
@@ -179,6 +250,7 @@ def main():
     for fam in args.family or sorted(FAMILIES):
         res.attempt(f"{fam} reverse", reverse, res, moe, wd, fam, args.seq_len, args.tol)
         res.attempt(f"{fam} forward", forward, res, moe, wd, fam, args.seq_len, args.tol, args.steps)
+        res.attempt(f"{fam} training", train_vs_torch, res, moe, wd, fam, args.seq_len)
     ok = not res.failed and res.passed
     print(f"check_hf_families: {len(res.passed)} passed, {len(res.failed)} failed "
           f"({time.time() - t0:.1f}s, workdir {wd})")

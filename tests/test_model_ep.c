@@ -243,6 +243,9 @@ int main(void) {
         q2.family = MOE_FAMILY_QWEN2_MOE, q2.n_layers = 3, q2.sparse_step = 2, q2.dense_d_ff = 20;
         q2.qkv_bias = 1, q2.shared_d_ff = 12, q2.shared_gate = 1;
         run(world, ep, be, q2, 2, 12, "qwen2_moe: dense layer, biases, gated shared expert");
+        q2.moe.exchange = MOE_EXCHANGE_ROWS;
+        run(world, ep, be, q2, 2, 12, "qwen2_moe, rows exchange");
+        q2.moe.exchange = MOE_EXCHANGE_DEDUP;
         q3.family = MOE_FAMILY_QWEN3_MOE, q3.qk_norm = MOE_QK_NORM_HEAD, q3.first_k_dense = 1;
         q3.n_layers = 3, q3.moe.capacity_factor = 0;
         run(world, ep, be, q3, 2, 12, "qwen3_moe: q/k norm, layer 0 dense, dropless");
