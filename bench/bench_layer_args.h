@@ -13,6 +13,7 @@ typedef struct {
     int64_t reps, warmup;   // timed repetitions (their median is reported), untimed ones first
     int json;               // one JSON line instead of the text line
     int dtype;              // bench_moe_layer --dtype: 0 fp32, 1 bf16
+    int64_t shared;         // bench_moe_layer --shared: a shared expert's width (0: none)
 } bench_layer_args;
 
 #define BENCH_STR_(x) #x

@@ -7,6 +7,10 @@
 // dispatch, permute, SwiGLU, combine, losses). Threads: OMP_NUM_THREADS /
 // OPENBLAS_NUM_THREADS from the environment (scripts/bench_moe_layer sets both).
 //
+// --shared SFF: a shared expert of width SFF beside the layer (y += MLP_s(x), ungated, as
+// DeepSeek's; the model runs it on the layer's input through the backend's GEMMs and SwiGLU):
+// its forward and backward join the layer's time and its six GEMMs the baseline's (fp32).
+//
 // --dtype bf16: the layer in bf16 (bf16 GEMM operands, fp32 accumulation; the bf16 copy of
 // the weights made once, as a model does per forward) against the same expert GEMMs through
 // the backend's bf16 grouped kernels (six calls, one per GEMM kind over all experts, on the
@@ -82,12 +86,37 @@ static void expert_gemms_bf16(moe_backend *be, const moe_layer *L, const moe_wei
     be->expert_matmul_backward_input_bf16(be, L->dxp, dh13_16, w->w13_16, off, E, 2 * ff, d, 0);
 }
 
+// The shared expert's buffers: weights w13 [2s, d], w2 [d, s] and their gradients, and
+// h13 [T, 2s], act [T, s], y [T, d], dact [T, s], dh13 [T, 2s] (fp32).
+typedef struct {
+    int s;
+    float *w13, *w2, *g13, *g2, *h13, *act, *y, *dact, *dh13;
+} shared_mlp;
+
+// The shared expert's forward and backward on x [T, d] (out += y; dx += its input gradient),
+// gemms_only: its six GEMMs alone (the baseline).
+static void shared_fwd_bwd(moe_backend *be, shared_mlp *m, float *out, float *dx, const float *x,
+                           const float *dout, int T, int d, int gemms_only) {
+    const int s = m->s;
+    be->matmul(be, m->h13, x, m->w13, T, 2 * s, d, 0, 1, 0);
+    if (!gemms_only) be->swiglu_forward(be, m->act, m->h13, T, s);
+    be->matmul(be, m->y, m->act, m->w2, T, d, s, 0, 1, 0);
+    if (!gemms_only) be->add(be, out, out, m->y, (size_t)T * d);
+    be->matmul(be, m->g2, dout, m->act, d, s, T, 1, 0, 1);
+    be->matmul(be, m->dact, dout, m->w2, T, s, d, 0, 0, 0);
+    if (!gemms_only) be->swiglu_backward(be, m->dh13, m->dact, m->h13, T, s);
+    be->matmul(be, m->g13, m->dh13, x, 2 * s, d, T, 1, 0, 1);
+    be->matmul(be, dx, m->dh13, m->w13, T, d, 2 * s, 0, 0, 1);
+}
+
 static const char *const dtypes[] = {"fp32", "bf16", NULL};
 
 static const cli_option options[] = {
     BENCH_LAYER_OPTIONS(4096, 512, 1408, 8, 2, 7, 2),
     {"--dtype", CLI_CHOICE(bench_layer_args, dtype), .choices = dtypes, .def = "fp32",
      .help = "the layer's precision; bf16: bf16 GEMM operands, fp32 accumulation"},
+    {"--shared", CLI_INT(bench_layer_args, shared), .value = "SFF", .lo = 0, .hi = 1 << 20,
+     .def = "0", .help = "a shared expert of width SFF beside the layer (fp32); 0: none"},
     {0}};
 
 static const cli_command cli = {.name = "bench_moe_layer", .options = options};
@@ -101,7 +130,8 @@ int main(int argc, char **argv) {
               reps = (int)o.reps, warmup = (int)o.warmup, json = o.json;
     moe_config cfg = moe_config_default(d, ff, E, k);
     cfg.dtype = dtype;
-    const int bf16 = dtype == MOE_DTYPE_BF16;
+    const int bf16 = dtype == MOE_DTYPE_BF16, S = (int)o.shared;
+    if (S && bf16) moe_fatal("bench_moe_layer: --shared is fp32 only");
     moe_backend *be;
     if (moe_backend_create(&be, "cpu", NULL)) moe_fatal("%s", moe_last_error());
     moe_layer L;
@@ -130,6 +160,18 @@ int main(int argc, char **argv) {
         w.w2_16 = params16 + (w.w2 - params);
     }
 
+    shared_mlp sm = {.s = S};
+    if (S) {
+        float **bufs[] = {&sm.w13, &sm.g13, &sm.h13,  &sm.dh13, &sm.w2,
+                          &sm.g2,  &sm.act, &sm.dact, &sm.y};
+        const size_t n[] = {2 * (size_t)S * d, 2 * (size_t)S * d, 2 * (size_t)T * S,
+                            2 * (size_t)T * S, (size_t)d * S,     (size_t)d * S,
+                            (size_t)T * S,     (size_t)T * S,     nx};
+        for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
+            if (!(*bufs[i] = calloc(n[i], sizeof(float)))) moe_fatal("bench: out of memory");
+        fill_normal(sm.w13, 2 * (size_t)S * d, 0.02f, &seed);
+        fill_normal(sm.w2, (size_t)d * S, 0.02f, &seed);
+    }
     double *t_layer = malloc(reps * sizeof(double)), *t_gemm = malloc(reps * sizeof(double));
     moe_stats st = {0};
     for (int i = 0; i < warmup + reps; i++) {
@@ -137,6 +179,7 @@ int main(int argc, char **argv) {
         if (moe_layer_forward(&L, y, x, &w, T, 0, moe_pass_train(L.cfg.capacity_factor), &st))
             moe_fatal("%s", moe_last_error());
         if (moe_layer_backward(&L, dx, &g, dout, x, &w, 1.0)) moe_fatal("%s", moe_last_error());
+        if (S) shared_fwd_bwd(be, &sm, y, dx, x, dout, T, d, 0);
         double t1 = bench_now();
         // the same expert GEMMs on the layer's own buffers and row counts
         double tg = t1, t2;
@@ -150,26 +193,31 @@ int main(int argc, char **argv) {
         } else {
             expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact,
                          L.dh13, L.dxp, w.w13, w.w2, g.w13, g.w2);
+            if (S) shared_fwd_bwd(be, &sm, y, dx, x, dout, T, d, 1);
             t2 = bench_now();
         }
         if (i >= warmup) t_layer[i - warmup] = t1 - t0, t_gemm[i - warmup] = t2 - tg;
     }
     double ml = bench_median(t_layer, reps), mg = bench_median(t_gemm, reps);
-    double flops = 9.0 * 2.0 * (double)T * k * d * ff; // dropless: N = T*k rows
+    // dropless: N = T*k rows; the shared expert's 6 GEMMs of T x d x s (w13's count twice)
+    double flops = 9.0 * 2.0 * (double)T * k * d * ff + 9.0 * 2.0 * (double)T * d * S;
     const char *path = bf16 ? ((cpu_state *)be->state)->bf16_line : "fp32";
     if (json)
         printf("{\"impl\":\"moe.c\",\"dtype\":\"%s\",\"T\":%d,\"d\":%d,\"ff\":%d,\"E\":%d,"
-               "\"k\":%d,\"layer_median_s\":%.6f,\"gemm_median_s\":%.6f,\"R_layer\":%.4f,"
+               "\"k\":%d,\"shared\":%d,\"layer_median_s\":%.6f,\"gemm_median_s\":%.6f,\"R_layer\":%"
+               ".4f,"
                "\"gemm_gflops\":%.2f,\"max_over_mean\":%.4f,\"blas_kernel\":\"%s\","
                "\"gemm_path\":\"%s\"}\n",
-               bf16 ? "bf16" : "fp32", T, d, ff, E, k, ml, mg, ml / mg, flops / mg * 1e-9,
+               bf16 ? "bf16" : "fp32", T, d, ff, E, k, S, ml, mg, ml / mg, flops / mg * 1e-9,
                st.max_over_mean, moe_blas_kernel(), path);
     else
-        printf("T=%d d=%d ff=%d E=%d k=%d %s: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
+        printf("T=%d d=%d ff=%d E=%d k=%d shared=%d %s: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
                "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, BLAS kernels %s; %s\n",
-               T, d, ff, E, k, bf16 ? "bf16" : "fp32", ml, mg, flops / mg * 1e-9, ml / mg,
+               T, d, ff, E, k, S, bf16 ? "bf16" : "fp32", ml, mg, flops / mg * 1e-9, ml / mg,
                st.max_over_mean, moe_blas_kernel(), path);
     free(params16), free(dye16), free(dh13_16);
+    free(sm.w13), free(sm.g13), free(sm.h13), free(sm.dh13), free(sm.w2), free(sm.g2), free(sm.act);
+    free(sm.dact), free(sm.y);
     moe_layer_free(&L);
     free(params), free(grads), free(x), free(dout), free(y), free(dx), free(t_layer), free(t_gemm);
     moe_backend_destroy(be);

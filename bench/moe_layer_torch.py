@@ -142,6 +142,8 @@ def main():
     ap.add_argument("--ff", type=int, default=1408, help="expert ffn dim")
     ap.add_argument("--E", type=int, default=8, help="number of experts")
     ap.add_argument("--k", type=int, default=2, help="top-k")
+    ap.add_argument("--shared", type=int, default=0,
+                    help="a shared expert of this width added to the output (DeepSeek's, ungated); 0: none")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=7)
@@ -162,13 +164,14 @@ def main():
     torch.manual_seed(args.seed)
 
     block = MixtralSparseMoeBlock(args.d, args.ff, args.E, args.k)
+    shared = MixtralBlockSparseTop2MLP(args.d, args.shared) if args.shared else None
     with torch.no_grad():
-        for p in block.parameters():
+        for p in list(block.parameters()) + (list(shared.parameters()) if shared else []):
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * args.init_std)
 
     x = torch.randn(1, args.T, args.d, generator=gen, dtype=torch.float32).requires_grad_(True)
     dout = torch.randn(1, args.T, args.d, generator=gen, dtype=torch.float32)
-    params = list(block.parameters())
+    params = list(block.parameters()) + (list(shared.parameters()) if shared else [])
 
     def step():
         for p in params:
@@ -176,6 +179,8 @@ def main():
         x.grad = None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
             out, router_logits, selected = block(x)
+            if shared is not None:  # the always-on expert beside the routed ones
+                out = out + shared(x)
             aux, z = router_losses(router_logits, selected, args.E, args.k, args.aux_coef, args.z_coef)
             loss = (out.float() * dout).sum() + aux + z
         loss.backward()
@@ -195,7 +200,7 @@ def main():
     if args.json:
         print(json.dumps({
             "impl": "pytorch",
-            "T": args.T, "d": args.d, "ff": args.ff, "E": args.E, "k": args.k,
+            "T": args.T, "d": args.d, "ff": args.ff, "E": args.E, "k": args.k, "shared": args.shared,
             "threads": args.threads, "dtype": args.dtype,
             "median_s": med, "min_s": mn, "reps": times,
             "torch": torch.__version__,
