@@ -35,6 +35,15 @@ import check_hf as ch  # noqa: E402  (re-execs under MOE_HF_PYTHON or exits 77 w
 from check_hf import CheckError, Moe, Results, compare, write_tokens  # noqa: E402
 
 np, torch, transformers = ch.np, ch.torch, ch.transformers
+V5 = int(transformers.__version__.split(".")[0]) >= 5
+
+
+def load_kwargs():
+    """from_pretrained in float32 with the plain (eager) attention and experts: the float64 run
+    needs eager experts (transformers 5's grouped_mm takes no double); 4.x names dtype torch_dtype."""
+    kw = dict(attn_implementation="eager")
+    kw.update(dict(dtype=torch.float32, experts_implementation="eager") if V5 else dict(torch_dtype=torch.float32))
+    return kw
 
 # family: (HF class names, the HF config of the reverse check, the moe config keys of the forward)
 FAMILIES = {
@@ -87,8 +96,8 @@ def random_model(family, seed):
 def hf_load(family, folder, res, name):
     """AutoModelForCausalLM.from_pretrained in fp32: the family's class, every tensor from the folder."""
     _, Model = hf_classes(family)
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True,
+                                                                    **load_kwargs())
     res.check(f"{name}: AutoModelForCausalLM gives {Model.__name__}", type(model) is Model,
               type(model).__name__)
     bad = {k: [str(x) for x in v][:6] for k, v in info.items() if v}
@@ -227,8 +236,7 @@ def train_vs_torch(res, moe, wd, family, S, steps=20):
 
 def hf_copy(family, folder):
     _, Model = hf_classes(family)
-    return Model.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
-                                 experts_implementation="eager")  # (float64: no grouped_mm)
+    return Model.from_pretrained(folder, **load_kwargs())
 
 
 def main():
@@ -247,10 +255,15 @@ def main():
     wd = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="moe_check_families_"))
     os.makedirs(wd, exist_ok=True)
     moe, res, t0 = Moe(args.moe, wd, args.timeout), Results(), time.time()
-    for fam in args.family or sorted(FAMILIES):
+    families = args.family or sorted(FAMILIES)
+    missing = [f for f in families if not hasattr(transformers, FAMILIES[f][1])]
+    for f in missing:  # (Qwen3-MoE from 4.51, OLMoE from 4.45)
+        print(f"check_hf_families: {f}: transformers {transformers.__version__} has no {FAMILIES[f][1]}: not checked")
+    for fam in [f for f in families if f not in missing]:
         res.attempt(f"{fam} reverse", reverse, res, moe, wd, fam, args.seq_len, args.tol)
         res.attempt(f"{fam} forward", forward, res, moe, wd, fam, args.seq_len, args.tol, args.steps)
-        res.attempt(f"{fam} training", train_vs_torch, res, moe, wd, fam, args.seq_len)
+        if V5:  # (transformers 4.x's float64 forward overflows its float32 attention mask)
+            res.attempt(f"{fam} training", train_vs_torch, res, moe, wd, fam, args.seq_len)
     ok = not res.failed and res.passed
     print(f"check_hf_families: {len(res.passed)} passed, {len(res.failed)} failed "
           f"({time.time() - t0:.1f}s, workdir {wd})")
