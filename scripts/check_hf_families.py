@@ -17,6 +17,8 @@ model.family and the family's options), its checkpoint folder and its `moe expor
 from_pretrained with every tensor accounted for; HF's logits against `moe eval --logits`.
 Fine-tune: a config with no model keys and train.init_from the HF folder trains the folder's
 model; a model key that disagrees with it is refused naming both values.
+Gradients: one SGD step of a large lr from a random folder gives moe's gradient of every tensor,
+against the HF class's in float64 (<= 1e-5 each).
 Training: 20 AdamW steps from a random folder in moe and in PyTorch (float32 and float64) on
 the same batch; moe's losses no further from float64's than PyTorch's float32 ones (3x).
 Every logits comparison is ||a - b|| / ||b|| over the [seq_len, vocab] logits.
@@ -234,6 +236,58 @@ def train_vs_torch(res, moe, wd, family, S, steps=20):
               f"(f64 {f64[0]:.4f} -> {f64[-1]:.4f})")
 
 
+def grads_vs_torch(res, moe, wd, family, S, tol=1e-5):
+    """Every parameter's gradient against PyTorch's, tensor by tensor: one SGD step of lr 1000
+    in moe (weights after - before, / lr: the update dominates the weights, so the fp32 rounding
+    of the difference is ~1e-7 of it) against the gradient of the same CE loss through the HF
+    class in float64, saved with save_pretrained (its own names, experts unfused as moe.c's)."""
+    model = random_model(family, seed=31)
+    folder = os.path.join(wd, f"hf_grad_{family}")
+    if os.path.exists(folder):
+        shutil.rmtree(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    B, lr = 4, 1000.0
+    toks = np.random.default_rng(13).integers(0, 256, size=B * S + 1)
+    data = os.path.join(wd, f"grad_{family}.bin")
+    write_tokens(data, toks, 256)
+    run = os.path.join(wd, f"sgd_{family}")
+    cfg = os.path.join(wd, f"sgd_{family}.cfg")
+    with open(cfg, "w") as f:
+        f.write(f'train = {{ init_from = "{folder}"; steps = 1; batch_size = {B}; seq_len = {S}; '
+                f'warmup_steps = 0; schedule = "constant"; optimizer = "sgd"; lr = {lr}; grad_clip = 0.0; '
+                f'eval_interval = 0; threads = 1; }};\n'
+                f'model = {{ max_seq_len = {S}; aux_coef = 0.0; z_coef = 0.0; capacity_factor = 0.0; }};\n'
+                f'data = {{ train = "{data}"; val = "{data}"; }};\n'
+                f'log = {{ dir = "{run}"; interval = 1; }};\ncheckpoint = {{ interval = 1; }};\n')
+    moe.run("train", cfg, "--overwrite")
+    _, before, _ = ch.read_hf_folder(folder, strict=False)
+    _, after, _ = ch.read_hf_folder(os.path.join(run, "ckpt", "step_00000001"), strict=False)
+    m = hf_copy(family, folder).double()
+    windows = np.stack([toks[w * S:(w + 1) * S + 1] for w in range(B)])
+    inp, tgt = torch.as_tensor(windows[:, :-1]), torch.as_tensor(windows[:, 1:])
+    logits = m(input_ids=inp).logits
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1)).backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+    gfolder = os.path.join(wd, f"hf_grad_{family}_grads")
+    if os.path.exists(gfolder):
+        shutil.rmtree(gfolder)
+    m.save_pretrained(gfolder, safe_serialization=True)
+    _, want, _ = ch.read_hf_folder(gfolder, strict=False)
+    worst, name, bad = 0.0, "-", []
+    for k, g in want.items():
+        got = (before[k] - after[k]) / lr
+        e = float(np.linalg.norm(got - g) / max(np.linalg.norm(g), 1e-30)) if np.any(g) else float(np.abs(got).max())
+        if e > worst:
+            worst, name = e, k
+        if e > tol:
+            bad.append(k)
+    ok = set(want) == set(before) == set(after) and not bad
+    res.check(f"{family}: every gradient against PyTorch float64 (one SGD step), {len(want)} tensors", ok,
+              f"worst {worst:.2e} ({name}), tol {tol:g}" + (f"; over: {bad[:4]}" if bad else ""))
+
+
 def hf_copy(family, folder):
     _, Model = hf_classes(family)
     return Model.from_pretrained(folder, **load_kwargs())
@@ -264,6 +318,7 @@ def main():
         res.attempt(f"{fam} forward", forward, res, moe, wd, fam, args.seq_len, args.tol, args.steps)
         if V5:  # (transformers 4.x's float64 forward overflows its float32 attention mask)
             res.attempt(f"{fam} training", train_vs_torch, res, moe, wd, fam, args.seq_len)
+            res.attempt(f"{fam} gradients", grads_vs_torch, res, moe, wd, fam, args.seq_len)
     ok = not res.failed and res.passed
     print(f"check_hf_families: {len(res.passed)} passed, {len(res.failed)} failed "
           f"({time.time() - t0:.1f}s, workdir {wd})")
