@@ -62,6 +62,20 @@ class Results:
             self.error(name, f"{type(e).__name__}: {e}")
         return None
 
+    def finish(self, prog, t0, workdir, remove):
+        """The closing lines ("PROG: N passed, M failed (...)", the failed names); the workdir removed
+        when everything passed and it was a temporary one. The exit code: 0 all passed, else 1."""
+        import shutil
+        import time
+        ok = not self.failed and self.passed
+        print(f"{prog}: {len(self.passed)} passed, {len(self.failed)} failed "
+              f"({time.time() - t0:.1f}s, workdir {workdir})")
+        for n in self.failed:
+            print(f"  failed: {n}")
+        if ok and remove:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return 0 if ok else 1
+
 
 class MoeCommand:
     """The moe binary, run in workdir with one thread (the checks are about numbers, not

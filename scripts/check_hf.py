@@ -666,13 +666,7 @@ def main():
         import traceback
         traceback.print_exc()
         res.error("check_hf", f"{type(e).__name__}: {e}")
-    ok = not res.failed and res.passed
-    print(f"check_hf: {len(res.passed)} passed, {len(res.failed)} failed ({time.time() - t0:.1f}s, workdir {wd})")
-    for n in res.failed:
-        print(f"  failed: {n}")
-    if ok and tmp:
-        shutil.rmtree(wd, ignore_errors=True)
-    return 0 if ok else 1
+    return res.finish("check_hf", t0, wd, tmp)
 
 
 if __name__ == "__main__":

@@ -200,32 +200,36 @@ def torch_train(model, dtype, batches, steps, lr, wd):
     return np.array(out)
 
 
-def train_vs_torch(res, moe, wd, family, S, steps=20):
-    """20 AdamW steps from a random HF folder in moe and in PyTorch on the same batch (a token
-    file of exactly one batch of windows: every step sees all of them, in an order that does
-    not change the mean loss), both against PyTorch in float64: moe no further from it than
-    PyTorch's own float32 run."""
-    model = random_model(family, seed=21)
-    folder = os.path.join(wd, f"hf_train_{family}")
+def one_batch_run(moe, wd, family, tag, seed, S, train_keys, B=4):
+    """A random HF folder of the family, a token file of exactly one batch of B windows (every
+    step sees all of them, in an order that does not change the mean loss) and `moe train` from
+    the folder on it, CE only (no aux or z loss, dropless, constant lr, no clipping), with
+    train_keys; returns (the folder, the batch's inputs and targets [B, S], the run folder)."""
+    folder = os.path.join(wd, f"hf_{tag}_{family}")
     if os.path.exists(folder):
         shutil.rmtree(folder)
-    model.save_pretrained(folder, safe_serialization=True)
-    B, lr, wdk = 4, 1e-3, 0.1
-    toks = np.random.default_rng(9).integers(0, 256, size=B * S + 1)
-    data = os.path.join(wd, f"train_{family}.bin")
+    random_model(family, seed).save_pretrained(folder, safe_serialization=True)
+    toks = np.random.default_rng(seed).integers(0, 256, size=B * S + 1)
+    data, run = os.path.join(wd, f"{tag}_{family}.bin"), os.path.join(wd, f"{tag}_{family}")
     write_tokens(data, toks, 256)
-    windows = np.stack([toks[w * S:(w + 1) * S + 1] for w in range(B)])
-    batches = (windows[:, :-1], windows[:, 1:])
-    run = os.path.join(wd, f"adamw_{family}")
-    cfg = os.path.join(wd, f"adamw_{family}.cfg")
-    with open(cfg, "w") as f:
-        f.write(f'train = {{ init_from = "{folder}"; steps = {steps}; batch_size = {B}; seq_len = {S}; '
-                f'warmup_steps = 0; schedule = "constant"; lr = {lr}; beta1 = 0.9; beta2 = 0.95; eps = 1e-8; '
-                f'weight_decay = {wdk}; grad_clip = 0.0; eval_interval = 0; threads = 1; }};\n'
+    with open(run + ".cfg", "w") as f:
+        f.write(f'train = {{ init_from = "{folder}"; batch_size = {B}; seq_len = {S}; warmup_steps = 0; '
+                f'schedule = "constant"; grad_clip = 0.0; eval_interval = 0; threads = 1; {train_keys} }};\n'
                 f'model = {{ max_seq_len = {S}; aux_coef = 0.0; z_coef = 0.0; capacity_factor = 0.0; }};\n'
                 f'data = {{ train = "{data}"; val = "{data}"; }};\n'
-                f'log = {{ dir = "{run}"; interval = 1; }};\ncheckpoint = {{ interval = 0; }};\n')
-    moe.run("train", cfg, "--overwrite")
+                f'log = {{ dir = "{run}"; interval = 1; }};\ncheckpoint = {{ interval = 1; }};\n')
+    moe.run("train", run + ".cfg", "--overwrite")
+    windows = np.stack([toks[w * S:(w + 1) * S + 1] for w in range(B)])
+    return folder, (windows[:, :-1], windows[:, 1:]), run
+
+
+def train_vs_torch(res, moe, wd, family, S, steps=20):
+    """20 AdamW steps from a random HF folder in moe and in PyTorch on the same batch, both
+    against PyTorch in float64: moe no further from it than PyTorch's own float32 run (3x)."""
+    lr, wdk = 1e-3, 0.1
+    folder, batches, run = one_batch_run(
+        moe, wd, family, "adamw", 21, S, f"steps = {steps}; lr = {lr}; beta1 = 0.9; beta2 = 0.95; "
+        f"eps = 1e-8; weight_decay = {wdk};")
     ours = np.array([r["loss"] for r in map(json.loads, open(os.path.join(run, "metrics.jsonl"))) if "loss" in r])
     f32 = torch_train(hf_copy(family, folder), torch.float32, batches, steps, lr, wdk)
     f64 = torch_train(hf_copy(family, folder), torch.float64, batches, steps, lr, wdk)
@@ -241,36 +245,19 @@ def grads_vs_torch(res, moe, wd, family, S, tol=1e-5):
     in moe (weights after - before, / lr: the update dominates the weights, so the fp32 rounding
     of the difference is ~1e-7 of it) against the gradient of the same CE loss through the HF
     class in float64, saved with save_pretrained (its own names, experts unfused as moe.c's)."""
-    model = random_model(family, seed=31)
-    folder = os.path.join(wd, f"hf_grad_{family}")
-    if os.path.exists(folder):
-        shutil.rmtree(folder)
-    model.save_pretrained(folder, safe_serialization=True)
-    B, lr = 4, 1000.0
-    toks = np.random.default_rng(13).integers(0, 256, size=B * S + 1)
-    data = os.path.join(wd, f"grad_{family}.bin")
-    write_tokens(data, toks, 256)
-    run = os.path.join(wd, f"sgd_{family}")
-    cfg = os.path.join(wd, f"sgd_{family}.cfg")
-    with open(cfg, "w") as f:
-        f.write(f'train = {{ init_from = "{folder}"; steps = 1; batch_size = {B}; seq_len = {S}; '
-                f'warmup_steps = 0; schedule = "constant"; optimizer = "sgd"; lr = {lr}; grad_clip = 0.0; '
-                f'eval_interval = 0; threads = 1; }};\n'
-                f'model = {{ max_seq_len = {S}; aux_coef = 0.0; z_coef = 0.0; capacity_factor = 0.0; }};\n'
-                f'data = {{ train = "{data}"; val = "{data}"; }};\n'
-                f'log = {{ dir = "{run}"; interval = 1; }};\ncheckpoint = {{ interval = 1; }};\n')
-    moe.run("train", cfg, "--overwrite")
+    lr = 1000.0
+    folder, (inp, tgt), run = one_batch_run(moe, wd, family, "sgd", 31, S,
+                                            f'steps = 1; optimizer = "sgd"; lr = {lr};')
     _, before, _ = ch.read_hf_folder(folder, strict=False)
     _, after, _ = ch.read_hf_folder(os.path.join(run, "ckpt", "step_00000001"), strict=False)
     m = hf_copy(family, folder).double()
-    windows = np.stack([toks[w * S:(w + 1) * S + 1] for w in range(B)])
-    inp, tgt = torch.as_tensor(windows[:, :-1]), torch.as_tensor(windows[:, 1:])
-    logits = m(input_ids=inp).logits
-    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1)).backward()
+    logits = m(input_ids=torch.as_tensor(inp)).logits
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                      torch.as_tensor(tgt).reshape(-1)).backward()
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
-    gfolder = os.path.join(wd, f"hf_grad_{family}_grads")
+    gfolder = folder + "_grads"
     if os.path.exists(gfolder):
         shutil.rmtree(gfolder)
     m.save_pretrained(gfolder, safe_serialization=True)
@@ -319,14 +306,7 @@ def main():
         if V5:  # (transformers 4.x's float64 forward overflows its float32 attention mask)
             res.attempt(f"{fam} training", train_vs_torch, res, moe, wd, fam, args.seq_len)
             res.attempt(f"{fam} gradients", grads_vs_torch, res, moe, wd, fam, args.seq_len)
-    ok = not res.failed and res.passed
-    print(f"check_hf_families: {len(res.passed)} passed, {len(res.failed)} failed "
-          f"({time.time() - t0:.1f}s, workdir {wd})")
-    for n in res.failed:
-        print(f"  failed: {n}")
-    if ok and tmp:
-        shutil.rmtree(wd, ignore_errors=True)
-    return 0 if ok else 1
+    return res.finish("check_hf_families", t0, wd, tmp)
 
 
 if __name__ == "__main__":

@@ -300,13 +300,7 @@ def main():
         res.attempt("BPE", bpe_checks, res, moe, wd, args.n)
     if args.only in (None, "byte"):
         res.attempt("byte", byte_checks, res, moe, wd, args.n)
-    ok = not res.failed and res.passed
-    print(f"check_hf_tokenizer: {len(res.passed)} passed, {len(res.failed)} failed ({time.time() - t0:.1f}s, workdir {wd})")
-    for n in res.failed:
-        print(f"  failed: {n}")
-    if ok and tmp:
-        shutil.rmtree(wd, ignore_errors=True)
-    return 0 if ok else 1
+    return res.finish("check_hf_tokenizer", t0, wd, tmp)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # (variables set here, or read, for the sourcing script)
 # tests/lib.sh: what the shell tests that drive the moe binary share. Sourced (after `set -u`
-# and with $work set) by tests/train/{cli,hardening,strict_cli}.sh,
+# and with $work set) by tests/train/{cli,hardening,strict_cli,bf16_cli,families_cli}.sh,
 # tests/checkpoint/{crash_safety,inference_cli}.sh and tests/cuda/gpu_cli.sh:
 #   fail                      0; a failed check sets it to 1 (the script exits with it)
 #   check NAME CONDITION      evals CONDITION: prints "  ok    NAME", or "  FAIL  NAME" and fail=1
@@ -9,11 +9,16 @@
 #                             COUNT characters drawn from LETTERS by Python's random, seeded
 #   tiny_cfg FILE [GROUP.KEY=VALUE...]
 #                             the tiny config the tests train, with some keys changed
+#   val_of METRICS            the last val_loss of a run's metrics.jsonl
+#   within A B TOL            true when |A - B| <= TOL |B|
 fail=0
 
 check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
 
 new_workdir() { rm -rf "$1" && mkdir -p "$1"; }
+
+val_of() { python3 -c "import json,sys; print([json.loads(l)['val_loss'] for l in open(sys.argv[1]) if 'val_loss' in l][-1])" "$1"; }
+within() { python3 -c "import sys; a, b, t = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= t * abs(b) else 1)" "$@"; }
 
 random_text() { # FILE SEED COUNT [LETTERS]; LETTERS 'abcdefgh ijklmnop,.' unless given
   python3 -c "import random; random.seed($2); print(''.join(random.choice('${4:-abcdefgh ijklmnop,.}') for _ in range($3)))" > "$1"

@@ -90,16 +90,22 @@ def make_case(i, E, k, n_group, topk_group, norm, scale, with_bias, out):
           f"scale={scale} bias={with_bias} seed {seed}", flush=True)
 
 
-def main():
+def run_cases(cases, make_case, stem, doc):
+    """argv: TEST_PROGRAM WORKDIR. Writes WORKDIR/STEM_i.bin for each case (make_case(i,
+    *case, path)), runs the program on them and exits with its status."""
     if len(sys.argv) != 3:
-        sys.exit(__doc__)
+        sys.exit(doc)
     exe, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
     files = []
-    for i, case in enumerate(CASES):
-        files.append(os.path.join(work, f"router_groups_{i}.bin"))
+    for i, case in enumerate(cases):
+        files.append(os.path.join(work, f"{stem}_{i}.bin"))
         make_case(i, *case, files[-1])
     sys.exit(subprocess.run([exe] + files).returncode)
+
+
+def main():
+    run_cases(CASES, make_case, "router_groups", __doc__)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,9 @@
 #   bf16_cli.sh MOE_BINARY WORKDIR
 set -u
 moe=$1 work=$2
-rm -rf "$work" && mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
-val_of() { python3 -c "import json,sys; print([json.loads(l)['val_loss'] for l in open(sys.argv[1]) if 'val_loss' in l][-1])" "$1"; }
-within() { python3 -c "import sys; a, b, t = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= t * abs(b) else 1)" "$@"; }
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+new_workdir "$work"
 
 python3 -c "import random; random.seed(3); w=['the','cat','sat','on','a','mat','and','dog','ran',',','.']; print(' '.join(random.choice(w) for _ in range(12000)))" > "$work/text.txt"
 cat > "$work/tiny.cfg" <<CFG

@@ -8,11 +8,9 @@
 #   families_cli.sh MOE_BINARY SOURCE_DIR WORKDIR
 set -u
 moe=$1 src=$2 work=$3
-rm -rf "$work" && mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "  ok    $1"; else echo "  FAIL  $1"; fail=1; fi; }
-val_of() { python3 -c "import json,sys; print([json.loads(l)['val_loss'] for l in open(sys.argv[1]) if 'val_loss' in l][-1])" "$1"; }
-within() { python3 -c "import sys; a, b, t = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= t * abs(b) else 1)" "$@"; }
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+new_workdir "$work"
 python3 -c "import random; random.seed(5); w=['the','cat','sat','on','a','mat','and','dog','ran',',','.']; print(' '.join(random.choice(w) for _ in range(12000)))" > "$work/text.txt"
 data=(--set "data.dir=\"$work/data\"" --set "data.text=[\"$work/text.txt\"]")
 
@@ -27,23 +25,18 @@ check "layer 0 is dense: no load record of it, records of layers 1-3" \
   "! grep -q '\"layer\":0,' '$work/q3/expert_load.jsonl' && grep -q '\"layer\":3,' '$work/q3/expert_load.jsonl'"
 
 echo "each family in fp32 and bf16"
-family() { # NAME: its keys
+family() { # NAME: its keys, as GROUP.KEY=VALUE
   case $1 in
-  qwen3_moe) echo 'family = "qwen3_moe"; qk_norm = "head"; head_dim = 24; first_k_dense = 1; dense_d_ff = 96;' ;;
-  qwen2_moe) echo 'family = "qwen2_moe"; qkv_bias = true; shared_d_ff = 48; shared_gate = true; sparse_step = 2; dense_d_ff = 96; norm_topk_prob = false;' ;;
-  olmoe) echo 'family = "olmoe"; qk_norm = "full"; norm_topk_prob = false;' ;;
+  qwen3_moe) echo 'model.family="qwen3_moe" model.qk_norm="head" model.head_dim=24 model.first_k_dense=1 model.dense_d_ff=96' ;;
+  qwen2_moe) echo 'model.family="qwen2_moe" model.qkv_bias=true model.shared_d_ff=48 model.shared_gate=true model.sparse_step=2 model.dense_d_ff=96 model.norm_topk_prob=false' ;;
+  olmoe) echo 'model.family="olmoe" model.qk_norm="full" model.norm_topk_prob=false' ;;
   esac
 }
 for f in qwen3_moe qwen2_moe olmoe; do
-  cat > "$work/$f.cfg" <<CFG
-model = { vocab_size = 256; d_model = 64; n_layers = 2; n_heads = 4; n_kv_heads = 2; d_ff = 64;
-          n_experts = 4; top_k = 2; max_seq_len = 32; $(family $f) };
-train = { steps = 40; batch_size = 4; seq_len = 32; warmup_steps = 2; lr = 3e-3; threads = 2;
-          eval_interval = 40; eval_batches = 4; };
-data = { dir = "$work/data"; text = ["$work/text.txt"]; };
-log = { interval = 20; };
-checkpoint = { interval = 40; };
-CFG
+  # shellcheck disable=SC2046 # (one word a key)
+  tiny_cfg "$work/$f.cfg" model.d_model=64 model.d_ff=64 model.capacity_factor= train.steps=40 \
+    train.batch_size=4 train.warmup_steps=2 train.lr=3e-3 train.eval_interval=40 \
+    train.eval_batches=4 log.dir= log.interval=20 checkpoint.interval=40 checkpoint.keep= $(family $f)
   for dt in fp32 bf16; do
     "$moe" train "$work/$f.cfg" --set train.dtype="\"$dt\"" --set log.dir="\"$work/${f}_$dt\"" \
       > "$work/${f}_$dt.out" 2>&1
