@@ -440,6 +440,10 @@ moe_status moe_hf_config_check(const char *folder, const moe_model_config *cfg) 
     if (st) return st;
     char msg[1024] = "";
     size_t used = 0;
+    // the folder family's names of the experts' width and count
+    const int qwen = h.family == MOE_FAMILY_QWEN3_MOE || h.family == MOE_FAMILY_QWEN2_MOE;
+    const char *ff_name = qwen ? "moe_intermediate_size" : "intermediate_size",
+               *experts_name = h.family == MOE_FAMILY_MIXTRAL ? "num_local_experts" : "num_experts";
 #define CHECK(hf_name, ours_name, a, b, fmt)                                                    \
     if ((a) != (b))                                                                             \
         used += (size_t)snprintf(msg + used, used < sizeof msg ? sizeof msg - used : 0,         \
@@ -447,12 +451,12 @@ moe_status moe_hf_config_check(const char *folder, const moe_model_config *cfg) 
                                  ours_name, b);
     CHECK("vocab_size", "model.vocab_size", h.vocab_size, cfg->vocab_size, "%d")
     CHECK("hidden_size", "model.d_model", h.d_model, cfg->d_model, "%d")
-    CHECK("intermediate_size", "model.d_ff", h.moe.d_ff, cfg->moe.d_ff, "%d")
+    CHECK(ff_name, "model.d_ff", h.moe.d_ff, cfg->moe.d_ff, "%d")
     CHECK("num_hidden_layers", "model.n_layers", h.n_layers, cfg->n_layers, "%d")
     CHECK("num_attention_heads", "model.n_heads", h.n_heads, cfg->n_heads, "%d")
     CHECK("num_key_value_heads", "model.n_kv_heads", h.n_kv_heads, cfg->n_kv_heads, "%d")
     CHECK("head_dim", "model.head_dim", moe_model_head_dim(&h), moe_model_head_dim(cfg), "%d")
-    CHECK("num_local_experts", "model.n_experts", h.moe.n_experts, cfg->moe.n_experts, "%d")
+    CHECK(experts_name, "model.n_experts", h.moe.n_experts, cfg->moe.n_experts, "%d")
     CHECK("num_experts_per_tok", "model.top_k", h.moe.top_k, cfg->moe.top_k, "%d")
     CHECK("tie_word_embeddings", "model.tie_embeddings", h.tie_embeddings, cfg->tie_embeddings,
           "%d")
@@ -473,8 +477,12 @@ moe_status moe_hf_config_check(const char *folder, const moe_model_config *cfg) 
     CHECK("shared_expert_intermediate_size", "model.shared_d_ff", h.shared_d_ff, cfg->shared_d_ff,
           "%d")
     CHECK("qkv_bias", "model.qkv_bias", h.qkv_bias, cfg->qkv_bias, "%d")
-    for (int l = 0; l < cfg->n_layers && l < h.n_layers; l++)
-        CHECK("a dense layer (mlp_only_layers, decoder_sparse_step)",
+    int l = 0; // the first layer dense in one and MoE in the other
+    while (l < cfg->n_layers && l < h.n_layers &&
+           moe_model_layer_is_moe(&h, l) == moe_model_layer_is_moe(cfg, l))
+        l++;
+    if (l < cfg->n_layers && l < h.n_layers)
+        CHECK("layer dense (mlp_only_layers, decoder_sparse_step)",
               "model.first_k_dense, model.sparse_step", !moe_model_layer_is_moe(&h, l),
               !moe_model_layer_is_moe(cfg, l), "%d")
 #undef CHECK

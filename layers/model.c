@@ -963,8 +963,6 @@ static void mlp_weights(const moe_model *m, const moe_model_params *p, int l, re
     *w2 = (moe ? p->shared_w2 : p->dense_w2) + j * d * (size_t)*f;
 }
 
-// Layer l's FFN of x = n2 [T, d] into out [T, d]: the dense MLP, or the MoE layer ml plus
-// g(x) MLP_s(x), g = sigmoid(x . w_g) with shared_gate, else 1.
 // The shared expert added to the MoE output: out += g(x) MLP_s(x), g = sigmoid(x . w_g) of
 // MoE layer j (shared_gate) or 1.
 static void shared_forward(moe_model *m, real *out, const real *x, const mlp_bufs *b,
