@@ -2,7 +2,9 @@
 # The device check of the CUDA backend, one command from a fresh copy of the tree: configure
 # with CUDA for sm_90, build, run the GPU-labelled tests (and the host harness of the kernels'
 # bodies) and compute-sanitizer's memcheck of the kernel test, run the GPU benchmark (fp32,
-# TF32, bf16), train configs/default.cfg on cpu, cuda and cuda bf16, print a short table last.
+# TF32, bf16), train configs/default.cfg on cpu, cuda and cuda bf16, train 50 steps of
+# configs/gpu-1b.cfg (tokens/s, MFU) beside transformers' Mixtral of the same sizes
+# (bench/train_hf.py), print one table last and write it as JSON (OUTDIR/gpu_check.json).
 # On an H200 (2026-12-04): tests 10 s, benchmark about 90 s, the default runs about 90 s (the
 # CPU reference on 2 threads is most of it).
 #   scripts/gpu_check.sh [OUTDIR]        (default: $OUT when set, else ./gpu_check_out)
@@ -13,7 +15,9 @@
 # cores), MOE_TORCH_PYTHON (the PyTorch of the benchmark, default python3), GPU_CHECK_BENCH=0
 # (skip the benchmark), GPU_CHECK_SMALL=1 (the benchmark's small shape only),
 # GPU_CHECK_TRAIN=0 (skip the default runs), GPU_CHECK_TRAIN_STEPS, GPU_CHECK_TRAIN_TIMEOUT,
-# GPU_CHECK_CPU_THREADS, GPU_CHECK_TEST_TIMEOUT, GPU_CHECK_BENCH_TIMEOUT (seconds).
+# GPU_CHECK_CPU_THREADS, GPU_CHECK_TEST_TIMEOUT, GPU_CHECK_BENCH_TIMEOUT (seconds),
+# GPU_CHECK_1B=0 (skip gpu-1b), GPU_CHECK_1B_STEPS, GPU_CHECK_1B_TIMEOUT, GPU_CHECK_HF_STEPS,
+# GPU_CHECK_HF_TIMEOUT, GPU_CHECK_PEAK_TFLOPS (the MFU's denominator, default 989).
 # cuDNN and NCCL: the system's, else those of PyTorch's pip packages (nvidia-cudnn-cu*,
 # nvidia-nccl-cu*), found through that python and put on CMAKE_PREFIX_PATH / LD_LIBRARY_PATH.
 # The backend itself needs only the CUDA runtime and cuBLAS; the paths are printed either way.
@@ -158,9 +162,9 @@ if [ "${GPU_CHECK_TRAIN:-1}" != 0 ]; then
             --set "log.dir=\"$runs/train_${dev}_$dt\"" > "$runs/train_${dev}_$dt.log" 2>&1 ||
             log "moe train --device $dev ($dt) failed: $(tail -1 "$runs/train_${dev}_$dt.log")"
     done
-    python3 - "$runs" > "$out/train.txt" <<'PY'
+    python3 - "$runs" "$out/train.json" > "$out/train.txt" <<'PY'
 import json, os, statistics, sys
-out = sys.argv[1]
+out, rows = sys.argv[1], {}
 def run(name):
     p = os.path.join(out, "train_%s" % name, "metrics.jsonl")
     if not os.path.exists(p):
@@ -178,6 +182,7 @@ ref, ok = run("cpu_fp32"), True
 print("%-10s %6s %9s %9s %10s %9s" % ("run", "steps", "loss", "val loss", "tok/s", "val vs cpu"))
 for name, tol in (("cpu_fp32", None), ("cuda_fp32", 0.01), ("cuda_bf16", 0.02)):
     r = run(name)
+    rows[name] = r
     if r is None:
         print("%-10s failed" % name); ok = False; continue
     have = r["val"] is not None and ref and ref["val"] is not None
@@ -195,11 +200,80 @@ for name in ("cpu_fp32", "cuda_fp32", "cuda_bf16"):
         parts = sorted(r["time"].items(), key=lambda kv: -kv[1])[:5]
         print("  %s last step %.1f ms: %s" % (name, r["step_s"] * 1e3,
               ", ".join("%s %.1f" % (k, v * 1e3) for k, v in parts if v)))
+json.dump(rows, open(sys.argv[2], "w"), indent=1)
 sys.exit(0 if ok and ref else 1)
 PY
     train_rc=$?
     [ "$train_rc" = 0 ] || failed=$((failed + 1))
     log "default run cpu / cuda fp32 / cuda bf16 in $(( $(date +%s) - tt )) s (exit $train_rc)"
+fi
+
+# ---- configs/gpu-1b.cfg: 50 steps, tokens/s and MFU, against transformers' Mixtral ----------
+# Dropless (capacity_factor 0, as transformers routes), bf16, the repository's text (prepared
+# by the default runs above). MFU = tokens/s x (6 N_active + 12 L d S) / the bf16 peak
+# (GPU_CHECK_PEAK_TFLOPS, default 989: H200/H100 SXM dense). transformers' MixtralForCausalLM of
+# the same sizes under autocast(bf16), its default experts implementation and eager
+# (bench/train_hf.py), where the machine's python has transformers.
+gpu1b_rc=skipped
+if [ "${GPU_CHECK_1B:-1}" != 0 ]; then
+    tt=$(date +%s)
+    runs=$build/gpu_check_runs
+    mkdir -p "$runs"
+    s1b=${GPU_CHECK_1B_STEPS:-50}
+    rm -rf "$runs/gpu1b"
+    timeout "${GPU_CHECK_1B_TIMEOUT:-300}" "$build/moe" train configs/gpu-1b.cfg --set train.steps="$s1b" \
+        --set train.warmup_steps=5 --set model.capacity_factor=0.0 --set train.eval_interval="$s1b" \
+        --set "log.dir=\"$runs/gpu1b\"" > "$runs/gpu1b.log" 2>&1 ||
+        log "moe train configs/gpu-1b.cfg failed: $(tail -1 "$runs/gpu1b.log")"
+    hfargs=(--vocab 256 --d 1024 --layers 16 --heads 16 --kv-heads 4 --ff 2560 --experts 8 --top-k 2
+            --batch 16 --seq 1024 --steps "${GPU_CHECK_HF_STEPS:-12}" --warmup 3 --device cuda --dtype bf16
+            --data runs/data/repo/train.bin --json)
+    : > "$runs/hf.jsonl"
+    if "$py" -c 'import transformers' 2> /dev/null; then
+        for impl in default eager; do
+            timeout "${GPU_CHECK_HF_TIMEOUT:-150}" "$py" bench/train_hf.py "${hfargs[@]}" --experts-impl "$impl" \
+                >> "$runs/hf.jsonl" 2> "$runs/hf_$impl.log" || log "transformers ($impl) failed: $(tail -1 "$runs/hf_$impl.log")"
+        done
+    fi
+    python3 - "$runs" "$out/gpu1b.json" "${GPU_CHECK_PEAK_TFLOPS:-989}" > "$out/gpu1b.txt" <<'PY'
+import json, os, statistics, sys
+from importlib.machinery import SourceFileLoader
+runs, dst, peak = sys.argv[1], sys.argv[2], float(sys.argv[3]) * 1e12
+bt = SourceFileLoader("bench_train", "scripts/bench_train").load_module()
+fpt = bt.flops_per_token(bt.cfg_values("configs/gpu-1b.cfg"))
+res = {"flops_per_token": fpt, "peak_flops": peak, "moe": None, "transformers": []}
+p = os.path.join(runs, "gpu1b", "metrics.jsonl")
+recs = [json.loads(l) for l in open(p) if l.strip()] if os.path.exists(p) else []
+recs = [r for r in recs if "loss" in r]
+if len(recs) > 5:
+    tps = statistics.median(r["tokens_per_s"] for r in recs[5:])
+    last = recs[-1]
+    res["moe"] = dict(steps=last["step"], tokens_per_s=tps, mfu=tps * fpt / peak, loss=last["loss"],
+                      loss_first=recs[0]["loss"], time=last.get("time", {}), step_s=last.get("step_s"))
+for l in open(os.path.join(runs, "hf.jsonl")):
+    if l.strip().startswith("{"):
+        r = json.loads(l); r["mfu"] = r["tokens_per_s"] * fpt / peak; res["transformers"].append(r)
+json.dump(res, open(dst, "w"), indent=1)
+print("%-34s %10s %7s %12s" % ("configs/gpu-1b.cfg, bf16, dropless", "tok/s", "MFU", "loss"))
+m = res["moe"]
+if m:
+    print("%-34s %10.0f %6.1f%% %5.3f->%5.3f" % ("moe.c (%d steps)" % m["steps"], m["tokens_per_s"],
+          100 * m["mfu"], m["loss_first"], m["loss"]))
+    parts = sorted(m["time"].items(), key=lambda kv: -kv[1])[:6]
+    print("  last step %.1f ms: %s" % (m["step_s"] * 1e3, ", ".join("%s %.1f" % (k, v * 1e3) for k, v in parts if v)))
+else:
+    print("moe.c: failed (no metrics)")
+for r in res["transformers"]:
+    print("%-34s %10.0f %6.1f%% %5.3f->%5.3f   (moe.c / this: %s)" % (
+        "transformers %s, %s" % (r["transformers"], r["experts_implementation"]), r["tokens_per_s"],
+        100 * r["mfu"], r["loss_first"], r["loss_last"],
+        "%.2fx" % (m["tokens_per_s"] / r["tokens_per_s"]) if m else "-"))
+print("model FLOPs per token (6 N_active + 12 L d S): %.3f G; peak %.0f TFLOP/s" % (fpt / 1e9, peak / 1e12))
+sys.exit(0 if m else 1)
+PY
+    gpu1b_rc=$?
+    [ "$gpu1b_rc" = 0 ] || failed=$((failed + 1))
+    log "gpu-1b and transformers in $(( $(date +%s) - tt )) s (exit $gpu1b_rc)"
 fi
 
 # ---- the table ---------------------------------------------------------------------------
@@ -212,8 +286,32 @@ if [ -f "$out/train.txt" ]; then
     echo "configs/default.cfg, ${GPU_CHECK_TRAIN_STEPS:-1200} steps:"
     cat "$out/train.txt"
 fi
+if [ -f "$out/gpu1b.txt" ]; then
+    echo "configs/gpu-1b.cfg, ${GPU_CHECK_1B_STEPS:-50} steps:"
+    cat "$out/gpu1b.txt"
+fi
 if [ -f "$out/bench_gpu.txt" ]; then
     echo "benchmark (exit $bench_rc):"
     cat "$out/bench_gpu.txt"
 fi
+# the same as JSON: $out/gpu_check.json
+python3 - "$out" "$passed" "$failed" "$skipped" "$memcheck" "$nccl2" "$(( $(date +%s) - t0 ))" <<'PY'
+import json, os, re, sys
+out = sys.argv[1]
+def load(name):
+    p = os.path.join(out, name)
+    try:
+        return json.load(open(p)) if os.path.exists(p) else None
+    except ValueError:
+        return None
+tests = [dict(name=m.group(1), result=m.group(2).strip("*")) for m in
+         (re.search(r"Test +#\d+: (\S+) \.+\s*(\S+)", l) for l in open(os.path.join(out, "ctest_gpu.log"))) if m]
+gpu = os.popen("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null").read().strip()
+json.dump(dict(gpu=gpu, seconds=int(sys.argv[7]), tests=tests,
+               counts=dict(passed=int(sys.argv[2]), failed=int(sys.argv[3]), skipped=int(sys.argv[4])),
+               memcheck=sys.argv[5], nccl_2_ranks=sys.argv[6], default_cfg=load("train.json"),
+               gpu_1b=load("gpu1b.json"), bench=load("bench_gpu.json")),
+          open(os.path.join(out, "gpu_check.json"), "w"), indent=1)
+PY
+echo "(as JSON: $out/gpu_check.json)"
 [ "$failed" = 0 ] && [ "$passed" -gt 0 ]
