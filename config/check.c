@@ -19,6 +19,8 @@ static void describe(const load_ctx *c, const moe_train_config *cfg, int idx,
     case K_INT: snprintf(v, sizeof v, "%d", *(const int *)field); break;
     case K_INT64: snprintf(v, sizeof v, "%" PRId64, *(const int64_t *)field); break;
     case K_FLOAT: moe_cfg_fmt_double(v, sizeof v, *(const double *)field); break;
+    case K_ENUM: snprintf(v, sizeof v, "\"%s\"", k->names[*(const int *)field]); break;
+    case K_BOOL: snprintf(v, sizeof v, "%s", *(const int *)field ? "true" : "false"); break;
     default: snprintf(v, sizeof v, "?"); break;
     }
     char loc[MOE_PATH_MAX + 96] = "";
@@ -294,5 +296,10 @@ moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
                             "the schedule decays from lr down to min_lr");
     if (cfg->warmup_steps > cfg->steps)
         return inconsistent(c, cfg, warmup, steps, "exceeds", "warmup would never finish");
+    if (cfg->attention == MOE_ATTENTION_CUDNN && m->dtype != MOE_DTYPE_BF16)
+        return inconsistent(c, cfg, moe_cfg_spec_index("model", "attention"),
+                            moe_cfg_spec_index("train", "dtype"), "with",
+                            "cuDNN's fused attention runs in bf16 only (set train.dtype = "
+                            "\"bf16\", or model.attention = \"native\")");
     return check_sizes(c, cfg);
 }

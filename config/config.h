@@ -20,6 +20,9 @@
 #define MOE_MAX_EXPERTS 4096 // model.n_experts' bound
 
 // How model.capacity_factor moves during training (train/capacity.h applies it).
+// model.attention (moe_cfg_specs' attention_names order)
+typedef enum { MOE_ATTENTION_NATIVE = 0, MOE_ATTENTION_CUDNN = 1 } moe_attention_impl;
+
 typedef enum {
     MOE_CAPACITY_FIXED = 0,    // one number
     MOE_CAPACITY_SCHEDULE = 1, // (step, factor) points, linear in between, held outside
@@ -123,6 +126,9 @@ typedef struct {
     // "cpu-strict" is the test-only strict-memory CPU); --device NAME sets it
     char device[MOE_PATH_MAX];
     int tf32; // GPU backends: TF32 tensor-core math in the GEMMs (default false: strict fp32)
+    // model.attention: "native" (moe.c's own kernels, every backend and dtype) or "cudnn"
+    // (cuDNN's fused attention on the cuda backend, bf16 only: docs/gpu.md)
+    moe_attention_impl attention;
 
     // ---- train { } ------------------------------------------------------------
     int64_t seed;               // >= 0

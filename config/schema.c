@@ -23,8 +23,10 @@ static const char *const transport_names[] = {"mpi", "nccl", NULL};  // moe_tran
 static const char *const family_names[] = {"mixtral", "qwen3_moe", "qwen2_moe", "olmoe", NULL};
 static const char *const qk_norm_names[] = {"none", "head", "full", NULL}; // moe_qk_norm's order
 static const char *const aux_scope_names[] = {"micro", "global", NULL};    // moe_aux_scope's order
+static const char *const attention_names[] = {"native", "cudnn", NULL}; // moe_attention_impl's
 
 #define ENUM_FITS_INT(T) _Static_assert(sizeof(T) == sizeof(int), #T " is written as an int")
+ENUM_FITS_INT(moe_attention_impl);
 ENUM_FITS_INT(moe_drop_policy);
 ENUM_FITS_INT(moe_scoring);
 ENUM_FITS_INT(optim_kind);
@@ -96,6 +98,7 @@ const key_spec moe_cfg_specs[] = {
     KFLT("model", "router_jitter", model.moe.jitter_eps, 0, CLOSED, 1, OPEN),
     KSTR("model", "device", device, 1),
     KBOOL("model", "tf32", tf32),
+    KENUM("model", "attention", attention, moe_attention_impl, attention_names),
 
     KI64("train", "seed", seed, 0, INT64_MAX),
     KI64("train", "steps", steps, 1, INT64_C(1000000000000)),

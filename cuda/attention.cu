@@ -314,3 +314,69 @@ void cuda_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *d
     (void)scratch, (void)scratch_size;
     attention_backward(be, dqkv, dout16, qkv16, out16, lse, sh);
 }
+
+// ---- model.attention = "cudnn" -----------------------------------------------------------
+// The bf16 entries through cuDNN's fused attention (cuda/attention_cudnn.cpp): q, k, v, o and
+// do are read in bf16 where moe.c keeps them; cuDNN writes o and dq, dk, dv in bf16, widened
+// here into the contract's fp32 out and dqkv. So out holds bf16-rounded values (the bf16
+// o-projection rounds its input to bf16 anyway) and dqkv is rounded once more than the native
+// twin's; lse is cuDNN's fp32 softmax statistics, log sum_j exp(S_ij) as the contract's.
+#ifdef MOE_CUDNN
+#include "cuda/attention_cudnn.h"
+
+static cudnn_attention *cudnn_of(moe_backend *be) { return cuda_state_of(be)->cudnn; }
+
+static void cudnn_attention_forward_entry(moe_backend *be, real *out, real *lse,
+                                          const moe_bf16 *qkv16, moe_attention_shape sh,
+                                          real *scratch, size_t scratch_size) {
+    (void)scratch, (void)scratch_size;
+    if (sh.B <= 0 || sh.S <= 0) return;
+    const size_t n = (size_t)sh.B * sh.S * sh.H * sh.hd;
+    moe_bf16 *o16 = (moe_bf16 *)cuda_work(be, n * sizeof(moe_bf16));
+    char err[1024];
+    if (cudnn_attention_forward(cudnn_of(be), o16, lse, qkv16, sh.B, sh.S, sh.H, sh.KV, sh.hd,
+                                err, sizeof err))
+        moe_fatal("%s", err);
+    cuda_from_bf16(be, out, o16, n);
+}
+
+static void cudnn_attention_backward_entry(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
+                                           const moe_bf16 *qkv16, const moe_bf16 *out16,
+                                           const real *lse, moe_attention_shape sh,
+                                           real *scratch, size_t scratch_size) {
+    (void)scratch, (void)scratch_size;
+    if (sh.B <= 0 || sh.S <= 0) return;
+    const size_t n = (size_t)sh.B * sh.S * (sh.H + 2 * sh.KV) * sh.hd;
+    moe_bf16 *dqkv16 = (moe_bf16 *)cuda_work(be, n * sizeof(moe_bf16));
+    char err[1024];
+    if (cudnn_attention_backward(cudnn_of(be), dqkv16, dout16, qkv16, out16, lse, sh.B, sh.S, sh.H,
+                                 sh.KV, sh.hd, err, sizeof err))
+        moe_fatal("%s", err);
+    cuda_from_bf16(be, dqkv, dqkv16, n);
+}
+
+moe_status cuda_cudnn_enable(moe_backend *be) {
+    char err[512];
+    cuda_state *s = cuda_state_of(be);
+    s->cudnn = cudnn_attention_create(s->stream, err, sizeof err);
+    if (!s->cudnn) return moe_error(MOE_EINVAL, "model.attention = \"cudnn\": %s", err);
+    be->attention_forward_bf16 = cudnn_attention_forward_entry;
+    be->attention_backward_bf16 = cudnn_attention_backward_entry;
+    return MOE_OK;
+}
+void cuda_cudnn_destroy(cudnn_attention *a) { cudnn_attention_destroy(a); }
+const char *cuda_cudnn_describe(cudnn_attention *a) { return cudnn_attention_describe(a); }
+#else
+moe_status cuda_cudnn_enable(moe_backend *be) {
+    (void)be;
+    return moe_error(MOE_EINVAL,
+                     "model.attention = \"cudnn\": this build has no cuDNN attention (configure "
+                     "with -DMOE_CUDNN=ON where cuDNN 9 and the cudnn-frontend headers are "
+                     "installed: docs/gpu.md); model.attention = \"native\" runs without it");
+}
+void cuda_cudnn_destroy(struct cudnn_attention *a) { (void)a; }
+const char *cuda_cudnn_describe(struct cudnn_attention *a) {
+    (void)a;
+    return "native";
+}
+#endif

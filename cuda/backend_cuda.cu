@@ -92,6 +92,11 @@ static const char *cuda_describe(moe_backend *be) {
              s->tf32 ? "tf32" : "fp32",
              s->expert_gemm == CUDA_EXPERT_GEMM_GROUPED ? "cublasGemmGroupedBatchedEx"
                                                         : "cublasGemmEx per expert");
+    if (s->cudnn) {
+        const size_t len = strlen(s->line);
+        snprintf(s->line + len, sizeof s->line - len, "; attention: %s",
+                 cuda_cudnn_describe(s->cudnn));
+    }
     return s->line;
 }
 
@@ -109,6 +114,7 @@ static void cuda_destroy(moe_backend *be) {
         if (s->t1) cudaEventDestroy(s->t1);
         if (s->host_sum) cudaFreeHost(s->host_sum);
         if (s->work) cudaFree(s->work);
+        if (s->cudnn) cuda_cudnn_destroy(s->cudnn);
         if (s->blas) cublasDestroy(s->blas);
         if (s->blas_work) cudaFree(s->blas_work);
         if (s->stream) cudaStreamDestroy(s->stream);
@@ -273,6 +279,13 @@ extern "C" moe_status cuda_backend_create(moe_backend **out, const moe_backend_o
     }
     SETUP(cudaEventCreate(&s->t0));
     SETUP(cudaEventCreate(&s->t1));
+    if (opt && opt->attention_cudnn) {
+        moe_status st = cuda_cudnn_enable(be);
+        if (st) {
+            cuda_destroy(be);
+            return st;
+        }
+    }
     *out = be;
     return MOE_OK;
 }

@@ -41,7 +41,8 @@ typedef struct cuda_state {
     int ptr_cap; // pointers per slot
     int ptr_next;
     cudaEvent_t t0, t1; // cuda_backend_timer_*
-    char line[512];     // describe()
+    struct cudnn_attention *cudnn; // model.attention = "cudnn" (cuda/attention_cudnn.h), else NULL
+    char line[640];     // describe()
 } cuda_state;
 
 static inline cuda_state *cuda_state_of(moe_backend *be) { return (cuda_state *)be->state; }

@@ -128,6 +128,12 @@ void cuda_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *d
                                   const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
                                   moe_attention_shape sh, real *scratch, size_t scratch_size);
 size_t cuda_attention_scratch_size(moe_backend *be, int S, int hd);
+// model.attention = "cudnn": routes the bf16 attention entries through cuDNN's fused attention
+// (attention.cu, cuda/attention_cudnn.h); an error naming what is missing in a build without
+// cuDNN (MOE_CUDNN) or where cuDNN cannot start
+moe_status cuda_cudnn_enable(moe_backend *be);
+void cuda_cudnn_destroy(struct cudnn_attention *a);
+const char *cuda_cudnn_describe(struct cudnn_attention *a);
 // cross_entropy.cu
 void cuda_cross_entropy_forward(moe_backend *be, real *losses, const real *logits,
                                 const int *targets, int T, int V);

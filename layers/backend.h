@@ -147,6 +147,8 @@ typedef struct {
     int threads; // CPU: worker threads, 0 = automatic (OMP_NUM_THREADS, else cores capped by the
                  // cgroup CPU quota); other backends ignore it
     int tf32;    // GPU: TF32 tensor-core math in the GEMMs (model.tf32); the CPU ignores it
+    int attention_cudnn; // cuda: the bf16 attention calls through cuDNN's fused attention
+                         // (model.attention = "cudnn"); a backend without it refuses it
 } moe_backend_options;
 
 struct moe_backend {

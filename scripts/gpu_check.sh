@@ -16,8 +16,11 @@
 # (skip the benchmark), GPU_CHECK_SMALL=1 (the benchmark's small shape only),
 # GPU_CHECK_TRAIN=0 (skip the default runs), GPU_CHECK_TRAIN_STEPS, GPU_CHECK_TRAIN_TIMEOUT,
 # GPU_CHECK_CPU_THREADS, GPU_CHECK_TEST_TIMEOUT, GPU_CHECK_BENCH_TIMEOUT (seconds),
-# GPU_CHECK_1B=0 (skip gpu-1b), GPU_CHECK_1B_STEPS, GPU_CHECK_1B_TIMEOUT, GPU_CHECK_HF_STEPS,
-# GPU_CHECK_HF_TIMEOUT, GPU_CHECK_PEAK_TFLOPS (the MFU's denominator, default 989).
+# GPU_CHECK_1B=0 (skip gpu-1b), GPU_CHECK_HF=0 (skip transformers), GPU_CHECK_1B_STEPS, GPU_CHECK_1B_TIMEOUT, GPU_CHECK_HF_STEPS,
+# GPU_CHECK_HF_TIMEOUT, GPU_CHECK_HF_IMPLS (transformers expert implementations, default
+# "default"; e.g. "default eager"), GPU_CHECK_PEAK_TFLOPS (the MFU's denominator, default 989).
+# Where the build has cuDNN attention (MOE_CUDNN), its twin must pass and the default config
+# also trains with model.attention = "cudnn", gpu-1b only with it.
 # cuDNN and NCCL: the system's, else those of PyTorch's pip packages (nvidia-cudnn-cu*,
 # nvidia-nccl-cu*), found through that python and put on CMAKE_PREFIX_PATH / LD_LIBRARY_PATH.
 # The backend itself needs only the CUDA runtime and cuBLAS; the paths are printed either way.
@@ -103,6 +106,8 @@ fi
 
 # ---- tests -------------------------------------------------------------------------------
 tt=$(date +%s)
+# cuDNN's attention must start where this build has it (MOE_CUDNN): a twin failure, not a skip
+grep -q "^MOE_CUDNN:BOOL=ON" "$build/CMakeCache.txt" 2>/dev/null && export MOE_TEST_REQUIRE_CUDNN=1
 (cd "$build" && ctest -L GPU -R . --output-on-failure --timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" -j4) > "$out/ctest_gpu.log" 2>&1
 (cd "$build" && ctest -R '^cuda_bodies$' --output-on-failure) >> "$out/ctest_gpu.log" 2>&1
 passed=$(grep -cE "Test +#[0-9]+: .* Passed" "$out/ctest_gpu.log")
@@ -115,7 +120,7 @@ memcheck=skipped
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ -n "$san" ] && ! grep -q cuda_twin_memcheck "$out/ctest_gpu.log"; then
     tt=$(date +%s)
-    timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" "$san" --tool memcheck --error-exitcode 1 \
+    MOE_TEST_CUDNN=0 timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" "$san" --tool memcheck --error-exitcode 1 \
         "$build/tests/cuda/test_cuda_twin" > "$out/cuda_twin_memcheck.log" 2>&1 && memcheck=passed || memcheck=failed
     log "compute-sanitizer memcheck of test_cuda_twin: $memcheck ($(( $(date +%s) - tt )) s)"
     [ "$memcheck" = failed ] && failed=$((failed + 1))
@@ -150,17 +155,21 @@ if [ "${GPU_CHECK_TRAIN:-1}" != 0 ]; then
     tt=$(date +%s)
     runs=$build/gpu_check_runs
     rm -rf "$runs" && mkdir -p "$runs"
-    for run in cpu:fp32 cuda:fp32 cuda:bf16; do
-        dev=${run%:*} dt=${run#*:}
+    runs_list=(cpu:fp32 cuda:fp32 cuda:bf16)
+    [ -n "${MOE_TEST_REQUIRE_CUDNN:-}" ] && runs_list+=(cuda:bf16:cudnn)
+    for run in "${runs_list[@]}"; do
+        IFS=: read -r dev dt att <<< "$run"
+        att=${att:-native}
+        name=${dev}_$dt$([ "$att" = native ] || echo "_$att")
         # the CPU reference on 2 threads (its losses do not depend on the count): 16 threads of
         # a lent H200 machine ran 20x slower than 2 cores here (2026-12-04, cause not known)
         threads=""
         [ "$dev" = cpu ] && threads=${GPU_CHECK_CPU_THREADS:-2}
         env ${threads:+OMP_NUM_THREADS=$threads} timeout "${GPU_CHECK_TRAIN_TIMEOUT:-300}" "$build/moe" train configs/default.cfg \
             --device "$dev" --set "train.dtype=\"$dt\"" --set "train.steps=${GPU_CHECK_TRAIN_STEPS:-1200}" \
-            --set "train.eval_interval=${GPU_CHECK_TRAIN_STEPS:-200}" \
-            --set "log.dir=\"$runs/train_${dev}_$dt\"" > "$runs/train_${dev}_$dt.log" 2>&1 ||
-            log "moe train --device $dev ($dt) failed: $(tail -1 "$runs/train_${dev}_$dt.log")"
+            --set "train.eval_interval=${GPU_CHECK_TRAIN_STEPS:-200}" --set "model.attention=\"$att\"" \
+            --set "log.dir=\"$runs/train_$name\"" > "$runs/train_$name.log" 2>&1 ||
+            log "moe train --device $dev ($dt, $att attention) failed: $(tail -1 "$runs/train_$name.log")"
     done
     python3 - "$runs" "$out/train.json" > "$out/train.txt" <<'PY'
 import json, os, statistics, sys
@@ -179,22 +188,25 @@ def run(name):
                 tps=statistics.median(tps) if tps else None, time=last.get("time", {}),
                 step_s=last.get("step_s"))
 ref, ok = run("cpu_fp32"), True
-print("%-10s %6s %9s %9s %10s %9s" % ("run", "steps", "loss", "val loss", "tok/s", "val vs cpu"))
-for name, tol in (("cpu_fp32", None), ("cuda_fp32", 0.01), ("cuda_bf16", 0.02)):
+print("%-15s %6s %9s %9s %10s %9s" % ("run", "steps", "loss", "val loss", "tok/s", "val vs cpu"))
+names = [("cpu_fp32", None), ("cuda_fp32", 0.01), ("cuda_bf16", 0.02)]
+if os.path.isdir(os.path.join(out, "train_cuda_bf16_cudnn")):
+    names.append(("cuda_bf16_cudnn", 0.02))
+for name, tol in names:
     r = run(name)
     rows[name] = r
     if r is None:
-        print("%-10s failed" % name); ok = False; continue
+        print("%-15s failed" % name); ok = False; continue
     have = r["val"] is not None and ref and ref["val"] is not None
     rel = abs(r["val"] - ref["val"]) / ref["val"] if have and tol else None
     good = tol is None or (rel is not None and rel <= tol)
     ok = ok and good
     if tol and not have:
-        print("%-10s (no CPU reference to compare)" % name)
-    print("%-10s %6d %9.4f %9.4f %10.0f %9s%s" % (name, r["steps"], r["loss"],
+        print("%-15s (no CPU reference to compare)" % name)
+    print("%-15s %6d %9.4f %9.4f %10.0f %9s%s" % (name, r["steps"], r["loss"],
           r["val"] if r["val"] is not None else float("nan"), r["tps"] or 0,
           "-" if rel is None else "%.2e" % rel, "" if good else "  FAIL (> %g)" % tol))
-for name in ("cpu_fp32", "cuda_fp32", "cuda_bf16"):
+for name, _ in names:
     r = run(name)
     if r and r["step_s"]:
         parts = sorted(r["time"].items(), key=lambda kv: -kv[1])[:5]
@@ -221,7 +233,10 @@ if [ "${GPU_CHECK_1B:-1}" != 0 ]; then
     mkdir -p "$runs"
     s1b=${GPU_CHECK_1B_STEPS:-50}
     rm -rf "$runs/gpu1b"
+    att1b=native
+    [ -n "${MOE_TEST_REQUIRE_CUDNN:-}" ] && att1b=cudnn
     timeout "${GPU_CHECK_1B_TIMEOUT:-300}" "$build/moe" train configs/gpu-1b.cfg --set train.steps="$s1b" \
+        --set "model.attention=\"$att1b\"" \
         --set train.warmup_steps=5 --set model.capacity_factor=0.0 --set train.eval_interval="$s1b" \
         --set "log.dir=\"$runs/gpu1b\"" > "$runs/gpu1b.log" 2>&1 ||
         log "moe train configs/gpu-1b.cfg failed: $(tail -1 "$runs/gpu1b.log")"
@@ -229,16 +244,16 @@ if [ "${GPU_CHECK_1B:-1}" != 0 ]; then
             --batch 16 --seq 1024 --steps "${GPU_CHECK_HF_STEPS:-12}" --warmup 3 --device cuda --dtype bf16
             --data runs/data/repo/train.bin --json)
     : > "$runs/hf.jsonl"
-    if "$py" -c 'import transformers' 2> /dev/null; then
-        for impl in default eager; do
+    if [ "${GPU_CHECK_HF:-1}" != 0 ] && "$py" -c 'import transformers' 2> /dev/null; then
+        for impl in ${GPU_CHECK_HF_IMPLS:-default}; do
             timeout "${GPU_CHECK_HF_TIMEOUT:-150}" "$py" bench/train_hf.py "${hfargs[@]}" --experts-impl "$impl" \
                 >> "$runs/hf.jsonl" 2> "$runs/hf_$impl.log" || log "transformers ($impl) failed: $(tail -1 "$runs/hf_$impl.log")"
         done
     fi
-    python3 - "$runs" "$out/gpu1b.json" "${GPU_CHECK_PEAK_TFLOPS:-989}" > "$out/gpu1b.txt" <<'PY'
+    python3 - "$runs" "$out/gpu1b.json" "${GPU_CHECK_PEAK_TFLOPS:-989}" "$att1b" > "$out/gpu1b.txt" <<'PY'
 import json, os, statistics, sys
 from importlib.machinery import SourceFileLoader
-runs, dst, peak = sys.argv[1], sys.argv[2], float(sys.argv[3]) * 1e12
+runs, dst, peak, att = sys.argv[1], sys.argv[2], float(sys.argv[3]) * 1e12, sys.argv[4]
 bt = SourceFileLoader("bench_train", "scripts/bench_train").load_module()
 fpt = bt.flops_per_token(bt.cfg_values("configs/gpu-1b.cfg"))
 res = {"flops_per_token": fpt, "peak_flops": peak, "moe": None, "transformers": []}
@@ -249,7 +264,8 @@ if len(recs) > 5:
     tps = statistics.median(r["tokens_per_s"] for r in recs[5:])
     last = recs[-1]
     res["moe"] = dict(steps=last["step"], tokens_per_s=tps, mfu=tps * fpt / peak, loss=last["loss"],
-                      loss_first=recs[0]["loss"], time=last.get("time", {}), step_s=last.get("step_s"))
+                      loss_first=recs[0]["loss"], time=last.get("time", {}), step_s=last.get("step_s"),
+                      attention=att)
 for l in open(os.path.join(runs, "hf.jsonl")):
     if l.strip().startswith("{"):
         r = json.loads(l); r["mfu"] = r["tokens_per_s"] * fpt / peak; res["transformers"].append(r)
@@ -257,7 +273,7 @@ json.dump(res, open(dst, "w"), indent=1)
 print("%-34s %10s %7s %12s" % ("configs/gpu-1b.cfg, bf16, dropless", "tok/s", "MFU", "loss"))
 m = res["moe"]
 if m:
-    print("%-34s %10.0f %6.1f%% %5.3f->%5.3f" % ("moe.c (%d steps)" % m["steps"], m["tokens_per_s"],
+    print("%-34s %10.0f %6.1f%% %5.3f->%5.3f" % ("moe.c (%d steps, %s attention)" % (m["steps"], att), m["tokens_per_s"],
           100 * m["mfu"], m["loss_first"], m["loss"]))
     parts = sorted(m["time"].items(), key=lambda kv: -kv[1])[:6]
     print("  last step %.1f ms: %s" % (m["step_s"] * 1e3, ", ".join("%s %.1f" % (k, v * 1e3) for k, v in parts if v)))

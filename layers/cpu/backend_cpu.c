@@ -127,6 +127,10 @@ static const moe_backend cpu_table = {
 
 moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt, int strict) {
     *out = NULL;
+    if (opt && opt->attention_cudnn)
+        return moe_error(MOE_EINVAL, "model.attention = \"cudnn\" needs model.device = \"cuda\" "
+                                     "(cuDNN's attention runs on NVIDIA GPUs; \"native\" runs "
+                                     "everywhere)");
     moe_backend *be = malloc(sizeof *be);
     cpu_state *s = calloc(1, sizeof *s);
     if (!be || !s) {

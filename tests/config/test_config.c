@@ -576,8 +576,8 @@ static void case_unknown_group(void) {
            "the groups are model, train, data, log, checkpoint");
     // a group nested inside a group
     REJECT("unknown_group_5.cfg",
-           "model = {\n  top_k = 2;\n  attention = {\n    heads = 4;\n  };\n};\n",
-           "=unknown_group_5.cfg:3: model.attention: unknown key (groups do not nest)");
+           "model = {\n  top_k = 2;\n  block = {\n    heads = 4;\n  };\n};\n",
+           "=unknown_group_5.cfg:3: model.block: unknown key (groups do not nest)");
 }
 
 static void case_wrong_type(void) {
