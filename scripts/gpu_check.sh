@@ -146,8 +146,11 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
 fi
 
 # ---- the default run, as a user starts it: cpu, cuda fp32, cuda bf16 ----------------------
-# Final losses against the CPU's (fp32 within 1%, bf16 within 2%: the runs' reduction orders
-# differ, so their trajectories drift apart; bf16 is DESIGN §5b's bound), the median tokens/s
+# Final val losses against the CPU's, within 2% (fp32 and bf16): the runs' reduction orders
+# differ, so their trajectories drift apart as far as runs of different seeds do (the CPU's
+# seeds 1-3 spread the val loss by 2% at 200 steps; cuda fp32 landed 1.7%, 0.5% and 1.9% from
+# the CPU at 200, 400 and 1200 steps, bf16 -0.2%, 1.1%, 0.25%); the sharp check of agreement is
+# train_cli_cuda's, step by step (1e-4 over 20 steps). 2% is DESIGN §5b's bf16 bound. The median tokens/s
 # of each and where a cuda step's time goes. GPU_CHECK_TRAIN_STEPS (default 1200: the config's),
 # GPU_CHECK_TRAIN_TIMEOUT (seconds per run, default 300).
 train_rc=skipped
@@ -189,7 +192,7 @@ def run(name):
                 step_s=last.get("step_s"))
 ref, ok = run("cpu_fp32"), True
 print("%-15s %6s %9s %9s %10s %9s" % ("run", "steps", "loss", "val loss", "tok/s", "val vs cpu"))
-names = [("cpu_fp32", None), ("cuda_fp32", 0.01), ("cuda_bf16", 0.02)]
+names = [("cpu_fp32", None), ("cuda_fp32", 0.02), ("cuda_bf16", 0.02)]
 if os.path.isdir(os.path.join(out, "train_cuda_bf16_cudnn")):
     names.append(("cuda_bf16_cudnn", 0.02))
 for name, tol in names:
@@ -235,6 +238,7 @@ if [ "${GPU_CHECK_1B:-1}" != 0 ]; then
     rm -rf "$runs/gpu1b"
     att1b=native
     [ -n "${MOE_TEST_REQUIRE_CUDNN:-}" ] && att1b=cudnn
+    # (the timeout covers the final checkpoint too: 1B parameters and their AdamW moments)
     timeout "${GPU_CHECK_1B_TIMEOUT:-300}" "$build/moe" train configs/gpu-1b.cfg --set train.steps="$s1b" \
         --set "model.attention=\"$att1b\"" \
         --set train.warmup_steps=5 --set model.capacity_factor=0.0 --set train.eval_interval="$s1b" \

@@ -57,6 +57,8 @@ build=${BUILD_DIR:-build}
 [ "$sanitize" = "ON" ] && build=${BUILD_DIR:-build-sanitize}
 cuda=OFF
 command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] && cuda=ON
+# cuDNN attention's frontend headers where CUDA is built (optional, bounded, never fails)
+[ "$cuda" = ON ] && { bash scripts/install_cudnn_frontend.sh || true; }
 if [ "$sanitize" = "ON" ]; then
   # leak checks stay on; OpenBLAS/OpenMP thread pools are process-lifetime by design
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
