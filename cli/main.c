@@ -20,6 +20,7 @@
 #include "infer/infer.h"
 #include "train/launch.h"
 #include "train/smoke.h"
+#include "infer/serve.h"
 #include "infer/serve_stats.h"
 #include "stats/stats.h"
 #include "train/trainer.h"
@@ -39,6 +40,7 @@ static const char *usage =
     "  eval      mean cross-entropy of a checkpoint over a token file\n"
     "  generate  text from a checkpoint (KV cache, the checkpoint's tokenizer)\n"
     "  export    a checkpoint as an inference-only Hugging Face folder of its family\n"
+    "  serve     an OpenAI-compatible completion server (continuous batching, /metrics)\n"
     "  help      this text, or moe help COMMAND: the command's usage\n"
     "\n"
     "  moe --version: the version and the git revision it was built from\n";
@@ -115,7 +117,8 @@ static const cli_command train_cli = {
 // The options eval and generate share: checkpoint, device, precision and the serving stats.
 typedef struct {
     const char *ckpt, *device, *stats_out;
-    int dtype, stats; // dtype: the index in dtype_choices
+    int dtype, stats;  // dtype: the index in dtype_choices
+    int deterministic; // generate --deterministic: row-invariant kernels (moe serve's)
     int64_t stats_window;
 } infer_opts;
 
@@ -216,6 +219,9 @@ static const cli_option generate_options[] = {
      .help = "nucleus sampling: the smallest set of tokens with probability P"},
     {"--seed", CLI_INT(generate_opts, seed), .value = "S", .lo = 0, .hi = 9007199254740992.0,
      .def = "1", .help = "the sampling seed: the same seed gives the same text"},
+    {"--deterministic", CLI_FLAG(generate_opts, inf.deterministic),
+     .help = "row-invariant kernels (slower): the tokens moe serve --deterministic gives the same "
+             "prompt, seed and settings, whatever else it batches"},
     {"--prefill-chunk", CLI_INT(generate_opts, prefill_chunk), .value = "C", .lo = 1, .hi = 1 << 20,
      .def = "64", .help = "prefill the prompt C tokens at a time"},
     {"--stats", CLI_FLAG(generate_opts, inf.stats),
@@ -270,13 +276,15 @@ static const cli_command export_cli = {
 
 // The backend named by --device (automatic threads, shared by the mpirun ranks of this node),
 // or exit naming the backends there are.
-static moe_backend *open_device(const char *name) {
-    const moe_backend_options bo = {.procs_per_node = moe_launch_local_size()};
+static moe_backend *open_device_with(const char *name, int row_invariant) {
+    const moe_backend_options bo = {.procs_per_node = moe_launch_local_size(),
+                                    .row_invariant = row_invariant};
     moe_backend *be;
     if (moe_backend_create(&be, name, &bo)) moe_fatal("--device: %s", moe_last_error());
     fprintf(stderr, "device: %s; %s\n", be->name, be->describe(be)); // stdout is the result's
     return be;
 }
+static moe_backend *open_device(const char *name) { return open_device_with(name, 0); }
 
 // What eval and generate print first (on stderr: their stdout is the result) in bf16.
 static void say_precision(const char *cmd, moe_dtype dtype, moe_backend *be) {
@@ -494,7 +502,7 @@ static int cmd_generate(void *opts) {
     prompt_set ps = {0};
     prompts_open(&ps, g);
     const int batch = g->batch > ps.n ? ps.n : (int)g->batch;
-    moe_backend *be = open_device(o->device);
+    moe_backend *be = open_device_with(o->device, o->deterministic);
     moe_model m;
     // the KV cache holds what this call needs (at most max_position_embeddings), per sequence
     say_precision("generate", dtype_of(o), be);
@@ -679,6 +687,7 @@ static int cmd_train(void *opts) {
 // ---- the command table, help and dispatch ------------------------------------------------
 
 static int run_smoke(void *opts) { return moe_smoke_run(opts); }
+static int run_serve(void *opts) { return moe_serve_run(opts); }
 
 typedef struct {
     const char *name;
@@ -716,6 +725,11 @@ static const command commands[] = {
      .cli = &generate_cli,
      .opts_size = sizeof(generate_opts),
      .run = cmd_generate,
+     .computes = 1},
+    {.name = "serve",
+     .cli = &moe_serve_cli,
+     .opts_size = sizeof(moe_serve_opts),
+     .run = run_serve,
      .computes = 1},
 };
 

@@ -222,6 +222,8 @@ static int local_rank(void) {
 
 extern "C" moe_status cuda_backend_create(moe_backend **out, const moe_backend_options *opt) {
     *out = NULL;
+    if (opt && opt->row_invariant) // cuBLAS picks its kernels (and sums) by the row count
+        return moe_error(MOE_EINVAL, "row_invariant: not supported by the cuda backend");
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {

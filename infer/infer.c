@@ -42,7 +42,7 @@ moe_status infer_load_batch(moe_model *m, moe_backend *be, moe_comm *ep, const c
 
 // The first non-finite logit of rows [n, V], or -1. The weights are finite (checked at load),
 // so one here is an activation that overflowed.
-static long first_nonfinite(const real *logits, size_t n) {
+long infer_first_nonfinite(const real *logits, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(logits[i])) return (long)i;
     return -1;
@@ -163,7 +163,7 @@ moe_status infer_eval(moe_model *m, const moe_token_file *tf, int seq_len, long 
             }
             be->copy_to_host(be, logits, m->logits, (size_t)seq_len * V * sizeof(real));
         }
-        long bad = isfinite(window_sum) ? -1 : first_nonfinite(logits, (size_t)seq_len * V);
+        long bad = isfinite(window_sum) ? -1 : infer_first_nonfinite(logits, (size_t)seq_len * V);
         if (bad >= 0) {
             st = moe_error(MOE_ENUMERIC,
                            "eval: non-finite logit (%g) in window %ld at position %ld, "
@@ -193,24 +193,26 @@ static int by_prob_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
-// Samples from softmax(logits / T) restricted to the top_k most likely and to the smallest
-// set whose probability reaches top_p; greedy when T == 0.
-static int sample(const real *logits, int V, const moe_sampling *s, uint64_t *rng, candidate *c) {
+size_t infer_sample_scratch_bytes(int V) { return (size_t)V * sizeof(candidate); }
+
+int infer_sample(const real *logits, int V, double temperature, int top_k, double top_p,
+                 uint64_t *rng, void *scratch) {
+    candidate *c = scratch;
     int best = 0;
     for (int i = 1; i < V; i++) best = logits[i] > logits[best] ? i : best;
-    if (s->temperature <= 0) return best;
+    if (temperature <= 0) return best;
     double sum = 0;
     for (int i = 0; i < V; i++) {
-        c[i].p = exp((logits[i] - logits[best]) / s->temperature);
+        c[i].p = exp((logits[i] - logits[best]) / temperature);
         c[i].id = i;
         sum += c[i].p;
     }
     qsort(c, (size_t)V, sizeof *c, by_prob_desc);
-    int n = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    int n = top_k > 0 && top_k < V ? top_k : V;
     double kept = 0;
     for (int i = 0; i < n; i++) {
         kept += c[i].p / sum;
-        if (kept >= s->top_p) {
+        if (kept >= top_p) {
             n = i + 1;
             break;
         }
@@ -223,6 +225,10 @@ static int sample(const real *logits, int V, const moe_sampling *s, uint64_t *rn
         if (u < 0) return c[i].id;
     }
     return c[n - 1].id;
+}
+
+static int sample(const real *logits, int V, const moe_sampling *s, uint64_t *rng, candidate *c) {
+    return infer_sample(logits, V, s->temperature, s->top_k, s->top_p, rng, c);
 }
 
 // moe_model_infer, timed into the serving telemetry when there is one.
@@ -266,7 +272,7 @@ moe_status infer_generate(moe_model *m, const int *prompt, int n_prompt, int n_n
     uint64_t rng = s->seed;
     for (int i = 0; i < n_new && !st; i++) {
         m->be->copy_to_host(m->be, logits, m->logits, (size_t)V * sizeof(real));
-        long bad = first_nonfinite(logits, (size_t)V);
+        long bad = infer_first_nonfinite(logits, (size_t)V);
         if (bad >= 0) {
             st = moe_error(MOE_ENUMERIC,
                            "generate: non-finite logit (%g) for token id %ld at "
@@ -322,7 +328,7 @@ moe_status infer_generate_batch(moe_model *m, const int *const *prompts, const i
     for (int i = 0; i < n_new && !st; i++) {
         for (int b = 0; b < B && !st; b++) {
             const real *lg = last + (size_t)b * V;
-            long bad = first_nonfinite(lg, (size_t)V);
+            long bad = infer_first_nonfinite(lg, (size_t)V);
             if (bad >= 0) {
                 st = moe_error(MOE_ENUMERIC, "generate: non-finite logit (%g) in sequence %d",
                                (double)lg[bad], b + 1);

@@ -58,6 +58,16 @@ moe_status infer_generate(moe_model *m, const int *prompt, int n_prompt, int n_n
 moe_status infer_generate_batch(moe_model *m, const int *const *prompts, const int *n_prompts,
                                 int B, int n_new, const moe_sampling *s, int **outs, int *n_outs);
 
+// The sampler of infer_generate: softmax(logits / temperature) restricted to the top_k most
+// likely (0: all) and to the smallest set whose probability reaches top_p (1: all); greedy (the
+// first largest logit) when temperature <= 0. rng: the sequence's state (seeded by its seed);
+// scratch: infer_sample_scratch_bytes(V) bytes.
+int infer_sample(const real *logits, int V, double temperature, int top_k, double top_p,
+                 uint64_t *rng, void *scratch);
+size_t infer_sample_scratch_bytes(int V);
+// The index of the first non-finite value of logits [n], -1 when all are finite.
+long infer_first_nonfinite(const real *logits, size_t n);
+
 // Writes a float32 2-D array as a NumPy .npy file (format 1.0).
 moe_status moe_npy_write_f32(const char *path, const float *data, int rows, int cols);
 

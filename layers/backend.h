@@ -149,6 +149,12 @@ typedef struct {
     int tf32;    // GPU: TF32 tensor-core math in the GEMMs (model.tf32); the CPU ignores it
     int attention_cudnn; // cuda: the bf16 attention calls through cuDNN's fused attention
                          // (model.attention = "cudnn"); a backend without it refuses it
+    int row_invariant;   // CPU: every kernel computes each output row independently of how many
+                         // rows the call has (GEMMs as plain loops, each output one sum in k
+                         // order; the cached attention one query row at a time), so a row's
+                         // logits are the same bits in any batch: for `--deterministic` serving
+                         // and parity tests; slow. Also MOE_ROW_INVARIANT=1. Other backends
+                         // refuse it (MOE_EINVAL)
 } moe_backend_options;
 
 struct moe_backend {

@@ -19,8 +19,17 @@ from transformers import MixtralConfig, MixtralForCausalLM
 assert transformers.__version__.split(".")[0] == "5" and torch.__version__.split(".")[0] == "2"'
 
 ok() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$PROBE" >/dev/null 2>&1; }
+# moe serve's test clients (tests/serve/serve_openai.py): the openai package and the
+# Prometheus parser, small, added to a venv that has the rest
+clients() {
+  "$VENV/bin/python" -c 'import openai, prometheus_client' >/dev/null 2>&1 && return 0
+  timeout 300 "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q \
+    --timeout 60 --retries 2 openai prometheus-client >>"$VENV.log" 2>&1 ||
+    echo "install_hf5.sh: openai/prometheus-client not installed (see $VENV.log): moe serve's client test will be skipped"
+  return 0
+}
 skip() { echo "install_hf5.sh: $* -- the transformers 5.x checks will be skipped"; exit 0; }
-ok && exit 0
+ok && { clients; exit 0; }
 
 PY=$(command -v python3) || skip "no python3"
 "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || skip "$PY has no venv/ensurepip"
@@ -36,7 +45,7 @@ PY
 LOG="$VENV.log"
 exec 9>"$VENV.lock" || skip "cannot create $VENV.lock"
 flock -w 920 9 || skip "another install_hf5.sh holds $VENV.lock"
-ok && exit 0
+ok && { clients; exit 0; }
 echo "install_hf5.sh: installing $SPEC into $VENV (log: $LOG)"
 rm -rf "$VENV"
 # shellcheck disable=SC2086
@@ -48,4 +57,5 @@ if ! timeout 900 bash -c 'set -e; "$1" -m venv "$2"; "$2/bin/python" -m pip inst
 fi
 ok || { "$VENV/bin/python" -c "$PROBE" >>"$LOG" 2>&1; rm -rf "$VENV"; skip "installed, but the import check failed (see $LOG)"; }
 echo "install_hf5.sh: done: $("$VENV/bin/python" -c 'import torch, transformers; print("transformers", transformers.__version__, "torch", torch.__version__)')"
+clients
 exit 0

@@ -16,7 +16,7 @@ phase() { echo "test.sh: $1 took $((SECONDS - start)) s"; start=$SECONDS; }
 
 # required to build and test
 packages=(build-essential cmake pkg-config libconfig-dev libopenblas-openmp-dev libcjson-dev libdnnl2
-          libopenmpi-dev openmpi-bin clang-format)
+          libopenmpi-dev openmpi-bin clang-format libmicrohttpd-dev)
 # optional: the plot test (matplotlib) and the Hugging Face check (torch for transformers);
 # without them those tests report themselves skipped
 optional=(python3-matplotlib python3-torch python3-numpy python3-venv)

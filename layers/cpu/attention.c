@@ -397,12 +397,49 @@ void cpu_kv_cache_append(moe_backend *be, real *k_cache, real *v_cache, const re
     }
 }
 
+// The row-invariant cached attention (cpu_state.row_invariant) of one query row of one head at
+// position pos, with plain loops: scores p_j = scale * (q . k_j) for j <= pos (each dot product
+// a sum in hd order; ATTN_RI_COLS of them at a time, independent sums), causal_softmax_row
+// over exactly those pos + 1 scores (its width then depends on pos alone, not on the length
+// the call's last row needs), then o = sum_j p_j v_j in j order. The row's bits depend on its
+// q, its position and the cache, not on n, len or the other rows of the call.
+#define ATTN_RI_COLS 8
+static void cached_row(real *o, real *p, const real *q, const real *k, const real *v, int pos,
+                       int kv, int hd, real scale) {
+    for (int j0 = 0; j0 <= pos; j0 += ATTN_RI_COLS) {
+        const int nj = pos + 1 - j0 < ATTN_RI_COLS ? pos + 1 - j0 : ATTN_RI_COLS;
+        real s[ATTN_RI_COLS] = {0};
+        for (int c = 0; c < hd; c++)
+            for (int j = 0; j < nj; j++) s[j] += q[c] * k[(size_t)(j0 + j) * kv + c];
+        for (int j = 0; j < nj; j++) p[j0 + j] = scale * s[j];
+    }
+    causal_softmax_row(p, pos, pos + 1);
+    for (int c = 0; c < hd; c++) o[c] = 0;
+    for (int j = 0; j <= pos; j++) {
+        const real pj = p[j], *vj = v + (size_t)j * kv;
+        for (int c = 0; c < hd; c++) o[c] += pj * vj[c];
+    }
+}
+
 void cpu_attention_cached_forward(moe_backend *be, real *out, real *scratch, const real *qkv,
                                   const real *k_cache, const real *v_cache, int n, int pos0, int H,
                                   int KV, int hd) {
     CPU_KERNEL(be);
     const int row = (H + 2 * KV) * hd, group = H / KV, len = pos0 + n, kv = KV * hd;
     const real scale = (real)(1.0 / sqrt((double)hd));
+    if (((const cpu_state *)be->state)->row_invariant) { // row i of head h: scratch row h n + i
+#pragma omp parallel for collapse(2) \
+    schedule(static) if (cpu_parallel_worth((size_t)H * n * len * hd))
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < n; i++) {
+                const size_t kvo = (size_t)(h / group) * hd;
+                cached_row(out + (size_t)i * H * hd + (size_t)h * hd,
+                           scratch + ((size_t)h * n + i) * len,
+                           qkv + (size_t)i * row + (size_t)h * hd, k_cache + kvo, v_cache + kvo,
+                           pos0 + i, kv, hd, scale);
+            }
+        return;
+    }
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)H * n * (pos0 + n) * hd))
     for (int h = 0; h < H; h++) {
         const real *q = qkv + (size_t)h * hd;

@@ -23,7 +23,10 @@ typedef struct cpu_state {
     int depth;           // strict: nesting of open kernel scopes (unprotected while > 0)
     cpu_region *regions; // strict: the live allocations
     int n_regions, cap_regions;
-    char line[448]; // describe()
+    int row_invariant; // moe_backend_options.row_invariant (or MOE_ROW_INVARIANT=1): the fp32
+                       // GEMMs are cpu_gemm_row_invariant, the bf16 ones the reference path,
+                       // the cached attention one query row at a time (layers/cpu/gemm.c)
+    char line[448];    // describe()
     // bf16 GEMMs (layers/cpu/gemm_bf16.c)
     int bf16_native;     // the *_bf16 GEMMs' path: CPU_BF16_EMULATED (widen, then sgemm),
                          // CPU_BF16_SBGEMM (OpenBLAS), CPU_BF16_ONEDNN or CPU_BF16_REFERENCE

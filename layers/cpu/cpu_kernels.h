@@ -61,6 +61,13 @@ void cpu_expert_gemms(cpu_expert_pass pass, real *c, const void *x, const void *
                       const int *offsets, int n_experts, int n_out, int n_in, int accumulate,
                       cpu_expert_gemm_fn gemm_e, void *ctx);
 
+// gemm.c: c [m, n] = alpha op(a) op(b) + beta c (row strides lda, ldb, ldc of the operands as
+// stored), every output one sum in l order, so that a row's bits never depend on m: a and b
+// are real, or moe_bf16 (widened exactly) when bf16. The fp32 GEMMs of a row-invariant backend
+// and the bf16 reference path (cpu_gemm_bf16).
+void cpu_gemm_ordered(int bf16, int trans_a, int trans_b, int m, int n, int kd, real alpha,
+                      const void *a, int lda, const void *b, int ldb, real beta, real *c, int ldc);
+
 // gemm.c: the table's fp32 GEMMs
 void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
                 int trans_a, int trans_b, real beta);

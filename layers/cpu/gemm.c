@@ -9,6 +9,7 @@
 #include "layers/cpu/cblas.h"
 #include <omp.h>
 
+#include "layers/bf16.h"
 #include "layers/cpu/cpu_kernels.h"
 
 #ifdef MOE_REAL_DOUBLE
@@ -24,12 +25,70 @@ static void gemm(int trans_a, int trans_b, int m, int n, int kd, real alpha, con
                trans_b ? CblasTrans : CblasNoTrans, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// ---- the ordered GEMM: row-invariant fp32, and gemm_bf16.c's reference path -------------------
+// c [m, n] = alpha op(a) op(b) + beta c, every output one sum in l order, (0 + p_0) + p_1 + ...
+// with p_l = op(a)[i,l] op(b)[l,j] rounded (no FMA: the C code is -ffp-contract=off; bf16
+// operands are widened exactly, and their products are exact): a row's result depends on that
+// row alone, whatever m (a BLAS picks other kernels, and other sums, for other row counts).
+// beta = 0 does not read c. A task is a tile of RI_ROWS x RI_COLS outputs; it copies RI_DEPTH
+// rows of op(b)'s tile at a time into bt (contiguous, so the inner loop runs over columns and
+// vectorises; each column's running sum still takes its terms in l order). Tiles are spread
+// over the threads, never k.
+#define RI_ROWS 8
+#define RI_COLS 64
+#define RI_DEPTH 64
+
+static inline real elem(int bf16, const void *p, size_t i) {
+    return bf16 ? moe_bf16_to_f32(((const moe_bf16 *)p)[i]) : ((const real *)p)[i];
+}
+
+void cpu_gemm_ordered(int bf16, int trans_a, int trans_b, int m, int n, int kd, real alpha,
+                      const void *a, int lda, const void *b, int ldb, real beta, real *c, int ldc) {
+    if (m == 0 || n == 0) return;
+    const int nj = (n + RI_COLS - 1) / RI_COLS, ni = (m + RI_ROWS - 1) / RI_ROWS;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
+                                              cpu_parallel_worth((size_t)m * n * kd))
+    for (int t = 0; t < ni * nj; t++) {
+        const int i0 = t / nj * RI_ROWS, j0 = t % nj * RI_COLS;
+        const int nr = m - i0 < RI_ROWS ? m - i0 : RI_ROWS,
+                  nc = n - j0 < RI_COLS ? n - j0 : RI_COLS;
+        real acc[RI_ROWS][RI_COLS], bt[RI_DEPTH][RI_COLS];
+        for (int r = 0; r < nr; r++)
+            for (int jj = 0; jj < nc; jj++) acc[r][jj] = 0;
+        for (int l0 = 0; l0 < kd; l0 += RI_DEPTH) {
+            const int nl = kd - l0 < RI_DEPTH ? kd - l0 : RI_DEPTH;
+            if (trans_b) // b [n, kd]
+                for (int jj = 0; jj < nc; jj++)
+                    for (int l = 0; l < nl; l++)
+                        bt[l][jj] = elem(bf16, b, (size_t)(j0 + jj) * ldb + l0 + l);
+            else // b [kd, n]
+                for (int l = 0; l < nl; l++)
+                    for (int jj = 0; jj < nc; jj++)
+                        bt[l][jj] = elem(bf16, b, (size_t)(l0 + l) * ldb + j0 + jj);
+            for (int r = 0; r < nr; r++)
+                for (int l = 0; l < nl; l++) {
+                    const size_t i = (size_t)(i0 + r), k = (size_t)(l0 + l);
+                    const real x = elem(bf16, a, trans_a ? k * lda + i : i * lda + k);
+                    for (int jj = 0; jj < nc; jj++) acc[r][jj] += x * bt[l][jj];
+                }
+        }
+        for (int r = 0; r < nr; r++) {
+            real *out = c + (size_t)(i0 + r) * ldc + j0;
+            for (int jj = 0; jj < nc; jj++)
+                out[jj] = beta == 0 ? alpha * acc[r][jj] : alpha * acc[r][jj] + beta * out[jj];
+        }
+    }
+}
+
 void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, int n, int kd,
                 int trans_a, int trans_b, real beta) {
     CPU_KERNEL(be);
     int lda = trans_a ? m : kd;
     int ldb = trans_b ? kd : n;
-    gemm(trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, n);
+    if (((const cpu_state *)be->state)->row_invariant)
+        cpu_gemm_ordered(0, trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, n);
+    else
+        gemm(trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, n);
 }
 
 // ---- the grouped GEMMs' loop (fp32 here, bf16 in gemm_bf16.c) ------------------------------
@@ -73,18 +132,20 @@ void cpu_expert_gemms(cpu_expert_pass pass, real *c, const void *x, const void *
     }
 }
 
-// One fp32 expert GEMM (ctx unused).
+// One fp32 expert GEMM (ctx: the backend's state, for row_invariant).
 static void expert_gemm32(void *ctx, int trans_a, int trans_b, int m, int n, int kd, const void *a,
                           int lda, const void *b, int ldb, real beta, real *c, int ldc) {
-    (void)ctx;
-    gemm(trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, ldc);
+    if (((const cpu_state *)ctx)->row_invariant)
+        cpu_gemm_ordered(0, trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, ldc);
+    else
+        gemm(trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, ldc);
 }
 
 void cpu_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,
                                const int *offsets, int n_experts, int n_out, int n_in) {
     CPU_KERNEL(be);
     cpu_expert_gemms(CPU_EXPERT_FORWARD, out, inp, weight, sizeof(real), offsets, n_experts, n_out,
-                     n_in, 0, expert_gemm32, NULL);
+                     n_in, 0, expert_gemm32, be->state);
 }
 
 void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *dout,
@@ -92,7 +153,7 @@ void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *d
                                       int n_out, int n_in, int accumulate) {
     CPU_KERNEL(be);
     cpu_expert_gemms(CPU_EXPERT_BACKWARD_INPUT, dinp, dout, weight, sizeof(real), offsets,
-                     n_experts, n_out, n_in, accumulate, expert_gemm32, NULL);
+                     n_experts, n_out, n_in, accumulate, expert_gemm32, be->state);
 }
 
 void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout,
@@ -100,5 +161,5 @@ void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const rea
                                        int n_out, int n_in) {
     CPU_KERNEL(be);
     cpu_expert_gemms(CPU_EXPERT_BACKWARD_WEIGHT, dweight, dout, inp, sizeof(real), offsets,
-                     n_experts, n_out, n_in, 0, expert_gemm32, NULL);
+                     n_experts, n_out, n_in, 0, expert_gemm32, be->state);
 }

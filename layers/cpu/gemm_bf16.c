@@ -16,12 +16,13 @@
 //             sums are fp32, so this is the same arithmetic as the native path up to the
 //             summation order; it costs sgemm plus one pass over the operands.
 //   reference only when asked for: c[i,j] = alpha sum_l a[i,l] b[l,j] + beta c[i,j], the sum
-//             in l order, one output at a time. Slow (no blocking), but a row's result
+//             in l order (gemm.c's cpu_gemm_ordered). Slow (a plain loop), but a row's result
 //             depends on that row alone; a BLAS's sgemm gives the same row other last bits
 //             for other row counts (OpenBLAS's Haswell kernels: a tenth of the outputs of an
 //             M = 16 GEMM differ from the first 16 rows of an M = 200 one), which bf16's next
 //             rounding can turn into a whole bf16 step. The parity tests of expert parallelism, whose
-//             experts see other row counts than one rank's, run bf16 on it.
+//             experts see other row counts than one rank's, run bf16 on it, and a backend
+//             created row_invariant (moe_backend_options) always takes it.
 //
 // MOE_BF16_GEMM=auto|native|sbgemm|onednn|emulated|reference (environment, read at create)
 // forces a path; the tests use cpu_backend_set_bf16_gemm. describe() says which path runs
@@ -191,7 +192,11 @@ moe_status cpu_bf16_select(cpu_state *s) {
     const int hw = cpu_has_bf16_instructions();
     moe_status st = chosen_path(hw, &s->bf16_native);
     if (st) return st;
-    if (s->bf16_native == CPU_BF16_ONEDNN)
+    if (s->row_invariant) { // every output one sum in k order, whatever MOE_BF16_GEMM says
+        s->bf16_native = CPU_BF16_REFERENCE;
+        snprintf(s->bf16_line, sizeof s->bf16_line,
+                 "bf16: reference (row-invariant: a plain loop)");
+    } else if (s->bf16_native == CPU_BF16_ONEDNN)
         snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (%s dnnl_gemm_bf16bf16f32%s)",
                  dnnl_name, hw ? "" : "; forced, no AVX512-BF16/AMX");
     else if (s->bf16_native == CPU_BF16_SBGEMM)
@@ -242,33 +247,14 @@ static void widen_block(real *w, const moe_bf16 *a, int rows, int cols, int ld) 
             w[(size_t)r * cols + c] = moe_bf16_to_f32(a[(size_t)r * ld + c]);
 }
 
-// The reference path: each output one sum in l order (a bf16 x bf16 product is exact in
-// fp32, so whether the compiler fuses it into an FMA changes nothing); beta = 0 does not
-// read c.
-static void gemm_reference(int trans_a, int trans_b, int m, int n, int kd, real alpha,
-                           const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
-                           real *c, int ldc) {
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
-                                              cpu_parallel_worth((size_t)m * n * kd))
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            real sum = 0;
-            for (int l = 0; l < kd; l++)
-                sum += moe_bf16_to_f32(trans_a ? a[(size_t)l * lda + i] : a[(size_t)i * lda + l]) *
-                       moe_bf16_to_f32(trans_b ? b[(size_t)j * ldb + l] : b[(size_t)l * ldb + j]);
-            real *out = c + (size_t)i * ldc + j;
-            *out = beta == 0 ? alpha * sum : alpha * sum + beta * *out;
-        }
-}
-
 size_t cpu_gemm_bf16_ws(int m, int n, int kd) { return (size_t)m * kd + (size_t)kd * n; }
 
 void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m, int n, int kd,
                    real alpha, const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
                    real *c, int ldc) {
     if (m == 0 || n == 0) return;
-    if (s->bf16_native == CPU_BF16_REFERENCE) {
-        gemm_reference(trans_a, trans_b, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (s->bf16_native == CPU_BF16_REFERENCE || s->row_invariant) {
+        cpu_gemm_ordered(1, trans_a, trans_b, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
     const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
@@ -300,7 +286,7 @@ void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m
 // does not protect it): `per` reals for each of `slots` threads, grown on demand; NULL (and
 // unused) on the native path.
 static real *workspace(cpu_state *s, size_t per, int slots) {
-    if (s->bf16_native) return NULL;
+    if (s->bf16_native || s->row_invariant) return NULL;
     const size_t need = per * (size_t)slots + 1;
     if (need > s->bf16_ws_n) {
         free(s->bf16_ws);
