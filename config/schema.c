@@ -23,7 +23,7 @@ static const char *const transport_names[] = {"mpi", "nccl", NULL};  // moe_tran
 static const char *const family_names[] = {"mixtral", "qwen3_moe", "qwen2_moe", "olmoe", NULL};
 static const char *const qk_norm_names[] = {"none", "head", "full", NULL}; // moe_qk_norm's order
 static const char *const aux_scope_names[] = {"micro", "global", NULL};    // moe_aux_scope's order
-static const char *const attention_names[] = {"native", "cudnn", NULL}; // moe_attention_impl's
+static const char *const attention_names[] = {"native", "cudnn", NULL};    // moe_attention_impl's
 
 #define ENUM_FITS_INT(T) _Static_assert(sizeof(T) == sizeof(int), #T " is written as an int")
 ENUM_FITS_INT(moe_attention_impl);

@@ -334,16 +334,16 @@ static void cudnn_attention_forward_entry(moe_backend *be, real *out, real *lse,
     const size_t n = (size_t)sh.B * sh.S * sh.H * sh.hd;
     moe_bf16 *o16 = (moe_bf16 *)cuda_work(be, n * sizeof(moe_bf16));
     char err[1024];
-    if (cudnn_attention_forward(cudnn_of(be), o16, lse, qkv16, sh.B, sh.S, sh.H, sh.KV, sh.hd,
-                                err, sizeof err))
+    if (cudnn_attention_forward(cudnn_of(be), o16, lse, qkv16, sh.B, sh.S, sh.H, sh.KV, sh.hd, err,
+                                sizeof err))
         moe_fatal("%s", err);
     cuda_from_bf16(be, out, o16, n);
 }
 
 static void cudnn_attention_backward_entry(moe_backend *be, real *dqkv, const moe_bf16 *dout16,
                                            const moe_bf16 *qkv16, const moe_bf16 *out16,
-                                           const real *lse, moe_attention_shape sh,
-                                           real *scratch, size_t scratch_size) {
+                                           const real *lse, moe_attention_shape sh, real *scratch,
+                                           size_t scratch_size) {
     (void)scratch, (void)scratch_size;
     if (sh.B <= 0 || sh.S <= 0) return;
     const size_t n = (size_t)sh.B * sh.S * (sh.H + 2 * sh.KV) * sh.hd;

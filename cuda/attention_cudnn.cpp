@@ -51,7 +51,8 @@ struct Shape {
     int64_t B, S, H, KV, hd, row;
 };
 
-fe::graph::Tensor_attributes qkv_part(const char *name, int64_t uid, const Shape &s, int64_t heads) {
+fe::graph::Tensor_attributes qkv_part(const char *name, int64_t uid, const Shape &s,
+                                      int64_t heads) {
     return fe::graph::Tensor_attributes()
         .set_name(name)
         .set_uid(uid)
@@ -87,8 +88,10 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const Shape &s) {
                    .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                    .set_diagonal_band_right_bound(0);
     auto [O, Stats] = g->sdpa(Q, K, V, opt);
-    O->set_output(true).set_uid(O_UID).set_dim({s.B, s.H, s.S, s.hd}).set_stride(
-        {s.S * s.H * s.hd, s.hd, s.H * s.hd, 1});
+    O->set_output(true)
+        .set_uid(O_UID)
+        .set_dim({s.B, s.H, s.S, s.hd})
+        .set_stride({s.S * s.H * s.hd, s.hd, s.H * s.hd, 1});
     Stats->set_output(true)
         .set_uid(STATS_UID)
         .set_data_type(fe::DataType_t::FLOAT)
@@ -272,34 +275,37 @@ extern "C" void cudnn_attention_destroy(cudnn_attention *a) {
     if (a->handle) {
         try {
             fe::detail::destroy_handle(a->handle);
-        } catch (const std::exception &) {
-        }
+        } catch (const std::exception &) {}
     }
     delete a;
 }
 
 extern "C" const char *cudnn_attention_describe(cudnn_attention *a) { return a->line; }
 
-extern "C" int cudnn_attention_forward(cudnn_attention *a, void *o16, float *lse,
-                                       const void *qkv16, int B, int S, int H, int KV, int hd,
-                                       char *err, size_t err_size) {
+extern "C" int cudnn_attention_forward(cudnn_attention *a, void *o16, float *lse, const void *qkv16,
+                                       int B, int S, int H, int KV, int hd, char *err,
+                                       size_t err_size) {
     const Shape s = shape(B, S, H, KV, hd);
-    std::unordered_map<int64_t, void *> pack = {
-        {Q_UID, part(qkv16, 0, hd)},  {K_UID, part(qkv16, H, hd)}, {V_UID, part(qkv16, H + KV, hd)},
-        {O_UID, o16},                 {STATS_UID, lse}};
+    std::unordered_map<int64_t, void *> pack = {{Q_UID, part(qkv16, 0, hd)},
+                                                {K_UID, part(qkv16, H, hd)},
+                                                {V_UID, part(qkv16, H + KV, hd)},
+                                                {O_UID, o16},
+                                                {STATS_UID, lse}};
     return run(a, false, s, pack, err, err_size);
 }
 
 extern "C" int cudnn_attention_backward(cudnn_attention *a, void *dqkv16, const void *do16,
-                                        const void *qkv16, const void *o16, const float *lse,
-                                        int B, int S, int H, int KV, int hd, char *err,
-                                        size_t err_size) {
+                                        const void *qkv16, const void *o16, const float *lse, int B,
+                                        int S, int H, int KV, int hd, char *err, size_t err_size) {
     const Shape s = shape(B, S, H, KV, hd);
-    std::unordered_map<int64_t, void *> pack = {
-        {Q_UID, part(qkv16, 0, hd)},   {K_UID, part(qkv16, H, hd)},
-        {V_UID, part(qkv16, H + KV, hd)}, {O_UID, (void *)o16},
-        {DO_UID, (void *)do16},        {STATS_UID, (void *)lse},
-        {DQ_UID, part(dqkv16, 0, hd)}, {DK_UID, part(dqkv16, H, hd)},
-        {DV_UID, part(dqkv16, H + KV, hd)}};
+    std::unordered_map<int64_t, void *> pack = {{Q_UID, part(qkv16, 0, hd)},
+                                                {K_UID, part(qkv16, H, hd)},
+                                                {V_UID, part(qkv16, H + KV, hd)},
+                                                {O_UID, (void *)o16},
+                                                {DO_UID, (void *)do16},
+                                                {STATS_UID, (void *)lse},
+                                                {DQ_UID, part(dqkv16, 0, hd)},
+                                                {DK_UID, part(dqkv16, H, hd)},
+                                                {DV_UID, part(dqkv16, H + KV, hd)}};
     return run(a, true, s, pack, err, err_size);
 }

@@ -27,9 +27,9 @@ int cudnn_attention_forward(cudnn_attention *a, void *o16, float *lse, const voi
                             int S, int H, int KV, int hd, char *err, size_t err_size);
 // Backward: dqkv16 [B*S, (H+2KV)*hd] (bf16, every element written) from do16, o16 [B*S, H*hd],
 // qkv16 and lse as above. Deterministic (cuDNN's deterministic algorithm: no atomics in dQ).
-int cudnn_attention_backward(cudnn_attention *a, void *dqkv16, const void *do16,
-                             const void *qkv16, const void *o16, const float *lse, int B, int S,
-                             int H, int KV, int hd, char *err, size_t err_size);
+int cudnn_attention_backward(cudnn_attention *a, void *dqkv16, const void *do16, const void *qkv16,
+                             const void *o16, const float *lse, int B, int S, int H, int KV, int hd,
+                             char *err, size_t err_size);
 
 #ifdef __cplusplus
 }

@@ -40,9 +40,9 @@ typedef struct cuda_state {
     cudaEvent_t ptr_done[CUDA_PTR_SLOTS];
     int ptr_cap; // pointers per slot
     int ptr_next;
-    cudaEvent_t t0, t1; // cuda_backend_timer_*
+    cudaEvent_t t0, t1;            // cuda_backend_timer_*
     struct cudnn_attention *cudnn; // model.attention = "cudnn" (cuda/attention_cudnn.h), else NULL
-    char line[640];     // describe()
+    char line[640];                // describe()
 } cuda_state;
 
 static inline cuda_state *cuda_state_of(moe_backend *be) { return (cuda_state *)be->state; }

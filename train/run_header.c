@@ -150,10 +150,10 @@ moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
     if (st) return st;
     printf("\n");
     moe_backend *be;
-    const moe_backend_options bo = {
-        .threads = cfg->threads,
-        .tf32 = cfg->tf32,
-        .attention_cudnn = cfg->attention == MOE_ATTENTION_CUDNN};;
+    const moe_backend_options bo = {.threads = cfg->threads,
+                                    .tf32 = cfg->tf32,
+                                    .attention_cudnn = cfg->attention == MOE_ATTENTION_CUDNN};
+    ;
     if ((st = moe_backend_create(&be, cfg->device, &bo)))
         return moe_trainer_key_error(st, "model.device", cfg->device);
     moe_model_config mc = moe_trainer_model_config(cfg);

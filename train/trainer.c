@@ -153,9 +153,10 @@ static moe_status trainer_open_data(trainer *t) {
 // The backend, the data, the model at its initialisation, the optimizer and the loader.
 static moe_status trainer_open_model(trainer *t) {
     const moe_train_config *cfg = t->cfg;
-    const moe_backend_options bo = {
-        .threads = cfg->threads, .procs_per_node = moe_launch_local_size(), .tf32 = cfg->tf32,
-        .attention_cudnn = cfg->attention == MOE_ATTENTION_CUDNN};
+    const moe_backend_options bo = {.threads = cfg->threads,
+                                    .procs_per_node = moe_launch_local_size(),
+                                    .tf32 = cfg->tf32,
+                                    .attention_cudnn = cfg->attention == MOE_ATTENTION_CUDNN};
     moe_status st = moe_backend_create(&t->be, cfg->device, &bo);
     if (st) return moe_trainer_key_error(st, "model.device", cfg->device);
     if ((st = trainer_open_transport(t))) return st;

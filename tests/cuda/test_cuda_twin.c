@@ -674,7 +674,7 @@ static void test_cudnn_attention(void) {
     printf("cudnn attention: %s\n", G->describe(G));
     test_attention_bf16(2, 45, 4, 2, 16, 8e-3, 1e-4);
     test_attention_bf16(1, 300, 6, 3, 24, 8e-3, 1e-4);
-    test_attention_bf16(2, 256, 4, 1, 64, 8e-3, 1e-4);  // gpu-1b's head_dim, GQA 4:1
+    test_attention_bf16(2, 256, 4, 1, 64, 8e-3, 1e-4);   // gpu-1b's head_dim, GQA 4:1
     test_attention_bf16(1, 1024, 2, 2, 128, 8e-3, 1e-4); // a long sequence, head_dim 128
     G = plain;
     moe_backend_destroy(dnn);
