@@ -2,6 +2,7 @@
 #include "infer/serve_request.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -153,6 +154,25 @@ static int member_span(const char *s, size_t n, int index, size_t *b, size_t *e)
         i = skip_ws(s, i, n);
         if (i >= n || s[i] != ',') return -1;
     }
+}
+
+// The offset of the first "\u" escape of s[0..n) that is not followed by 4 hex digits, or n.
+// cJSON decodes one (such as "\uqpt9") as U+0000, which would cut the string short; JSON does
+// not allow it. s is JSON that cJSON accepted, so '"' outside an escape starts or ends a string.
+static size_t bad_u_escape_at(const char *s, size_t n) {
+    int in_string = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '"')
+            in_string = !in_string;
+        else if (in_string && s[i] == '\\') {
+            if (i + 1 < n && s[i + 1] == 'u') {
+                for (size_t j = i + 2; j < i + 6; j++)
+                    if (j >= n || !isxdigit((unsigned char)s[j])) return i;
+            }
+            i++;
+        }
+    }
+    return n;
 }
 
 // Whether the string text s[b..e) (quotes included) has the escape "\u0000".
@@ -327,16 +347,21 @@ static int parse_seed(const request *r, serve_params *p, serve_error *err) {
     int digits = i < e;
     for (size_t j = i; j < e; j++) digits &= r->text[j] >= '0' && r->text[j] <= '9';
     if (digits && r->text[b] != '-') {
-        char buf[64];
+        while (b + 1 < e && r->text[b] == '0') b++; // (cJSON allows leading zeros)
+        char buf[32];
         const size_t k = e - b < sizeof buf - 1 ? e - b : sizeof buf - 1;
         memcpy(buf, r->text + b, k);
         buf[k] = 0;
         errno = 0;
         const unsigned long long s = strtoull(buf, NULL, 10);
-        if (errno == ERANGE || k < e - b)
+        if (k < e - b)
             return fail(err, 400, "seed", "invalid_value",
-                        "Invalid 'seed': %.40s. Expected an integer in [0, "
+                        "Invalid 'seed': a number of %zu digits. Expected an integer in [0, "
                         "18446744073709551615].",
+                        e - b);
+        if (errno == ERANGE)
+            return fail(err, 400, "seed", "invalid_value",
+                        "Invalid 'seed': %s. Expected an integer in [0, 18446744073709551615].",
                         buf);
         p->seed = s;
     } else if (d == 0) {
@@ -512,7 +537,13 @@ int serve_parse_completion(const char *body, size_t len, const serve_limits *lim
                     at, line, col);
     }
     int rc = 0;
-    if (!cJSON_IsObject(root)) {
+    const size_t bad_u = bad_u_escape_at(text, len);
+    if (bad_u < len) {
+        rc = fail(err, 400, NULL, "invalid_json",
+                  "We could not parse the JSON body of your request: an invalid \\u escape at "
+                  "byte %zu (expected 4 hex digits).",
+                  bad_u);
+    } else if (!cJSON_IsObject(root)) {
         rc = fail(err, 400, NULL, "invalid_json",
                   "The body of the request must be a JSON object, but got %s.", json_type(root));
     } else {

@@ -2,7 +2,7 @@
 # A libFuzzer session on one target of tests/fuzz (tests/fuzz/README.md):
 #
 #   scripts/fuzz.sh TARGET SECONDS [libFuzzer flags...]
-#   targets: safetensors token_file config hf_config trainer_state ckpt_folder stats
+#   targets: safetensors token_file config hf_config trainer_state ckpt_folder stats serve_request
 #
 # Configures build-fuzz/ with clang (MOE_FUZZ=ON) on first use and builds the target, then
 # fuzzes for SECONDS: the committed corpus tests/fuzz/corpus/TARGET is read, new inputs go
@@ -10,7 +10,7 @@
 # build-fuzz/logs/TARGET.log. Ends with the executions and coverage; exits 1 on a crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=" safetensors token_file config hf_config trainer_state ckpt_folder stats "
+targets=" safetensors token_file config hf_config trainer_state ckpt_folder stats serve_request "
 if [ $# -lt 2 ] || [[ "$targets" != *" $1 "* ]] || ! [[ "$2" =~ ^[1-9][0-9]*$ ]]; then
   sed -n '2,10p' "$0" >&2
   exit 2

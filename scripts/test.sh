@@ -113,7 +113,7 @@ cmake --build "$fuzz_build" -j "$cpus" --target fuzz_targets > "$fuzz_build/buil
 phase "build of the fuzz targets ($fuzz_build)"
 failed=()
 pids=() names=()
-for t in safetensors token_file config hf_config trainer_state ckpt_folder stats; do
+for t in safetensors token_file config hf_config trainer_state ckpt_folder stats serve_request; do
   FUZZ_BUILD_DIR=$fuzz_build bash scripts/fuzz.sh "$t" "$fuzz_seconds" &
   pids+=($!) names+=("$t")
   if [ ${#pids[@]} -ge "$cpus" ]; then

@@ -42,10 +42,12 @@ static const bad_case bad[] = {
     {"{\"prompt\":\"x\"}\0", "", "invalid_json", 15},
     {"{\"prompt\":\"a\0b\"}", "", "invalid_json", 16},
     {"{\"prompt\":\"\xff\"}", "", "invalid_json", 0},
-    {"{\"prompt\":\"\xc0\xaf\"}", "", "invalid_json", 0},           // overlong '/'
-    {"{\"prompt\":\"\xed\xa0\x80\"}", "", "invalid_json", 0},       // a surrogate in UTF-8
-    {"{\"prompt\":\"caf\xc3\"}", "", "invalid_json", 0},            // cut sequence
-    {"{\"prompt\":\"\\ud800\"}", "", "invalid_json", 0},            // lone surrogate escape
+    {"{\"prompt\":\"\xc0\xaf\"}", "", "invalid_json", 0},     // overlong '/'
+    {"{\"prompt\":\"\xed\xa0\x80\"}", "", "invalid_json", 0}, // a surrogate in UTF-8
+    {"{\"prompt\":\"caf\xc3\"}", "", "invalid_json", 0},      // cut sequence
+    {"{\"prompt\":\"\\ud800\"}", "", "invalid_json", 0},      // lone surrogate escape
+    {"{\"prompt\":\"h\\uqpt9ll\"}", "", "invalid_json", 0},   // cJSON alone would give "h"
+    {"{\"prompt\":\"x\",\"user\":\"\\u00zz\"}", "", "invalid_json", 0},
     {"{\"prompt\":\"a\",\"prompt\":\"b\"}", "", "invalid_json", 0}, // duplicate key
     {P "\"stream\":true,\"stream_options\":{\"include_usage\":true,\"include_usage\":false}}", "",
      "invalid_json", 0},
@@ -209,6 +211,11 @@ static const good_case good[] = {
      0, ""},
     {P "\"seed\":1e3}", 1, "x", "x", 16, 1, 1, 0, 1, 1000, 0, NULL, 0, 0, ""},
     {P "\"seed\":7.0}", 1, "x", "x", 16, 1, 1, 0, 1, 7, 0, NULL, 0, 0, ""},
+    {P "\"seed\":000000000000000000000000000000000000000000000018446744073709551615}", 1, "x", "x",
+     16, 1, 1, 0, 1, 18446744073709551615ull, 0, NULL, 0, 0, ""},
+    // an escaped backslash before "uqpt9" is text, not a \u escape
+    {"{\"prompt\":\"\\u00E9\\\\uqpt9\"}", 1, "\xc3\xa9\\uqpt9", "\xc3\xa9\\uqpt9", 16, 1, 1, 0, 0,
+     0, 0, NULL, 0, 0, ""},
     // the seed's text found behind strings that hold the body's punctuation, and a BOM
     {"{\"prompt\":\"a\\\"}{,\",\"stop\":[\"]\",\",\\\\\"],\"x\":{\"y\":\"}\",\"z\":[[{}]]},"
      "\"seed\":12345678901234567890}",
@@ -277,7 +284,7 @@ static void test_bad(void) {
         const bad_case *c = &bad[i];
         serve_params p;
         memset(&p, 0xAB, sizeof p); // whatever the caller had
-        serve_error err;
+        serve_error err = {0};
         const size_t len = c->len ? c->len : strlen(c->body);
         const int rc = serve_parse_completion(c->body, len, &LIM, &p, &err);
         const serve_params zero = {0};
