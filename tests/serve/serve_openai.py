@@ -16,8 +16,8 @@ free loopback port:
      prompt that can never fit (400), a client that disconnects mid-stream (its slot freed:
      the cancelled counter), a slowloris connection (closed after --timeout).
   4. a full queue (--max-seqs 1 --max-queue 1): 429 with Retry-After, the others complete.
-  5. SIGTERM during a stream: the server exits 0 within the bound, the stream ends with
-     [DONE].
+  5. SIGTERM during a stream: the server exits 0 within the bound; with a grace the stream
+     finishes, without one it is cut (an error event, then [DONE]).
 Exit 77 (skipped) when the openai package is missing (scripts/install_hf5.sh installs it).
 """
 import json
@@ -324,9 +324,10 @@ def part_queue(ckpt):
         check("exit 0", rc == 0, err[-500:])
 
 
-def part_sigterm(ckpt):
-    print("5. SIGTERM during a stream")
-    s = Server(ckpt, "--max-seqs", "2", "--shutdown-grace", "2", "--max-pos", "128")
+def part_sigterm(ckpt, grace):
+    print("5. SIGTERM during a stream (--shutdown-grace %d)" % grace)
+    s = Server(ckpt, "--max-seqs", "2", "--shutdown-grace", str(grace), "--max-pos", "128",
+               "--threads", "1")
     c = s.client(key="none")
     events, ended = [], threading.Event()
     def stream():
@@ -343,15 +344,21 @@ def part_sigterm(ckpt):
     t0 = time.time()
     rc, err = s.stop(timeout=30)
     th.join(30)
-    check("exit 0 within grace + 5 s (%.1f s)" % (time.time() - t0), rc == 0 and time.time() - t0 < 7, (rc, err[-300:]))
-    check("the stream ended", ended.is_set())
+    check("exit 0 within grace + 5 s (%.1f s)" % (time.time() - t0), rc == 0 and time.time() - t0 < grace + 5,
+          (rc, err[-300:]))
+    text = "".join(e.choices[0].text for e in events if not isinstance(e, Exception) and e.choices)
+    cut = any(isinstance(e, Exception) for e in events)
+    check("the stream ended (%s, %d bytes)" % ("cut with an error event" if cut else "finished", len(text)),
+          ended.is_set() and (cut or grace > 0))
 
 
 def main():
     os.makedirs(WORK, exist_ok=True)
     ckpt = train()
-    for part in (part_deterministic, part_load, part_bad_input, part_queue, part_sigterm):
+    for part in (part_deterministic, part_load, part_bad_input, part_queue):
         part(ckpt)
+    part_sigterm(ckpt, 2)  # in-flight requests finish within the grace
+    part_sigterm(ckpt, 0)  # no grace: the stream is cut, with an error event, then [DONE]
     print("FAILED: %d" % len(failures) if failures else "all passed")
     return 1 if failures else 0
 
