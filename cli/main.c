@@ -16,6 +16,7 @@
 #include "layers/blas.h"
 #include "layers/exchange.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/gguf.h"
 #include "config/config.h"
 #include "infer/infer.h"
 #include "train/launch.h"
@@ -245,8 +246,12 @@ static const cli_command generate_cli = {
 
 typedef struct {
     const char *ckpt, *out, *device;
-    int dtype; // the index in export_dtypes, modulo 3: f32, bf16, f16
+    int dtype;        // the index in export_dtypes, modulo 3: f32, bf16, f16
+    int format;       // the index in export_formats: hf, gguf
+    const char *type; // --format gguf: the tensors' type (NULL: f32)
 } export_opts;
+
+static const char *const export_formats[] = {"hf", "gguf", NULL};
 
 static const char *const export_dtypes[] = {"f32",      "bf16",    "f16", "float32",
                                             "bfloat16", "float16", NULL};
@@ -256,10 +261,17 @@ static const cli_option export_options[] = {
      .help = "a checkpoint folder, RUN/ckpt/latest, or a Hugging Face folder (Mixtral, Qwen3-MoE, "
              "Qwen2-MoE, OLMoE)"},
     {"--out", CLI_STRING(export_opts, out), .value = "DIR", .flags = CLI_REQUIRED,
-     .help = "the output folder"},
+     .help = "the output folder (--format gguf: the output file)"},
+    {"--format", CLI_CHOICE(export_opts, format), .choices = export_formats, .value = "hf|gguf",
+     .expect = "hf or gguf", .def = "hf",
+     .help = "hf: a Hugging Face folder of the model's family; gguf: one GGUF file for "
+             "llama.cpp (Mixtral with the byte tokenizer; docs/checkpoints.md)"},
     {"--dtype", CLI_CHOICE(export_opts, dtype), .choices = export_dtypes, .value = "f32|bf16|f16",
      .expect = "f32, bf16 or f16", .def = "f32",
      .help = "the weights' type in the folder (also float32, bfloat16, float16)"},
+    {"--type", CLI_STRING(export_opts, type), .value = "f32|f16|bf16|q8_0",
+     .help = "--format gguf: the weights' type in the file (default f32; norms and the router "
+             "stay f32)"},
     {"--device", CLI_STRING(export_opts, device), .value = "NAME", .def = "cpu",
      .help = "the backend the weights are loaded on"},
     {0}};
@@ -269,7 +281,8 @@ static const cli_command export_cli = {
     .about =
         "  Writes a checkpoint's weights as an inference-only Hugging Face folder of its family\n"
         "  (config.json, safetensors shards and their index, generation_config.json) with the\n"
-        "  checkpoint's tokenizer files (the byte tokenizer's for a vocabulary of 256).\n",
+        "  checkpoint's tokenizer files (the byte tokenizer's for a vocabulary of 256).\n"
+        "  --format gguf: one GGUF file of llama.cpp's llama architecture instead.\n",
     .options = export_options};
 
 // ---- what the commands share -------------------------------------------------------------
@@ -539,6 +552,19 @@ static int cmd_export(void *opts) {
     static const moe_st_dtype dtypes[] = {MOE_ST_F32, MOE_ST_BF16,
                                           MOE_ST_F16}; // export_dtypes' order
     const moe_st_dtype dtype = dtypes[o->dtype % 3];
+    if (o->format == 1) { // gguf: read on the host, no backend
+        moe_ggml_type type;
+        if (moe_ggml_type_parse(o->type ? o->type : "f32", &type))
+            return cli_usage_error(&export_cli, stderr, "--type: %s", moe_last_error());
+        if (moe_export_gguf(o->ckpt, o->out, moe_ggml_type_name(type)))
+            moe_fatal("%s", moe_last_error());
+        printf("exported %s (GGUF, %s) to %s\n", o->ckpt, moe_ggml_type_name(type), o->out);
+        return 0;
+    }
+    if (o->type)
+        return cli_usage_error(&export_cli, stderr,
+                               "--type is the GGUF file's type (--format gguf); a folder's is "
+                               "--dtype");
     moe_backend *be = open_device(o->device);
     moe_model m;
     // a refusal frees what it holds first (the backend, the model): the error is the only output

@@ -20,12 +20,13 @@ assert transformers.__version__.split(".")[0] == "5" and torch.__version__.split
 
 ok() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$PROBE" >/dev/null 2>&1; }
 # moe serve's test clients (tests/serve/serve_openai.py): the openai package and the
-# Prometheus parser, small, added to a venv that has the rest
+# Prometheus parser, and the gguf package (export_gguf's independent GGUF reader), small,
+# added to a venv that has the rest
 clients() {
-  "$VENV/bin/python" -c 'import openai, prometheus_client' >/dev/null 2>&1 && return 0
+  "$VENV/bin/python" -c 'import openai, prometheus_client, gguf' >/dev/null 2>&1 && return 0
   timeout 300 "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q \
-    --timeout 60 --retries 2 openai prometheus-client >>"$VENV.log" 2>&1 ||
-    echo "install_hf5.sh: openai/prometheus-client not installed (see $VENV.log): moe serve's client test will be skipped"
+    --timeout 60 --retries 2 openai prometheus-client gguf >>"$VENV.log" 2>&1 ||
+    echo "install_hf5.sh: openai/prometheus-client/gguf not installed (see $VENV.log): moe serve's client test and export_gguf will be skipped"
   return 0
 }
 skip() { echo "install_hf5.sh: $* -- the transformers 5.x checks will be skipped"; exit 0; }

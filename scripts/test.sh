@@ -47,6 +47,8 @@ fi
 # time, never fails the run; without it those tests report themselves skipped): 4.40 on
 # Debian's torch 1.13, and the latest 5.x on PyTorch 2.x from PyPI
 [ "${MOE_SKIP_HF:-0}" = 1 ] || { bash scripts/install_hf.sh || true; bash scripts/install_hf5.sh || true; }
+# llama-cpp-python for the GGUF check against llama.cpp: a 10-20 minute build, so on request
+[ "${MOE_INSTALL_LLAMA:-0}" = 1 ] && { bash scripts/install_llama.sh || true; }
 phase "packages and transformers"
 
 # Every C file formatted as .clang-format says (the message names each file and the fix).
