@@ -29,10 +29,15 @@ void moe_serve_stats_free(moe_serve_stats *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int grow(void **p, size_t *cap, size_t n, size_t elem) {
-    if (n < *cap) return 1;
-    size_t nc = *cap ? 2 * *cap : 256;
-    void *q = realloc(*p, nc * elem);
+// The capacity for n + 1 entries: cap while n fits, else doubled (256 at first). Every array
+// of a set grows to the same new capacity (grow), and only then is the set's cap updated: an
+// earlier version updated nothing, so the arrays stayed at 256 entries and the 257th step
+// wrote past them (found by scripts/bench_serve under ASan).
+static size_t next_cap(size_t cap, size_t n) { return n < cap ? cap : cap ? 2 * cap : 256; }
+
+static int grow(void **p, size_t cap, size_t new_cap, size_t elem) {
+    if (new_cap == cap) return 1;
+    void *q = realloc(*p, new_cap * elem);
     if (!q) return 0;
     *p = q;
     return 1;
@@ -41,12 +46,12 @@ static int grow(void **p, size_t *cap, size_t n, size_t elem) {
 // The window that just filled: each layer's hottest expert's hit ratio and mean hottest share.
 static moe_status close_window(moe_serve_stats *s) {
     const int L = s->L, E = s->E;
-    size_t c = s->win_cap;
-    if (!grow((void **)&s->win_ratio, &c, s->n_win, L * sizeof(double)) ||
-        !grow((void **)&s->win_expert, &c, s->n_win, L * sizeof(int)) ||
-        !grow((void **)&s->win_mean_hot, &c, s->n_win, L * sizeof(double)))
+    const size_t c = s->win_cap, nc = next_cap(c, s->n_win);
+    if (!grow((void **)&s->win_ratio, c, nc, L * sizeof(double)) ||
+        !grow((void **)&s->win_expert, c, nc, L * sizeof(int)) ||
+        !grow((void **)&s->win_mean_hot, c, nc, L * sizeof(double)))
         return moe_error(MOE_ENOMEM, "stats: out of memory");
-    s->win_cap = c;
+    s->win_cap = nc;
     for (int l = 0; l < L; l++) {
         const long *h = s->win_hits + (size_t)l * E;
         long all = 0;
@@ -69,15 +74,14 @@ moe_status moe_serve_stats_step(moe_serve_stats *s, const moe_model *m, moe_serv
     if (!counts) return moe_error(MOE_ENOMEM, "stats: out of memory");
     memcpy(counts, m->step_hits, (size_t)L * E * sizeof *counts);       // the call's, per layer
     if (m->ep) m->ep->allreduce_sum_long(m->ep, counts, (size_t)L * E); // every rank's tokens
-    size_t c = s->cap;
-    if (!grow((void **)&s->latency, &c, s->n, sizeof(double)) ||
-        !grow((void **)&s->tokens, &c, s->n, sizeof(int)) ||
-        !grow((void **)&s->kind, &c, s->n, 1) ||
-        !grow((void **)&s->hot, &c, s->n, L * sizeof(double))) {
+    const size_t c = s->cap, nc = next_cap(c, s->n);
+    if (!grow((void **)&s->latency, c, nc, sizeof(double)) ||
+        !grow((void **)&s->tokens, c, nc, sizeof(int)) || !grow((void **)&s->kind, c, nc, 1) ||
+        !grow((void **)&s->hot, c, nc, L * sizeof(double))) {
         free(counts);
         return moe_error(MOE_ENOMEM, "stats: out of memory");
     }
-    s->cap = c;
+    s->cap = nc;
     s->latency[s->n] = latency_s, s->tokens[s->n] = tokens, s->kind[s->n] = (unsigned char)kind;
     if (s->jsonl)
         fprintf(s->jsonl,

@@ -97,6 +97,17 @@ log = { dir = "%s/run"; };
            all(s["tokens"] == 32 and s["kind"] == "eval" for s in recs[:-1]),
            "eval --stats-out: the loss on stdout, one step per window of 32 tokens (20)")
     check(out, 6, what="eval")
+    # past the first 256 steps the record arrays grow (they once stayed at 256 and step 257
+    # wrote past them: ASan, scripts/bench_serve)
+    out = os.path.join(work, "eval300.jsonl")
+    r = subprocess.run([moe, "eval", "--ckpt", ck, "--data", os.path.join(work, "data", "val.bin"),
+                        "--seq-len", "8", "--max-windows", "300", "--stats-out", out, "--stats-window", "64"],
+                       capture_output=True, text=True)
+    recs = [json.loads(l) for l in open(out)] if os.path.exists(out) else []
+    report(r.returncode == 0 and len(recs) == 301, "eval --stats-out over 300 steps (> 256): %d records, exit %d"
+           % (len(recs), r.returncode))
+    if len(recs) == 301:
+        check(out, 64, what="eval x 300")
     # batched generation: 4 prompts decoded together give each one's lone text (greedy, and
     # sampled with seed + b), and the decode steps route 4 tokens each
     prompts = ["To be or not", "the quick brown fox", "ROMEO:", "wherefore art thou, and why"]
