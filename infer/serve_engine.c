@@ -80,7 +80,9 @@ int serve_engine_submit(serve_engine *e, serve_seq *s, char *why, size_t why_siz
     if (e->draining || e->stopping) {
         snprintf(why, why_size, "the server is shutting down");
         status = 503;
-    } else if (e->n_queued >= e->o.max_queue) {
+    } else if (e->n_queued >= e->o.max_queue + (e->o.max_seqs - e->n_active)) {
+        // (the queue counts those waiting beyond the free slots: a burst that the next step
+        // admits is not refused)
         snprintf(why, why_size,
                  "the server is at capacity: %d requests are waiting (--max-queue); retry later",
                  e->n_queued);

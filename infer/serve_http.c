@@ -54,8 +54,32 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, char *tex
     return ok;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *j, int retry_after) {
+// A generated 0x00 byte: cJSON's strings end at a NUL, so utf8_clean spells it 0xFF (a byte
+// valid UTF-8 never holds, and the cleaned text holds no other) and json_print writes each
+// 0xFF as the escape \u0000, what the client decodes back to the byte.
+#define NUL_STAND_IN '\xFF'
+
+static char *json_print(const cJSON *j) {
     char *s = cJSON_PrintUnformatted(j);
+    if (!s || !strchr(s, NUL_STAND_IN)) return s;
+    size_t n = 0;
+    for (const char *p = s; *p; p++) n += *p == NUL_STAND_IN ? 6 : 1;
+    char *o = malloc(n + 1), *w = o;
+    for (const char *p = s; o && *p; p++) {
+        if (*p == NUL_STAND_IN) {
+            memcpy(w, "\\u0000", 6);
+            w += 6;
+        } else {
+            *w++ = *p;
+        }
+    }
+    if (o) *w = 0;
+    free(s);
+    return o;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *j, int retry_after) {
+    char *s = json_print(j);
     cJSON_Delete(j);
     if (!s) return MHD_NO;
     return send_text(c, status, s, strlen(s), "application/json", retry_after);
@@ -88,7 +112,8 @@ static size_t utf8_complete(const char *s, size_t n) {
 }
 
 // s[0..n) as valid UTF-8 (malloc'd, NUL-terminated): each invalid byte becomes U+FFFD, the
-// replacement a decoder makes (the byte tokenizer can end a completion inside a character).
+// replacement a decoder makes (the byte tokenizer can cut a character anywhere), and a 0x00
+// byte becomes NUL_STAND_IN (json_print escapes it).
 static char *utf8_clean(const char *s, size_t n) {
     char *o = malloc(3 * n + 1), *w = o;
     if (!o) return NULL;
@@ -107,7 +132,9 @@ static char *utf8_clean(const char *s, size_t n) {
         if (k == 4 && ((b == 0xF0 && (unsigned char)s[i + 1] < 0x90) ||
                        (b == 0xF4 && (unsigned char)s[i + 1] >= 0x90)))
             k = 0;
-        if (k) {
+        if (b == 0) {
+            *w++ = NUL_STAND_IN, i++;
+        } else if (k) {
             memcpy(w, s + i, k), w += k, i += k;
         } else {
             memcpy(w, "\xEF\xBF\xBD", 3), w += 3, i++;
@@ -287,7 +314,7 @@ static enum MHD_Result respond_whole(completion *cp, struct MHD_Connection *c) {
 // ---- server-sent events ------------------------------------------------------------------
 
 static int pend(completion *cp, cJSON *j) {
-    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    char *s = j ? json_print(j) : NULL;
     cJSON_Delete(j);
     const size_t k = s ? strlen(s) + 8 : 14;
     char *p = realloc(cp->pending, cp->pend_n + k + 1);
