@@ -334,8 +334,8 @@ static void cudnn_attention_forward_entry(moe_backend *be, real *out, real *lse,
     const size_t n = (size_t)sh.B * sh.S * sh.H * sh.hd;
     moe_bf16 *o16 = (moe_bf16 *)cuda_work(be, n * sizeof(moe_bf16));
     char err[1024];
-    if (cudnn_attention_forward(cudnn_of(be), o16, lse, qkv16, sh.B, sh.S, sh.H, sh.KV, sh.hd, err,
-                                sizeof err))
+    if (cuda_cudnn_attention_forward(cudnn_of(be), o16, lse, qkv16, sh.B, sh.S, sh.H, sh.KV, sh.hd,
+                                     err, sizeof err))
         moe_fatal("%s", err);
     cuda_from_bf16(be, out, o16, n);
 }
@@ -349,8 +349,8 @@ static void cudnn_attention_backward_entry(moe_backend *be, real *dqkv, const mo
     const size_t n = (size_t)sh.B * sh.S * (sh.H + 2 * sh.KV) * sh.hd;
     moe_bf16 *dqkv16 = (moe_bf16 *)cuda_work(be, n * sizeof(moe_bf16));
     char err[1024];
-    if (cudnn_attention_backward(cudnn_of(be), dqkv16, dout16, qkv16, out16, lse, sh.B, sh.S, sh.H,
-                                 sh.KV, sh.hd, err, sizeof err))
+    if (cuda_cudnn_attention_backward(cudnn_of(be), dqkv16, dout16, qkv16, out16, lse, sh.B, sh.S,
+                                      sh.H, sh.KV, sh.hd, err, sizeof err))
         moe_fatal("%s", err);
     cuda_from_bf16(be, dqkv, dqkv16, n);
 }
@@ -358,14 +358,14 @@ static void cudnn_attention_backward_entry(moe_backend *be, real *dqkv, const mo
 moe_status cuda_cudnn_enable(moe_backend *be) {
     char err[512];
     cuda_state *s = cuda_state_of(be);
-    s->cudnn = cudnn_attention_create(s->stream, err, sizeof err);
+    s->cudnn = cuda_cudnn_attention_create(s->stream, err, sizeof err);
     if (!s->cudnn) return moe_error(MOE_EINVAL, "model.attention = \"cudnn\": %s", err);
     be->attention_forward_bf16 = cudnn_attention_forward_entry;
     be->attention_backward_bf16 = cudnn_attention_backward_entry;
     return MOE_OK;
 }
-void cuda_cudnn_destroy(cudnn_attention *a) { cudnn_attention_destroy(a); }
-const char *cuda_cudnn_describe(cudnn_attention *a) { return cudnn_attention_describe(a); }
+void cuda_cudnn_destroy(cudnn_attention *a) { cuda_cudnn_attention_destroy(a); }
+const char *cuda_cudnn_describe(cudnn_attention *a) { return cuda_cudnn_attention_describe(a); }
 #else
 moe_status cuda_cudnn_enable(moe_backend *be) {
     (void)be;

@@ -243,7 +243,7 @@ static bool load_cudnn(char *err, size_t n) {
     return false;
 }
 
-extern "C" cudnn_attention *cudnn_attention_create(void *stream, char *err, size_t err_size) {
+extern "C" cudnn_attention *cuda_cudnn_attention_create(void *stream, char *err, size_t err_size) {
     if (!load_cudnn(err, err_size)) return nullptr;
     auto *a = new cudnn_attention();
     a->stream = (cudaStream_t)stream;
@@ -253,7 +253,7 @@ extern "C" cudnn_attention *cudnn_attention_create(void *stream, char *err, size
         if (st != CUDNN_STATUS_SUCCESS) {
             std::snprintf(err, err_size, "cuDNN: cudnnCreate/cudnnSetStream failed: %s",
                           fe::detail::get_error_string(st));
-            cudnn_attention_destroy(a);
+            cuda_cudnn_attention_destroy(a);
             return nullptr;
         }
         const size_t v = fe::detail::get_backend_version(); // 91900 = 9.19.0
@@ -262,13 +262,13 @@ extern "C" cudnn_attention *cudnn_attention_create(void *stream, char *err, size
                       CUDNN_FRONTEND_MINOR_VERSION, CUDNN_FRONTEND_PATCH_VERSION);
     } catch (const std::exception &e) {
         std::snprintf(err, err_size, "cuDNN: %s", e.what());
-        cudnn_attention_destroy(a);
+        cuda_cudnn_attention_destroy(a);
         return nullptr;
     }
     return a;
 }
 
-extern "C" void cudnn_attention_destroy(cudnn_attention *a) {
+extern "C" void cuda_cudnn_attention_destroy(cudnn_attention *a) {
     if (!a) return;
     a->plans.clear();
     if (a->work) cudaFree(a->work);
@@ -280,11 +280,11 @@ extern "C" void cudnn_attention_destroy(cudnn_attention *a) {
     delete a;
 }
 
-extern "C" const char *cudnn_attention_describe(cudnn_attention *a) { return a->line; }
+extern "C" const char *cuda_cudnn_attention_describe(cudnn_attention *a) { return a->line; }
 
-extern "C" int cudnn_attention_forward(cudnn_attention *a, void *o16, float *lse, const void *qkv16,
-                                       int B, int S, int H, int KV, int hd, char *err,
-                                       size_t err_size) {
+extern "C" int cuda_cudnn_attention_forward(cudnn_attention *a, void *o16, float *lse,
+                                            const void *qkv16, int B, int S, int H, int KV, int hd,
+                                            char *err, size_t err_size) {
     const Shape s = shape(B, S, H, KV, hd);
     std::unordered_map<int64_t, void *> pack = {{Q_UID, part(qkv16, 0, hd)},
                                                 {K_UID, part(qkv16, H, hd)},
@@ -294,9 +294,10 @@ extern "C" int cudnn_attention_forward(cudnn_attention *a, void *o16, float *lse
     return run(a, false, s, pack, err, err_size);
 }
 
-extern "C" int cudnn_attention_backward(cudnn_attention *a, void *dqkv16, const void *do16,
-                                        const void *qkv16, const void *o16, const float *lse, int B,
-                                        int S, int H, int KV, int hd, char *err, size_t err_size) {
+extern "C" int cuda_cudnn_attention_backward(cudnn_attention *a, void *dqkv16, const void *do16,
+                                             const void *qkv16, const void *o16, const float *lse,
+                                             int B, int S, int H, int KV, int hd, char *err,
+                                             size_t err_size) {
     const Shape s = shape(B, S, H, KV, hd);
     std::unordered_map<int64_t, void *> pack = {{Q_UID, part(qkv16, 0, hd)},
                                                 {K_UID, part(qkv16, H, hd)},
