@@ -8,4 +8,5 @@ moe_component(moe_ckpt
           ${CMAKE_CURRENT_LIST_DIR}/export.c ${CMAKE_CURRENT_LIST_DIR}/hf_config.c
           ${CMAKE_CURRENT_LIST_DIR}/json_fields.c ${CMAKE_CURRENT_LIST_DIR}/safetensors.c
           ${CMAKE_CURRENT_LIST_DIR}/shards.c ${CMAKE_CURRENT_LIST_DIR}/gguf.c
+          ${CMAKE_CURRENT_LIST_DIR}/gguf_export.c ${CMAKE_CURRENT_LIST_DIR}/gguf_vocab.c
   LINK moe_layers moe_optim moe_data moe_train_config PkgConfig::CJSON)

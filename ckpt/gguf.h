@@ -1,6 +1,6 @@
 // GGUF v3 files (llama.cpp's model container): a small writer, and moe_export_gguf, a
-// checkpoint as a GGUF file of llama.cpp's `llama` architecture (Mixtral: experts included)
-// with the byte tokenizer (docs/checkpoints.md "GGUF for llama.cpp").
+// checkpoint as a GGUF file of its family's llama.cpp architecture with its tokenizer
+// (docs/checkpoints.md "GGUF for llama.cpp").
 //
 // The format (little-endian): "GGUF", uint32 version 3, uint64 tensor_count, uint64
 // kv_count; the key-value pairs (key: uint64 length + bytes; uint32 value type; the value; an
@@ -97,13 +97,14 @@ moe_status moe_gguf_write_tensor(moe_gguf_writer *w, const float *data);
 // After every tensor: flush, fsync, rename PATH.tmp to PATH, fsync the folder.
 moe_status moe_gguf_finish(moe_gguf_writer *w);
 
-// A checkpoint (a step folder, a `latest` file, or an HF Mixtral folder; a moe.c checkpoint
-// is verified first) as a GGUF file of llama.cpp's `llama` architecture at out_path, the
-// weights in type ("f32", "f16", "bf16", "q8_0"; norms and the router stay f32, and a Q8_0
-// tensor whose ne[0] is not a multiple of 32 is written f16, as llama.cpp's converter does).
-// Refused, naming the field, before anything is written: a family other than mixtral, and
-// what the architecture cannot compute (see gguf.c: check_llama). The byte tokenizer only:
-// vocabulary 256 and no tokenizer.json but the byte tokenizer's. out_path must not exist.
+// A checkpoint (a step folder, a `latest` file, or an HF folder; a moe.c checkpoint is
+// verified first) as a GGUF file at out_path of the llama.cpp architecture of its family
+// (mixtral: `llama`, qwen3_moe: `qwen3moe`, qwen2_moe: `qwen2moe`, olmoe: `olmoe`), the
+// weights in type ("f32", "f16", "bf16", "q8_0"; vectors and the router stay f32, and a Q8_0
+// tensor whose ne[0] is not a multiple of 32 is written f16, as llama.cpp's converter does),
+// with its tokenizer (ckpt/gguf_vocab.h). Refused, naming the field, before anything is
+// written: what the architecture cannot compute (gguf_export.c: unsupported) and a tokenizer
+// llama.cpp would tokenize differently. out_path must not exist.
 moe_status moe_export_gguf(const char *ckpt_folder, const char *out_path, const char *type);
 
 #endif
