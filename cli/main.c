@@ -270,7 +270,7 @@ static const cli_option export_options[] = {
      .expect = "f32, bf16 or f16", .def = "f32",
      .help = "the weights' type in the folder (also float32, bfloat16, float16)"},
     {"--type", CLI_STRING(export_opts, type), .value = "f32|f16|bf16|q8_0",
-     .help = "--format gguf: the weights' type in the file (default f32; norms and the router "
+     .help = "--format gguf: the weights' type in the file (default f32; vectors and the router "
              "stay f32)"},
     {"--device", CLI_STRING(export_opts, device), .value = "NAME", .def = "cpu",
      .help = "the backend the weights are loaded on"},
@@ -282,7 +282,8 @@ static const cli_command export_cli = {
         "  Writes a checkpoint's weights as an inference-only Hugging Face folder of its family\n"
         "  (config.json, safetensors shards and their index, generation_config.json) with the\n"
         "  checkpoint's tokenizer files (the byte tokenizer's for a vocabulary of 256).\n"
-        "  --format gguf: one GGUF file of llama.cpp's llama architecture instead.\n",
+        "  --format gguf: one GGUF file for llama.cpp instead (its llama, qwen3moe, qwen2moe or\n"
+        "  olmoe architecture, with the tokenizer; docs/checkpoints.md).\n",
     .options = export_options};
 
 // ---- what the commands share -------------------------------------------------------------
