@@ -490,6 +490,18 @@ def llama_cpp_part(models):
               f"moe.c's argmax at each step; decode logits within 1e-4",
               np.all(chosen >= ref2.max(1) - tol) and np.abs(gl - ref2).max() <= tol,
               f"max |diff| {np.abs(gl - ref2).max():.3g}")
+        # the same text as moe generate --temperature 0 (its own prompt encoding and decode)
+        if V == 256:
+            want = text.encode() + bytes(v["greedy"])
+        else:
+            from tokenizers import Tokenizer
+            tj = step_folder(ckpt) / "tokenizer.json"
+            want = text.encode() + Tokenizer.from_file(str(tj)).decode(v["greedy"], skip_special_tokens=True).encode()
+        g = subprocess.run([MOE, "generate", "--ckpt", str(ckpt), "--prompt", text, "-n", str(n_new),
+                            "--temperature", "0"], capture_output=True, cwd=ROOT,
+                           env=dict(os.environ, MOE_PYTHON=sys.executable))
+        check(f"llama.cpp {m} f32: its greedy text is moe generate --temperature 0's ({want[-24:]!r})",
+              g.returncode == 0 and g.stdout.rstrip(b"\n") == want, f"{g.stdout[-60:]!r}")
 
 
 TEXT = "The MoE layer's router doesn't route 12345 tokens in 2025;\n\n\tit's 1,234,567 of them.  DON'T stop; they'LL go?  100% ok"
@@ -551,7 +563,7 @@ def other_pre_ids(tok, pre):
     return out
 
 
-SMALL = ["train.steps=12", "model.n_layers=2", "model.d_model=64", "model.d_ff=64", "model.n_experts=4",
+SMALL = ["train.steps=60", "model.n_layers=2", "model.d_model=64", "model.d_ff=64", "model.n_experts=4",
          "train.batch_size=2", "train.seq_len=32"]
 
 
@@ -621,7 +633,7 @@ def main():
         tdir = WORK / f"tok-{pre}"
         tok = make_tokenizer(tdir, pre, bos)
         V = tok.get_vocab_size() + 3  # 3 ids the tokenizer leaves out: [PADn] in the file
-        ckpt = train(f"bpe-{pre}", "train.steps=12", f"model.vocab_size={V}", "model.n_layers=1",
+        ckpt = train(f"bpe-{pre}", "train.steps=60", f"model.vocab_size={V}", "model.n_layers=1",
                      "model.d_model=64", "model.d_ff=64", "model.n_experts=4", "train.batch_size=2",
                      "train.seq_len=32", f'data.tokenizer="{tdir}"', f'data.dir="{WORK / ("data-" + pre)}"')
         fam = export_and_read(f"bpe-{pre}", ckpt, ("f32",), lambda folder, cfg, pre=pre: bpe_vocab(folder, cfg["vocab_size"], pre))
