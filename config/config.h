@@ -102,6 +102,9 @@ typedef struct {
     //   capacity_factor model.moe.capacity_factor >= 0, finite (0: dropless); or a schedule
     //                   ((step, factor), ...) (capacity.mode MOE_CAPACITY_SCHEDULE: steps >= 0
     //                   increasing, factors > 0); or "auto" (MOE_CAPACITY_AUTO, the keys below)
+    //   dropless_max_rows model.dropless_max_rows [0, 2^30]: rows each MoE layer's local
+    //                   experts may compute per call (0: the worst routing's; a forward that
+    //                   needs more stops naming the rank and expert: docs/training.md)
     //   max_drop        capacity.max_drop         (0, 1): auto's drop bound on the P99 step
     //   capacity_window capacity.window           [1, 1e9] steps per auto decision
     //   capacity_min    capacity.min              (0, inf): auto's lower bound

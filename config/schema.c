@@ -79,6 +79,7 @@ const key_spec moe_cfg_specs[] = {
      .key = "capacity_factor",
      .kind = K_CAPACITY,
      .off = OFF(capacity, moe_capacity_plan)},
+    KINT("model", "dropless_max_rows", model.dropless_max_rows, 0, 1 << 30), // 0: no cap
     KFLT("model", "max_drop", capacity.max_drop, 0, OPEN, 1, OPEN),
     KI64("model", "capacity_window", capacity.window, 1, INT64_C(1000000000)),
     KFLT("model", "capacity_min", capacity.min, 0, OPEN, INFINITY, OPEN),

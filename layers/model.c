@@ -485,6 +485,7 @@ static moe_status create_common(moe_model *m, moe_backend *be, const moe_model_c
     for (int l = 0; l < n_moe; l++) {
         const moe_layer_shape shape = {.max_tokens = max_tokens,
                                        .ep = m->ep,
+                                       .max_expert_rows = cfg->dropless_max_rows,
                                        .scratch = l ? m->moe[0].bwd : NULL,
                                        .forward_only = forward_only};
         moe_config mc = cfg->moe;

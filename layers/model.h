@@ -77,10 +77,15 @@ typedef struct {
     moe_qk_norm qk_norm;     // q/k RMSNorm before RoPE
     int qkv_bias;            // q, k and v projections have biases (Qwen2-MoE)
     moe_aux_scope aux_scope; // L_aux's counts: the micro-batch's, or the step's (the trainer)
-    moe_dtype dtype;         // the whole model's GEMM precision (fp32, or bf16 operands with fp32
-                             // accumulation: DESIGN §5b); its MoE layers take it from here
-    moe_config moe; // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
-                    // the model's: moe_model_create sets it)
+    // The dropless memory plan: rows each MoE layer's local experts may compute per call (their
+    // buffers' rows; 0: the worst routing's R T min(k, E_local), buffers for any routing). A
+    // forward whose routing needs more stops with an error naming the rank and its hottest
+    // expert (moe_layer_shape.max_expert_rows). Training's: not in config.json.
+    int dropless_max_rows;
+    moe_dtype dtype; // the whole model's GEMM precision (fp32, or bf16 operands with fp32
+                     // accumulation: DESIGN §5b); its MoE layers take it from here
+    moe_config moe;  // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
+                     // the model's: moe_model_create sets it)
 } moe_model_config;
 
 moe_status moe_model_config_check(const moe_model_config *cfg);

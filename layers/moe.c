@@ -318,8 +318,10 @@ static void plan_packets_receive(moe_layer *L) {
         L->local_offsets[e] = row;
         for (int p = 0; p < P; p++)
             for (int j = 0; j < k; j++)
-                if (L->pk_slots_in[p * k + j] == e)
-                    L->pk_expand[row] = p, L->pk_assign[p * k + j] = row++;
+                if (L->pk_slots_in[p * k + j] == e) { // beyond the cap: counted, not written
+                    if (row < L->max_expert_rows) L->pk_expand[row] = p;
+                    L->pk_assign[p * k + j] = row++;
+                }
     }
     L->local_offsets[El] = row;
     L->expert_offsets = L->local_offsets;
@@ -336,13 +338,46 @@ static void upload_packets(moe_layer *L, int T) {
     be->copy_to_device(be, L->d_pk_assign, L->pk_assign, (size_t)L->pk_received * k * I);
 }
 
+// The dropless memory plan (max_expert_rows below rows_bound: a cap): the rows the local
+// experts would compute (and, dedup, the packets received: packets <= rows' buffers too)
+// against the cap, once the plan is known and before any row moves. Under expert parallelism
+// every rank of the group learns every rank's figures (one all-reduce of 3 R longs), so all
+// stop together, naming the same rank: its rows and its hottest expert (global index).
+static moe_status check_row_cap(moe_layer *L, int packets) {
+    if (L->max_expert_rows >= L->rows_bound) return MOE_OK; // no cap: buffers for any routing
+    const int R = L->ep_size, me = L->ep ? L->ep->rank : 0;
+    long *fig = calloc((size_t)3 * R, sizeof *fig);
+    if (!fig) return moe_error(MOE_ENOMEM, "moe: out of host memory");
+    long *f = fig + 3 * me;
+    const int rows = L->expert_rows > packets ? L->expert_rows : packets;
+    f[0] = rows, f[1] = L->expert0, f[2] = -1;
+    for (int e = 0; e < L->E_local; e++) {
+        const int n = L->expert_offsets[e + 1] - L->expert_offsets[e];
+        if (n > f[2]) f[1] = L->expert0 + e, f[2] = n;
+    }
+    if (L->ep) L->ep->allreduce_sum_long(L->ep, fig, (size_t)3 * R);
+    moe_status st = MOE_OK;
+    for (int r = 0; r < R && !st; r++)
+        if (fig[3 * r] > L->max_expert_rows)
+            st = moe_error(MOE_EINVAL,
+                           "dropless row cap: rank %d's experts would compute %ld rows "
+                           "(the hottest: expert %ld, %ld rows), above the cap of %d rows "
+                           "(model.dropless_max_rows; the worst routing needs %d)",
+                           r, fig[3 * r], fig[3 * r + 1], fig[3 * r + 2], L->max_expert_rows,
+                           L->rows_bound);
+    free(fig);
+    return st;
+}
+
 // Dedup dispatch: each packet carries its token's row and combine weights (gathered by
 // token); the receiver copies the row once per slot it holds, into its experts' order.
-static void dispatch_packets(moe_layer *L, const real *inp, int T) {
+static moe_status dispatch_packets(moe_layer *L, const real *inp, int T) {
     moe_backend *be = L->be;
     const int d = L->cfg.d_model, k = L->cfg.top_k;
     plan_packets_send(L, T);
     plan_packets_receive(L);
+    moe_status st = check_row_cap(L, L->pk_received);
+    if (st) return st;
     upload_packets(L, T);
     be->moe_permute(be, L->xp, inp, L->d_pk_token, L->pk_sent, d);
     be->moe_permute(be, L->w_send, L->weights, L->d_pk_token, L->pk_sent, k);
@@ -350,6 +385,7 @@ static void dispatch_packets(moe_layer *L, const real *inp, int T) {
     exchange_rows(L, L->w_recv, L->recv_rows, L->w_send, L->send_rows, k);
     L->received_rows += L->expert_rows;
     be->moe_permute(be, L->xe, L->xr, L->d_pk_expand, L->expert_rows, d);
+    return MOE_OK;
 }
 
 // Dedup combine: the receiver sums each packet's weighted expert outputs,
@@ -374,25 +410,27 @@ static int bf16_rows_direct(const moe_layer *L) { return L->cfg.dtype == MOE_DTY
 // rank sends. One rank: the experts read xp itself (bf16: xe16, gathered and rounded in one
 // pass). Expert parallelism: each rank's rows go to the rank holding their experts, and are
 // regrouped by local expert there (xe).
-static void dispatch(moe_layer *L, const real *inp, const int *offsets, int T) {
+static moe_status dispatch(moe_layer *L, const real *inp, const int *offsets, int T) {
     moe_backend *be = L->be;
     const int E = L->cfg.n_experts, d = L->cfg.d_model;
-    if (dedup_exchange(L)) {
-        dispatch_packets(L, inp, T);
-        return;
+    if (dedup_exchange(L)) return dispatch_packets(L, inp, T);
+    if (!L->ep) {
+        L->expert_offsets = offsets, L->expert_rows = offsets[E];
+        moe_status st = check_row_cap(L, 0);
+        if (st) return st;
     }
     if (bf16_rows_direct(L))
         be->moe_permute_bf16(be, L->xe16, inp, L->row_token, offsets[E], d);
     else
         be->moe_permute(be, L->xp, inp, L->row_token, offsets[E], d);
-    if (!L->ep) {
-        L->expert_offsets = offsets, L->expert_rows = offsets[E];
-        return;
-    }
+    if (!L->ep) return MOE_OK;
     plan_exchange(L, offsets);
+    moe_status st = check_row_cap(L, 0);
+    if (st) return st;
     exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows, d);
     L->received_rows += L->expert_rows;
     be->moe_copy_chunks(be, L->xe, L->xr, L->to_expert, L->ep_size * L->E_local, d);
+    return MOE_OK;
 }
 
 // Experts: [h1 h3] = xe w13^T, act = silu(h1) h3, ye = act w2^T, grouped by local expert.
@@ -470,7 +508,8 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     L->jittered = pass.training && L->cfg.jitter_eps > 0;
     route(L, inp, w, T, seq_len, capacity);
     moe_lap(L->timer, MOE_T_ROUTER);
-    dispatch(L, inp, L->host_counts + L->cfg.n_experts, T); // the row offsets (host)
+    st = dispatch(L, inp, L->host_counts + L->cfg.n_experts, T); // the row offsets (host)
+    if (st) return st;
     moe_lap(L->timer, MOE_T_DISPATCH);
     experts(L, w);
     lap_experts(L);

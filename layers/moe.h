@@ -134,9 +134,14 @@ typedef struct {
     moe_comm *ep;                  // the expert-parallel group (NULL: one rank)
     int n_local_experts;           // E_local: the experts whose weights this layer holds (0: all E)
     int first_expert;              // global index of the first local expert (the HF name's J)
-    int max_expert_rows;           // rows the local experts compute per call; 0: the exact bound,
-                                   // R * T * min(k, E_local) (every rank's every token picks only
-                                   // experts of this rank; T*k with one rank)
+    int max_expert_rows;           // rows the local experts compute per call; 0 (or more): the
+                                   // exact bound, R * T * min(k, E_local) (every rank's every
+                                   // token picks only experts of this rank; T*k with one rank).
+                                   // Less: a cap (the dropless memory plan): a forward whose
+                                   // routing gives some rank's experts more rows (or, dedup, more
+                                   // packets) stops with MOE_EINVAL naming the rank, its rows and
+                                   // its hottest expert, on every rank of the group together,
+                                   // before any row moves
     moe_backward_scratch *scratch; // shared backward scratch (NULL: the layer allocates one)
     int forward_only; // inference: no backward scratch at all (moe_layer_backward refuses)
 } moe_layer_shape;
@@ -146,12 +151,17 @@ typedef struct {
 // scratch's (their gradients). What `moe stats --capacity` plans memory with.
 void moe_row_bytes(const moe_config *cfg, size_t *forward, size_t *backward);
 
+// The most rows a layer of this shape's local experts can compute per call, whatever the
+// routing: R T min(k, E_local) (the memory of a dropless layer at the worst routing).
+size_t moe_layer_rows_bound(const moe_config *cfg, const moe_layer_shape *shape);
+
 typedef struct {
     moe_config cfg;
     moe_backend *be;
     int max_tokens;
     int E_local, expert0; // local experts: global indices expert0 .. expert0 + E_local - 1
     int max_expert_rows;  // N_exp, rows the local experts' buffers hold
+    int rows_bound;       // the exact bound: max_expert_rows below it is a cap, checked per forward
     moe_comm *ep;         // the expert-parallel group, NULL with one rank
     int ep_size;          // R (1 without expert parallelism)
     // the last forward's exchange plan (host; R > 1 only), reused by the backward

@@ -35,6 +35,11 @@ static moe_status alloc_specs(moe_backend *be, const buffer_spec *specs, size_t 
     return MOE_OK;
 }
 
+size_t moe_layer_rows_bound(const moe_config *cfg, const moe_layer_shape *shape) {
+    const int R = shape->ep ? shape->ep->size : 1, E = cfg->n_experts, El = R > 1 ? E / R : E;
+    return (size_t)R * shape->max_tokens * (size_t)(cfg->top_k < El ? cfg->top_k : El);
+}
+
 // The shape with its defaults filled in and checked against the config.
 static moe_status resolve_shape(moe_layer_shape *out, const moe_config *cfg,
                                 const moe_layer_shape *shape) {
@@ -57,18 +62,15 @@ static moe_status resolve_shape(moe_layer_shape *out, const moe_config *cfg,
                          first + El - 1, R);
     out->n_local_experts = El, out->first_expert = first;
     const size_t T = out->max_tokens, k = cfg->top_k, N = T * k;
-    const size_t bound = R * T * (size_t)(cfg->top_k < El ? cfg->top_k : El);
+    const size_t bound = moe_layer_rows_bound(cfg, out);
     const size_t wide = cfg->d_model > cfg->d_ff ? cfg->d_model : cfg->d_ff;
     if ((N > bound ? N : bound) * wide > INT32_MAX)
         return moe_error(MOE_EINVAL, "moe: max_tokens*top_k*max(d_model,d_ff) = %zu exceeds 2^31-1",
                          (N > bound ? N : bound) * wide);
-    if (out->max_expert_rows == 0) out->max_expert_rows = (int)bound;
-    if ((size_t)out->max_expert_rows != bound)
-        return moe_error(MOE_EINVAL,
-                         "moe: max_expert_rows=%d: the experts of this layer compute "
-                         "up to %zu rows (%d rank(s) x T x min(k, E_local)); a smaller bound "
-                         "is not supported yet",
-                         out->max_expert_rows, bound, R);
+    if (out->max_expert_rows < 0)
+        return moe_error(MOE_EINVAL, "moe: max_expert_rows=%d must be >= 0", out->max_expert_rows);
+    if (out->max_expert_rows == 0 || (size_t)out->max_expert_rows > bound)
+        out->max_expert_rows = (int)bound; // a cap above what routing can reach changes nothing
     return MOE_OK;
 }
 
@@ -224,6 +226,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->max_tokens = sh.max_tokens;
     L->E_local = sh.n_local_experts, L->expert0 = sh.first_expert;
     L->max_expert_rows = sh.max_expert_rows;
+    L->rows_bound = (int)moe_layer_rows_bound(cfg, &sh);
     L->ep = sh.ep && sh.ep->size > 1 ? sh.ep : NULL;
     L->ep_size = L->ep ? L->ep->size : 1;
 

@@ -42,8 +42,8 @@ static void check_refusals(moe_backend *be, const moe_config *cfg) {
     s = (moe_layer_shape){.max_tokens = 16, .first_expert = 1};
     check_true("first_expert != 0 refused without an exchange",
                moe_layer_create(&L, be, cfg, &s) == MOE_EINVAL);
-    s = (moe_layer_shape){.max_tokens = 16, .max_expert_rows = 7};
-    check_true("max_expert_rows != T*k refused with one rank",
+    s = (moe_layer_shape){.max_tokens = 16, .max_expert_rows = -1};
+    check_true("max_expert_rows < 0 refused",
                moe_layer_create(&L, be, cfg, &s) == MOE_EINVAL &&
                    strstr(moe_last_error(), "max_expert_rows") != NULL);
     s = (moe_layer_shape){.max_tokens = 0};
@@ -51,6 +51,45 @@ static void check_refusals(moe_backend *be, const moe_config *cfg) {
 }
 
 // The copies to the host a forward makes, counted through a copy of the backend's table.
+// The dropless row cap (max_expert_rows below T k on one rank): buffers of the cap's rows; a
+// forward within it equals an uncapped layer's bit for bit; one beyond it stops naming the
+// rows, the hottest expert and the cap, and a cap above the bound is the bound.
+static void check_row_cap(moe_backend *be, const moe_config *cfg, const real *hx, const real *hw) {
+    const int T = 32, small = 8, cap = 20, d = cfg->d_model;
+    const size_t nx = (size_t)T * d, nw = moe_weights_count(cfg);
+    moe_layer C, U, A;
+    moe_layer_shape sc = {.max_tokens = T, .max_expert_rows = cap, .forward_only = 1},
+                    su = {.max_tokens = T, .forward_only = 1},
+                    sa = {.max_tokens = T, .max_expert_rows = 1000, .forward_only = 1};
+    if (moe_layer_create(&C, be, cfg, &sc) || moe_layer_create(&U, be, cfg, &su) ||
+        moe_layer_create(&A, be, cfg, &sa)) {
+        check_true("capped layers create", 0);
+        return;
+    }
+    check_true("a cap above T k is the bound", A.max_expert_rows == T * cfg->top_k);
+    check_true("the capped layer's buffers are smaller", C.bytes < U.bytes);
+    real *x = device_copy(be, hx, nx), *yc = device_copy(be, NULL, nx),
+         *yu = device_copy(be, NULL, nx), *w = device_copy(be, hw, nw);
+    moe_weights wv;
+    moe_weights_view(&wv, w, cfg);
+    const int ok = !moe_layer_forward(&C, yc, x, &wv, small, 0, moe_pass_infer(), NULL) &&
+                   !moe_layer_forward(&U, yu, x, &wv, small, 0, moe_pass_infer(), NULL);
+    real *hc = host_copy(be, yc, (size_t)small * d), *hu = host_copy(be, yu, (size_t)small * d);
+    check_true("a forward within the cap runs, equal to the uncapped layer's bit for bit",
+               ok && !memcmp(hc, hu, (size_t)small * d * sizeof(real)));
+    const moe_status st = moe_layer_forward(&C, yc, x, &wv, T, 0, moe_pass_infer(), NULL);
+    printf("beyond the cap: %s\n", moe_last_error());
+    check_true("a dropless forward of 64 rows beyond a cap of 20 stops, naming rows, expert, cap",
+               st == MOE_EINVAL && strstr(moe_last_error(), "dropless row cap") &&
+                   strstr(moe_last_error(), "64 rows") &&
+                   strstr(moe_last_error(), "hottest: expert") &&
+                   strstr(moe_last_error(), "cap of 20 rows"));
+    free(hc), free(hu);
+    real *bufs[] = {x, yc, yu, w};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    moe_layer_free(&A), moe_layer_free(&U), moe_layer_free(&C);
+}
+
 static int d2h_copies;
 static void (*real_copy_to_host)(moe_backend *, void *, const void *, size_t);
 static void counting_copy_to_host(moe_backend *be, void *dst, const void *src, size_t n) {
@@ -115,6 +154,8 @@ int main(void) {
     double gn = 0;
     for (size_t i = 0; i < 2 * nw; i++) gn += fabs((double)got[1][2][i]);
     check_true("the gradients are not all zero", gn > 0);
+
+    check_row_cap(be, &cfg, hx, hw[0]);
 
     // one device-to-host copy per forward; a forward-only layer refuses a backward
     moe_backend counting = *be;

@@ -120,6 +120,41 @@ static void print_header(const moe_train_config *cfg, const moe_model_config *mc
            cfg->threads > 0 ? " (train.threads)" : " (automatic)");
 }
 
+// The dropless memory plan (docs/training.md "Memory plan"): the expert rows one rank's MoE
+// layers hold, balanced (T k), at the cap (model.dropless_max_rows) and at the worst routing
+// (R T min(k, E_local): every token of the group picks this rank's experts), in bytes from
+// moe_row_bytes: each MoE layer keeps `forward` bytes per row for its backward, and the
+// backward scratch (shared) `backward` bytes per row; under expert parallelism three rows of
+// d more per layer stage the exchange. And the KV cache of one inference sequence.
+static void print_plan(const moe_train_config *cfg, const moe_model_config *mc, int ranks) {
+    const int R = ranks > 1 ? ranks : 1, E = mc->moe.n_experts, k = mc->moe.top_k;
+    const int El = E / R, Lm = moe_model_n_moe_layers(mc);
+    const double T = (double)cfg->batch_size * cfg->seq_len;
+    size_t fwd, bwd;
+    moe_row_bytes(&mc->moe, &fwd, &bwd);
+    const double per_row = Lm * (fwd + (R > 1 ? 3.0 * mc->d_model * sizeof(real) : 0)) + bwd;
+    const double worst = R * T * (k < El ? k : El), cap = mc->dropless_max_rows;
+    char bal[32], cp[32], wr[32], kv[32];
+    moe_run_header_bytes(bal, sizeof bal, T * k * per_row);
+    moe_run_header_bytes(wr, sizeof wr, worst * per_row);
+    moe_run_header_bytes(cp, sizeof cp, (cap > 0 && cap < worst ? cap : worst) * per_row);
+    printf("expert rows per rank (%d rank%s of experts%s): balanced T k = %.0f rows %s;\n"
+           "  worst routing R T min(k, E_local) = %.0f rows %s; ",
+           R, R > 1 ? "s" : "", ranks > 1 ? "" : "; parallel.ep_size sets R", T * k, bal, worst,
+           wr);
+    if (cap > 0 && cap < worst)
+        printf("at the cap of %.0f rows (model.dropless_max_rows) %s:\n"
+               "  what is allocated; a forward beyond it stops naming the rank and expert\n",
+               cap, cp);
+    else
+        printf("no cap (model.dropless_max_rows = 0): buffers for the worst routing\n");
+    const double kv_seq = 2.0 * mc->n_layers * mc->n_kv_heads * moe_model_head_dim(mc) *
+                          mc->max_seq_len * sizeof(real);
+    moe_run_header_bytes(kv, sizeof kv, kv_seq);
+    printf("inference KV cache: %s per sequence of max_seq_len %d (2 L KV hd S x %zu bytes)\n", kv,
+           mc->max_seq_len, sizeof(real));
+}
+
 // What moe_run_data_open would read, without reading or preparing anything.
 static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
     data_paths d;
@@ -168,6 +203,7 @@ moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
     st = moe_model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
     if (!st) mem = memory_of(&m, cfg);
     print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line, be);
+    print_plan(cfg, &mc, cfg->ep_size);
     if (st) fprintf(stderr, "warning: the model does not allocate here: %s\n", moe_last_error());
     moe_model_destroy(&m);
     moe_backend_destroy(be);
@@ -189,6 +225,7 @@ void moe_run_header_print(const moe_train_config *cfg, const moe_model *m, moe_b
              (unsigned long long)val->count, cfg->batch_size, cfg->seq_len, cfg->grad_accum);
     const run_memory mem = memory_of(m, cfg);
     print_header(cfg, &m->cfg, m->n_params, m->n_dense, &mem, NULL, data_line, be);
+    print_plan(cfg, &m->cfg, m->ep ? m->ep->size : 1);
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
     if (ranks > 1 && !m->placement) // the figures above are rank 0's: its experts and buffers

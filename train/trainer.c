@@ -69,7 +69,10 @@ static moe_status validate(moe_model *m, const moe_token_file *val, const moe_tr
     for (int i = 0; i < cfg->eval_batches; i++) {
         data_loader_next(&vl, inputs, targets);
         st = moe_model_forward(m, inputs, targets, cfg->batch_size, cfg->seq_len, moe_pass_infer());
-        if (st && st != MOE_ENUMERIC) break;
+        if (st && st != MOE_ENUMERIC) {
+            st = moe_error_context(st, "validation batch %d", i + 1);
+            break;
+        }
         sum += m->ce;
         st = MOE_OK;
     }
@@ -346,8 +349,10 @@ static moe_status trainer_forward(trainer *t, step_result *s, int micro, int fro
     if (t->step_tokens) in = t->step_tokens + (size_t)2 * micro * t->T, tg = in + t->T;
     if (!from_buffer) data_loader_next(&t->loader, in, tg);
     t->m.noise_key = moe_trainer_noise_key((uint64_t)cfg->seed, s->step, micro * t->R + t->rank);
-    const moe_status st = moe_model_forward(&t->m, in, tg, cfg->batch_size, cfg->seq_len,
-                                            moe_pass_train(s->capacity_factor));
+    moe_status st = moe_model_forward(&t->m, in, tg, cfg->batch_size, cfg->seq_len,
+                                      moe_pass_train(s->capacity_factor));
+    if (st && st != MOE_ENUMERIC) // which step (and, from the model, which layer)
+        st = moe_error_context(st, "step %lld, micro-batch %d", (long long)s->step + 1, micro + 1);
     bad[0] = st == MOE_ENUMERIC || (!st && !isfinite(t->m.ce + t->m.aux + t->m.z));
     bad[1] = !st && !moe_model_ce_is_result(t->m.ce);
     if (t->R > 1) t->world->allreduce_sum_long(t->world, bad, 2); // one rank's NaN: all
