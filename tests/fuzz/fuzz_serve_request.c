@@ -78,15 +78,19 @@ static cJSON *string_list(char **s, int n) {
     return a;
 }
 
-// p as the body a client would send for it (malloc'd).
+// p as the body a client would send for it (malloc'd). The doubles are written with 17
+// significant digits: cJSON's printer keeps 15 when they read back within an epsilon, which
+// is not the same double (0.30000000000000004 would come back as 0.3).
 static char *canonical_body(const serve_params *p) {
     cJSON *j = cJSON_CreateObject();
-    char seed[32];
+    char seed[32], temperature[32], top_p[32];
     snprintf(seed, sizeof seed, "%llu", p->seed);
+    snprintf(temperature, sizeof temperature, "%.17g", p->temperature);
+    snprintf(top_p, sizeof top_p, "%.17g", p->top_p);
     cJSON_AddItemToObject(j, "prompt", string_list(p->prompts, p->n_prompts));
     cJSON_AddNumberToObject(j, "max_tokens", p->max_tokens);
-    cJSON_AddNumberToObject(j, "temperature", p->temperature);
-    cJSON_AddNumberToObject(j, "top_p", p->top_p);
+    cJSON_AddRawToObject(j, "temperature", temperature);
+    cJSON_AddRawToObject(j, "top_p", top_p);
     cJSON_AddNumberToObject(j, "top_k", p->top_k);
     if (p->has_seed) cJSON_AddRawToObject(j, "seed", seed);
     if (p->n_stop) cJSON_AddItemToObject(j, "stop", string_list(p->stop, p->n_stop));
