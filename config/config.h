@@ -152,6 +152,7 @@ typedef struct {
     double grad_clip;           // >= 0 (0 = off)
     int max_skipped;            // consecutive non-finite steps before stopping, >= 1
     int threads;                // [0, 1024] (0 = OpenMP's default)
+    // train.recompute, "none" (default) | "moe" | "layer": stored in model.recompute (model.h)
     // train.dtype, "fp32" (default) | "bf16": the GEMM precision, stored in model.dtype (the model's)
     // (bf16 operands, fp32 accumulation, fp32 master weights and optimizer; DESIGN.md §5b)
     int64_t eval_interval;              // steps, >= 0 (0 = never)
@@ -211,6 +212,10 @@ typedef struct {
     // (default; device memory staged through the host) or "nccl" (the device's own, on the
     // cuda backend built with NCCL: one GPU per rank)
     moe_transport transport;
+    // shard_optimizer (ZeRO-1, docs/expert-parallelism.md): each of the D data-parallel replicas
+    // of the dense parameters keeps the optimizer state of 1/D of them; gradients are
+    // reduce-scattered and the updated parameters all-gathered. Default false.
+    int shard_optimizer;
 
     // where the config came from (for messages)
     char source[MOE_PATH_MAX];

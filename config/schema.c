@@ -19,6 +19,7 @@ static const char *const alert_action_names[] = {"warn", "stop", NULL};
 static const char *const dtype_names[] = {"fp32", "bf16", NULL};     // moe_dtype's order
 static const char *const exchange_names[] = {"dedup", "rows", NULL}; // moe_exchange's order
 static const char *const transport_names[] = {"mpi", "nccl", NULL};  // moe_transport's order
+static const char *const recompute_names[] = {"none", "moe", "layer", NULL}; // moe_recompute's
 // moe_family's order: the HF model_type of each
 static const char *const family_names[] = {"mixtral", "qwen3_moe", "qwen2_moe", "olmoe", NULL};
 static const char *const qk_norm_names[] = {"none", "head", "full", NULL}; // moe_qk_norm's order
@@ -120,6 +121,7 @@ const key_spec moe_cfg_specs[] = {
     KINT("train", "max_skipped", max_skipped, 1, INT_MAX),
     KINT("train", "threads", threads, 0, 1024),
     KENUM("train", "dtype", model.dtype, moe_dtype, dtype_names),
+    KENUM("train", "recompute", model.recompute, moe_recompute, recompute_names),
     KI64("train", "eval_interval", eval_interval, 0, INT64_MAX),
     KINT("train", "eval_batches", eval_batches, 1, 1 << 20),
     KENUM("train", "load_alert_action", load_alert_action, moe_alert_action, alert_action_names),
@@ -155,6 +157,7 @@ const key_spec moe_cfg_specs[] = {
      .off = offsetof(moe_train_config, expert_placement),
      .count_off = OFF(n_placement, int)}, // a permutation of 0 .. n_experts-1, or empty
     KENUM("parallel", "transport", transport, moe_transport, transport_names),
+    KBOOL("parallel", "shard_optimizer", shard_optimizer),
 };
 _Static_assert(sizeof moe_cfg_specs / sizeof moe_cfg_specs[0] == CFG_N_SPECS,
                "CFG_N_SPECS counts the keys");

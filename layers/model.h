@@ -27,6 +27,13 @@ static inline int moe_model_ce_is_result(double ce) { return !(ce > log(DBL_MAX)
 
 // The Hugging Face class a model is a folder of (DESIGN.md §2.1): its config.json fields and
 // tensor names, and what it can express (moe_model_config_check refuses the rest).
+// train.recompute: what the forward keeps for the backward (moe_model_config.recompute).
+typedef enum {
+    MOE_RECOMPUTE_NONE = 0,
+    MOE_RECOMPUTE_MOE = 1,
+    MOE_RECOMPUTE_LAYER = 2
+} moe_recompute;
+
 typedef enum {
     MOE_FAMILY_MIXTRAL = 0, // MixtralForCausalLM: every layer MoE, no shared expert, no q/k norm
     MOE_FAMILY_QWEN3_MOE,   // Qwen3MoeForCausalLM: q/k norm per head, dense layers
@@ -82,6 +89,12 @@ typedef struct {
     // forward whose routing needs more stops with an error naming the rank and its hottest
     // expert (moe_layer_shape.max_expert_rows). Training's: not in config.json.
     int dropless_max_rows;
+    // Activation recompute (train.recompute, docs/training.md "Memory plan"): what the forward
+    // keeps for the backward. NONE: everything. MOE: each MoE layer keeps its input, its routing
+    // and the rows its experts received, and the backward recomputes the experts' hidden
+    // activations (one layer's buffers serve all). LAYER: each layer keeps its input (and its
+    // MoE routing), the backward recomputes the whole layer. Gradients are bit-identical.
+    moe_recompute recompute;
     moe_dtype dtype; // the whole model's GEMM precision (fp32, or bf16 operands with fp32
                      // accumulation: DESIGN §5b); its MoE layers take it from here
     moe_config moe;  // d_model, d_ff, experts, top_k, capacity, losses, scoring (its dtype is
