@@ -481,13 +481,16 @@ static moe_status create_common(moe_model *m, moe_backend *be, const moe_model_c
     if (!m->tensors || !m->moe || !m->moe_stats)
         return moe_error(MOE_ENOMEM, "model: cannot allocate host tables");
     // Layer 0 allocates the backward scratch and the others share it: backwards run one
-    // layer at a time (its bytes count as layer 0's).
+    // layer at a time (its bytes count as layer 0's). With recompute, the experts' hidden
+    // activations likewise: layer 0's serve all, refilled by each layer's backward.
     for (int l = 0; l < n_moe; l++) {
         const moe_layer_shape shape = {.max_tokens = max_tokens,
                                        .ep = m->ep,
                                        .max_expert_rows = cfg->dropless_max_rows,
                                        .scratch = l ? m->moe[0].bwd : NULL,
-                                       .forward_only = forward_only};
+                                       .forward_only = forward_only,
+                                       .recompute = cfg->recompute != MOE_RECOMPUTE_NONE,
+                                       .hidden_from = l ? &m->moe[0] : NULL};
         moe_config mc = cfg->moe;
         mc.dtype = cfg->dtype; // the model's precision
         if ((st = moe_layer_create(&m->moe[l], be, &mc, &shape))) return st;
@@ -563,8 +566,11 @@ moe_status moe_model_create_parallel(moe_model *m, moe_backend *be, const moe_mo
     }
     m->max_batch = max_batch, m->max_seq = max_seq;
     m->attn_scratch_size = be->attention_scratch_size(be, (int)S, (int)hd);
-    // bf16 keeps n1, qkv and attn_out of every layer in bf16, and one layer's in fp32
-    const size_t Lk = m->params16 ? 1 : L, fm = mlp_ff_max(cfg);
+    // The layers whose activations are kept: all, or one (recompute "layer": the others are
+    // recomputed from x, which every layer keeps). bf16 keeps n1, qkv and attn_out of those
+    // layers in bf16, and one layer's in fp32.
+    const size_t La = cfg->recompute == MOE_RECOMPUTE_LAYER ? 1 : L, Lk = m->params16 ? 1 : La,
+                 fm = mlp_ff_max(cfg);
     if (m->params16) {
         const size_t B16 = sizeof(moe_bf16);
         size_t g = V > Q ? V : Q;
@@ -572,13 +578,13 @@ moe_status moe_model_create_parallel(moe_model *m, moe_backend *be, const moe_mo
         g = g > H * hd ? g : H * hd;
         g = g > 2 * fm ? g : 2 * fm;
         buffer_spec b16[] = {
-            {(void **)&m->n1_16, L * T * d * B16},
-            {(void **)&m->qkv16, L * T * Q * B16},
-            {(void **)&m->ao16, L * T * H * hd * B16},
+            {(void **)&m->n1_16, La * T * d * B16},
+            {(void **)&m->qkv16, La * T * Q * B16},
+            {(void **)&m->ao16, La * T * H * hd * B16},
             {(void **)&m->xf16, T * d * B16},
             {(void **)&m->g16, T * g * B16},
-            {(void **)&m->n2_16, (fm ? L : 0) * T * d * B16},
-            {(void **)&m->act16, L * T * fm * B16},
+            {(void **)&m->n2_16, (fm ? La : 0) * T * d * B16},
+            {(void **)&m->act16, La * T * fm * B16},
         };
         if ((st = alloc_all(m, b16, sizeof b16 / sizeof b16[0]))) {
             moe_model_destroy(m);
@@ -591,13 +597,13 @@ moe_status moe_model_create_parallel(moe_model *m, moe_backend *be, const moe_mo
         {(void **)&m->targets, T * sizeof(int)},
         {(void **)&m->x, (L + 1) * T * d * R},
         {(void **)&m->n1, Lk * T * d * R},
-        {(void **)&m->rstd1, L * T * R},
+        {(void **)&m->rstd1, La * T * R},
         {(void **)&m->qkv, Lk * T * Q * R},
-        {(void **)&m->lse, L * B * H * S * R},
+        {(void **)&m->lse, La * B * H * S * R},
         {(void **)&m->attn_out, Lk * T * H * hd * R},
-        {(void **)&m->h, L * T * d * R},
-        {(void **)&m->n2, L * T * d * R},
-        {(void **)&m->rstd2, L * T * R},
+        {(void **)&m->h, La * T * d * R},
+        {(void **)&m->n2, La * T * d * R},
+        {(void **)&m->rstd2, La * T * R},
         {(void **)&m->moe_out, T * d * R},
         {(void **)&m->xf, T * d * R},
         {(void **)&m->rstdf, T * R},
@@ -611,7 +617,7 @@ moe_status moe_model_create_parallel(moe_model *m, moe_backend *be, const moe_mo
         {(void **)&m->dlogits, T * V * R},
     };
     if ((st = alloc_all(m, specs, sizeof specs / sizeof specs[0])) ||
-        (st = alloc_extras(m, L, T, fm, 1))) {
+        (st = alloc_extras(m, La, T, fm, 1))) {
         moe_model_destroy(m);
         return st;
     }
@@ -1038,6 +1044,90 @@ static moe_status ffn_backward(moe_model *m, real *dx, const real *dout, const r
     return st;
 }
 
+// Layer l's activations: its slot in the [L, ...] buffers, l, or 0 when the backward recomputes
+// each layer from its input (train.recompute "layer": one layer's buffers serve all); bf16
+// keeps one layer of fp32 work space (n1, qkv, attn_out) either way.
+typedef struct {
+    real *x, *n1, *h, *n2, *qkv, *ao, *lse, *rstd1, *rstd2, *qkv_pre, *rstd_qk;
+    moe_bf16 *n1_16, *qkv16, *ao16;
+    mlp_bufs mlp;
+} layer_bufs;
+
+static layer_bufs layer_bufs_of(moe_model *m, int l, int B, int S) {
+    const moe_model_config *c = &m->cfg;
+    const size_t T = (size_t)B * S, d = c->d_model, H = c->n_heads, hd = moe_model_head_dim(c),
+                 Q = (H + 2 * (size_t)c->n_kv_heads) * hd;
+    const size_t a = c->recompute == MOE_RECOMPUTE_LAYER ? 0 : (size_t)l,
+                 w = m->params16 ? 0 : a; // fp32 work space
+    int nq, nk, n_qk;
+    qk_norm_widths(c, &nq, &nk, &n_qk);
+    const layer_bufs b = {.x = m->x + (size_t)l * T * d,
+                          .n1 = m->n1 + w * T * d,
+                          .h = m->h + a * T * d,
+                          .n2 = m->n2 + a * T * d,
+                          .qkv = m->qkv + w * T * Q,
+                          .ao = m->attn_out + w * T * H * hd,
+                          .lse = m->lse + a * B * H * S,
+                          .rstd1 = m->rstd1 + a * T,
+                          .rstd2 = m->rstd2 + a * T,
+                          .qkv_pre = at(m->qkv_pre, a * T * Q),
+                          .rstd_qk = at(m->rstd_qk, a * T * n_qk),
+                          .n1_16 = at16(m->n1_16, a * T * d),
+                          .qkv16 = at16(m->qkv16, a * T * Q),
+                          .ao16 = at16(m->ao16, a * T * H * hd),
+                          .mlp = mlp_bufs_of(m, (int)a, (int)T)};
+    return b;
+}
+
+// Layer l's attention half: h = x_l + Attn(RMSNorm(x_l)) wo^T, then n2 = RMSNorm(h), the FFN's
+// input; what the forward keeps (or recompute "layer" redoes) in b.
+static void attention_half_forward(moe_model *m, const layer_bufs *b, int l, int B, int S) {
+    const moe_model_config *c = &m->cfg;
+    moe_backend *be = m->be;
+    const int T = B * S, d = c->d_model, H = c->n_heads, hd = moe_model_head_dim(c),
+              Q = (H + 2 * c->n_kv_heads) * hd;
+    const size_t Td = (size_t)T * d;
+    be->rmsnorm_forward(be, b->n1, b->rstd1, b->x, m->p.attn_norm + (size_t)l * d, T, d,
+                        (real)c->rms_norm_eps);
+    moe_lap(m->timer, MOE_T_DENSE);
+    linear_forward(m, b->qkv, b->n1, b->n1_16, m->p.wqkv + (size_t)l * Q * d, T, Q, d);
+    qkv_extras_forward(m, b->qkv, b->qkv_pre, b->rstd_qk, l, T);
+    be->rope(be, b->qkv, b->qkv, m->rope_cos, m->rope_sin, qkv_rope(c, T, S, 0, 0));
+    if (m->params16) { // q, k, v rounded once (kept for the backward); bf16 products
+        be->to_bf16(be, b->qkv16, b->qkv, (size_t)T * Q);
+        be->attention_forward_bf16(be, b->ao, b->lse, b->qkv16, attention_shape(c, B, S),
+                                   m->attn_scratch, m->attn_scratch_size);
+    } else {
+        be->attention_forward(be, b->ao, b->lse, b->qkv, attention_shape(c, B, S), m->attn_scratch,
+                              m->attn_scratch_size);
+    }
+    linear_forward(m, b->h, b->ao, b->ao16, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
+    be->add(be, b->h, b->h, b->x, Td);
+    moe_lap(m->timer, MOE_T_ATTENTION);
+    be->rmsnorm_forward(be, b->n2, b->rstd2, b->h, m->p.moe_norm + (size_t)l * d, T, d,
+                        (real)c->rms_norm_eps);
+    moe_lap(m->timer, MOE_T_DENSE);
+}
+
+// Recompute "layer": layer l's activations again from its kept input x_l, before its
+// backward: the attention half, and the dense MLP's or the shared expert's (into moe_out, a
+// work buffer then); the MoE layer recomputes its experts itself (moe_layer_shape.recompute),
+// from the routing and rows it kept, so nothing is exchanged or routed again.
+static void recompute_layer(moe_model *m, const layer_bufs *b, int l, int B, int S) {
+    const moe_model_config *c = &m->cfg;
+    const int T = B * S;
+    attention_half_forward(m, b, l, B, S);
+    real *w13, *w2;
+    int f;
+    mlp_weights(m, &m->p, l, &w13, &w2, &f);
+    if (!moe_model_layer_is_moe(c, l))
+        mlp_forward(m, m->moe_out, b->n2, &b->mlp, w13, w2, T, f);
+    else if (c->shared_d_ff)
+        shared_forward(m, m->moe_out, b->n2, &b->mlp, w13, w2, f, (size_t)moe_model_moe_index(c, l),
+                       T);
+    moe_lap(m->timer, MOE_T_DENSE);
+}
+
 moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets, int B, int S,
                              moe_pass pass) {
     const moe_model_config *c = &m->cfg;
@@ -1047,10 +1137,7 @@ moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets
     if (B < 1 || B > m->max_batch || S < 1 || S > m->max_seq)
         return moe_error(MOE_EINVAL, "model: batch %d x seq %d exceeds the buffers (%d x %d)", B, S,
                          m->max_batch, m->max_seq);
-    const int T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads, KV = c->n_kv_heads,
-              hd = moe_model_head_dim(c), Q = (H + 2 * KV) * hd, V = c->vocab_size;
-    int nq, nk, n_qk;
-    qk_norm_widths(c, &nq, &nk, &n_qk);
+    const int T = B * S, d = c->d_model, L = c->n_layers, V = c->vocab_size;
     moe_status st = check_ids(tokens, T, V, "tokens");
     if (!st && targets) st = check_ids(targets, T, V, "targets");
     if (st) return st;
@@ -1068,40 +1155,14 @@ moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets
     m->aux = m->z = 0;
     const size_t Td = (size_t)T * d;
     for (int l = 0; l < L; l++) {
-        const size_t lk = m->params16 ? 0 : (size_t)l; // bf16: one layer of fp32 work space
-        real *xl = m->x + l * Td, *n1 = m->n1 + lk * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
-        real *qkv = m->qkv + lk * T * Q, *ao = m->attn_out + lk * T * H * hd;
-        real *lse = m->lse + (size_t)l * B * H * S;
-        moe_bf16 *n1_16 = at16(m->n1_16, l * Td), *qkv16 = at16(m->qkv16, (size_t)l * T * Q),
-                 *ao16 = at16(m->ao16, (size_t)l * T * H * hd);
-        be->rmsnorm_forward(be, n1, m->rstd1 + (size_t)l * T, xl, m->p.attn_norm + (size_t)l * d, T,
-                            d, (real)c->rms_norm_eps);
-        moe_lap(tm, MOE_T_DENSE);
-        linear_forward(m, qkv, n1, n1_16, m->p.wqkv + (size_t)l * Q * d, T, Q, d);
-        qkv_extras_forward(m, qkv, at(m->qkv_pre, (size_t)l * T * Q),
-                           at(m->rstd_qk, (size_t)l * T * n_qk), l, T);
-        be->rope(be, qkv, qkv, m->rope_cos, m->rope_sin, qkv_rope(c, T, S, 0, 0));
-        if (m->params16) { // q, k, v rounded once (kept for the backward); bf16 products
-            be->to_bf16(be, qkv16, qkv, (size_t)T * Q);
-            be->attention_forward_bf16(be, ao, lse, qkv16, attention_shape(c, B, S),
-                                       m->attn_scratch, m->attn_scratch_size);
-        } else {
-            be->attention_forward(be, ao, lse, qkv, attention_shape(c, B, S), m->attn_scratch,
-                                  m->attn_scratch_size);
-        }
-        linear_forward(m, h, ao, ao16, m->p.wo + (size_t)l * d * H * hd, T, d, H * hd);
-        be->add(be, h, h, xl, Td);
-        moe_lap(tm, MOE_T_ATTENTION);
-        be->rmsnorm_forward(be, n2, m->rstd2 + (size_t)l * T, h, m->p.moe_norm + (size_t)l * d, T,
-                            d, (real)c->rms_norm_eps);
-        moe_lap(tm, MOE_T_DENSE);
+        const layer_bufs b = layer_bufs_of(m, l, B, S);
+        attention_half_forward(m, &b, l, B, S);
         const int j = moe_model_moe_index(c, l);
         moe_layer *ml = j >= 0 ? &m->moe[j] : NULL;
         if (ml) ml->noise_key = m->noise_key ^ (0xD1B54A32D192ED03ull * (uint64_t)(l + 1));
-        const mlp_bufs mb = mlp_bufs_of(m, l, T);
-        st = ffn_forward(m, m->moe_out, n2, ml, l, &mb, T, S, pass);
+        st = ffn_forward(m, m->moe_out, b.n2, ml, l, &b.mlp, T, S, pass);
         if (st) return moe_error_context(st, "layer %d", l);
-        be->add(be, m->x + (l + 1) * Td, h, m->moe_out, Td);
+        be->add(be, m->x + (l + 1) * Td, b.h, m->moe_out, Td);
         moe_lap(tm, MOE_T_COMBINE); // the residual add of the MoE output
         m->aux += m->moe_stats[l].aux + m->moe_stats[l].seq_aux;
         m->z += m->moe_stats[l].z;
@@ -1121,16 +1182,39 @@ moe_status moe_model_forward(moe_model *m, const int *tokens, const int *targets
     return MOE_OK;
 }
 
+// Layer l's attention half backward: dx holds dL/dh and becomes dL/dx_l (+= through the norm).
+static void attention_half_backward(moe_model *m, const layer_bufs *b, int l, int B, int S) {
+    const moe_model_config *c = &m->cfg;
+    moe_backend *be = m->be;
+    const int T = B * S, d = c->d_model, H = c->n_heads, hd = moe_model_head_dim(c),
+              Q = (H + 2 * c->n_kv_heads) * hd;
+    // h = x_l + attn_out wo^T: dx becomes dL/dx_l
+    linear_backward(m, m->dattn_out, m->g.wo + (size_t)l * d * H * hd, m->dx, b->ao, b->ao16,
+                    m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0);
+    if (m->params16) { // do rounded once (g16 is free again); q, k, v and o as kept
+        be->to_bf16(be, m->g16, m->dattn_out, (size_t)T * H * hd);
+        be->attention_backward_bf16(be, m->dqkv, m->g16, b->qkv16, b->ao16, b->lse,
+                                    attention_shape(c, B, S), m->attn_scratch,
+                                    m->attn_scratch_size);
+    } else {
+        be->attention_backward(be, m->dqkv, m->dattn_out, b->qkv, b->ao, b->lse,
+                               attention_shape(c, B, S), m->attn_scratch, m->attn_scratch_size);
+    }
+    be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, qkv_rope(c, T, S, 0, 1));
+    qkv_extras_backward(m, m->dqkv, b->qkv_pre, b->rstd_qk, l, T);
+    linear_backward(m, m->dn, m->g.wqkv + (size_t)l * Q * d, m->dqkv, b->n1, b->n1_16,
+                    m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0);
+    moe_lap(m->timer, MOE_T_ATTENTION);
+    be->rmsnorm_backward(be, m->dx, m->g.attn_norm + (size_t)l * d, m->dn, b->x,
+                         m->p.attn_norm + (size_t)l * d, b->rstd1, T, d);
+}
+
 moe_status moe_model_backward(moe_model *m, double loss_scale) {
     const moe_model_config *c = &m->cfg;
     moe_backend *be = m->be;
     if (m->B == 0 || !m->training) return moe_error(MOE_EINVAL, "model: backward before forward");
-    const int B = m->B, S = m->S, T = B * S, d = c->d_model, L = c->n_layers, H = c->n_heads,
-              KV = c->n_kv_heads, hd = moe_model_head_dim(c), Q = (H + 2 * KV) * hd,
-              V = c->vocab_size;
+    const int B = m->B, S = m->S, T = B * S, d = c->d_model, L = c->n_layers, V = c->vocab_size;
     const size_t Td = (size_t)T * d;
-    int nq, nk, n_qk;
-    qk_norm_widths(c, &nq, &nk, &n_qk);
 
     moe_timer *tm = m->timer;
     moe_lap_start(tm);
@@ -1143,41 +1227,17 @@ moe_status moe_model_backward(moe_model *m, double loss_scale) {
                          m->rstdf, T, d);
 
     for (int l = L - 1; l >= 0; l--) {
-        const size_t lk = m->params16 ? 0 : (size_t)l;
-        real *xl = m->x + l * Td, *n1 = m->n1 + lk * Td, *h = m->h + l * Td, *n2 = m->n2 + l * Td;
-        real *qkv = m->qkv + lk * T * Q, *ao = m->attn_out + lk * T * H * hd;
-        const real *lse = m->lse + (size_t)l * B * H * S;
-        const moe_bf16 *n1_16 = at16(m->n1_16, l * Td), *qkv16 = at16(m->qkv16, (size_t)l * T * Q),
-                       *ao16 = at16(m->ao16, (size_t)l * T * H * hd);
+        const layer_bufs b = layer_bufs_of(m, l, B, S);
+        if (c->recompute == MOE_RECOMPUTE_LAYER) recompute_layer(m, &b, l, B, S);
         // x_{l+1} = h + FFN(n2), n2 = RMSNorm(h): dx holds dL/dx_{l+1}, becomes dL/dh
         be->zero(be, m->dn, Td * sizeof(real));
         moe_lap(tm, MOE_T_DENSE);
-        const mlp_bufs mb = mlp_bufs_of(m, l, T);
-        moe_status st = ffn_backward(m, m->dn, m->dx, n2, l, &mb, T, loss_scale);
+        moe_status st = ffn_backward(m, m->dn, m->dx, b.n2, l, &b.mlp, T, loss_scale);
         if (st) return moe_error_context(st, "layer %d", l);
-        be->rmsnorm_backward(be, m->dx, m->g.moe_norm + (size_t)l * d, m->dn, h,
-                             m->p.moe_norm + (size_t)l * d, m->rstd2 + (size_t)l * T, T, d);
+        be->rmsnorm_backward(be, m->dx, m->g.moe_norm + (size_t)l * d, m->dn, b.h,
+                             m->p.moe_norm + (size_t)l * d, b.rstd2, T, d);
         moe_lap(tm, MOE_T_DENSE);
-        // h = x_l + attn_out wo^T: dx becomes dL/dx_l
-        linear_backward(m, m->dattn_out, m->g.wo + (size_t)l * d * H * hd, m->dx, ao, ao16,
-                        m->p.wo + (size_t)l * d * H * hd, T, d, H * hd, 0);
-        if (m->params16) { // do rounded once (g16 is free again); q, k, v and o as kept
-            be->to_bf16(be, m->g16, m->dattn_out, (size_t)T * H * hd);
-            be->attention_backward_bf16(be, m->dqkv, m->g16, qkv16, ao16, lse,
-                                        attention_shape(c, B, S), m->attn_scratch,
-                                        m->attn_scratch_size);
-        } else {
-            be->attention_backward(be, m->dqkv, m->dattn_out, qkv, ao, lse,
-                                   attention_shape(c, B, S), m->attn_scratch, m->attn_scratch_size);
-        }
-        be->rope(be, m->dqkv, m->dqkv, m->rope_cos, m->rope_sin, qkv_rope(c, T, S, 0, 1));
-        qkv_extras_backward(m, m->dqkv, at(m->qkv_pre, (size_t)l * T * Q),
-                            at(m->rstd_qk, (size_t)l * T * n_qk), l, T);
-        linear_backward(m, m->dn, m->g.wqkv + (size_t)l * Q * d, m->dqkv, n1, n1_16,
-                        m->p.wqkv + (size_t)l * Q * d, T, Q, d, 0);
-        moe_lap(tm, MOE_T_ATTENTION);
-        be->rmsnorm_backward(be, m->dx, m->g.attn_norm + (size_t)l * d, m->dn, xl,
-                             m->p.attn_norm + (size_t)l * d, m->rstd1 + (size_t)l * T, T, d);
+        attention_half_backward(m, &b, l, B, S);
     }
     be->embedding_backward(be, m->g.embed, m->dx, m->tokens, T, d);
     moe_lap(tm, MOE_T_DENSE);

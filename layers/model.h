@@ -205,7 +205,9 @@ typedef struct {
     real *router_bias;         // [L, E] selection bias (cfg.router_bias), else NULL; not trained
     uint64_t noise_key;        // set before a training forward: keys the router jitter noise
 
-    // activations, T = B*S tokens
+    // activations, T = B*S tokens. [L, ...] below is every layer's with train.recompute "none"
+    // or "moe", one layer's ([T, ...], refilled by each layer's backward) with "layer"; x is
+    // always every layer's (what "layer" recomputes from).
     int *tokens, *targets; // [T]
     real *x;               // [L+1, T, d]  residual stream entering each layer; x[L] final
     real *n1, *rstd1;      // [L, T, d], [L, T]   attention RMSNorm

@@ -433,13 +433,13 @@ static moe_status dispatch(moe_layer *L, const real *inp, const int *offsets, in
     return MOE_OK;
 }
 
-// Experts: [h1 h3] = xe w13^T, act = silu(h1) h3, ye = act w2^T, grouped by local expert.
-static void experts(moe_layer *L, const moe_weights *w) {
+// Experts: [h1 h3] = xe w13^T, act = silu(h1) h3, ye = act w2^T, grouped by local expert,
+// from the kept input rows (bf16: xe16, rounded by the caller). What recompute runs again.
+static void experts_from_rows(moe_layer *L, const moe_weights *w) {
     moe_backend *be = L->be;
     const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
     const int *offsets = L->expert_offsets;
-    if (L->cfg.dtype == MOE_DTYPE_BF16) { // the GEMM inputs rounded to bf16 and kept so
-        if (!bf16_rows_direct(L)) be->to_bf16(be, L->xe16, L->xe, (size_t)N * d);
+    if (L->cfg.dtype == MOE_DTYPE_BF16) {
         be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16, offsets, E, 2 * ff, d);
         be->swiglu_forward_bf16(be, L->act16, L->h13_16, L->h13, N, ff); // h13_16: the backward's
         be->expert_matmul_forward_bf16(be, L->ye_local, L->act16, w->w2_16, offsets, E, d, ff);
@@ -448,6 +448,13 @@ static void experts(moe_layer *L, const moe_weights *w) {
     be->expert_matmul_forward(be, L->h13, L->xe, w->w13, offsets, E, 2 * ff, d);
     be->swiglu_forward(be, L->act, L->h13, N, ff);
     be->expert_matmul_forward(be, L->ye_local, L->act, w->w2, offsets, E, d, ff);
+}
+
+// The experts' forward: bf16 rounds the input rows once (kept in xe16 for the backward).
+static void experts(moe_layer *L, const moe_weights *w) {
+    if (L->cfg.dtype == MOE_DTYPE_BF16 && !bf16_rows_direct(L))
+        L->be->to_bf16(L->be, L->xe16, L->xe, (size_t)L->expert_rows * L->cfg.d_model);
+    experts_from_rows(L, w);
 }
 
 // Combine: out[t] = sum_j weights[t,j] ye[row(t,j)], on the token's own rank: under expert
@@ -655,6 +662,10 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
     if (!isfinite(dloss)) return moe_error(MOE_EINVAL, "moe: dloss=%g must be finite", dloss);
     if (!L->bwd) return moe_error(MOE_EINVAL, "moe: the layer was created forward-only");
     const int T = L->last_tokens, dedup = dedup_exchange(L);
+    if (L->recompute) { // h13, act, ye_local again from the kept rows (another layer's since)
+        experts_from_rows(L, w);
+        lap_experts(L);
+    }
     if (dedup) {
         combine_backward_packets(L, dout);
     } else {

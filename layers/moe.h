@@ -144,6 +144,14 @@ typedef struct {
                                    // before any row moves
     moe_backward_scratch *scratch; // shared backward scratch (NULL: the layer allocates one)
     int forward_only; // inference: no backward scratch at all (moe_layer_backward refuses)
+    // Activation recompute (train.recompute): the forward keeps the layer's routing, its
+    // experts' input rows (xe, bf16 xe16) and the combined rows (ye), not the experts' hidden
+    // activations (h13, act, their bf16 copies, EP's ye_local), which the backward recomputes
+    // from the kept rows (the same GEMMs on the same operands: bit-identical, and no exchange
+    // again). Those buffers are then one set for all the layers: hidden_from's (NULL: this
+    // layer allocates the set).
+    int recompute;
+    const struct moe_layer *hidden_from;
 } moe_layer_shape;
 
 // Bytes per expert row of a layer's buffers: `forward` is kept per layer for the backward
@@ -155,10 +163,12 @@ void moe_row_bytes(const moe_config *cfg, size_t *forward, size_t *backward);
 // routing: R T min(k, E_local) (the memory of a dropless layer at the worst routing).
 size_t moe_layer_rows_bound(const moe_config *cfg, const moe_layer_shape *shape);
 
-typedef struct {
+typedef struct moe_layer {
     moe_config cfg;
     moe_backend *be;
     int max_tokens;
+    int recompute;        // the backward recomputes h13, act (bf16: h13_16, act16) and ye_local
+    int owns_hidden;      // those buffers are this layer's (0: another layer's, shape.hidden_from)
     int E_local, expert0; // local experts: global indices expert0 .. expert0 + E_local - 1
     int max_expert_rows;  // N_exp, rows the local experts' buffers hold
     int rows_bound;       // the exact bound: max_expert_rows below it is a cap, checked per forward

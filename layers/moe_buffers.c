@@ -202,9 +202,38 @@ static moe_status stage_in_scratch(moe_layer *L) {
     return MOE_OK;
 }
 
+// Recompute: src's hidden buffers (h13, act, bf16 h13_16 and act16, EP's ye_local) serve this
+// layer too; its own are freed (staged ones are the shared scratch's already). Backwards run
+// one layer at a time, each recomputing them first.
+static moe_status adopt_hidden(moe_layer *L, const moe_layer *src) {
+    moe_backend *be = L->be;
+    if (src->be != be || src->max_expert_rows != L->max_expert_rows ||
+        src->cfg.d_ff != L->cfg.d_ff || src->cfg.d_model != L->cfg.d_model ||
+        src->cfg.dtype != L->cfg.dtype || src->ep_size != L->ep_size || !src->owns_hidden)
+        return moe_error(MOE_EINVAL, "moe: recompute shares the hidden buffers of a layer of "
+                                     "another shape (or one that does not own them)");
+    const size_t Ne = L->max_expert_rows, d = L->cfg.d_model, ff = L->cfg.d_ff, R = sizeof(real),
+                 B = sizeof(moe_bf16);
+    if (!L->staged_in_bwd) {
+        be->free(be, L->h13), be->free(be, L->act);
+        L->bytes -= 3 * Ne * ff * R;
+    }
+    L->h13 = src->h13, L->act = src->act;
+    if (L->act16) be->free(be, L->act16), L->bytes -= Ne * ff * B;
+    if (L->h13_16) be->free(be, L->h13_16), L->bytes -= 2 * Ne * ff * B;
+    L->act16 = src->act16, L->h13_16 = src->h13_16;
+    if (L->xr) { // expert parallelism: ye_local is its own buffer (one rank: ye, kept)
+        be->free(be, L->ye_local), L->bytes -= Ne * d * R;
+        L->ye_local = src->ye_local;
+    }
+    L->owns_hidden = 0;
+    return MOE_OK;
+}
+
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
                             const moe_layer_shape *shape) {
     memset(L, 0, sizeof *L);
+    L->owns_hidden = 1;
     if (!be) return moe_error(MOE_EINVAL, "moe: backend is NULL");
     moe_status st = moe_config_check(cfg);
     if (st) return st;
@@ -298,6 +327,11 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     }
     L->host_counts = L->host_readback;
     L->host_losses = (real *)((char *)L->host_readback + readback_loss_offset((int)E));
+    L->recompute = shape->recompute && L->bwd;
+    if (L->recompute && shape->hidden_from && (st = adopt_hidden(L, shape->hidden_from))) {
+        moe_layer_free(L);
+        return st;
+    }
     return MOE_OK;
 }
 
@@ -316,11 +350,12 @@ void moe_layer_free(moe_layer *L) {
             L->act,     L->ye,           L->xr,         L->router_in16,
             L->xe16,    L->act16,        L->h13_16,     L->aux_counts};
         if (L->staged_in_bwd) bufs[14] = bufs[15] = bufs[16] = NULL; // xp, h13, act: bwd's
+        if (!L->owns_hidden) bufs[15] = bufs[16] = bufs[21] = bufs[22] = NULL; // another's
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) L->be->free(L->be, bufs[i]);
         if (L->xr) { // expert parallelism: the experts' rows are their own buffers
             if (L->xe && !L->staged_in_bwd) L->be->free(L->be, L->xe);
-            if (L->ye_local) L->be->free(L->be, L->ye_local);
+            if (L->ye_local && L->owns_hidden) L->be->free(L->be, L->ye_local);
         }
         void *packets[] = {L->d_pk_token, L->d_pk_home, L->d_pk_expand, L->d_pk_assign,
                            L->w_send,     L->w_recv,    L->dw_recv,     L->dw_send};
