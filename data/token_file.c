@@ -156,6 +156,19 @@ static moe_status read_header(FILE *f, const char *path, uint64_t file_bytes, ui
     return MOE_OK;
 }
 
+moe_status moe_token_file_count(const char *path, uint64_t *count) {
+    FILE *f;
+    uint64_t size;
+    *count = 0;
+    if (moe_file_open_input(path, "token data", UINT64_MAX, &f, &size))
+        return errno ? moe_error(MOE_EIO, "token file '%s': cannot open: %s", path, strerror(errno))
+                     : moe_error_context(MOE_EIO, "token file '%s'", path);
+    uint32_t dtype = 0, vocab_size = 0;
+    moe_status s = read_header(f, path, size, &dtype, count, &vocab_size);
+    fclose(f);
+    return s;
+}
+
 moe_status moe_token_file_read(moe_token_file *tf, const char *path) {
     if (!tf) return moe_error(MOE_EINVAL, "moe_token_file_read: tf is NULL");
     memset(tf, 0, sizeof *tf);

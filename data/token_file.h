@@ -44,6 +44,10 @@ moe_status moe_token_file_write(const char *path, const uint32_t *tokens, uint64
 // malformed file, MOE_ENOMEM when the tokens do not fit in memory.
 moe_status moe_token_file_read(moe_token_file *tf, const char *path);
 
+// The token count of the file at path from its header (checked as moe_token_file_read checks
+// it), without reading the tokens: what a reader will hold in memory, count * 4 bytes.
+moe_status moe_token_file_count(const char *path, uint64_t *count);
+
 // Frees the tokens; safe on an empty or already freed token_file.
 void moe_token_file_free(moe_token_file *tf);
 

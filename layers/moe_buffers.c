@@ -21,12 +21,18 @@ void moe_row_bytes(const moe_config *cfg, size_t *forward, size_t *backward) {
     *backward = per_row;
 }
 
-// Allocates every spec from the backend, adding to *bytes; on failure frees what it got.
+// Allocates every spec from the backend, adding to *bytes; on failure frees what it got. A
+// spec of 0 bytes (a part this layer does not use) stays NULL.
 static moe_status alloc_specs(moe_backend *be, const buffer_spec *specs, size_t n, size_t *bytes) {
     for (size_t i = 0; i < n; i++) {
+        if (!specs[i].bytes) {
+            *specs[i].ptr = NULL;
+            continue;
+        }
         *specs[i].ptr = be->alloc(be, specs[i].bytes);
         if (!*specs[i].ptr) {
-            for (size_t j = 0; j < i; j++) be->free(be, *specs[j].ptr), *specs[j].ptr = NULL;
+            for (size_t j = 0; j < i; j++)
+                if (*specs[j].ptr) be->free(be, *specs[j].ptr), *specs[j].ptr = NULL;
             return moe_error(MOE_ENOMEM, "moe: cannot allocate %zu bytes of activations on %s",
                              specs[i].bytes, be->name);
         }
@@ -160,7 +166,7 @@ static moe_status create_exchange_buffers(moe_layer *L) {
     buffer_spec specs[] = {
         {(void **)&L->xr, Ne * d * sizeof(real)},
         {(void **)&L->xe, Ne * d * sizeof(real)},
-        {(void **)&L->ye_local, Ne * d * sizeof(real)},
+        {(void **)&L->ye_local, (size_t)L->owns_hidden * Ne * d * sizeof(real)},
     };
     moe_status st = alloc_specs(L->be, specs, 3, &L->bytes);
     if (st) {
@@ -189,11 +195,12 @@ static moe_status stage_in_scratch(moe_layer *L) {
     moe_backend *be = L->be;
     const size_t N = (size_t)L->max_tokens * L->cfg.top_k, Ne = L->max_expert_rows,
                  d = L->cfg.d_model, ff = L->cfg.d_ff, R = sizeof(real);
-    buffer_spec h16 = {(void **)&L->h13_16, 2 * Ne * ff * sizeof(moe_bf16)};
+    buffer_spec h16 = {(void **)&L->h13_16,
+                       (size_t)L->owns_hidden * 2 * Ne * ff * sizeof(moe_bf16)};
     moe_status st = alloc_specs(be, &h16, 1, &L->bytes);
     if (st) return st;
-    be->free(be, L->act), L->bytes -= Ne * ff * R;
-    be->free(be, L->h13), L->bytes -= 2 * Ne * ff * R;
+    if (L->act) be->free(be, L->act), L->bytes -= Ne * ff * R; // (recompute: none of its own)
+    if (L->h13) be->free(be, L->h13), L->bytes -= 2 * Ne * ff * R;
     be->free(be, L->xp), L->bytes -= N * d * R;
     if (L->ep) be->free(be, L->xe), L->bytes -= Ne * d * R;
     L->act = L->bwd->dact, L->h13 = L->bwd->h13_stage;
@@ -203,37 +210,25 @@ static moe_status stage_in_scratch(moe_layer *L) {
 }
 
 // Recompute: src's hidden buffers (h13, act, bf16 h13_16 and act16, EP's ye_local) serve this
-// layer too; its own are freed (staged ones are the shared scratch's already). Backwards run
-// one layer at a time, each recomputing them first.
+// layer too (it allocated none: owns_hidden 0; staged h13 and act are the shared scratch's
+// already). Backwards run one layer at a time, each recomputing them first.
 static moe_status adopt_hidden(moe_layer *L, const moe_layer *src) {
-    moe_backend *be = L->be;
-    if (src->be != be || src->max_expert_rows != L->max_expert_rows ||
+    if (src->be != L->be || src->max_expert_rows != L->max_expert_rows ||
         src->cfg.d_ff != L->cfg.d_ff || src->cfg.d_model != L->cfg.d_model ||
         src->cfg.dtype != L->cfg.dtype || src->ep_size != L->ep_size || !src->owns_hidden)
         return moe_error(MOE_EINVAL, "moe: recompute shares the hidden buffers of a layer of "
                                      "another shape (or one that does not own them)");
-    const size_t Ne = L->max_expert_rows, d = L->cfg.d_model, ff = L->cfg.d_ff, R = sizeof(real),
-                 B = sizeof(moe_bf16);
-    if (!L->staged_in_bwd) {
-        be->free(be, L->h13), be->free(be, L->act);
-        L->bytes -= 3 * Ne * ff * R;
-    }
-    L->h13 = src->h13, L->act = src->act;
-    if (L->act16) be->free(be, L->act16), L->bytes -= Ne * ff * B;
-    if (L->h13_16) be->free(be, L->h13_16), L->bytes -= 2 * Ne * ff * B;
+    if (!L->staged_in_bwd) L->h13 = src->h13, L->act = src->act;
     L->act16 = src->act16, L->h13_16 = src->h13_16;
-    if (L->xr) { // expert parallelism: ye_local is its own buffer (one rank: ye, kept)
-        be->free(be, L->ye_local), L->bytes -= Ne * d * R;
-        L->ye_local = src->ye_local;
-    }
-    L->owns_hidden = 0;
+    if (L->xr) L->ye_local = src->ye_local; // expert parallelism (one rank: ye, kept)
     return MOE_OK;
 }
 
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
                             const moe_layer_shape *shape) {
     memset(L, 0, sizeof *L);
-    L->owns_hidden = 1;
+    // recompute: the layers after the first allocate no hidden buffers (adopt_hidden)
+    L->owns_hidden = !(shape->recompute && shape->hidden_from && !shape->forward_only);
     if (!be) return moe_error(MOE_EINVAL, "moe: backend is NULL");
     moe_status st = moe_config_check(cfg);
     if (st) return st;
@@ -260,15 +255,26 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->ep_size = L->ep ? L->ep->size : 1;
 
     const size_t R = sizeof(real), I = sizeof(int);
+    // the router's jittered input and its noise: training with jitter only (else never touched)
+    const size_t J = cfg->jitter_eps > 0 && !shape->forward_only ? T * d * R : 0,
+                 own = (size_t)L->owns_hidden;
     buffer_spec specs[] = {
-        {(void **)&L->logits, T * E * R},  {(void **)&L->probs, T * E * R},
-        {(void **)&L->scores, T * E * R},  {(void **)&L->seq_counts, T * E * I},
-        {(void **)&L->jitter, T * d * R},  {(void **)&L->router_in, T * d * R},
-        {(void **)&L->lse, T * R},         {(void **)&L->weights, T * k * R},
-        {(void **)&L->assign_row, N * I},  {(void **)&L->row_token, N * I},
-        {(void **)&L->scratch, 2 * N * I}, {&L->readback, readback_bytes((int)E) + 2 * N * I},
-        {(void **)&L->xp, N * d * R},      {(void **)&L->h13, 2 * Ne * ff * R},
-        {(void **)&L->act, Ne * ff * R},   {(void **)&L->ye, N * d * R},
+        {(void **)&L->logits, T * E * R},
+        {(void **)&L->probs, T * E * R},
+        {(void **)&L->scores, T * E * R},
+        {(void **)&L->seq_counts, T * E * I},
+        {(void **)&L->jitter, J},
+        {(void **)&L->router_in, J},
+        {(void **)&L->lse, T * R},
+        {(void **)&L->weights, T * k * R},
+        {(void **)&L->assign_row, N * I},
+        {(void **)&L->row_token, N * I},
+        {(void **)&L->scratch, 2 * N * I},
+        {&L->readback, readback_bytes((int)E) + 2 * N * I},
+        {(void **)&L->xp, N * d * R},
+        {(void **)&L->h13, own * 2 * Ne * ff * R},
+        {(void **)&L->act, own * Ne * ff * R},
+        {(void **)&L->ye, N * d * R},
         {(void **)&L->aux_counts, E * I},
     };
     if ((st = alloc_specs(be, specs, sizeof specs / sizeof specs[0], &L->bytes))) {
@@ -285,7 +291,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         buffer_spec b16[] = {
             {(void **)&L->router_in16, T * d * B},
             {(void **)&L->xe16, Ne * d * B},
-            {(void **)&L->act16, Ne * ff * B},
+            {(void **)&L->act16, own * Ne * ff * B},
         };
         if ((st = alloc_specs(be, b16, 3, &L->bytes))) {
             moe_layer_free(L);
@@ -328,7 +334,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->host_counts = L->host_readback;
     L->host_losses = (real *)((char *)L->host_readback + readback_loss_offset((int)E));
     L->recompute = shape->recompute && L->bwd;
-    if (L->recompute && shape->hidden_from && (st = adopt_hidden(L, shape->hidden_from))) {
+    if (!L->owns_hidden && (st = adopt_hidden(L, shape->hidden_from))) {
         moe_layer_free(L);
         return st;
     }

@@ -7,8 +7,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include "data/token_file.h"
 #include "train/run_data.h"
 #include "train/trainer.h"
 
@@ -178,6 +180,43 @@ static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
                  cfg->seq_len, cfg->grad_accum, cfg->grad_accum == 1 ? "" : "es");
 }
 
+// The peak resident memory of a run of this config (docs/training.md "Memory plan"): every
+// buffer above (a step and the validation write them all), one host copy of the parameters
+// while a checkpoint is written (ckpt/save.c stages each tensor file through it), the token
+// files as read (4 bytes a token) and what this process holds now (libraries, runtime: its own
+// peak RSS so far, which the buffers above, allocated but never written, are not part of).
+// A device backend's buffers are device memory: the host's part only then.
+static void print_peak(const run_memory *mem, size_t n_params, const moe_train_config *cfg,
+                       const moe_backend *be) {
+    const double buffers = (double)(mem->params + mem->grads + mem->optimizer + mem->activations +
+                                    mem->experts),
+                 staging = (double)n_params * sizeof(real);
+    data_paths d;
+    moe_run_data_paths(cfg, &d);
+    double tokens = 0;
+    int counted = 0;
+    for (int i = 0; i < 2; i++) {
+        uint64_t n;
+        if (moe_token_file_count(d.path[i], &n) == MOE_OK) tokens += 4.0 * (double)n, counted++;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const double base = (double)ru.ru_maxrss * 1024; // Linux: KiB
+    const double host = (be->host_memory ? buffers : 0) + staging + tokens + base;
+    char b[32], s[32], t[32], p[32];
+    moe_run_header_bytes(b, sizeof b, buffers);
+    moe_run_header_bytes(s, sizeof s, staging);
+    moe_run_header_bytes(t, sizeof t, tokens);
+    moe_run_header_bytes(p, sizeof p, base);
+    printf(
+        "peak memory per rank, predicted: %.1f MiB resident (%s%s%s + checkpoint staging %s +\n"
+        "  token files %s%s + process %s); `moe train` prints the measured peak RSS at the end\n",
+        host / 1048576,
+        be->host_memory ? "the buffers above " : "host only: the buffers above are ", b,
+        be->host_memory ? "" : " of device memory", s, t,
+        counted == 2 ? "" : " (not prepared yet: not counted)", p);
+}
+
 moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
     printf("# the resolved config: %s with the --set overrides, every key\n",
            cfg->source[0] ? cfg->source : "(defaults)");
@@ -204,6 +243,7 @@ moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
     if (!st) mem = memory_of(&m, cfg);
     print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line, be);
     print_plan(cfg, &mc, cfg->ep_size);
+    if (!st) print_peak(&mem, m.n_params, cfg, be);
     if (st) fprintf(stderr, "warning: the model does not allocate here: %s\n", moe_last_error());
     moe_model_destroy(&m);
     moe_backend_destroy(be);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "data/files.h"
 #include "layers/rng.h"
@@ -651,8 +652,11 @@ static void trainer_finish(trainer *t) {
     char val_part[64] = "no validation at the end"; // a skipped last step, or stopped early
     if (isfinite(r->last_val_loss))
         snprintf(val_part, sizeof val_part, "val loss %.4f", r->last_val_loss);
-    printf("done: %lld steps in %.1f s, final loss %.4f, %s, %lld skipped\n",
-           (long long)r->steps_done, r->seconds, r->last_loss, val_part, (long long)r->skipped);
+    struct rusage ru; // the dry run's "peak memory per rank, predicted" against this
+    getrusage(RUSAGE_SELF, &ru);
+    printf("done: %lld steps in %.1f s, final loss %.4f, %s, %lld skipped, peak RSS %.1f MiB\n",
+           (long long)r->steps_done, r->seconds, r->last_loss, val_part, (long long)r->skipped,
+           ru.ru_maxrss / 1024.0);
 }
 
 // Frees what trainer_open got to and hands the result over; st is the run's status, or the
