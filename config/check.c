@@ -288,13 +288,6 @@ moe_status moe_cfg_check_combinations(load_ctx *c, moe_train_config *cfg) {
                          "nothing is ever dropped (set capacity_factor > 0, or remove drop_policy)",
                          loc);
     }
-    // (being built: the guard goes when it lands)
-    if (cfg->shard_optimizer) {
-        char loc[MOE_PATH_MAX + 96];
-        moe_cfg_where(c, c->at[moe_cfg_spec_index("parallel", "shard_optimizer")], loc, sizeof loc);
-        return moe_error(MOE_EINVAL,
-                         "%s: parallel.shard_optimizer is not built yet in this version", loc);
-    }
     if (cfg->seq_len > m->max_seq_len)
         return inconsistent(c, cfg, seq_len, max_seq, "exceeds",
                             "RoPE and the KV cache are sized for max_seq_len positions");

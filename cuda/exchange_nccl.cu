@@ -6,6 +6,9 @@
 //   (the layer exchanged them), so it is one group of ncclSend/ncclRecv per peer with rows
 //   (zero-row peers skipped), on the backend's stream.
 // - allreduce_sum_real: ncclAllReduce (sum, fp32) in place on the backend's stream.
+// - reduce_scatter_sum_real, allgather_real (parallel.shard_optimizer): pieces of unequal
+//   counts, so a group of ncclReduce / ncclBroadcast per piece (NCCL's ReduceScatter and
+//   AllGather take one count for all).
 // - The unique id is made by rank 0 and broadcast over the host communicator; split splits the
 //   host communicator and the NCCL one (ncclCommSplit) alike.
 // - Each call waits for its stream (the layer reads the results' sizes on the host next, and
@@ -118,6 +121,50 @@ static void n_allreduce_real(moe_comm *c, moe_backend *be, real *x, size_t n) {
     c->wait_s += now_s() - t0;
 }
 
+// The sharded optimizer's pair on unequal pieces: ncclReduceScatter and ncclAllGather take
+// equal counts, so each is one group of per-piece collectives: ncclReduce of piece r to rank r
+// (in place), ncclBroadcast of piece r from rank r (in place). The same sums as a ring
+// reduce-scatter's, in NCCL's fixed order for the communicator.
+static void check_backend(moe_comm *c, moe_backend *be, const char *what) {
+    if (be != nccl_of(c)->be)
+        moe_fatal("nccl exchange: %s on backend %s through a communicator of backend %s", what,
+                  be->name, nccl_of(c)->be->name);
+}
+
+static void n_reduce_scatter_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
+    check_backend(c, be, "a reduce-scatter");
+    const double t0 = now_s();
+    cudaStream_t stream = cuda_stream(be);
+    size_t at = 0;
+    NCCL_CHECK(c, ncclGroupStart());
+    for (int r = 0; r < c->size; r++) {
+        if (counts[r])
+            NCCL_CHECK(c, ncclReduce(x + at, x + at, counts[r], ncclFloat32, ncclSum, r,
+                                     nccl_of(c)->nccl, stream));
+        at += counts[r];
+    }
+    NCCL_CHECK(c, ncclGroupEnd());
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    c->wait_s += now_s() - t0;
+}
+
+static void n_allgather_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
+    check_backend(c, be, "an all-gather");
+    const double t0 = now_s();
+    cudaStream_t stream = cuda_stream(be);
+    size_t at = 0;
+    NCCL_CHECK(c, ncclGroupStart());
+    for (int r = 0; r < c->size; r++) {
+        if (counts[r])
+            NCCL_CHECK(c, ncclBroadcast(x + at, x + at, counts[r], ncclFloat32, r, nccl_of(c)->nccl,
+                                        stream));
+        at += counts[r];
+    }
+    NCCL_CHECK(c, ncclGroupEnd());
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    c->wait_s += now_s() - t0;
+}
+
 static void n_destroy(moe_comm *c) {
     nccl_state *s = nccl_of(c);
     ncclCommDestroy(s->nccl);
@@ -160,6 +207,8 @@ static moe_status wrap(moe_backend *be, moe_comm *host, ncclComm_t nccl, moe_com
     c->alltoallv_rows = n_alltoallv_rows;
     c->alltoallv_host = n_alltoallv_host;
     c->allreduce_sum_real = n_allreduce_real;
+    c->reduce_scatter_sum_real = n_reduce_scatter_real;
+    c->allgather_real = n_allgather_real;
     c->allreduce_sum_double = n_allreduce_double;
     c->allreduce_sum_long = n_allreduce_long;
     c->allgather = n_allgather;

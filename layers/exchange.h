@@ -40,6 +40,15 @@ struct moe_comm {
                            const int *send_n, size_t item_bytes);
     // x = the sum of every rank's x, in place. BACKEND memory, n reals.
     void (*allreduce_sum_real)(moe_comm *c, moe_backend *be, real *x, size_t n);
+    // The sharded optimizer's pair (ZeRO-1, train/zero.h). x [n] is BACKEND memory cut into
+    // size consecutive pieces, piece i of counts[i] reals (HOST [size], sum n), starting at
+    // the sum of the counts before it.
+    // reduce_scatter_sum_real: this rank's piece of x becomes the sum of every rank's x over
+    // that piece; the rest of x is left undefined.
+    void (*reduce_scatter_sum_real)(moe_comm *c, moe_backend *be, real *x, const size_t *counts);
+    // allgather_real: every rank's piece of x (its own) is copied into that piece on every
+    // rank, in place.
+    void (*allgather_real)(moe_comm *c, moe_backend *be, real *x, const size_t *counts);
     // The same for HOST doubles and longs.
     void (*allreduce_sum_double)(moe_comm *c, double *x, size_t n);
     void (*allreduce_sum_long)(moe_comm *c, long *x, size_t n);

@@ -115,6 +115,93 @@ static void mpi_allreduce_long(moe_comm *c, long *x, size_t n) {
     allreduce_chunks(c, x, n, sizeof(long), MPI_LONG);
 }
 
+// ---- the sharded optimizer's pair (ZeRO-1) -------------------------------------------
+// x [n] in `size` consecutive pieces: piece i is x[displs[i], + counts[i]). MPI counts and
+// displacements are ints: the collectives take them up to INT_MAX reals in all; past that,
+// one root at a time in chunks of 2^30 (MPI_Reduce, MPI_Bcast), the same sums.
+
+static MPI_Datatype real_type(void) {
+    return sizeof(real) == sizeof(double) ? MPI_DOUBLE : MPI_FLOAT;
+}
+
+// The ints of the pieces (icounts, idispls [size]), size_t displacements in displs; whether all
+// of them fit MPI's ints.
+static int pieces(const moe_comm *c, const size_t *counts, int *icounts, int *idispls,
+                  size_t *displs) {
+    size_t at = 0;
+    int fits = 1;
+    for (int i = 0; i < c->size; i++) {
+        displs[i] = at;
+        fits = fits && at <= INT_MAX && counts[i] <= INT_MAX;
+        icounts[i] = fits ? (int)counts[i] : 0, idispls[i] = fits ? (int)at : 0;
+        at += counts[i];
+    }
+    return fits && at <= INT_MAX;
+}
+
+// The reduce-scatter over host memory h [n]: this rank's piece summed into h + displs[rank].
+static void reduce_scatter_host(moe_comm *c, real *h, const size_t *counts, const int *icounts,
+                                const size_t *displs, int fits) {
+    const size_t chunk = (size_t)1 << 30, mine = counts[c->rank];
+    if (fits) { // MPI puts the piece at the front of its receive buffer: staged, then placed
+        real *out = stage(c, 1, mine * sizeof(real));
+        MPI_Reduce_scatter(h, out, icounts, real_type(), MPI_SUM, comm_of(c));
+        memcpy(h + displs[c->rank], out, mine * sizeof(real));
+        return;
+    }
+    for (int r = 0; r < c->size; r++)
+        for (size_t at = 0; at < counts[r]; at += chunk) {
+            real *p = h + displs[r] + at;
+            const int m = (int)(counts[r] - at < chunk ? counts[r] - at : chunk);
+            MPI_Reduce(r == c->rank ? MPI_IN_PLACE : p, p, m, real_type(), MPI_SUM, r, comm_of(c));
+        }
+}
+
+static void mpi_reduce_scatter_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
+    const double t0 = MPI_Wtime();
+    const int R = c->size;
+    int *ic = malloc(2 * (size_t)R * sizeof(int));
+    size_t *displs = malloc((size_t)R * sizeof(size_t));
+    if (!ic || !displs) moe_fatal("exchange: out of memory");
+    const int fits = pieces(c, counts, ic, ic + R, displs);
+    const size_t n = displs[R - 1] + counts[R - 1], off = displs[c->rank], mine = counts[c->rank];
+    real *h = x;
+    if (!be->host_memory) {
+        h = stage(c, 0, n * sizeof(real));
+        be->copy_to_host(be, h, x, n * sizeof(real));
+    }
+    reduce_scatter_host(c, h, counts, ic, displs, fits);
+    if (!be->host_memory) be->copy_to_device(be, x + off, h + off, mine * sizeof(real));
+    free(ic), free(displs);
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+static void mpi_allgather_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
+    const double t0 = MPI_Wtime();
+    const int R = c->size;
+    const size_t chunk = (size_t)1 << 30;
+    int *ic = malloc(2 * (size_t)R * sizeof(int));
+    size_t *displs = malloc((size_t)R * sizeof(size_t));
+    if (!ic || !displs) moe_fatal("exchange: out of memory");
+    const int fits = pieces(c, counts, ic, ic + R, displs);
+    const size_t n = displs[R - 1] + counts[R - 1], off = displs[c->rank], mine = counts[c->rank];
+    real *h = x;
+    if (!be->host_memory) { // only this rank's piece goes out; every piece comes back
+        h = stage(c, 0, n * sizeof(real));
+        be->copy_to_host(be, h + off, x + off, mine * sizeof(real));
+    }
+    if (fits)
+        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, ic, ic + R, real_type(), comm_of(c));
+    for (int r = 0; !fits && r < R; r++)
+        for (size_t at = 0; at < counts[r]; at += chunk) {
+            const int m = (int)(counts[r] - at < chunk ? counts[r] - at : chunk);
+            MPI_Bcast(h + displs[r] + at, m, real_type(), r, comm_of(c));
+        }
+    if (!be->host_memory) be->copy_to_device(be, x, h, n * sizeof(real));
+    free(ic), free(displs);
+    c->wait_s += MPI_Wtime() - t0;
+}
+
 static void mpi_allgather(moe_comm *c, void *recv, const void *send, size_t bytes) {
     const double t0 = MPI_Wtime();
     MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, comm_of(c));
@@ -188,6 +275,8 @@ static moe_status wrap(MPI_Comm comm, int owns_mpi, moe_comm **out) {
         .alltoallv_rows = mpi_alltoallv_rows,
         .alltoallv_host = mpi_alltoallv_host,
         .allreduce_sum_real = mpi_allreduce_real,
+        .reduce_scatter_sum_real = mpi_reduce_scatter_real,
+        .allgather_real = mpi_allgather_real,
         .allreduce_sum_double = mpi_allreduce_double,
         .allreduce_sum_long = mpi_allreduce_long,
         .allgather = mpi_allgather,

@@ -25,6 +25,14 @@ static void single_alltoallv_host(moe_comm *c, void *recv, const int *recv_n, co
 static void single_allreduce_real(moe_comm *c, moe_backend *be, real *x, size_t n) {
     (void)c, (void)be, (void)x, (void)n;
 }
+// One rank: its piece is all of x, already the sum and already gathered.
+static void single_reduce_scatter_real(moe_comm *c, moe_backend *be, real *x,
+                                       const size_t *counts) {
+    (void)c, (void)be, (void)x, (void)counts;
+}
+static void single_allgather_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
+    (void)c, (void)be, (void)x, (void)counts;
+}
 static void single_allreduce_double(moe_comm *c, double *x, size_t n) { (void)c, (void)x, (void)n; }
 static void single_allreduce_long(moe_comm *c, long *x, size_t n) { (void)c, (void)x, (void)n; }
 static void single_allgather(moe_comm *c, void *recv, const void *send, size_t bytes) {
@@ -57,6 +65,8 @@ moe_status moe_comm_single(moe_comm **out) {
         .alltoallv_rows = single_alltoallv_rows,
         .alltoallv_host = single_alltoallv_host,
         .allreduce_sum_real = single_allreduce_real,
+        .reduce_scatter_sum_real = single_reduce_scatter_real,
+        .allgather_real = single_allgather_real,
         .allreduce_sum_double = single_allreduce_double,
         .allreduce_sum_long = single_allreduce_long,
         .allgather = single_allgather,

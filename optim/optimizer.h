@@ -23,20 +23,40 @@ typedef struct {
     int decay;
 } optim_region;
 
+// A range of the parameter buffer that an optimizer updates and keeps moments of (a sharded
+// optimizer, parallel.shard_optimizer: this rank's piece of the dense parameters and its
+// experts).
+typedef struct {
+    size_t offset, count;
+} optim_span;
+
+// A region clipped to the optimizer's spans, with where its moments start: moments are kept
+// only for the spans, packed in span order, so region parameter p has moments at
+// moment + (p - offset).
+typedef struct {
+    size_t offset, count, moment;
+    int decay;
+} optim_piece;
+
 typedef struct {
     optim_config cfg;
     moe_backend *be;
-    size_t n;    // parameters
+    size_t n;    // moments (the parameters of the spans; all n_params without spans)
     real *m, *v; // AdamW moments [n] (device), NULL for SGD
     int64_t t;   // updates done (AdamW bias correction uses t+1)
     int n_regions;
-    optim_region *regions;
+    optim_piece *regions;
 } moe_optimizer;
 
 // regions: any order; contiguous ones with the same decay flag are merged, overlapping ones
 // refused.
 moe_status moe_optimizer_create(moe_optimizer *o, moe_backend *be, const optim_config *cfg,
                                 size_t n_params, const optim_region *regions, int n_regions);
+// The same over the spans only (sorted, disjoint): what lies outside them is never updated and
+// has no moments. n_spans 0: all of [0, n_params), as moe_optimizer_create.
+moe_status moe_optimizer_create_spans(moe_optimizer *o, moe_backend *be, const optim_config *cfg,
+                                      size_t n_params, const optim_region *regions, int n_regions,
+                                      const optim_span *spans, int n_spans);
 void moe_optimizer_destroy(moe_optimizer *o);
 
 // One update of params with grad_scale * grads at learning rate lr. params16 (NULL: none) is

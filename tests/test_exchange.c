@@ -116,6 +116,33 @@ int main(int argc, char **argv) {
     int ok = 1;
     for (size_t i = 0; i < n; i++) ok &= hx[i] == (real)(R * (R + 1) / 2) * (real)(i % 13);
     check_true("allreduce_sum_real (backend memory) == R(R+1)/2 x", ok);
+    // the sharded optimizer's pair on uneven pieces (piece r: 100 + 37 r reals, the last one
+    // the rest; a count of 0 when R is large): rank r's piece is the sum, then every piece
+    // everywhere
+    size_t *counts = malloc((size_t)R * sizeof *counts), left = n, off = 0;
+    for (int r = 0; r < R; r++) {
+        counts[r] = r == R - 1 ? left : (100 + 37 * (size_t)r < left ? 100 + 37 * (size_t)r : left);
+        left -= counts[r];
+        if (r < me) off += counts[r];
+    }
+    for (size_t i = 0; i < n; i++) hx[i] = (real)(me + 1) * (real)(i % 13);
+    be->copy_to_device(be, dx, hx, n * sizeof(real));
+    world->reduce_scatter_sum_real(world, be, dx, counts);
+    be->copy_to_host(be, hx, dx, n * sizeof(real));
+    ok = 1;
+    for (size_t i = off; i < off + counts[me]; i++)
+        ok &= hx[i] == (real)(R * (R + 1) / 2) * (real)(i % 13);
+    check_true("reduce_scatter_sum_real (uneven pieces): this rank's piece == R(R+1)/2 x", ok);
+    for (size_t i = off; i < off + counts[me]; i++) hx[i] = (real)(i + 1000 * me);
+    be->copy_to_device(be, dx + off, hx + off, counts[me] * sizeof(real));
+    world->allgather_real(world, be, dx, counts);
+    be->copy_to_host(be, hx, dx, n * sizeof(real));
+    ok = 1;
+    for (int r = 0, at = 0; r < R; at += (int)counts[r], r++)
+        for (size_t i = (size_t)at; i < (size_t)at + counts[r]; i++)
+            ok &= hx[i] == (real)(i + 1000 * r);
+    check_true("allgather_real (uneven pieces): every rank's piece on every rank", ok);
+    free(counts);
     double dv[2] = {me + 0.5, 1};
     long lv[2] = {me, 1};
     world->allreduce_sum_double(world, dv, 2);

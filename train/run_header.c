@@ -13,6 +13,7 @@
 #include "data/token_file.h"
 #include "train/run_data.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 void moe_run_header_bytes(char *buf, size_t n, double b) {
     const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -47,15 +48,20 @@ typedef struct {
     size_t params, grads, optimizer, activations, experts; // bytes; activations without experts
 } run_memory;
 
-// The memory of a training model as allocated (moe_model_memory), with the optimizer's state.
-static run_memory memory_of(const moe_model *m, const moe_train_config *cfg) {
+// The memory of a training model as allocated (moe_model_memory), with the optimizer's state:
+// over shard_ranks > 1 ranks (parallel.shard_optimizer) the moments of the largest dense piece
+// and the model's experts.
+static run_memory memory_of(const moe_model *m, const moe_train_config *cfg, int shard_ranks) {
     run_memory r = {0};
     size_t acts;
     moe_model_memory(m, &r.params, &r.grads, &acts);
     for (int l = 0; l < m->n_moe; l++) r.experts += m->moe[l].bytes;
     r.activations = acts - r.experts;
-    r.optimizer =
-        cfg->optimizer == OPTIM_SGD ? 0 : 2 * m->n_params * sizeof(real); // AdamW: m and v
+    const size_t moments =
+        shard_ranks > 1
+            ? moe_zero_moments_per_rank(m->n_dense, m->n_params - m->n_dense, shard_ranks)
+            : m->n_params;
+    r.optimizer = cfg->optimizer == OPTIM_SGD ? 0 : 2 * moments * sizeof(real); // AdamW: m and v
     return r;
 }
 
@@ -157,6 +163,29 @@ static void print_plan(const moe_train_config *cfg, const moe_model_config *mc, 
            mc->max_seq_len, sizeof(real));
 }
 
+// parallel.shard_optimizer with AdamW: the moments (m and v) one rank keeps over R ranks,
+// 2 x 4 x (ceil(n_dense / R) + its experts' parameters), against 2 x 4 x (n_dense + its
+// experts') unsharded; experts_all: the expert parameters of the whole model, ep_size ranks
+// (0: R) share them. ranks <= 1 (a dry run outside mpirun): for R = 2, 4 and 8.
+static void print_shard(const moe_train_config *cfg, size_t n_dense, size_t experts_all,
+                        int ranks) {
+    if (!cfg->shard_optimizer || cfg->optimizer == OPTIM_SGD) return;
+    const int some[3] = {2, 4, 8}, *R = ranks > 1 ? &ranks : some, n = ranks > 1 ? 1 : 3;
+    printf("optimizer sharded (parallel.shard_optimizer): AdamW moments per rank");
+    for (int i = 0; i < n; i++) {
+        const int ep = cfg->ep_size ? cfg->ep_size : R[i];
+        if (R[i] % ep || cfg->model.moe.n_experts % ep) continue;
+        const size_t experts = experts_all / (size_t)ep,
+                     mine = moe_zero_moments_per_rank(n_dense, experts, R[i]);
+        char a[32], b[32];
+        moe_run_header_bytes(a, sizeof a, 2.0 * (double)mine * sizeof(real));
+        moe_run_header_bytes(b, sizeof b, 2.0 * (double)(n_dense + experts) * sizeof(real));
+        printf("%s R = %d: %s (unsharded %s)", i ? ";" : "", R[i], a, b);
+    }
+    printf("\n  (each rank: 1/R of the dense parameters' moments and its experts'; the fp32 "
+           "weights and\n  their bf16 copy stay whole on every rank)\n");
+}
+
 // What moe_run_data_open would read, without reading or preparing anything.
 static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
     data_paths d;
@@ -240,9 +269,10 @@ moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
     moe_model m = {0};
     run_memory mem;
     st = moe_model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
-    if (!st) mem = memory_of(&m, cfg);
+    if (!st) mem = memory_of(&m, cfg, cfg->shard_optimizer ? moe_launch_size() : 1);
     print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line, be);
     print_plan(cfg, &mc, cfg->ep_size);
+    print_shard(cfg, n_dense, n_params - n_dense, moe_launch_size());
     if (!st) print_peak(&mem, m.n_params, cfg, be);
     if (st) fprintf(stderr, "warning: the model does not allocate here: %s\n", moe_last_error());
     moe_model_destroy(&m);
@@ -263,9 +293,11 @@ void moe_run_header_print(const moe_train_config *cfg, const moe_model *m, moe_b
              "data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step",
              train->path, (unsigned long long)train->count, val->path,
              (unsigned long long)val->count, cfg->batch_size, cfg->seq_len, cfg->grad_accum);
-    const run_memory mem = memory_of(m, cfg);
+    const run_memory mem = memory_of(m, cfg, cfg->shard_optimizer ? ranks : 1);
     print_header(cfg, &m->cfg, m->n_params, m->n_dense, &mem, NULL, data_line, be);
     print_plan(cfg, &m->cfg, m->ep ? m->ep->size : 1);
+    const int ep = m->ep ? m->ep->size : 1; // (the model holds E / ep of the experts)
+    print_shard(cfg, m->n_dense, (m->n_params - m->n_dense) * (size_t)ep, ranks);
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");
     if (ranks > 1 && !m->placement) // the figures above are rank 0's: its experts and buffers

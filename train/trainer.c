@@ -188,8 +188,12 @@ static moe_status trainer_open_model(trainer *t) {
         .eps = cfg->eps,
         .weight_decay = cfg->weight_decay,
     };
-    if ((st = moe_optimizer_create(&t->opt, t->be, &oc, t->m.n_params, t->regions, t->m.n_tensors)))
-        return st;
+    t->sharded = cfg->shard_optimizer && t->R > 1;
+    if (t->sharded && !(st = moe_zero_init(&t->zero, &t->m, t->R, t->rank)))
+        st = moe_zero_optimizer_create(&t->zero, &t->opt, &t->m, &oc, t->regions, t->m.n_tensors);
+    else if (!t->sharded)
+        st = moe_optimizer_create(&t->opt, t->be, &oc, t->m.n_params, t->regions, t->m.n_tensors);
+    if (st) return st;
     return data_loader_init(&t->loader, &t->train, cfg->batch_size, cfg->seq_len,
                             (uint64_t)cfg->seed, t->rank, t->R);
 }
@@ -213,13 +217,25 @@ static moe_status trainer_resume_capacity(trainer *t, const moe_capacity_state *
     return MOE_OK;
 }
 
+// A checkpoint's parameters, moments and state; a sharded optimizer takes its piece of the
+// whole moments the folder holds (the folder is the same for every R, sharded or not).
+static moe_status trainer_load_checkpoint(trainer *t, train_state *ts) {
+    if (!t->sharded) return moe_checkpoint_load(t->resume, &t->m, &t->opt, ts);
+    moe_optimizer full;
+    moe_status st = moe_zero_whole_like(&t->opt, &t->m, &full);
+    if (!st && !(st = moe_checkpoint_load(t->resume, &t->m, &full, ts)))
+        moe_zero_take_shard(&t->zero, &t->opt, &full, &t->m);
+    moe_optimizer_destroy(&full);
+    return st;
+}
+
 // Continues from a checkpoint of this run: parameters, optimizer, step, data order, skip
 // counts; the logs keep the records up to its step.
 static moe_status trainer_resume(trainer *t) {
     const moe_train_config *cfg = t->cfg;
     train_state ts;
     moe_status st;
-    if ((st = moe_checkpoint_load(t->resume, &t->m, &t->opt, &ts))) return st;
+    if ((st = trainer_load_checkpoint(t, &ts))) return st;
     st = trainer_resume_capacity(t, &ts.capacity);
     free(ts.capacity.need);
     if (st || (st = data_loader_set_state(&t->loader, &ts.loader))) return st;
@@ -286,7 +302,7 @@ static moe_status trainer_alloc_result(trainer *t) {
     r->last_stats = calloc((size_t)t->L, sizeof(moe_stats));
     if (!r->routed || !r->kept || !r->last_stats) return out_of_memory();
     moe_model_memory(&t->m, &r->param_bytes, &r->grad_bytes, &r->activation_bytes);
-    r->optimizer_bytes = t->opt.m ? 2 * t->m.n_params * sizeof(real) : 0;
+    r->optimizer_bytes = t->opt.m ? 2 * t->opt.n * sizeof(real) : 0; // sharded: this rank's
     return MOE_OK;
 }
 
@@ -416,7 +432,10 @@ static void trainer_reduce_step(trainer *t, step_result *s) {
     moe_comm *w = t->world;
     moe_step_load *sl = &t->sl;
     const int L = t->L, E = t->E, G = t->cfg->grad_accum, R = t->R;
-    moe_model_reduce_grads(&t->m, w, t->edp);
+    if (t->sharded)
+        moe_zero_reduce_grads(&t->zero, &t->m, w, t->edp); // this rank's dense piece only
+    else
+        moe_model_reduce_grads(&t->m, w, t->edp);
     double loss[3] = {s->ce, s->aux, s->z};
     w->allreduce_sum_double(w, loss, 3);
     s->ce = loss[0], s->aux = loss[1], s->z = loss[2];
@@ -458,7 +477,8 @@ static moe_status trainer_step(trainer *t, step_result *s) {
                               &nan_value, sizeof nan_value);
     }
     if (t->R > 1) trainer_reduce_step(t, s);
-    const double ss = moe_model_grad_sum_squares(&t->m); // each expert once
+    const double ss = t->sharded ? moe_zero_grad_sum_squares(&t->zero, &t->m, t->world)
+                                 : moe_model_grad_sum_squares(&t->m); // each expert once
     s->grad_norm = sqrt(ss), s->loss = s->ce + s->aux + s->z;
     return MOE_OK;
 }
@@ -509,8 +529,10 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
 static void trainer_update(trainer *t, step_result *s, double t0) {
     t->consecutive_skips = 0;
     const double o0 = moe_clock_s();
-    moe_optimizer_step(&t->opt, t->m.params, moe_model_bf16_for_update(&t->m), t->m.grads, s->lr,
+    moe_bf16 *params16 = moe_model_bf16_for_update(&t->m);
+    moe_optimizer_step(&t->opt, t->m.params, params16, t->m.grads, s->lr,
                        moe_clip_scale(s->grad_norm, t->cfg->grad_clip));
+    if (t->sharded) moe_zero_gather_params(&t->zero, &t->m, t->world, params16);
     if (t->m.router_bias) update_router_bias(&t->m, t->sl.routed, t->cfg->bias_rate);
     if (t->be->synchronize) t->be->synchronize(t->be);
     s->optimizer_s = moe_clock_s() - o0;
@@ -605,8 +627,13 @@ static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     const char *shard_env = getenv("MOE_TEST_SHARD_BYTES"); // test-only
     uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CKPT_SHARD_BYTES;
     const double c0 = moe_clock_s();
-    moe_status st = moe_checkpoint_save(t->ckpt_root, &t->m, &t->opt, &ts, t->cfg,
-                                        t->cfg->ckpt_keep, shard, t->R > 1 ? t->world : NULL);
+    moe_optimizer full; // sharded: the whole moments, gathered for the save (then freed)
+    moe_status st =
+        t->sharded ? moe_zero_gather_moments(&t->zero, &t->opt, &t->m, t->world, &full) : MOE_OK;
+    if (!st)
+        st = moe_checkpoint_save(t->ckpt_root, &t->m, t->sharded ? &full : &t->opt, &ts, t->cfg,
+                                 t->cfg->ckpt_keep, shard, t->R > 1 ? t->world : NULL);
+    if (t->sharded) moe_optimizer_destroy(&full);
     t->ckpt_s = moe_clock_s() - c0;
     if (st) return st;
     printf("checkpoint: %s/step_%08lld\n", t->ckpt_root, (long long)step + 1);
@@ -684,6 +711,7 @@ static moe_status trainer_close(trainer *t, moe_status st, moe_trainer_result *r
     free(t->coact);
     data_loader_free(&t->loader);
     moe_optimizer_destroy(&t->opt);
+    moe_zero_free(&t->zero);
     moe_model_destroy(&t->m);
     if (t->ep) t->ep->destroy(t->ep);
     if (t->edp) t->edp->destroy(t->edp);

@@ -18,6 +18,7 @@
 #include "train/log.h"
 #include "train/step_log.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 // Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
 #pragma GCC visibility push(hidden)
@@ -59,6 +60,10 @@ typedef struct trainer {
     // hold the same experts; one rank: a world of 1, ep and edp NULL
     moe_comm *world, *ep, *edp;
     int rank, R;
+    // parallel.shard_optimizer over R > 1 ranks (train/zero.h): the opt holds the moments of
+    // zero's piece of the dense parameters and of this rank's experts
+    int sharded;
+    moe_zero zero;
     moe_capacity_ctl cap; // model.capacity_factor's schedule or auto (train/capacity.h)
     moe_timer timer;      // log.timing: the step's phases (layers/timing.h)
     long *coact;          // log.coactivation: [L][E][E] (i < j) since the last log step
