@@ -49,18 +49,15 @@ typedef struct {
 } run_memory;
 
 // The memory of a training model as allocated (moe_model_memory), with the optimizer's state:
-// over shard_ranks > 1 ranks (parallel.shard_optimizer) the moments of the largest dense piece
-// and the model's experts.
-static run_memory memory_of(const moe_model *m, const moe_train_config *cfg, int shard_ranks) {
+// sharded (parallel.shard_optimizer) the moments of the largest dense piece over D ranks and
+// of the largest piece of the model's experts over De (train/zero.h).
+static run_memory memory_of(const moe_model *m, const moe_train_config *cfg, int D, int De) {
     run_memory r = {0};
     size_t acts;
     moe_model_memory(m, &r.params, &r.grads, &acts);
     for (int l = 0; l < m->n_moe; l++) r.experts += m->moe[l].bytes;
     r.activations = acts - r.experts;
-    const size_t moments =
-        shard_ranks > 1
-            ? moe_zero_moments_per_rank(m->n_dense, m->n_params - m->n_dense, shard_ranks)
-            : m->n_params;
+    const size_t moments = moe_zero_moments_per_rank(m->n_dense, m->n_params - m->n_dense, D, De);
     r.optimizer = cfg->optimizer == OPTIM_SGD ? 0 : 2 * moments * sizeof(real); // AdamW: m and v
     return r;
 }
@@ -164,9 +161,10 @@ static void print_plan(const moe_train_config *cfg, const moe_model_config *mc, 
 }
 
 // parallel.shard_optimizer with AdamW: the moments (m and v) one rank keeps over R ranks,
-// 2 x 4 x (ceil(n_dense / R) + its experts' parameters), against 2 x 4 x (n_dense + its
-// experts') unsharded; experts_all: the expert parameters of the whole model, ep_size ranks
-// (0: R) share them. ranks <= 1 (a dry run outside mpirun): for R = 2, 4 and 8.
+// 2 x 4 x (ceil(n_dense / R) + ceil(its experts' parameters / De)), De = R / ep_size ranks
+// holding the same experts, against 2 x 4 x (n_dense + its experts') unsharded; experts_all:
+// the expert parameters of the whole model, ep_size ranks (0: R) share them. ranks <= 1 (a
+// dry run outside mpirun): for R = 2, 4 and 8.
 static void print_shard(const moe_train_config *cfg, size_t n_dense, size_t experts_all,
                         int ranks) {
     if (!cfg->shard_optimizer || cfg->optimizer == OPTIM_SGD) return;
@@ -176,14 +174,15 @@ static void print_shard(const moe_train_config *cfg, size_t n_dense, size_t expe
         const int ep = cfg->ep_size ? cfg->ep_size : R[i];
         if (R[i] % ep || cfg->model.moe.n_experts % ep) continue;
         const size_t experts = experts_all / (size_t)ep,
-                     mine = moe_zero_moments_per_rank(n_dense, experts, R[i]);
+                     mine = moe_zero_moments_per_rank(n_dense, experts, R[i], R[i] / ep);
         char a[32], b[32];
         moe_run_header_bytes(a, sizeof a, 2.0 * (double)mine * sizeof(real));
         moe_run_header_bytes(b, sizeof b, 2.0 * (double)(n_dense + experts) * sizeof(real));
         printf("%s R = %d: %s (unsharded %s)", i ? ";" : "", R[i], a, b);
     }
-    printf("\n  (each rank: 1/R of the dense parameters' moments and its experts'; the fp32 "
-           "weights and\n  their bf16 copy stay whole on every rank)\n");
+    printf("\n  (each rank: 1/R of the dense parameters' moments, 1/De of its experts' with De = "
+           "R / ep_size\n  ranks holding them; the fp32 weights and their bf16 copy stay whole "
+           "on every rank)\n");
 }
 
 // What moe_run_data_open would read, without reading or preparing anything.
@@ -269,7 +268,7 @@ moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
     moe_model m = {0};
     run_memory mem;
     st = moe_model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
-    if (!st) mem = memory_of(&m, cfg, cfg->shard_optimizer ? moe_launch_size() : 1);
+    if (!st) mem = memory_of(&m, cfg, cfg->shard_optimizer ? moe_launch_size() : 1, 1);
     print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line, be);
     print_plan(cfg, &mc, cfg->ep_size);
     print_shard(cfg, n_dense, n_params - n_dense, moe_launch_size());
@@ -293,10 +292,11 @@ void moe_run_header_print(const moe_train_config *cfg, const moe_model *m, moe_b
              "data: %s (%llu tokens), %s (%llu tokens); %d x %d tokens x %d micro-batches per step",
              train->path, (unsigned long long)train->count, val->path,
              (unsigned long long)val->count, cfg->batch_size, cfg->seq_len, cfg->grad_accum);
-    const run_memory mem = memory_of(m, cfg, cfg->shard_optimizer ? ranks : 1);
+    const int ep = m->ep ? m->ep->size : 1; // (the model holds E / ep of the experts)
+    const int D = cfg->shard_optimizer ? ranks : 1, De = cfg->shard_optimizer ? ranks / ep : 1;
+    const run_memory mem = memory_of(m, cfg, D, De);
     print_header(cfg, &m->cfg, m->n_params, m->n_dense, &mem, NULL, data_line, be);
     print_plan(cfg, &m->cfg, m->ep ? m->ep->size : 1);
-    const int ep = m->ep ? m->ep->size : 1; // (the model holds E / ep of the experts)
     print_shard(cfg, m->n_dense, (m->n_params - m->n_dense) * (size_t)ep, ranks);
     printf("note: aux is Switch/Megatron-normalised (balanced = aux_coef); HF's helper reports "
            "top_k times this\n");

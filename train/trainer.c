@@ -189,7 +189,7 @@ static moe_status trainer_open_model(trainer *t) {
         .weight_decay = cfg->weight_decay,
     };
     t->sharded = cfg->shard_optimizer && t->R > 1;
-    if (t->sharded && !(st = moe_zero_init(&t->zero, &t->m, t->R, t->rank)))
+    if (t->sharded && !(st = moe_zero_init(&t->zero, &t->m, t->world, t->edp)))
         st = moe_zero_optimizer_create(&t->zero, &t->opt, &t->m, &oc, t->regions, t->m.n_tensors);
     else if (!t->sharded)
         st = moe_optimizer_create(&t->opt, t->be, &oc, t->m.n_params, t->regions, t->m.n_tensors);
@@ -224,7 +224,7 @@ static moe_status trainer_load_checkpoint(trainer *t, train_state *ts) {
     moe_optimizer full;
     moe_status st = moe_zero_whole_like(&t->opt, &t->m, &full);
     if (!st && !(st = moe_checkpoint_load(t->resume, &t->m, &full, ts)))
-        moe_zero_take_shard(&t->zero, &t->opt, &full, &t->m);
+        moe_zero_take_shard(&t->zero, &t->opt, &full);
     moe_optimizer_destroy(&full);
     return st;
 }
@@ -433,7 +433,7 @@ static void trainer_reduce_step(trainer *t, step_result *s) {
     moe_step_load *sl = &t->sl;
     const int L = t->L, E = t->E, G = t->cfg->grad_accum, R = t->R;
     if (t->sharded)
-        moe_zero_reduce_grads(&t->zero, &t->m, w, t->edp); // this rank's dense piece only
+        moe_zero_reduce_grads(&t->zero, &t->m); // this rank's pieces only
     else
         moe_model_reduce_grads(&t->m, w, t->edp);
     double loss[3] = {s->ce, s->aux, s->z};
@@ -477,7 +477,7 @@ static moe_status trainer_step(trainer *t, step_result *s) {
                               &nan_value, sizeof nan_value);
     }
     if (t->R > 1) trainer_reduce_step(t, s);
-    const double ss = t->sharded ? moe_zero_grad_sum_squares(&t->zero, &t->m, t->world)
+    const double ss = t->sharded ? moe_zero_grad_sum_squares(&t->zero, &t->m)
                                  : moe_model_grad_sum_squares(&t->m); // each expert once
     s->grad_norm = sqrt(ss), s->loss = s->ce + s->aux + s->z;
     return MOE_OK;
@@ -532,7 +532,7 @@ static void trainer_update(trainer *t, step_result *s, double t0) {
     moe_bf16 *params16 = moe_model_bf16_for_update(&t->m);
     moe_optimizer_step(&t->opt, t->m.params, params16, t->m.grads, s->lr,
                        moe_clip_scale(s->grad_norm, t->cfg->grad_clip));
-    if (t->sharded) moe_zero_gather_params(&t->zero, &t->m, t->world, params16);
+    if (t->sharded) moe_zero_gather_params(&t->zero, &t->m, params16);
     if (t->m.router_bias) update_router_bias(&t->m, t->sl.routed, t->cfg->bias_rate);
     if (t->be->synchronize) t->be->synchronize(t->be);
     s->optimizer_s = moe_clock_s() - o0;
@@ -628,8 +628,7 @@ static moe_status trainer_checkpoint(trainer *t, int64_t step) {
     uint64_t shard = shard_env ? strtoull(shard_env, NULL, 10) : CKPT_SHARD_BYTES;
     const double c0 = moe_clock_s();
     moe_optimizer full; // sharded: the whole moments, gathered for the save (then freed)
-    moe_status st =
-        t->sharded ? moe_zero_gather_moments(&t->zero, &t->opt, &t->m, t->world, &full) : MOE_OK;
+    moe_status st = t->sharded ? moe_zero_gather_moments(&t->zero, &t->opt, &t->m, &full) : MOE_OK;
     if (!st)
         st = moe_checkpoint_save(t->ckpt_root, &t->m, t->sharded ? &full : &t->opt, &ts, t->cfg,
                                  t->cfg->ckpt_keep, shard, t->R > 1 ? t->world : NULL);

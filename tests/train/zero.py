@@ -4,8 +4,9 @@ unsharded, under mpirun:
 
   zero.py MOE MPIRUN_ARGS... -- WORKDIR
 
-- R = 2 and 4 ranks, SGD and AdamW, fp32 and bf16, an EP x DP layout (R = 4, ep_size 2: the
-  dense parameters sharded over 4, the experts held twice): the losses within 1e-6 and the
+- R = 2 and 4 ranks, SGD and AdamW, fp32 and bf16, an EP x DP layout (R = 4, ep_size 2, bf16:
+  the dense moments in 4 pieces, each EP rank's experts held twice, their moments in 2
+  pieces, the others' bf16 copies rounded locally): the losses within 1e-6 and the
   weights after 4 steps within 1e-6 (relative, worst tensor), the AdamW moments of the
   checkpoint (gathered to the whole layout) within 1e-6 of the unsharded run's.
 - Checkpoints: a sharded run's checkpoint resumed unsharded, an unsharded one resumed sharded
@@ -100,7 +101,7 @@ def main():
     # sharded against unsharded: the same R, the same layout
     cases = [("r2_sgd", 2, "sgd", 0, "fp32"), ("r2_adamw", 2, "adamw", 0, "fp32"),
              ("r2_adamw_bf16", 2, "adamw", 0, "bf16"), ("r4_sgd", 4, "sgd", 0, "fp32"),
-             ("r4_ep2_adamw", 4, "adamw", 2, "fp32")]
+             ("r4_ep2_adamw_bf16", 4, "adamw", 2, "bf16")]
     for name, R, opt, ep, dtype in cases:
         a = train(cfg(name + "_plain", opt, False, ep, dtype=dtype), R)
         b = train(cfg(name + "_zero", opt, True, ep, dtype=dtype), R)
