@@ -131,7 +131,8 @@ static void trainer_log_exchange(trainer *t, int l, cJSON *rec) {
     double *mine = calloc((size_t)R + 2, sizeof(double)),
            *all = malloc((size_t)R * (R + 2) * sizeof(double));
     if (!mine || !all) moe_fatal("trainer: out of memory");
-    for (int j = 0; j < ep; j++) mine[group0 + j] = (double)L->sent_bytes[j];
+    // (ep_size 1, data parallelism only: no exchange, no sent_bytes; nothing crossed)
+    for (int j = 0; j < ep && L->sent_bytes; j++) mine[group0 + j] = (double)L->sent_bytes[j];
     mine[R] = (double)L->received_rows, mine[R + 1] = L->exchange_s;
     t->world->allgather(t->world, all, mine, (size_t)(R + 2) * sizeof(double));
     double crossed = 0, longest = 0;

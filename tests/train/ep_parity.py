@@ -7,7 +7,7 @@ largest relative differences.
 
   ep_parity.py MOE MPIRUN_ARGS... -- WORKDIR
 
-Cases: R = 2 and 4; ep_size R and R/2; dropless, capacity with both drop policies (drops
+Cases: R = 2 and 4; ep_size R, R/2 and 1 (data parallelism only); dropless, capacity with both drop policies (drops
 happen), the aux-loss-free bias, group-limited sigmoid routing with head_dim 12, global-batch
 balancing (model.aux_scope "global", also with a Qwen2-MoE layer stack); SGD (the bar: 1e-6 on losses and weights) and one AdamW
 case (reported: AdamW's first step maps g to g/(|g|+eps), which turns last-bit differences of
@@ -72,6 +72,8 @@ checkpoint = { interval = %d; keep = 5; };
 
     fails = 0
     cases = [("dropless", "", "sgd", 2, 0), ("capacity_probs", "capacity_factor = 1.0;", "sgd", 2, 0),
+             # ep_size 1: data parallelism only, every rank holds every expert (no exchange)
+             ("data_parallel", "capacity_factor = 1.0;", "sgd", 2, 1),
              ("capacity_position", 'capacity_factor = 1.0; drop_policy = "position";', "sgd", 4, 0),
              ("ep_half_bias", "capacity_factor = 1.0; bias_rate = 0.001;", "sgd", 4, 2),
              ("adamw", "capacity_factor = 1.0;", "adamw", 2, 0),

@@ -101,7 +101,8 @@ def main():
     # sharded against unsharded: the same R, the same layout
     cases = [("r2_sgd", 2, "sgd", 0, "fp32"), ("r2_adamw", 2, "adamw", 0, "fp32"),
              ("r2_adamw_bf16", 2, "adamw", 0, "bf16"), ("r4_sgd", 4, "sgd", 0, "fp32"),
-             ("r4_ep2_adamw_bf16", 4, "adamw", 2, "bf16")]
+             ("r4_ep2_adamw_bf16", 4, "adamw", 2, "bf16"),
+             ("r2_ep1_adamw", 2, "adamw", 1, "fp32")]  # data parallelism only: experts replicated
     for name, R, opt, ep, dtype in cases:
         a = train(cfg(name + "_plain", opt, False, ep, dtype=dtype), R)
         b = train(cfg(name + "_zero", opt, True, ep, dtype=dtype), R)
