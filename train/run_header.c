@@ -210,15 +210,21 @@ static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
 
 // The peak resident memory of a run of this config (docs/training.md "Memory plan"): every
 // buffer above (a step and the validation write them all), one host copy of the parameters
-// while a checkpoint is written (ckpt/save.c stages each tensor file through it), the token
+// while a checkpoint is written (ckpt/save.c stages each tensor file through it; with
+// parallel.shard_optimizer also the whole AdamW moments it gathers first), the token
 // files as read (4 bytes a token) and what this process holds now (libraries, runtime: its own
 // peak RSS so far, which the buffers above, allocated but never written, are not part of).
-// A device backend's buffers are device memory: the host's part only then.
-static void print_peak(const run_memory *mem, size_t n_params, const moe_train_config *cfg,
-                       const moe_backend *be) {
+// A device backend's buffers are device memory: the host's part only then. Under expert
+// parallelism a rank's expert buffers are allocated for the worst routing and written as far
+// as the routing reaches: balanced (> 0: the buffers of a layout capped at T k rows a rank)
+// gives the figure at balanced routing beside it.
+static void print_peak(const run_memory *mem, double balanced, size_t n_params,
+                       const moe_train_config *cfg, const moe_backend *be) {
     const double buffers = (double)(mem->params + mem->grads + mem->optimizer + mem->activations +
                                     mem->experts),
-                 staging = (double)n_params * sizeof(real);
+                 // (sharded AdamW: the save gathers the whole moments first, 2 more copies)
+        staging = (double)n_params * sizeof(real) *
+                  (cfg->shard_optimizer && cfg->optimizer == OPTIM_ADAMW ? 3 : 1);
     data_paths d;
     moe_run_data_paths(cfg, &d);
     double tokens = 0;
@@ -230,7 +236,7 @@ static void print_peak(const run_memory *mem, size_t n_params, const moe_train_c
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const double base = (double)ru.ru_maxrss * 1024; // Linux: KiB
-    const double host = (be->host_memory ? buffers : 0) + staging + tokens + base;
+    const double rest = staging + tokens + base, host = (be->host_memory ? buffers : 0) + rest;
     char b[32], s[32], t[32], p[32];
     moe_run_header_bytes(b, sizeof b, buffers);
     moe_run_header_bytes(s, sizeof s, staging);
@@ -243,6 +249,10 @@ static void print_peak(const run_memory *mem, size_t n_params, const moe_train_c
         be->host_memory ? "the buffers above " : "host only: the buffers above are ", b,
         be->host_memory ? "" : " of device memory", s, t,
         counted == 2 ? "" : " (not prepared yet: not counted)", p);
+    if (balanced > 0 && be->host_memory && balanced < buffers)
+        printf("  (that is at the worst routing, which the expert buffers are allocated for; at "
+               "balanced routing, T k rows a rank: %.1f MiB)\n",
+               (balanced + rest) / 1048576);
 }
 
 moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
@@ -264,15 +274,34 @@ moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
                                           (size_t)mc.d_model * mc.moe.d_ff;
     char data_line[3 * MOE_PATH_MAX + 256];
     dry_data_line(cfg, data_line, sizeof data_line);
-    // the model allocated as the run would (not initialised, no data): its real buffers
+    // the model allocated as the run would (not initialised, no data): its real buffers; under
+    // mpirun -np R (or with parallel.ep_size > 1) those of rank 0 of its expert-parallel group,
+    // through a communicator that only gives the layout (allocating never communicates)
+    const int R = moe_launch_size() > 1 ? moe_launch_size() : 1,
+              R_ep = cfg->ep_size > 0 ? cfg->ep_size : R;
+    moe_comm layout = {.name = "layout", .rank = 0, .size = R_ep};
     moe_model m = {0};
     run_memory mem;
-    st = moe_model_create(&m, be, &mc, cfg->batch_size, cfg->seq_len);
+    st = moe_model_create_parallel(&m, be, &mc, cfg->batch_size, cfg->seq_len,
+                                   R_ep > 1 ? &layout : NULL);
     if (!st) mem = memory_of(&m, cfg, cfg->shard_optimizer ? moe_launch_size() : 1, 1);
     print_header(cfg, &mc, n_params, n_dense, st ? NULL : &mem, moe_last_error(), data_line, be);
     print_plan(cfg, &mc, cfg->ep_size);
     print_shard(cfg, n_dense, n_params - n_dense, moe_launch_size());
-    if (!st) print_peak(&mem, m.n_params, cfg, be);
+    double balanced = 0; // EP: the same layout's buffers capped at T k rows a rank
+    const int Tk = cfg->batch_size * cfg->seq_len * mc.moe.top_k;
+    if (!st && R_ep > 1 && (mc.dropless_max_rows == 0 || mc.dropless_max_rows > Tk)) {
+        moe_model_config capped = mc;
+        capped.dropless_max_rows = Tk;
+        moe_model mb = {0};
+        if (moe_model_create_parallel(&mb, be, &capped, cfg->batch_size, cfg->seq_len, &layout) ==
+            MOE_OK) {
+            const run_memory r = memory_of(&mb, cfg, cfg->shard_optimizer ? R : 1, 1);
+            balanced = (double)(r.params + r.grads + r.optimizer + r.activations + r.experts);
+        }
+        moe_model_destroy(&mb);
+    }
+    if (!st) print_peak(&mem, balanced, m.n_params, cfg, be);
     if (st) fprintf(stderr, "warning: the model does not allocate here: %s\n", moe_last_error());
     moe_model_destroy(&m);
     moe_backend_destroy(be);
