@@ -33,6 +33,11 @@ import json  # noqa: E402
 import struct  # noqa: E402
 
 TOL = 1e-6
+# The AdamW moments (m, v) themselves: with R > 2 the reduce-scatter sums the ranks' gradients
+# in another order than the all-reduce, and v, a square, carries that rounding to ~1e-6 of the
+# largest element in some tensors (3.5e-6 measured under ASan + UBSan at R = 4): weights and
+# losses stay within TOL (the issue's bars), the moments within this.
+MOMENT_TOL = 1e-4
 CFG = """model = {{ vocab_size = 256; d_model = 32; n_layers = 2; n_heads = 4; n_kv_heads = 2;
           d_ff = 24; n_experts = 8; top_k = 2; max_seq_len = 32; capacity_factor = 0.0; }};
 train = {{ steps = 4; batch_size = 2; seq_len = 32; grad_accum = {G}; warmup_steps = 0;
@@ -114,7 +119,7 @@ def main():
         dw = worst(read_all(step(name + "_zero", 4), False), read_all(step(name + "_plain", 4), False))
         dm = worst(read_all(step(name + "_zero", 4), True), read_all(step(name + "_plain", 4), True)) \
             if opt == "adamw" else 0.0
-        report(dl <= TOL and dw <= TOL and dm <= TOL,
+        report(dl <= TOL and dw <= TOL and dm <= (TOL if R <= 2 else MOMENT_TOL),
                "R=%d ep=%d %s %s: sharded against unsharded: losses %.1e, weights %.1e, moments %.1e"
                % (R, ep or R, opt, dtype, dl, dw, dm))
         if name == "r2_adamw":
