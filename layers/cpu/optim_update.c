@@ -14,15 +14,22 @@ static inline real adamw_one(real *p, real *m, real *v, real grad, moe_adamw_hpa
 }
 
 // With params16, the bf16 weights are written in the same pass: AdamW is bound by memory
-// (28 bytes per parameter), and a separate to_bf16 would read params once more. Two loops so
-// that each is one vector loop without a branch.
+// (28 bytes per parameter), and a separate to_bf16 would read params once more. Over blocks
+// of ADAMW_BLOCK parameters (in cache when the rounding reads them back): the update loop,
+// then the rounding loop, each one vector loop without a branch (GCC 12 vectorizes neither
+// when both are one loop: that pass took 4x the fp32 update's time).
+enum { ADAMW_BLOCK = 2048 };
 void cpu_adamw_update(moe_backend *be, real *params, moe_bf16 *params16, real *m, real *v,
                       const real *grads, size_t n, moe_adamw_hparams hp) {
     CPU_KERNEL(be);
     if (params16) {
+        const size_t blocks = (n + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
-        for (size_t i = 0; i < n; i++)
-            params16[i] = moe_f32_to_bf16((float)adamw_one(&params[i], &m[i], &v[i], grads[i], hp));
+        for (size_t b = 0; b < blocks; b++) {
+            const size_t i0 = b * ADAMW_BLOCK, i1 = i0 + ADAMW_BLOCK < n ? i0 + ADAMW_BLOCK : n;
+            for (size_t i = i0; i < i1; i++) adamw_one(&params[i], &m[i], &v[i], grads[i], hp);
+            for (size_t i = i0; i < i1; i++) params16[i] = moe_f32_to_bf16((float)params[i]);
+        }
     } else {
 #pragma omp parallel for schedule(static) if (cpu_parallel_worth(n))
         for (size_t i = 0; i < n; i++) adamw_one(&params[i], &m[i], &v[i], grads[i], hp);
