@@ -128,7 +128,8 @@ static void print_header(const moe_train_config *cfg, const moe_model_config *mc
 // The dropless memory plan (docs/training.md "Memory plan"): the expert rows one rank's MoE
 // layers hold, balanced (T k), at the cap (model.dropless_max_rows) and at the worst routing
 // (R T min(k, E_local): every token of the group picks this rank's experts), in bytes from
-// moe_row_bytes: each MoE layer keeps `forward` bytes per row for its backward, and the
+// moe_row_bytes: each MoE layer keeps `forward` bytes per row for its backward (recompute:
+// all but the hidden 3 ff, of which there is one set), and the
 // backward scratch (shared) `backward` bytes per row; under expert parallelism three rows of
 // d more per layer stage the exchange. And the KV cache of one inference sequence.
 static void print_plan(const moe_train_config *cfg, const moe_model_config *mc, int ranks) {
@@ -137,7 +138,12 @@ static void print_plan(const moe_train_config *cfg, const moe_model_config *mc, 
     const double T = (double)cfg->batch_size * cfg->seq_len;
     size_t fwd, bwd;
     moe_row_bytes(&mc->moe, &fwd, &bwd);
-    const double per_row = Lm * (fwd + (R > 1 ? 3.0 * mc->d_model * sizeof(real) : 0)) + bwd;
+    // (train.recompute: the layers keep the input and combined rows, 2 d, and the hidden ones,
+    // 3 ff, are one set for all of them)
+    const double hidden = 3.0 * mc->moe.d_ff * sizeof(real),
+                 kept = mc->recompute != MOE_RECOMPUTE_NONE ? (double)fwd - hidden : (double)fwd,
+                 per_row = Lm * (kept + (R > 1 ? 3.0 * mc->d_model * sizeof(real) : 0)) + bwd +
+                           (mc->recompute != MOE_RECOMPUTE_NONE ? hidden : 0);
     const double worst = R * T * (k < El ? k : El), cap = mc->dropless_max_rows;
     char bal[32], cp[32], wr[32], kv[32];
     moe_run_header_bytes(bal, sizeof bal, T * k * per_row);
