@@ -11,6 +11,9 @@ Cases: one rank fp32 (capacity drops, router jitter), one rank bf16, a Qwen2-MoE
 (dense first layer, gated shared expert, q/k/v biases) in fp32 and bf16, and under mpirun -np 2
 expert parallelism with both exchanges (rows, dedup), drops and jitter. The dry run's
 activation memory falls from none to moe to layer. MPI cases are skipped without MPI.
+
+MOE_TEST_DEVICE=cuda (ctest train_recompute_cuda, label GPU): the one-rank cases on the GPU
+(--device cuda), exit 77 where there is no CUDA device.
 """
 import json
 import os
@@ -48,6 +51,9 @@ def main():
     moe, mpirun, work = mpi_args()
     fresh_work(work, seed=5, chars=20000)
     report = Report()
+    device = os.environ.get("MOE_TEST_DEVICE", "cpu")
+    if device != "cpu":
+        mpirun = []  # the GPU variant: one rank
 
     def config(case, mode):
         name, model, train, parallel, _ = case
@@ -82,10 +88,13 @@ def main():
             continue
         ok = True
         for mode in MODES:
-            cmd = [moe, "train", config(case, mode)]
+            cmd = [moe, "train", config(case, mode)] + (["--device", device] if device != "cpu" else [])
             if ranks > 1:
                 cmd = mpirun + ["-np", str(ranks)] + cmd
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if r.returncode and "no CUDA device" in r.stdout + r.stderr:
+                print("skip: no CUDA device")
+                sys.exit(77)
             if r.returncode:
                 report(False, "%s, recompute %s: moe train exit %d: %s" % (name, mode, r.returncode,
                                                                          (r.stdout + r.stderr)[-800:]))
