@@ -1,4 +1,4 @@
-"""Shared by the expert-parallel tests (ep_parity.py, placement.py): a checkpoint's tensors,
+"""Shared by the expert-parallel tests (ep_parity.py, placement.py, zero.py): a checkpoint's tensors,
 a run's losses, and the relative difference they are compared by. Needs numpy: without it
 (python3-numpy is optional, scripts/test.sh) importing this exits 77, ctest's skip."""
 import json
@@ -13,12 +13,14 @@ except ImportError:
     sys.exit(77)
 
 
-def read_st(folder):
-    """All tensors of the safetensors files of folder (moments excluded), by name, float64."""
+def read_st(folder, moments=False):
+    """All tensors of the safetensors files of folder by name, float64: the model's, or with
+    moments=True the AdamW moment files' (named "exp_avg:NAME" and "exp_avg_sq:NAME")."""
     out = {}
     for f in sorted(os.listdir(folder)):
-        if not f.endswith(".safetensors") or f.startswith("optimizer"):
+        if not f.endswith(".safetensors") or f.startswith("optimizer") != moments:
             continue
+        prefix = f.split("-0")[0].replace("optimizer-", "") + ":" if moments else ""
         with open(os.path.join(folder, f), "rb") as fh:
             n = struct.unpack("<Q", fh.read(8))[0]
             hdr = json.loads(fh.read(n))
@@ -26,7 +28,7 @@ def read_st(folder):
         for name, t in hdr.items():
             if name != "__metadata__":
                 a, b = t["data_offsets"]
-                out[name] = np.frombuffer(data[a:b], dtype=np.float32).astype(np.float64)
+                out[prefix + name] = np.frombuffer(data[a:b], dtype=np.float32).astype(np.float64)
     return out
 
 

@@ -23,14 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runlib import Report, fresh_work, mpi_args  # noqa: E402
 
-try:
-    import numpy as np
-    from checkpoint_reader import losses, rel  # noqa: E402
-except ImportError:
-    print("zero.py: numpy is not installed: skipped")
-    sys.exit(77)
-import json  # noqa: E402
-import struct  # noqa: E402
+from checkpoint_reader import losses, read_st, rel  # noqa: E402 (exits 77 without numpy)
 
 TOL = 1e-6
 # The AdamW moments (m, v) themselves: with R > 2 the reduce-scatter sums the ranks' gradients
@@ -48,24 +41,6 @@ log = {{ dir = "{work}/run_{name}"; interval = 1; }};
 checkpoint = {{ interval = 2; keep = 5; }};
 parallel = {{ ep_size = {ep}; shard_optimizer = {shard}; }};
 """
-
-
-def read_all(folder, moments):
-    """The tensors of folder's model (moments=False) or AdamW moment files, by file kind and name."""
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if not f.endswith(".safetensors") or f.startswith("optimizer") != moments:
-            continue
-        kind = f.split("-0")[0]
-        with open(os.path.join(folder, f), "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            hdr = json.loads(fh.read(n))
-            data = fh.read()
-        for name, t in hdr.items():
-            if name != "__metadata__":
-                a, b = t["data_offsets"]
-                out[kind + ":" + name] = np.frombuffer(data[a:b], dtype=np.float32).astype(np.float64)
-    return out
 
 
 def worst(a, b):
@@ -116,8 +91,8 @@ def main():
             continue
         la, lb = losses(run_dir(name + "_plain")), losses(run_dir(name + "_zero"))
         dl = max(abs(x - y) / abs(x) for x, y in zip(la, lb)) if len(la) == len(lb) == 4 else float("inf")
-        dw = worst(read_all(step(name + "_zero", 4), False), read_all(step(name + "_plain", 4), False))
-        dm = worst(read_all(step(name + "_zero", 4), True), read_all(step(name + "_plain", 4), True)) \
+        dw = worst(read_st(step(name + "_zero", 4), False), read_st(step(name + "_plain", 4), False))
+        dm = worst(read_st(step(name + "_zero", 4), True), read_st(step(name + "_plain", 4), True)) \
             if opt == "adamw" else 0.0
         report(dl <= TOL and dw <= TOL and dm <= (TOL if R <= 2 else MOMENT_TOL),
                "R=%d ep=%d %s %s: sharded against unsharded: losses %.1e, weights %.1e, moments %.1e"
@@ -129,7 +104,7 @@ def main():
 
     # resume across sharding: checkpoints at step 2 of the R = 2 AdamW runs
     ref = losses(run_dir("r2_adamw_plain"))
-    ref_w = read_all(step("r2_adamw_plain", 4), False)
+    ref_w = read_st(step("r2_adamw_plain", 4), False)
     # (one rank with grad_accum 2 sums the same gradients in another order, which AdamW's
     # m / sqrt(v) magnifies for tiny gradients: its bars are ep_parity's for AdamW, 1e-5 losses)
     for tag, src, R, G, shard, lbar, wbar in [
@@ -147,7 +122,7 @@ def main():
         r = train(path, R, "--resume", run)
         got = losses(run) if r.returncode == 0 else []
         dl = max(abs(x - y) / abs(y) for x, y in zip(got[2:], ref[2:])) if len(got) == 4 else float("inf")
-        dw = worst(read_all(step(tag, 4), False), ref_w) if len(got) == 4 else float("inf")
+        dw = worst(read_st(step(tag, 4), False), ref_w) if len(got) == 4 else float("inf")
         report(dl <= lbar and dw <= wbar,
                "%s: step 2's checkpoint resumed on %d rank(s)%s: steps 3-4 losses %.1e, weights %.1e"
                % (tag, R, " sharded" if shard else "", dl, dw))
