@@ -131,31 +131,19 @@ static void check_backend(moe_comm *c, moe_backend *be, const char *what) {
                   be->name, nccl_of(c)->be->name);
 }
 
-static void n_reduce_scatter_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
-    check_backend(c, be, "a reduce-scatter");
+// One group of per-piece collectives over x: piece r reduced to rank r (reduce) or broadcast
+// from it (all-gather), in place.
+static void per_piece(moe_comm *c, moe_backend *be, real *x, const size_t *counts, int reduce) {
+    check_backend(c, be, reduce ? "a reduce-scatter" : "an all-gather");
     const double t0 = now_s();
     cudaStream_t stream = cuda_stream(be);
     size_t at = 0;
     NCCL_CHECK(c, ncclGroupStart());
     for (int r = 0; r < c->size; r++) {
-        if (counts[r])
+        if (counts[r] && reduce)
             NCCL_CHECK(c, ncclReduce(x + at, x + at, counts[r], ncclFloat32, ncclSum, r,
                                      nccl_of(c)->nccl, stream));
-        at += counts[r];
-    }
-    NCCL_CHECK(c, ncclGroupEnd());
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    c->wait_s += now_s() - t0;
-}
-
-static void n_allgather_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
-    check_backend(c, be, "an all-gather");
-    const double t0 = now_s();
-    cudaStream_t stream = cuda_stream(be);
-    size_t at = 0;
-    NCCL_CHECK(c, ncclGroupStart());
-    for (int r = 0; r < c->size; r++) {
-        if (counts[r])
+        else if (counts[r])
             NCCL_CHECK(c, ncclBroadcast(x + at, x + at, counts[r], ncclFloat32, r, nccl_of(c)->nccl,
                                         stream));
         at += counts[r];
@@ -163,6 +151,14 @@ static void n_allgather_real(moe_comm *c, moe_backend *be, real *x, const size_t
     NCCL_CHECK(c, ncclGroupEnd());
     CUDA_CHECK(cudaStreamSynchronize(stream));
     c->wait_s += now_s() - t0;
+}
+
+static void n_reduce_scatter_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
+    per_piece(c, be, x, counts, 1);
+}
+
+static void n_allgather_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
+    per_piece(c, be, x, counts, 0);
 }
 
 static void n_destroy(moe_comm *c) {

@@ -96,8 +96,13 @@ static void allreduce_chunks(moe_comm *c, void *x, size_t n, size_t elem, MPI_Da
     c->wait_s += MPI_Wtime() - t0;
 }
 
+// MPI's type of a real (float, or double in the f64 build).
+static MPI_Datatype real_type(void) {
+    return sizeof(real) == sizeof(double) ? MPI_DOUBLE : MPI_FLOAT;
+}
+
 static void mpi_allreduce_real(moe_comm *c, moe_backend *be, real *x, size_t n) {
-    const MPI_Datatype t = sizeof(real) == sizeof(double) ? MPI_DOUBLE : MPI_FLOAT;
+    const MPI_Datatype t = real_type();
     if (be->host_memory) {
         allreduce_chunks(c, x, n, sizeof(real), t);
         return;
@@ -120,24 +125,32 @@ static void mpi_allreduce_long(moe_comm *c, long *x, size_t n) {
 // displacements are ints: the collectives take them up to INT_MAX reals in all; past that,
 // one root at a time in chunks of 2^30 (MPI_Reduce, MPI_Bcast), the same sums.
 
-static MPI_Datatype real_type(void) {
-    return sizeof(real) == sizeof(double) ? MPI_DOUBLE : MPI_FLOAT;
+// The pieces of x [n] as both collectives need them: MPI's int counts and displacements (ic,
+// ic + size; 0 unless all fit), size_t displacements, whether all fit MPI's ints, the total
+// and this rank's piece [off, off + mine).
+typedef struct {
+    int *ic;
+    size_t *displs, n, off, mine;
+    int fits;
+} piece_plan;
+
+static piece_plan plan_pieces(const moe_comm *c, const size_t *counts) {
+    piece_plan p = {.ic = malloc(2 * (size_t)c->size * sizeof(int)),
+                    .displs = malloc((size_t)c->size * sizeof(size_t)),
+                    .fits = 1};
+    if (!p.ic || !p.displs) moe_fatal("exchange: out of memory");
+    for (int i = 0; i < c->size; i++) {
+        p.displs[i] = p.n;
+        p.fits = p.fits && p.n <= INT_MAX && counts[i] <= INT_MAX;
+        p.ic[i] = p.fits ? (int)counts[i] : 0, p.ic[c->size + i] = p.fits ? (int)p.n : 0;
+        p.n += counts[i];
+    }
+    p.fits = p.fits && p.n <= INT_MAX;
+    p.off = p.displs[c->rank], p.mine = counts[c->rank];
+    return p;
 }
 
-// The ints of the pieces (icounts, idispls [size]), size_t displacements in displs; whether all
-// of them fit MPI's ints.
-static int pieces(const moe_comm *c, const size_t *counts, int *icounts, int *idispls,
-                  size_t *displs) {
-    size_t at = 0;
-    int fits = 1;
-    for (int i = 0; i < c->size; i++) {
-        displs[i] = at;
-        fits = fits && at <= INT_MAX && counts[i] <= INT_MAX;
-        icounts[i] = fits ? (int)counts[i] : 0, idispls[i] = fits ? (int)at : 0;
-        at += counts[i];
-    }
-    return fits && at <= INT_MAX;
-}
+static void free_pieces(piece_plan *p) { free(p->ic), free(p->displs); }
 
 // The reduce-scatter over host memory h [n]: this rank's piece summed into h + displs[rank].
 static void reduce_scatter_host(moe_comm *c, real *h, const size_t *counts, const int *icounts,
@@ -159,46 +172,37 @@ static void reduce_scatter_host(moe_comm *c, real *h, const size_t *counts, cons
 
 static void mpi_reduce_scatter_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
     const double t0 = MPI_Wtime();
-    const int R = c->size;
-    int *ic = malloc(2 * (size_t)R * sizeof(int));
-    size_t *displs = malloc((size_t)R * sizeof(size_t));
-    if (!ic || !displs) moe_fatal("exchange: out of memory");
-    const int fits = pieces(c, counts, ic, ic + R, displs);
-    const size_t n = displs[R - 1] + counts[R - 1], off = displs[c->rank], mine = counts[c->rank];
+    piece_plan p = plan_pieces(c, counts);
     real *h = x;
     if (!be->host_memory) {
-        h = stage(c, 0, n * sizeof(real));
-        be->copy_to_host(be, h, x, n * sizeof(real));
+        h = stage(c, 0, p.n * sizeof(real));
+        be->copy_to_host(be, h, x, p.n * sizeof(real));
     }
-    reduce_scatter_host(c, h, counts, ic, displs, fits);
-    if (!be->host_memory) be->copy_to_device(be, x + off, h + off, mine * sizeof(real));
-    free(ic), free(displs);
+    reduce_scatter_host(c, h, counts, p.ic, p.displs, p.fits);
+    if (!be->host_memory) be->copy_to_device(be, x + p.off, h + p.off, p.mine * sizeof(real));
+    free_pieces(&p);
     c->wait_s += MPI_Wtime() - t0;
 }
 
 static void mpi_allgather_real(moe_comm *c, moe_backend *be, real *x, const size_t *counts) {
     const double t0 = MPI_Wtime();
-    const int R = c->size;
     const size_t chunk = (size_t)1 << 30;
-    int *ic = malloc(2 * (size_t)R * sizeof(int));
-    size_t *displs = malloc((size_t)R * sizeof(size_t));
-    if (!ic || !displs) moe_fatal("exchange: out of memory");
-    const int fits = pieces(c, counts, ic, ic + R, displs);
-    const size_t n = displs[R - 1] + counts[R - 1], off = displs[c->rank], mine = counts[c->rank];
+    piece_plan p = plan_pieces(c, counts);
     real *h = x;
     if (!be->host_memory) { // only this rank's piece goes out; every piece comes back
-        h = stage(c, 0, n * sizeof(real));
-        be->copy_to_host(be, h + off, x + off, mine * sizeof(real));
+        h = stage(c, 0, p.n * sizeof(real));
+        be->copy_to_host(be, h + p.off, x + p.off, p.mine * sizeof(real));
     }
-    if (fits)
-        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, ic, ic + R, real_type(), comm_of(c));
-    for (int r = 0; !fits && r < R; r++)
+    if (p.fits)
+        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, p.ic, p.ic + c->size, real_type(),
+                       comm_of(c));
+    for (int r = 0; !p.fits && r < c->size; r++)
         for (size_t at = 0; at < counts[r]; at += chunk) {
             const int m = (int)(counts[r] - at < chunk ? counts[r] - at : chunk);
-            MPI_Bcast(h + displs[r] + at, m, real_type(), r, comm_of(c));
+            MPI_Bcast(h + p.displs[r] + at, m, real_type(), r, comm_of(c));
         }
-    if (!be->host_memory) be->copy_to_device(be, x, h, n * sizeof(real));
-    free(ic), free(displs);
+    if (!be->host_memory) be->copy_to_device(be, x, h, p.n * sizeof(real));
+    free_pieces(&p);
     c->wait_s += MPI_Wtime() - t0;
 }
 
