@@ -24,7 +24,7 @@ CFG = """model = {{ vocab_size = 256; d_model = 192; n_layers = 4; n_heads = 6; 
 train = {{ steps = 2; batch_size = 8; seq_len = 128; warmup_steps = 0; lr = 1e-3; min_lr = 0.0;
           eval_interval = 0; eval_batches = 1; recompute = "{mode}"; dtype = "{dtype}"; }};
 data = {{ dir = "{work}/data"; text = ["{work}/text.txt"]; }};
-log = {{ dir = "{work}/run_{mode}_{dtype}"; interval = 1; }};
+log = {{ dir = "{work}/run_{name}"; interval = 1; }};
 {parallel}
 """
 UNIT = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
@@ -44,7 +44,7 @@ def main():
         for mode in ("none", "moe", "layer"):
             path = os.path.join(work, "%s_%s.cfg" % (mode, dtype))
             with open(path, "w") as f:
-                f.write(CFG.format(mode=mode, dtype=dtype, work=work, parallel=""))
+                f.write(CFG.format(mode=mode, dtype=dtype, work=work, name=mode + "_" + dtype, parallel=""))
             run = subprocess.run([moe, "train", path], capture_output=True, text=True, timeout=300)
             # after the run, so that the token files exist and are counted as the run read them
             dry = subprocess.run([moe, "train", path, "--dry-run"], capture_output=True, text=True, timeout=120)
@@ -59,9 +59,8 @@ def main():
         report.exit()
     path = os.path.join(work, "ep_fp32.cfg")
     with open(path, "w") as f:
-        f.write(CFG.format(mode="ep", dtype="fp32", work=work,
-                           parallel="parallel = { ep_size = 2; shard_optimizer = true; };").replace(
-                               'recompute = "ep"', 'recompute = "none"'))
+        f.write(CFG.format(mode="none", dtype="fp32", work=work, name="ep",
+                           parallel="parallel = { ep_size = 2; shard_optimizer = true; };"))
     run = subprocess.run(mpirun + ["-np", "2", moe, "train", path], capture_output=True, text=True, timeout=300)
     dry = subprocess.run(mpirun + ["-np", "2", moe, "train", path, "--dry-run"], capture_output=True, text=True,
                          timeout=120)
