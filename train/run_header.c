@@ -48,6 +48,10 @@ typedef struct {
     size_t params, grads, optimizer, activations, experts; // bytes; activations without experts
 } run_memory;
 
+static double memory_total(const run_memory *r) {
+    return (double)(r->params + r->grads + r->optimizer + r->activations + r->experts);
+}
+
 // The memory of a training model as allocated (moe_model_memory), with the optimizer's state:
 // sharded (parallel.shard_optimizer) the moments of the largest dense piece over D ranks and
 // of the largest piece of the model's experts over De (train/zero.h).
@@ -105,9 +109,7 @@ static void print_header(const moe_train_config *cfg, const moe_model_config *mc
         moe_run_header_bytes(o, sizeof o, (double)mem->optimizer);
         moe_run_header_bytes(act, sizeof act, (double)mem->activations);
         moe_run_header_bytes(ex, sizeof ex, (double)mem->experts);
-        moe_run_header_bytes(
-            all, sizeof all,
-            (double)(mem->params + mem->grads + mem->optimizer + mem->activations + mem->experts));
+        moe_run_header_bytes(all, sizeof all, memory_total(mem));
         printf("memory (%s, as allocated for %d x %d tokens): %s: parameters %s, gradients %s,\n"
                "  %s %s, activations %s, expert buffers %s\n",
                mc->dtype == MOE_DTYPE_BF16 ? "bf16" : "fp32", cfg->batch_size, cfg->seq_len, all, p,
@@ -226,8 +228,7 @@ static void dry_data_line(const moe_train_config *cfg, char *buf, size_t n) {
 // gives the figure at balanced routing beside it.
 static void print_peak(const run_memory *mem, double balanced, size_t n_params,
                        const moe_train_config *cfg, const moe_backend *be) {
-    const double buffers = (double)(mem->params + mem->grads + mem->optimizer + mem->activations +
-                                    mem->experts),
+    const double buffers = memory_total(mem),
                  // (sharded AdamW: the save gathers the whole moments first, 2 more copies)
         staging = (double)n_params * sizeof(real) *
                   (cfg->shard_optimizer && cfg->optimizer == OPTIM_ADAMW ? 3 : 1);
@@ -248,16 +249,20 @@ static void print_peak(const run_memory *mem, double balanced, size_t n_params,
     moe_run_header_bytes(s, sizeof s, staging);
     moe_run_header_bytes(t, sizeof t, tokens);
     moe_run_header_bytes(p, sizeof p, base);
-    printf(
-        "peak memory per rank, predicted: %.1f MiB resident (%s%s%s + checkpoint staging %s +\n"
-        "  token files %s%s + process %s); `moe train` prints the measured peak RSS at the end\n",
-        host / 1048576,
-        be->host_memory ? "the buffers above " : "host only: the buffers above are ", b,
-        be->host_memory ? "" : " of device memory", s, t,
-        counted == 2 ? "" : " (not prepared yet: not counted)", p);
+    if (be->host_memory)
+        printf("peak memory per rank, predicted: %.1f MiB resident: the buffers above %s,\n",
+               host / 1048576, b);
+    else
+        printf(
+            "peak memory per rank, predicted: %.1f MiB resident on the host (the buffers above,\n"
+            "  %s, are device memory):\n",
+            host / 1048576, b);
+    printf("  checkpoint staging %s, token files %s%s, this process %s (`moe train` ends with the\n"
+           "  measured peak RSS)\n",
+           s, t, counted == 2 ? "" : " (not prepared yet: not counted)", p);
     if (balanced > 0 && be->host_memory && balanced < buffers)
-        printf("  (that is at the worst routing, which the expert buffers are allocated for; at "
-               "balanced routing, T k rows a rank: %.1f MiB)\n",
+        printf("  (that is at the worst routing, which the expert buffers are allocated for; at\n"
+               "  balanced routing, T k rows a rank: %.1f MiB)\n",
                (balanced + rest) / 1048576);
 }
 
@@ -303,7 +308,7 @@ moe_status moe_trainer_dry_run(const moe_train_config *cfg) {
         if (moe_model_create_parallel(&mb, be, &capped, cfg->batch_size, cfg->seq_len, &layout) ==
             MOE_OK) {
             const run_memory r = memory_of(&mb, cfg, cfg->shard_optimizer ? R : 1, 1);
-            balanced = (double)(r.params + r.grads + r.optimizer + r.activations + r.experts);
+            balanced = memory_total(&r);
         }
         moe_model_destroy(&mb);
     }
