@@ -49,9 +49,10 @@ void moe_train_config_default(moe_train_config *cfg) {
     e->scoring = d.scoring, e->route_scale = d.route_scale, e->seq_aux_coef = d.seq_aux_coef;
     e->jitter_eps = d.jitter_eps;
     e->n_group = d.n_group, e->topk_group = d.topk_group; // 1, 1: no group-limited routing
-    e->dtype = d.dtype;       // fp32 (the model's dtype decides: moe_model_create)
-    m->dtype = MOE_DTYPE_F32; // train.dtype
-    e->exchange = d.exchange; // dedup
+    e->dtype = d.dtype;                   // fp32 (the model's dtype decides: moe_model_create)
+    m->dtype = MOE_DTYPE_F32;             // train.dtype
+    e->exchange = d.exchange;             // dedup
+    e->overlap_chunks = d.overlap_chunks; // 1: one exchange, no overlap
     cfg->capacity = (moe_capacity_plan){.mode = MOE_CAPACITY_FIXED,
                                         .max_drop = 0.01,
                                         .window = 100,

@@ -64,7 +64,7 @@ typedef struct {
 #define OPEN 1
 #define CLOSED 0
 
-enum { CFG_N_SPECS = 88, CFG_N_GROUPS = 6 };
+enum { CFG_N_SPECS = 89, CFG_N_GROUPS = 6 };
 
 // Every key, in the order `moe_train_config_write` writes (config.h lists the fields in it).
 extern const key_spec moe_cfg_specs[CFG_N_SPECS];

@@ -151,6 +151,7 @@ const key_spec moe_cfg_specs[] = {
 
     KINT("parallel", "ep_size", ep_size, 0, 4096), // and divides the ranks and n_experts
     KENUM("parallel", "exchange", model.moe.exchange, moe_exchange, exchange_names),
+    KINT("parallel", "overlap_chunks", model.moe.overlap_chunks, 1, MOE_OVERLAP_MAX), // <= E_local
     {.group = "parallel",
      .key = "expert_placement",
      .kind = K_INTLIST,

@@ -5,6 +5,8 @@
 // - alltoallv_rows: NCCL has no variable-count all-to-all; the counts are already on the host
 //   (the layer exchanged them), so it is one group of ncclSend/ncclRecv per peer with rows
 //   (zero-row peers skipped), on the backend's stream.
+// - alltoallv_rows_start / _wait (the overlap): the same group on a side stream ordered by
+//   events, so the backend's stream computes while the rows travel.
 // - allreduce_sum_real: ncclAllReduce (sum, fp32) in place on the backend's stream.
 // - reduce_scatter_sum_real, allgather_real (parallel.shard_optimizer): pieces of unequal
 //   counts, so a group of ncclReduce / ncclBroadcast per piece (NCCL's ReduceScatter and
@@ -29,6 +31,11 @@ typedef struct {
     moe_comm *host; // the host communicator (owned)
     ncclComm_t nccl;
     moe_backend *be; // the cuda backend whose stream and memory the operations use
+    // the overlap's (alltoallv_rows_start): transfers run on their own stream, ordered after
+    // the backend's work so far by `ready`; a wait orders the backend's stream after `done`
+    cudaStream_t side; // created at the first start
+    cudaEvent_t ready, done[MOE_EXCHANGE_SLOTS];
+    int in_flight[MOE_EXCHANGE_SLOTS];
 } nccl_state;
 
 static nccl_state *nccl_of(moe_comm *c) { return (nccl_state *)c->state; }
@@ -85,27 +92,76 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static void n_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, const int *recv_rows,
-                             const void *send, const int *send_rows, size_t row_bytes) {
-    nccl_state *s = nccl_of(c);
-    if (be != s->be)
-        moe_fatal("nccl exchange: rows of backend %s on a communicator of backend %s", be->name,
-                  s->be->name);
-    const double t0 = now_s();
-    cudaStream_t stream = cuda_stream(be);
+// One group of ncclSend/ncclRecv per peer on `stream`: peer p's rows start at send_at[p] /
+// recv_at[p] rows, or (NULL) right after the previous peer's.
+static void post_rows(moe_comm *c, cudaStream_t stream, void *recv, const int *recv_rows,
+                      const int *recv_at, const void *send, const int *send_rows,
+                      const int *send_at, size_t row_bytes) {
     size_t at_send = 0, at_recv = 0;
     NCCL_CHECK(c, ncclGroupStart());
     for (int p = 0; p < c->size; p++) {
+        if (send_at) at_send = (size_t)send_at[p] * row_bytes;
+        if (recv_at) at_recv = (size_t)recv_at[p] * row_bytes;
         const size_t ns = (size_t)send_rows[p] * row_bytes, nr = (size_t)recv_rows[p] * row_bytes;
         if (ns)
-            NCCL_CHECK(c,
-                       ncclSend((const char *)send + at_send, ns, ncclUint8, p, s->nccl, stream));
-        if (nr) NCCL_CHECK(c, ncclRecv((char *)recv + at_recv, nr, ncclUint8, p, s->nccl, stream));
+            NCCL_CHECK(c, ncclSend((const char *)send + at_send, ns, ncclUint8, p, nccl_of(c)->nccl,
+                                   stream));
+        if (nr)
+            NCCL_CHECK(
+                c, ncclRecv((char *)recv + at_recv, nr, ncclUint8, p, nccl_of(c)->nccl, stream));
         at_send += ns, at_recv += nr;
     }
     NCCL_CHECK(c, ncclGroupEnd());
+}
+
+static void check_rows_backend(moe_comm *c, moe_backend *be) {
+    if (be != nccl_of(c)->be)
+        moe_fatal("nccl exchange: rows of backend %s on a communicator of backend %s", be->name,
+                  nccl_of(c)->be->name);
+}
+
+static void n_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, const int *recv_rows,
+                             const void *send, const int *send_rows, size_t row_bytes) {
+    check_rows_backend(c, be);
+    const double t0 = now_s();
+    cudaStream_t stream = cuda_stream(be);
+    post_rows(c, stream, recv, recv_rows, NULL, send, send_rows, NULL, row_bytes);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     c->wait_s += now_s() - t0;
+}
+
+// The overlap's form: the transfer on the side stream, after the backend's work so far; the
+// host does not wait (wait_s counts only the posting), the backend's stream waits at the
+// wait, so the experts' kernels queued between them run beside the transfer.
+static void n_alltoallv_rows_start(moe_comm *c, moe_backend *be, int slot, void *recv,
+                                   const int *recv_rows, const int *recv_at, const void *send,
+                                   const int *send_rows, const int *send_at, size_t row_bytes) {
+    nccl_state *s = nccl_of(c);
+    check_rows_backend(c, be);
+    if (slot < 0 || slot >= MOE_EXCHANGE_SLOTS || s->in_flight[slot])
+        moe_fatal("nccl exchange: rows slot %d is out of range or already in flight", slot);
+    const double t0 = now_s();
+    if (!s->side) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming));
+    }
+    if (!s->done[slot])
+        CUDA_CHECK(cudaEventCreateWithFlags(&s->done[slot], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(s->ready, cuda_stream(be)));
+    CUDA_CHECK(cudaStreamWaitEvent(s->side, s->ready, 0));
+    post_rows(c, s->side, recv, recv_rows, recv_at, send, send_rows, send_at, row_bytes);
+    CUDA_CHECK(cudaEventRecord(s->done[slot], s->side));
+    s->in_flight[slot] = 1;
+    c->wait_s += now_s() - t0;
+}
+
+static void n_alltoallv_rows_wait(moe_comm *c, moe_backend *be, int slot) {
+    nccl_state *s = nccl_of(c);
+    check_rows_backend(c, be);
+    if (slot < 0 || slot >= MOE_EXCHANGE_SLOTS || !s->in_flight[slot])
+        moe_fatal("nccl exchange: rows slot %d is out of range or not in flight", slot);
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(be), s->done[slot], 0));
+    s->in_flight[slot] = 0;
 }
 
 static void n_allreduce_real(moe_comm *c, moe_backend *be, real *x, size_t n) {
@@ -163,6 +219,13 @@ static void n_allgather_real(moe_comm *c, moe_backend *be, real *x, const size_t
 
 static void n_destroy(moe_comm *c) {
     nccl_state *s = nccl_of(c);
+    if (s->side) {
+        cudaStreamSynchronize(s->side);
+        for (int i = 0; i < MOE_EXCHANGE_SLOTS; i++)
+            if (s->done[i]) cudaEventDestroy(s->done[i]);
+        cudaEventDestroy(s->ready);
+        cudaStreamDestroy(s->side);
+    }
     ncclCommDestroy(s->nccl);
     s->host->destroy(s->host);
     free(s);
@@ -201,6 +264,8 @@ static moe_status wrap(moe_backend *be, moe_comm *host, ncclComm_t nccl, moe_com
     c->state = s;
     c->alltoall_int = n_alltoall_int;
     c->alltoallv_rows = n_alltoallv_rows;
+    c->alltoallv_rows_start = n_alltoallv_rows_start;
+    c->alltoallv_rows_wait = n_alltoallv_rows_wait;
     c->alltoallv_host = n_alltoallv_host;
     c->allreduce_sum_real = n_allreduce_real;
     c->reduce_scatter_sum_real = n_reduce_scatter_real;

@@ -20,6 +20,9 @@
 
 typedef struct moe_comm moe_comm;
 
+// Transfers one communicator may have in flight (alltoallv_rows_start's slots).
+enum { MOE_EXCHANGE_SLOTS = 64 };
+
 struct moe_comm {
     const char *name; // "single" or "mpi"
     int rank, size;   // this process's rank in the group, and the group's size
@@ -34,6 +37,17 @@ struct moe_comm {
     // [size] (zero allowed); rows are BACKEND memory of row_bytes each.
     void (*alltoallv_rows)(moe_comm *c, moe_backend *be, void *recv, const int *recv_rows,
                            const void *send, const int *send_rows, size_t row_bytes);
+    // The nonblocking form, for the overlap of exchange and experts (parallel.overlap_chunks):
+    // rows go from send + send_at[i] rows (send_rows[i] of them) to rank i, and arrive from
+    // rank i at recv + recv_at[i] rows (recv_rows[i]); displacements and counts HOST [size].
+    // It returns once the transfer is under way; the buffers, counts and displacements stay
+    // untouched until alltoallv_rows_wait(c, be, slot) returns, after which recv holds the
+    // rows for whatever the backend runs next. A slot in [0, MOE_EXCHANGE_SLOTS) names one
+    // transfer in flight; several may be in flight at once, waited in any order.
+    void (*alltoallv_rows_start)(moe_comm *c, moe_backend *be, int slot, void *recv,
+                                 const int *recv_rows, const int *recv_at, const void *send,
+                                 const int *send_rows, const int *send_at, size_t row_bytes);
+    void (*alltoallv_rows_wait)(moe_comm *c, moe_backend *be, int slot);
     // The same for HOST memory: items of item_bytes, send_n[i] of them to rank i, recv_n[i]
     // from rank i (what a receiver needs to read its rows: the dedup exchange's slot lists).
     void (*alltoallv_host)(moe_comm *c, void *recv, const int *recv_n, const void *send,

@@ -11,11 +11,25 @@
 
 #include "layers/exchange.h"
 
+// One nonblocking rows exchange in flight (alltoallv_rows_start): its request, its row type,
+// and for backend memory that is not host memory the host staging and where the rows land.
+typedef struct {
+    MPI_Request req;
+    MPI_Datatype row;
+    int active;
+    void *hs, *hr; // host staging of send and recv (kept for the next transfer in this slot)
+    size_t hs_bytes, hr_bytes;
+    void *recv; // backend memory the staged rows go to at the wait
+    const int *recv_rows, *recv_at;
+    size_t row_bytes;
+} mpi_slot;
+
 typedef struct {
     MPI_Comm comm;
     int owns_mpi;   // the world: finalises MPI when destroyed
     void *stage[2]; // host staging for backend memory that is not host memory
     size_t stage_bytes[2];
+    mpi_slot slot[MOE_EXCHANGE_SLOTS];
 } mpi_state;
 
 static MPI_Comm comm_of(moe_comm *c) { return ((mpi_state *)c->state)->comm; }
@@ -82,6 +96,80 @@ static void mpi_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, const i
     }
     alltoallv_items(c, rbuf, recv_rows, sbuf, send_rows, row_bytes);
     if (!be->host_memory) be->copy_to_device(be, recv, rbuf, n_recv * row_bytes);
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+// ---- the nonblocking rows exchange (the overlap) ------------------------------------------
+
+// The rows [at[i], at[i] + rows[i]) of every peer i: the extent of the buffer they span.
+static size_t span_rows(const moe_comm *c, const int *rows, const int *at) {
+    size_t n = 0;
+    for (int i = 0; i < c->size; i++)
+        if (rows[i] > 0 && (size_t)at[i] + (size_t)rows[i] > n) n = (size_t)at[i] + rows[i];
+    return n;
+}
+
+// A host buffer of at least `bytes` in *buf (grown, kept for the next transfer).
+static void *grow(moe_comm *c, void **buf, size_t *have, size_t bytes) {
+    if (*have >= bytes) return *buf;
+    free(*buf);
+    *buf = malloc(bytes ? bytes : 1);
+    *have = *buf ? bytes : 0;
+    if (!*buf) {
+        fprintf(stderr, "moe: error: rank %d: cannot allocate %zu bytes to stage an exchange\n",
+                c->rank, bytes);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return *buf;
+}
+
+// Copies each peer's block of rows between backend memory and its staging (same offsets).
+static void stage_blocks(moe_comm *c, moe_backend *be, void *host, void *dev, const int *rows,
+                         const int *at, size_t row_bytes, int to_host) {
+    for (int i = 0; i < c->size; i++) {
+        if (rows[i] <= 0) continue;
+        const size_t off = (size_t)at[i] * row_bytes, n = (size_t)rows[i] * row_bytes;
+        if (to_host)
+            be->copy_to_host(be, (char *)host + off, (char *)dev + off, n);
+        else
+            be->copy_to_device(be, (char *)dev + off, (char *)host + off, n);
+    }
+}
+
+static void mpi_alltoallv_rows_start(moe_comm *c, moe_backend *be, int slot, void *recv,
+                                     const int *recv_rows, const int *recv_at, const void *send,
+                                     const int *send_rows, const int *send_at, size_t row_bytes) {
+    const double t0 = MPI_Wtime();
+    if (slot < 0 || slot >= MOE_EXCHANGE_SLOTS || ((mpi_state *)c->state)->slot[slot].active)
+        moe_fatal("exchange: rows slot %d is out of range or already in flight", slot);
+    mpi_slot *q = &((mpi_state *)c->state)->slot[slot];
+    const void *sbuf = send;
+    void *rbuf = recv;
+    if (!be->host_memory) {
+        void *hs = grow(c, &q->hs, &q->hs_bytes, span_rows(c, send_rows, send_at) * row_bytes);
+        stage_blocks(c, be, hs, (void *)send, send_rows, send_at, row_bytes, 1);
+        sbuf = hs;
+        rbuf = grow(c, &q->hr, &q->hr_bytes, span_rows(c, recv_rows, recv_at) * row_bytes);
+    }
+    q->recv = recv, q->recv_rows = recv_rows, q->recv_at = recv_at, q->row_bytes = row_bytes;
+    MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &q->row);
+    MPI_Type_commit(&q->row);
+    MPI_Ialltoallv(sbuf, send_rows, send_at, q->row, rbuf, recv_rows, recv_at, q->row, comm_of(c),
+                   &q->req);
+    q->active = 1;
+    c->wait_s += MPI_Wtime() - t0;
+}
+
+static void mpi_alltoallv_rows_wait(moe_comm *c, moe_backend *be, int slot) {
+    const double t0 = MPI_Wtime();
+    if (slot < 0 || slot >= MOE_EXCHANGE_SLOTS || !((mpi_state *)c->state)->slot[slot].active)
+        moe_fatal("exchange: rows slot %d is out of range or not in flight", slot);
+    mpi_slot *q = &((mpi_state *)c->state)->slot[slot];
+    MPI_Wait(&q->req, MPI_STATUS_IGNORE);
+    MPI_Type_free(&q->row);
+    if (!be->host_memory)
+        stage_blocks(c, be, q->hr, q->recv, q->recv_rows, q->recv_at, q->row_bytes, 0);
+    q->active = 0;
     c->wait_s += MPI_Wtime() - t0;
 }
 
@@ -248,6 +336,7 @@ static void mpi_destroy(moe_comm *c) {
     if (c == the_world && --world_holders > 0) return;
     if (c == the_world) the_world = NULL;
     free(s->stage[0]), free(s->stage[1]);
+    for (int i = 0; i < MOE_EXCHANGE_SLOTS; i++) free(s->slot[i].hs), free(s->slot[i].hr);
     if (s->owns_mpi) {
         moe_set_fatal_exit(NULL, -1);
         MPI_Comm_free(&s->comm);
@@ -277,6 +366,8 @@ static moe_status wrap(MPI_Comm comm, int owns_mpi, moe_comm **out) {
         .state = s,
         .alltoall_int = mpi_alltoall_int,
         .alltoallv_rows = mpi_alltoallv_rows,
+        .alltoallv_rows_start = mpi_alltoallv_rows_start,
+        .alltoallv_rows_wait = mpi_alltoallv_rows_wait,
         .alltoallv_host = mpi_alltoallv_host,
         .allreduce_sum_real = mpi_allreduce_real,
         .reduce_scatter_sum_real = mpi_reduce_scatter_real,

@@ -16,6 +16,21 @@ static void single_alltoallv_rows(moe_comm *c, moe_backend *be, void *recv, cons
         be->copy_on_device(be, recv, send, (size_t)send_rows[0] * row_bytes);
 }
 
+// One rank: the rows are copied at once, so there is nothing to wait for.
+static void single_alltoallv_rows_start(moe_comm *c, moe_backend *be, int slot, void *recv,
+                                        const int *recv_rows, const int *recv_at, const void *send,
+                                        const int *send_rows, const int *send_at,
+                                        size_t row_bytes) {
+    (void)c, (void)slot, (void)recv_rows;
+    char *to = (char *)recv + (size_t)recv_at[0] * row_bytes;
+    const char *from = (const char *)send + (size_t)send_at[0] * row_bytes;
+    if (send_rows[0] > 0 && to != from)
+        be->copy_on_device(be, to, from, (size_t)send_rows[0] * row_bytes);
+}
+static void single_alltoallv_rows_wait(moe_comm *c, moe_backend *be, int slot) {
+    (void)c, (void)be, (void)slot;
+}
+
 static void single_alltoallv_host(moe_comm *c, void *recv, const int *recv_n, const void *send,
                                   const int *send_n, size_t item_bytes) {
     (void)c, (void)recv_n;
@@ -63,6 +78,8 @@ moe_status moe_comm_single(moe_comm **out) {
         .size = 1,
         .alltoall_int = single_alltoall_int,
         .alltoallv_rows = single_alltoallv_rows,
+        .alltoallv_rows_start = single_alltoallv_rows_start,
+        .alltoallv_rows_wait = single_alltoallv_rows_wait,
         .alltoallv_host = single_alltoallv_host,
         .allreduce_sum_real = single_allreduce_real,
         .reduce_scatter_sum_real = single_reduce_scatter_real,

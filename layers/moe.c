@@ -26,6 +26,7 @@ moe_config moe_config_default(int d_model, int d_ff, int n_experts, int top_k) {
         .jitter_eps = 0.0,
         .dtype = MOE_DTYPE_F32,
         .exchange = MOE_EXCHANGE_DEDUP,
+        .overlap_chunks = 1,
         .n_group = 1,
         .topk_group = 1,
     };
@@ -98,6 +99,9 @@ moe_status moe_config_check(const moe_config *cfg) {
     if (cfg->exchange != MOE_EXCHANGE_DEDUP && cfg->exchange != MOE_EXCHANGE_ROWS)
         return moe_error(MOE_EINVAL, "moe: exchange=%d is neither dedup nor rows",
                          (int)cfg->exchange);
+    if (cfg->overlap_chunks < 0 || cfg->overlap_chunks > MOE_OVERLAP_MAX)
+        return moe_error(MOE_EINVAL, "moe: overlap_chunks=%d must be in [0, %d]",
+                         cfg->overlap_chunks, MOE_OVERLAP_MAX);
     return MOE_OK;
 }
 
@@ -226,23 +230,34 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
 
 // The exchange plan of a forward (expert parallelism), from the kept rows per global expert
 // (offsets, host): rank j of the group gets this rank's rows of experts [j El, (j+1) El),
-// contiguous in xp; the per-local-expert counts go both ways in one all-to-all of ints; what
-// arrives is [source rank][local expert] and the experts want [local expert][source rank].
+// contiguous in xp; the per-local-expert counts go both ways in one all-to-all of ints. In
+// chunks of local experts (L->chunks, 1: the whole), chunk c's rows for rank j start at its
+// first expert's offset in xp; what arrives is [chunk][source rank][local expert] in xr and
+// the experts want [local expert][source rank].
 static void plan_exchange(moe_layer *L, const int *offsets) {
     const int R = L->ep_size, El = L->E_local;
     for (int j = 0; j < R; j++) {
         for (int e = 0; e < El; e++)
             L->send_counts[j * El + e] = offsets[j * El + e + 1] - offsets[j * El + e];
         L->send_rows[j] = offsets[(j + 1) * El] - offsets[j * El];
+        L->recv_rows[j] = 0;
     }
     L->ep->alltoall_int(L->ep, L->recv_counts, L->send_counts, El);
-    int at = 0; // rows of (i, e) in the order they arrive
-    for (int i = 0; i < R; i++) {
-        L->recv_rows[i] = 0;
-        for (int e = 0; e < El; e++) {
-            const int n = L->recv_counts[i * El + e];
-            L->to_expert[e * R + i] = (moe_row_chunk){.src = at, .rows = n};
-            at += n, L->recv_rows[i] += n;
+    int at = 0; // rows of (c, i, e) in the order they arrive
+    for (int c = 0; c < L->chunks; c++) {
+        const int e0 = L->chunk_expert[c], e1 = L->chunk_expert[c + 1];
+        for (int i = 0; i < R; i++) {
+            const int ci = c * R + i;
+            L->tok_at[ci] = offsets[i * El + e0];
+            L->tok_rows[ci] = offsets[i * El + e1] - offsets[i * El + e0];
+            L->exp_at[ci] = at;
+            for (int e = e0; e < e1; e++) {
+                const int n = L->recv_counts[i * El + e];
+                L->to_expert[e * R + i] = (moe_row_chunk){.src = at, .rows = n};
+                at += n;
+            }
+            L->exp_rows[ci] = at - L->exp_at[ci];
+            L->recv_rows[i] += L->exp_rows[ci];
         }
     }
     L->local_offsets[0] = 0;
@@ -272,6 +287,68 @@ static void exchange_rows(moe_layer *L, void *recv, const int *recv_rows, const 
     L->ep->alltoallv_rows(L->ep, L->be, recv, recv_rows, send, send_rows, row);
     L->exchange_s += L->ep->wait_s - w0;
     for (int j = 0; j < L->ep_size; j++) L->sent_bytes[j] += (long)send_rows[j] * (long)row;
+}
+
+// The experts' lap, also counted as this layer's (experts_s: the hot-expert estimate).
+static void lap_experts(moe_layer *L) {
+    if (!L->timer) return;
+    const double before = L->timer->s[MOE_T_EXPERTS];
+    moe_lap(L->timer, MOE_T_EXPERTS);
+    L->experts_s += L->timer->s[MOE_T_EXPERTS] - before;
+}
+
+// Starts chunk c's rows of d reals in transfer slot `slot`: to the experts (from the tokens'
+// order in `send` to the chunk layout in `recv`) or back (the reverse), counted in the layer's
+// statistics.
+static void start_chunk(moe_layer *L, int slot, real *recv, const real *send, int c,
+                        int to_experts) {
+    const int R = L->ep_size;
+    const int *tr = L->tok_rows + c * R, *ta = L->tok_at + c * R;
+    const int *er = L->exp_rows + c * R, *ea = L->exp_at + c * R;
+    const size_t row = (size_t)L->cfg.d_model * sizeof(real);
+    const double w0 = L->ep->wait_s;
+    if (to_experts)
+        L->ep->alltoallv_rows_start(L->ep, L->be, slot, recv, er, ea, send, tr, ta, row);
+    else
+        L->ep->alltoallv_rows_start(L->ep, L->be, slot, recv, tr, ta, send, er, ea, row);
+    L->exchange_s += L->ep->wait_s - w0;
+    for (int j = 0; j < R; j++) L->sent_bytes[j] += (long)(to_experts ? tr : er)[j] * (long)row;
+}
+
+static void wait_chunk(moe_layer *L, int slot) {
+    const double w0 = L->ep->wait_s;
+    L->ep->alltoallv_rows_wait(L->ep, L->be, slot);
+    L->exchange_s += L->ep->wait_s - w0;
+}
+
+// The work on one chunk's rows: experts [e0, e1) (local) from their rows in `in` to `out`.
+typedef void (*chunk_work)(moe_layer *L, int e0, int e1, const void *ctx);
+
+// The exchange "rows", pipelined: chunk c's rows travel from `send` (the tokens' order) to the
+// experts (slot c) while chunk c-1 is computed; once they arrive they are regrouped by local
+// expert into `in`, `work` computes them into `out`, and they go back (slot C + c) into `back`
+// (the tokens' order), through `stage` (the chunk layout, [Ne, d]), beside the next chunk. The
+// laps: waiting and regrouping count as `lap_before`, the return as `lap_after`.
+static void exchange_pipelined(moe_layer *L, real *back, real *stage, const real *send, real *in,
+                               const real *out, chunk_work work, const void *ctx, int lap_before,
+                               int lap_after) {
+    moe_backend *be = L->be;
+    const int C = L->chunks, R = L->ep_size, d = L->cfg.d_model;
+    start_chunk(L, 0, stage, send, 0, 1);
+    for (int c = 0; c < C; c++) {
+        const int e0 = L->chunk_expert[c], e1 = L->chunk_expert[c + 1];
+        wait_chunk(L, c);
+        if (c + 1 < C) start_chunk(L, c + 1, stage, send, c + 1, 1);
+        be->moe_copy_chunks(be, in, stage, L->to_expert + e0 * R, (e1 - e0) * R, d);
+        moe_lap(L->timer, lap_before);
+        work(L, e0, e1, ctx);
+        lap_experts(L);
+        be->moe_copy_chunks(be, stage, out, L->to_source + e0 * R, (e1 - e0) * R, d);
+        start_chunk(L, C + c, back, stage, c, 0);
+        moe_lap(L->timer, lap_after);
+    }
+    for (int c = 0; c < C; c++) wait_chunk(L, C + c);
+    moe_lap(L->timer, lap_after);
 }
 
 // The dedup plan, sending side (host, from the readback's top-k and keep): rank r gets one
@@ -424,53 +501,83 @@ static moe_status dispatch(moe_layer *L, const real *inp, const int *offsets, in
     else
         be->moe_permute(be, L->xp, inp, L->row_token, offsets[E], d);
     if (!L->ep) return MOE_OK;
-    plan_exchange(L, offsets);
+    plan_exchange(L, offsets); // the rows travel with the experts' work (experts_exchanged)
     moe_status st = check_row_cap(L, 0);
     if (st) return st;
-    exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows, d);
     L->received_rows += L->expert_rows;
-    be->moe_copy_chunks(be, L->xe, L->xr, L->to_expert, L->ep_size * L->E_local, d);
     return MOE_OK;
 }
 
-// Experts: [h1 h3] = xe w13^T, act = silu(h1) h3, ye = act w2^T, grouped by local expert,
-// from the kept input rows (bf16: xe16, rounded by the caller). What recompute runs again.
-static void experts_from_rows(moe_layer *L, const moe_weights *w) {
-    moe_backend *be = L->be;
-    const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
-    const int *offsets = L->expert_offsets;
-    if (L->cfg.dtype == MOE_DTYPE_BF16) {
-        be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16, offsets, E, 2 * ff, d);
-        be->swiglu_forward_bf16(be, L->act16, L->h13_16, L->h13, N, ff); // h13_16: the backward's
-        be->expert_matmul_forward_bf16(be, L->ye_local, L->act16, w->w2_16, offsets, E, d, ff);
-        return;
-    }
-    be->expert_matmul_forward(be, L->h13, L->xe, w->w13, offsets, E, 2 * ff, d);
-    be->swiglu_forward(be, L->act, L->h13, N, ff);
-    be->expert_matmul_forward(be, L->ye_local, L->act, w->w2, offsets, E, d, ff);
+// Local experts [e0, e1) and their rows [r0, r0 + N) (offsets: the grouped GEMMs' view,
+// absolute rows); their weights start at expert e0 (w13: e0 2ff d reals in, w2: e0 d ff).
+typedef struct {
+    const int *offsets;
+    int E, N;
+    size_t r0, w13, w2;
+} expert_range;
+
+static expert_range range_of(const moe_layer *L, int e0, int e1) {
+    const size_t d = L->cfg.d_model, ff = L->cfg.d_ff, r0 = (size_t)L->expert_offsets[e0];
+    return (expert_range){.offsets = L->expert_offsets + e0,
+                          .E = e1 - e0,
+                          .N = L->expert_offsets[e1] - (int)r0,
+                          .r0 = r0,
+                          .w13 = (size_t)e0 * 2 * ff * d,
+                          .w2 = (size_t)e0 * d * ff};
 }
 
-// The experts' forward: bf16 rounds the input rows once (kept in xe16 for the backward).
-static void experts(moe_layer *L, const moe_weights *w) {
-    if (L->cfg.dtype == MOE_DTYPE_BF16 && !bf16_rows_direct(L))
-        L->be->to_bf16(L->be, L->xe16, L->xe, (size_t)L->expert_rows * L->cfg.d_model);
-    experts_from_rows(L, w);
+// Experts [e0, e1): [h1 h3] = xe w13^T, act = silu(h1) h3, ye = act w2^T, grouped by local
+// expert, from the kept input rows (bf16: xe16, rounded by the caller). What recompute runs
+// again. The calls per expert are the same whatever the range (one GEMM over its rows).
+static void experts_from_rows(moe_layer *L, const moe_weights *w, int e0, int e1) {
+    moe_backend *be = L->be;
+    const int d = L->cfg.d_model, ff = L->cfg.d_ff;
+    const expert_range x = range_of(L, e0, e1);
+    const size_t h = x.r0 * 2 * ff, a = x.r0 * ff;
+    if (L->cfg.dtype == MOE_DTYPE_BF16) {
+        be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16 + x.w13, x.offsets, x.E,
+                                       2 * ff, d);
+        // h13_16: the backward's
+        be->swiglu_forward_bf16(be, L->act16 + a, L->h13_16 + h, L->h13 + h, x.N, ff);
+        be->expert_matmul_forward_bf16(be, L->ye_local, L->act16, w->w2_16 + x.w2, x.offsets, x.E,
+                                       d, ff);
+        return;
+    }
+    be->expert_matmul_forward(be, L->h13, L->xe, w->w13 + x.w13, x.offsets, x.E, 2 * ff, d);
+    be->swiglu_forward(be, L->act + a, L->h13 + h, x.N, ff);
+    be->expert_matmul_forward(be, L->ye_local, L->act, w->w2 + x.w2, x.offsets, x.E, d, ff);
+}
+
+// The experts' forward on experts [e0, e1): bf16 rounds the input rows once (kept in xe16
+// for the backward).
+static void experts(moe_layer *L, int e0, int e1, const void *weights) {
+    const moe_weights *w = weights;
+    if (L->cfg.dtype == MOE_DTYPE_BF16 && !bf16_rows_direct(L)) {
+        const expert_range x = range_of(L, e0, e1);
+        const size_t d = L->cfg.d_model;
+        L->be->to_bf16(L->be, L->xe16 + x.r0 * d, L->xe + x.r0 * d, (size_t)x.N * d);
+    }
+    experts_from_rows(L, w, e0, e1);
+}
+
+// The exchange "rows" and the experts, pipelined: xp goes to the experts through xr, their
+// results come back into ye.
+static int rows_exchange(const moe_layer *L) { return L->ep && !dedup_exchange(L); }
+
+static void experts_exchanged(moe_layer *L, const moe_weights *w) {
+    exchange_pipelined(L, L->ye, L->xr, L->xp, L->xe, L->ye_local, experts, w, MOE_T_DISPATCH,
+                       MOE_T_COMBINE);
 }
 
 // Combine: out[t] = sum_j weights[t,j] ye[row(t,j)], on the token's own rank: under expert
-// parallelism the results travel back first (the reorder undone, the sizes swapped); the
-// combine weights never travel.
+// parallelism the results travelled back first (experts_exchanged); the combine weights
+// never travel.
 static void combine(moe_layer *L, real *out, int T) {
     moe_backend *be = L->be;
     const moe_config *c = &L->cfg;
     if (dedup_exchange(L)) {
         combine_packets(L, out, T);
         return;
-    }
-    if (L->ep) {
-        be->moe_copy_chunks(be, L->xr, L->ye_local, L->to_source, L->ep_size * L->E_local,
-                            c->d_model);
-        exchange_rows(L, L->ye, L->send_rows, L->xr, L->recv_rows, L->cfg.d_model);
     }
     be->moe_combine_forward(be, out, L->ye, L->weights, L->assign_row, T, c->top_k, c->d_model);
 }
@@ -492,14 +599,6 @@ static void read_stats(moe_layer *L, int T, int capacity) {
     L->stats.lse_mean = loss[MOE_LOSS_LSE_MEAN];
 }
 
-// The experts' lap, also counted as this layer's (experts_s: the hot-expert estimate).
-static void lap_experts(moe_layer *L) {
-    if (!L->timer) return;
-    const double before = L->timer->s[MOE_T_EXPERTS];
-    moe_lap(L->timer, MOE_T_EXPERTS);
-    L->experts_s += L->timer->s[MOE_T_EXPERTS] - before;
-}
-
 moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe_weights *w, int T,
                              int seq_len, moe_pass pass, moe_stats *stats) {
     moe_status st = check_call(L, out, inp, w, T);
@@ -518,8 +617,12 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     st = dispatch(L, inp, L->host_counts + L->cfg.n_experts, T); // the row offsets (host)
     if (st) return st;
     moe_lap(L->timer, MOE_T_DISPATCH);
-    experts(L, w);
-    lap_experts(L);
+    if (rows_exchange(L)) {
+        experts_exchanged(L, w);
+    } else {
+        experts(L, 0, L->E_local, w);
+        lap_experts(L);
+    }
     combine(L, out, T);
 
     read_stats(L, T, capacity);
@@ -543,16 +646,6 @@ static void combine_backward(moe_layer *L, const real *dout, int T) {
     else
         L->be->moe_combine_backward(L->be, L->dye, L->dweights, dout, L->ye, L->weights,
                                     L->assign_row, T, c->top_k, c->d_model);
-}
-
-// Combine backward, exchange: under expert parallelism dye travels to the experts like the
-// rows did (the forward's sizes; no new count exchange) and is regrouped by local expert.
-static void combine_backward_exchange(moe_layer *L) {
-    moe_backend *be = L->be;
-    moe_backward_scratch *s = L->bwd;
-    const int d = L->cfg.d_model;
-    exchange_rows(L, s->dstage, L->recv_rows, s->dye, L->send_rows, d);
-    be->moe_copy_chunks(be, s->dye_e, s->dstage, L->to_expert, L->ep_size * L->E_local, d);
 }
 
 // Dedup combine backward: dout travels once per packet (the forward's packets, sizes as in
@@ -584,43 +677,47 @@ static void dispatch_backward_packets(moe_layer *L, real *dinp, int T) {
     be->moe_unpermute_add(be, s->dweights, L->dw_send, L->d_pk_home, T, R, k);
 }
 
-// Experts backward: ye = act w2^T, act = swiglu(h13), h13 = xe w13^T. With one rank dye_e is
-// dye and dxe the rank's dxp.
-static void experts_backward(moe_layer *L, const moe_weights *grads, const moe_weights *w) {
+// The experts' backward's weights and gradients (chunk_work's context).
+typedef struct {
+    const moe_weights *grads, *w;
+} weights_pair;
+
+// Experts backward on experts [e0, e1): ye = act w2^T, act = swiglu(h13), h13 = xe w13^T.
+// With one rank dye_e is dye and dxe the rank's dxp. Each expert's weight gradient is one
+// GEMM over all its rows, whatever the range.
+static void experts_backward(moe_layer *L, int e0, int e1, const void *pair) {
+    const moe_weights *grads = ((const weights_pair *)pair)->grads;
+    const moe_weights *w = ((const weights_pair *)pair)->w;
     moe_backend *be = L->be;
     moe_backward_scratch *s = L->bwd;
-    const int E = L->E_local, d = L->cfg.d_model, ff = L->cfg.d_ff, N = L->expert_rows;
-    const int *offsets = L->expert_offsets;
+    const int d = L->cfg.d_model, ff = L->cfg.d_ff;
+    const expert_range x = range_of(L, e0, e1);
+    const int *o = x.offsets, E = x.E;
+    const size_t w13 = x.w13, w2 = x.w2, h = x.r0 * 2 * ff, a = x.r0 * ff;
     if (L->cfg.dtype == MOE_DTYPE_BF16) { // each output gradient rounded once, for two GEMMs
-        if (!bf16_rows_direct(L)) be->to_bf16(be, s->g16, s->dye_e, (size_t)N * d);
-        be->expert_matmul_backward_weight_bf16(be, grads->w2, s->g16, L->act16, offsets, E, d, ff);
-        be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16, offsets, E, d, ff, 0);
-        be->swiglu_backward_bf16(be, s->g16, s->dact, L->h13_16, N, ff);
-        be->expert_matmul_backward_weight_bf16(be, grads->w13, s->g16, L->xe16, offsets, E, 2 * ff,
+        if (!bf16_rows_direct(L))
+            be->to_bf16(be, s->g16 + x.r0 * d, s->dye_e + x.r0 * d, (size_t)x.N * d);
+        be->expert_matmul_backward_weight_bf16(be, grads->w2 + w2, s->g16, L->act16, o, E, d, ff);
+        be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16 + w2, o, E, d, ff, 0);
+        be->swiglu_backward_bf16(be, s->g16 + h, s->dact + a, L->h13_16 + h, x.N, ff);
+        be->expert_matmul_backward_weight_bf16(be, grads->w13 + w13, s->g16, L->xe16, o, E, 2 * ff,
                                                d);
-        be->expert_matmul_backward_input_bf16(be, s->dxe, s->g16, w->w13_16, offsets, E, 2 * ff, d,
+        be->expert_matmul_backward_input_bf16(be, s->dxe, s->g16, w->w13_16 + w13, o, E, 2 * ff, d,
                                               0);
         return;
     }
-    be->expert_matmul_backward_weight(be, grads->w2, s->dye_e, L->act, offsets, E, d, ff);
-    be->expert_matmul_backward_input(be, s->dact, s->dye_e, w->w2, offsets, E, d, ff, 0);
-    be->swiglu_backward(be, s->dh13, s->dact, L->h13, N, ff);
-    be->expert_matmul_backward_weight(be, grads->w13, s->dh13, L->xe, offsets, E, 2 * ff, d);
-    be->expert_matmul_backward_input(be, s->dxe, s->dh13, w->w13, offsets, E, 2 * ff, d, 0);
+    be->expert_matmul_backward_weight(be, grads->w2 + w2, s->dye_e, L->act, o, E, d, ff);
+    be->expert_matmul_backward_input(be, s->dact, s->dye_e, w->w2 + w2, o, E, d, ff, 0);
+    be->swiglu_backward(be, s->dh13 + h, s->dact + a, L->h13 + h, x.N, ff);
+    be->expert_matmul_backward_weight(be, grads->w13 + w13, s->dh13, L->xe, o, E, 2 * ff, d);
+    be->expert_matmul_backward_input(be, s->dxe, s->dh13, w->w13 + w13, o, E, 2 * ff, d, 0);
 }
 
-// Dispatch backward: dinp[t] += sum_j dxp[row(t,j)]; under expert parallelism dxe goes back
-// to the tokens' ranks first (reorder undone, sizes swapped).
+// Dispatch backward: dinp[t] += sum_j dxp[row(t,j)] (under expert parallelism dxe came back
+// to the tokens' ranks first, pipelined with the experts' backward).
 static void dispatch_backward(moe_layer *L, real *dinp, int T) {
-    moe_backend *be = L->be;
-    moe_backward_scratch *s = L->bwd;
     const moe_config *c = &L->cfg;
-    if (L->ep) {
-        be->moe_copy_chunks(be, s->dstage, s->dxe, L->to_source, L->ep_size * L->E_local,
-                            c->d_model);
-        exchange_rows(L, s->dxp, L->send_rows, s->dstage, L->recv_rows, L->cfg.d_model);
-    }
-    be->moe_unpermute_add(be, dinp, s->dxp, L->assign_row, T, c->top_k, c->d_model);
+    L->be->moe_unpermute_add(L->be, dinp, L->bwd->dxp, L->assign_row, T, c->top_k, c->d_model);
 }
 
 // Route backward: dlogits from the combine weights and the router losses, then the router
@@ -663,18 +760,23 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
     if (!L->bwd) return moe_error(MOE_EINVAL, "moe: the layer was created forward-only");
     const int T = L->last_tokens, dedup = dedup_exchange(L);
     if (L->recompute) { // h13, act, ye_local again from the kept rows (another layer's since)
-        experts_from_rows(L, w);
+        experts_from_rows(L, w, 0, L->E_local);
         lap_experts(L);
     }
-    if (dedup) {
+    if (dedup)
         combine_backward_packets(L, dout);
-    } else {
+    else
         combine_backward(L, dout, T);
-        if (L->ep) combine_backward_exchange(L);
-    }
     moe_lap(L->timer, MOE_T_COMBINE);
-    experts_backward(L, grads, w);
-    lap_experts(L);
+    const weights_pair pair = {.grads = grads, .w = w};
+    moe_backward_scratch *s = L->bwd;
+    if (rows_exchange(L)) { // dye to the experts, dxe back, pipelined as in the forward
+        exchange_pipelined(L, s->dxp, s->dstage, s->dye, s->dye_e, s->dxe, experts_backward, &pair,
+                           MOE_T_COMBINE, MOE_T_DISPATCH);
+    } else {
+        experts_backward(L, 0, L->E_local, &pair);
+        lap_experts(L);
+    }
     if (dedup)
         dispatch_backward_packets(L, dinp, T);
     else

@@ -24,6 +24,10 @@
 //     combine runs on the token's rank.
 typedef enum { MOE_EXCHANGE_DEDUP = 0, MOE_EXCHANGE_ROWS = 1 } moe_exchange;
 
+// The most chunks an exchange is overlapped in (moe_config.overlap_chunks): each chunk takes
+// two transfer slots of the group's communicator per pass (MOE_EXCHANGE_SLOTS).
+enum { MOE_OVERLAP_MAX = 16 };
+
 typedef struct {
     int d_model;            // d
     int d_ff;               // ff, the expert hidden size
@@ -41,6 +45,9 @@ typedef struct {
     moe_dtype dtype;       // GEMM precision (DESIGN.md §5b): fp32 (default) or bf16 operands
                            // with fp32 accumulation; routing, losses and SwiGLU stay fp32
     moe_exchange exchange; // expert parallelism's row exchange (no effect on one rank)
+    int overlap_chunks;    // expert parallelism, exchange "rows": each exchange in this many
+                           // chunks of the local experts, chunk i+1's rows travelling while the
+                           // experts compute chunk i (0 or 1: one exchange; <= E_local, <= 16)
     int n_group;           // group-limited routing (DeepSeek-V3): E experts in n_group groups,
     int topk_group;        // top-k among the topk_group best (sum of a group's two best scores);
                            // n_group <= 1: off. 1 < n_group <= 64, E % n_group == 0, E/n_group
@@ -179,7 +186,14 @@ typedef struct moe_layer {
     int *send_counts, *recv_counts;       // [R, E_local] per (rank, local expert)
     moe_row_chunk *to_expert, *to_source; // [R * E_local] the reorder and its inverse
     int *local_offsets;                   // [E_local + 1] grouped rows of the local experts
-    const int *expert_offsets;            // the experts' row offsets of the last forward (host)
+    // the exchange "rows" in C chunks (cfg.overlap_chunks; 1: one exchange): chunk c is the
+    // local experts [chunk_expert[c], chunk_expert[c+1]); per (chunk, rank) its rows and
+    // where they start: in xp on the tokens' side (tok_*), in xr on the experts' side
+    // (exp_*), which receives them [chunk][source rank][local expert]
+    int chunks;
+    int *chunk_expert;                          // [C + 1]
+    int *tok_rows, *tok_at, *exp_rows, *exp_at; // [C, R] each
+    const int *expert_offsets; // the experts' row offsets of the last forward (host)
     // the dedup exchange's plan (cfg.exchange dedup): a packet is one (token, destination
     // rank) pair; send_rows/recv_rows then count packets. Host arrays, with device copies
     // (d_*) of those the kernels read. P_send = T min(k, R), P_recv = R T.

@@ -173,7 +173,8 @@ static moe_status create_exchange_buffers(moe_layer *L) {
         L->xe = L->ye_local = NULL;
         return st;
     }
-    L->send_rows = calloc(2 * R * El + 2 * R + El + 1, sizeof(int));
+    const size_t C = (size_t)L->chunks;
+    L->send_rows = calloc(2 * R * El + 2 * R + El + 1 + (C + 1) + 4 * C * R, sizeof(int));
     L->to_expert = calloc(2 * R * El, sizeof(moe_row_chunk));
     L->sent_bytes = calloc(R, sizeof(long));
     if (!L->send_rows || !L->to_expert || !L->sent_bytes)
@@ -182,6 +183,11 @@ static moe_status create_exchange_buffers(moe_layer *L) {
     L->send_counts = L->recv_rows + R;
     L->recv_counts = L->send_counts + R * El;
     L->local_offsets = L->recv_counts + R * El;
+    L->chunk_expert = L->local_offsets + El + 1;
+    L->tok_rows = L->chunk_expert + C + 1;
+    L->tok_at = L->tok_rows + C * R, L->exp_rows = L->tok_at + C * R;
+    L->exp_at = L->exp_rows + C * R;
+    for (size_t c = 0; c <= C; c++) L->chunk_expert[c] = (int)(c * El / C);
     L->to_source = L->to_expert + R * El;
     return L->cfg.exchange == MOE_EXCHANGE_DEDUP ? create_packet_buffers(L) : MOE_OK;
 }
@@ -253,6 +259,21 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->rows_bound = (int)moe_layer_rows_bound(cfg, &sh);
     L->ep = sh.ep && sh.ep->size > 1 ? sh.ep : NULL;
     L->ep_size = L->ep ? L->ep->size : 1;
+    L->chunks = 1; // one rank: no exchange to overlap (as cfg.exchange has no effect there)
+    if (L->ep && cfg->overlap_chunks > 1) {
+        if (cfg->exchange != MOE_EXCHANGE_ROWS)
+            return moe_error(
+                MOE_EINVAL,
+                "moe: overlap_chunks=%d needs the exchange \"rows\" (parallel.exchange; "
+                "the dedup exchange's packets span chunks)",
+                cfg->overlap_chunks);
+        if (cfg->overlap_chunks > L->E_local)
+            return moe_error(MOE_EINVAL,
+                             "moe: overlap_chunks=%d exceeds the %d experts of a rank (chunks are "
+                             "groups of local experts)",
+                             cfg->overlap_chunks, L->E_local);
+        L->chunks = cfg->overlap_chunks;
+    }
 
     const size_t R = sizeof(real), I = sizeof(int);
     // the router's jittered input and its noise: training with jitter only (else never touched)

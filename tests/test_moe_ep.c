@@ -33,6 +33,8 @@ typedef struct {
     double worst;      // largest relative difference
     long dropped;      // assignments dropped on this rank
     long remote_bytes; // bytes this rank sent to the other ranks of its group
+    double *ep;        // the EP layer's outputs, dx and gradients (the caller frees)
+    size_t ep_n;
 } outcome;
 
 // One layer forward + backward on this rank's tokens; g receives the weight gradients.
@@ -65,7 +67,7 @@ static outcome check_case(moe_comm *world, moe_comm *ep, moe_backend *be, moe_co
     real *hw = randn(11, nw, 0.3); // the same global weights on every rank
     real *hx = randn(100 + (uint64_t)world->rank, nx, 1);
     real *hdout = randn(200 + (uint64_t)world->rank, nx, 1);
-    outcome o = {0, 0, 0};
+    outcome o = {0, 0, 0, NULL, 0};
 
     // the single-rank layer, all E experts, this rank's tokens
     moe_layer ref;
@@ -136,6 +138,11 @@ static outcome check_case(moe_comm *world, moe_comm *ep, moe_backend *be, moe_co
                             rel_err(g1 + ng, want + ng, nwl - ng)};
     for (int i = 0; i < 4; i++) o.worst = fmax(o.worst, errs[i]);
     check_true("EP == single rank: outputs, dx, dgate, expert grads (within 1e-6)", o.worst <= TOL);
+    o.ep_n = 2 * nx + nwl;
+    o.ep = malloc(o.ep_n * sizeof(double));
+    memcpy(o.ep, y1, nx * sizeof(double));
+    memcpy(o.ep + nx, dx1, nx * sizeof(double));
+    memcpy(o.ep + 2 * nx, g1, nwl * sizeof(double));
     free(y0), free(dx0), free(g0), free(y1), free(dx1), free(g1), free(want);
     free(hw), free(hx), free(hdout), free(hwl);
     return o;
@@ -162,8 +169,18 @@ int main(void) {
             cfg.drop_policy = modes[m].policy;
             cfg.exchange = MOE_EXCHANGE_ROWS;
             outcome rows = check_case(world, ep, be, cfg, T);
+            // the overlap (rows in chunks of local experts, pipelined with the experts): the
+            // same GEMMs on the same rows, so the same bits as one exchange
+            cfg.overlap_chunks = cfg.n_experts / ep->size;
+            outcome chunked = check_case(world, ep, be, cfg, T);
+            int same = chunked.ep_n == rows.ep_n &&
+                       memcmp(chunked.ep, rows.ep, rows.ep_n * sizeof(double)) == 0;
+            check_true("overlap_chunks = E_local: outputs, dx and gradients bit for bit", same);
+            free(chunked.ep), free(rows.ep);
+            cfg.overlap_chunks = 1;
             cfg.exchange = MOE_EXCHANGE_DEDUP;
             outcome o = check_case(world, ep, be, cfg, T);
+            free(o.ep);
             o.worst = fmax(o.worst, rows.worst);
             long bytes[2] = {rows.remote_bytes, o.remote_bytes};
             world->allreduce_sum_long(world, bytes, 2);
