@@ -82,16 +82,44 @@ static moe_status validate(moe_model *m, const moe_token_file *val, const moe_tr
     return st;
 }
 
-// The first tensor (in HF order) whose gradient has a non-finite element.
-static const char *first_nonfinite_grad(const moe_model *m) {
-    for (int i = 0; i < m->n_tensors; i++) {
-        const moe_model_tensor *t = &m->tensors[i];
-        double ss;
-        m->be->sum_squares(m->be, &ss, m->grads + t->offset,
-                           (size_t)t->rows * (t->cols ? t->cols : 1));
-        if (!isfinite(ss)) return t->name;
+// Whether the gradient's reals [a, b) of this rank, clipped to [lo, hi), hold a non-finite one.
+static int nonfinite_in(const moe_model *m, size_t a, size_t b, size_t lo, size_t hi) {
+    a = a > lo ? a : lo, b = b < hi ? b : hi;
+    if (a >= b) return 0;
+    double ss;
+    m->be->sum_squares(m->be, &ss, m->grads + a, b - a);
+    return !isfinite(ss);
+}
+
+// The first tensor (in HF order) whose reduced gradient has a non-finite element, into name:
+// this rank's tensors (its experts only, under expert parallelism) and, with the sharded
+// optimizer, only its pieces (the rest of the buffer holds no reduced sum); then the first
+// rank (in rank order) that found one, named with it when there are several. Collective.
+static void first_nonfinite_grad(const trainer *t, char *name, size_t size) {
+    const moe_model *m = &t->m;
+    char mine[160] = "";
+    for (int i = 0; i < m->n_tensors && !mine[0]; i++) {
+        const moe_model_tensor *x = &m->tensors[i];
+        const size_t a = x->offset, b = a + (size_t)x->rows * (x->cols ? x->cols : 1);
+        const int bad = t->sharded ? nonfinite_in(m, a, b, t->zero.lo, t->zero.hi) ||
+                                         nonfinite_in(m, a, b, t->zero.elo, t->zero.ehi)
+                                   : nonfinite_in(m, a, b, 0, b);
+        if (bad) snprintf(mine, sizeof mine, "%s", x->name);
     }
-    return "none (the loss itself)";
+    snprintf(name, size, "none (the loss itself)");
+    if (t->R == 1) {
+        if (mine[0]) snprintf(name, size, "%s", mine);
+        return;
+    }
+    char *all = malloc((size_t)t->R * sizeof mine);
+    if (!all) moe_fatal("trainer: out of memory");
+    t->world->allgather(t->world, all, mine, sizeof mine);
+    for (int r = 0; r < t->R; r++)
+        if (all[(size_t)r * sizeof mine]) {
+            snprintf(name, size, "%s (rank %d)", all + (size_t)r * sizeof mine, r);
+            break;
+        }
+    free(all);
 }
 
 // Whether step (0-based) ends with a checkpoint: every checkpoint.interval steps and at the end.
@@ -468,6 +496,26 @@ static void trainer_reduce_step(trainer *t, step_result *s) {
     sl->micro = G * R;
 }
 
+// Test-only: a NaN in the first element of this rank's last MoE layer's first local expert's
+// w2 gradient, before the reduction: at the hooks' steps [nan_from, nan_to] (0-based), and
+// with MOE_TEST_NAN="RANK:STEP" on that rank at that step (1-based; tests/train/zero.py).
+static int test_nan_due(const trainer *t, int64_t step) {
+    const moe_trainer_hooks *h = t->hooks;
+    if (h && h->nan_from >= 0 && step >= h->nan_from && step <= h->nan_to) return 1;
+    const char *spec = getenv("MOE_TEST_NAN");
+    int rank;
+    long long at;
+    return spec && sscanf(spec, "%d:%lld", &rank, &at) == 2 && rank == t->rank && at == step + 1;
+}
+
+static void test_plant_nan(trainer *t) {
+    real nan_value = NAN;
+    const moe_model_config *mc = &t->m.cfg;
+    const size_t per_layer = (size_t)t->m.E_local * mc->d_model * mc->moe.d_ff;
+    t->be->copy_to_device(t->be, t->m.g.w2 + (size_t)(moe_model_n_moe_layers(mc) - 1) * per_layer,
+                          &nan_value, sizeof nan_value);
+}
+
 // The gradients of one step and their norm (the update is trainer_update's).
 static moe_status trainer_step(trainer *t, step_result *s) {
     const moe_train_config *cfg = t->cfg;
@@ -482,13 +530,7 @@ static moe_status trainer_step(trainer *t, step_result *s) {
     moe_status st = trainer_micro_batches(t, s);
     if (global_aux(t)) moe_model_set_aux_counts(&t->m, NULL, 0); // (validation: its own)
     if (st) return st;
-    if (h && s->step >= h->nan_from && s->step <= h->nan_to && h->nan_from >= 0) {
-        real nan_value = NAN; // test-only: poison the last layer's w2
-        const moe_model_config *mc = &t->m.cfg;
-        t->be->copy_to_device(t->be,
-                              t->m.g.w2 + (size_t)(t->L - 1) * t->E * mc->d_model * mc->moe.d_ff,
-                              &nan_value, sizeof nan_value);
-    }
+    if (test_nan_due(t, s->step)) test_plant_nan(t);
     if (t->R > 1) trainer_reduce_step(t, s);
     const double ss = t->sharded ? moe_zero_grad_sum_squares(&t->zero, &t->m)
                                  : moe_model_grad_sum_squares(&t->m); // each expert once
@@ -507,6 +549,8 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
     moe_trainer_result *r = &t->res;
     r->skipped++;
     t->consecutive_skips++;
+    char first[200] = "not computed (forward failed)";
+    if (s->finite) first_nonfinite_grad(t, first, sizeof first); // collective: every rank skips
     fprintf(stderr,
             "warning: step %lld: %s; first non-finite gradient: %s; update "
             "skipped (%lld consecutive, %lld in all)\n",
@@ -515,8 +559,7 @@ static moe_status trainer_skip(trainer *t, const step_result *s) {
                              "damaged weights?)"
             : !s->finite || !isfinite(s->loss) ? "non-finite loss"
                                                : "non-finite gradient norm",
-            s->finite ? first_nonfinite_grad(&t->m) : "not computed (forward failed)",
-            (long long)t->consecutive_skips, (long long)r->skipped);
+            first, (long long)t->consecutive_skips, (long long)r->skipped);
     cJSON *rec = cJSON_CreateObject();
     cJSON_AddNumberToObject(rec, "step", (double)s->step + 1);
     cJSON_AddNumberToObject(rec, "loss", s->finite ? s->loss : NAN);

@@ -13,6 +13,7 @@ unsharded, under mpirun:
   (same R) and a sharded one of 2 ranks resumed on 1 rank with grad_accum 2: steps 3-4 equal
   the uninterrupted run's.
 - The run header and the dry run print the optimizer bytes per rank with sharding.
+- A NaN planted in rank 1's expert gradient is named, with its rank, by the skip's warning.
 Exit 77 without MPI or numpy.
 """
 import os
@@ -126,6 +127,19 @@ def main():
         report(dl <= lbar and dw <= wbar,
                "%s: step 2's checkpoint resumed on %d rank(s)%s: steps 3-4 losses %.1e, weights %.1e"
                % (tag, R, " sharded" if shard else "", dl, dw))
+
+    # a NaN planted in rank 1's expert gradient (MOE_TEST_NAN): the skip's warning names that
+    # tensor and rank, sharded or not (rank 0 holds neither the expert nor, sharded, the sums
+    # outside its piece)
+    want = "first non-finite gradient: model.layers.1.block_sparse_moe.experts.4.w2.weight (rank 1)"
+    for shard in (True, False):
+        tag = "nan_zero" if shard else "nan_plain"
+        r = subprocess.run(mpirun + ["-x", "MOE_TEST_NAN=1:2", "-np", "2", moe, "train",
+                                     cfg(tag, "adamw", shard, ep=2)], capture_output=True, text=True,
+                           timeout=300)
+        warn = [x for x in r.stderr.splitlines() if "step 2:" in x and "non-finite" in x]
+        report(r.returncode == 0 and warn and all(want in x for x in warn),
+               "%s: rank 1's NaN is named: %s" % (tag, warn[0] if warn else r.stderr[-400:]))
 
     d = subprocess.run([moe, "train", cfg("dry", "adamw", True), "--dry-run"], capture_output=True,
                        text=True, timeout=120)
