@@ -134,6 +134,17 @@ if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && [ -x "$build/tests/test_e
 fi
 log "NCCL exchange on 2 ranks / 2 GPUs: $nccl2"
 [ "$nccl2" = failed ] && failed=$((failed + 1))
+# the overlap (parallel.overlap_chunks) over NCCL's side stream on 2 GPUs: training bit for
+# bit as one exchange (tests/train/overlap.py's 2-rank cases, never run on GPUs before)
+overlap2=skipped
+if [ "$nccl2" = passed ]; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MOE_TEST_DEVICE=cuda \
+        timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" python3 tests/train/overlap.py "$build/moe" \
+        mpirun --oversubscribe --bind-to none -x MOE_TEST_DEVICE -- "$out/overlap_work" \
+        > "$out/overlap_nccl_2.log" 2>&1 && overlap2=passed || overlap2=failed
+fi
+log "overlap of exchange and experts, 2 ranks / 2 GPUs: $overlap2"
+[ "$overlap2" = failed ] && failed=$((failed + 1))
 
 # ---- benchmark ---------------------------------------------------------------------------
 bench_rc=skipped
@@ -300,7 +311,7 @@ fi
 echo
 echo "==== gpu_check ($(( $(date +%s) - t0 )) s) ===="
 grep -E "Test +#[0-9]+:" "$out/ctest_gpu.log" | sed -E 's/^ *[0-9]+\/[0-9]+ +//' | cut -c1-90
-echo "tests: $passed passed, $failed failed, $skipped skipped (memcheck: $memcheck; NCCL 2 ranks: $nccl2)"
+echo "tests: $passed passed, $failed failed, $skipped skipped (memcheck: $memcheck; NCCL 2 ranks: $nccl2; overlap 2 GPUs: $overlap2)"
 grep -h "FAIL" "$out/cuda_twin.log" | head -20
 if [ -f "$out/train.txt" ]; then
     echo "configs/default.cfg, ${GPU_CHECK_TRAIN_STEPS:-1200} steps:"
@@ -315,7 +326,7 @@ if [ -f "$out/bench_gpu.txt" ]; then
     cat "$out/bench_gpu.txt"
 fi
 # the same as JSON: $out/gpu_check.json
-python3 - "$out" "$passed" "$failed" "$skipped" "$memcheck" "$nccl2" "$(( $(date +%s) - t0 ))" <<'PY'
+python3 - "$out" "$passed" "$failed" "$skipped" "$memcheck" "$nccl2" "$(( $(date +%s) - t0 ))" "$overlap2" <<'PY'
 import json, os, re, sys
 out = sys.argv[1]
 def load(name):
@@ -329,7 +340,7 @@ tests = [dict(name=m.group(1), result=m.group(2).strip("*")) for m in
 gpu = os.popen("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null").read().strip()
 json.dump(dict(gpu=gpu, seconds=int(sys.argv[7]), tests=tests,
                counts=dict(passed=int(sys.argv[2]), failed=int(sys.argv[3]), skipped=int(sys.argv[4])),
-               memcheck=sys.argv[5], nccl_2_ranks=sys.argv[6], default_cfg=load("train.json"),
+               memcheck=sys.argv[5], nccl_2_ranks=sys.argv[6], overlap_2_gpus=sys.argv[8], default_cfg=load("train.json"),
                gpu_1b=load("gpu1b.json"), bench=load("bench_gpu.json")),
           open(os.path.join(out, "gpu_check.json"), "w"), indent=1)
 PY

@@ -12,6 +12,10 @@ Cases (2 ranks, 8 experts, 4 a rank): fp32 with capacity drops and router jitter
 fp32 with train.recompute = "moe"; then 4 ranks in EP groups of 2 (expert data parallelism)
 with C = 2. And the refusals: the dedup exchange, and more chunks than a rank has experts.
 Skipped (77) without MPI.
+
+MOE_TEST_DEVICE=cuda (scripts/gpu_check.sh, where there are 2 GPUs): the 2-rank cases on the
+GPUs (--device cuda) with the NCCL transport, the transfers on NCCL's side stream; exit 77
+where there is no CUDA device.
 """
 import json
 import os
@@ -46,6 +50,8 @@ def main():
         sys.exit(77)
     fresh_work(work, seed=7, chars=20000)
     report = Report()
+    device = os.environ.get("MOE_TEST_DEVICE", "cpu")
+    on_gpu = ["--device", device, "--set", 'parallel.transport="nccl"'] if device != "cpu" else []
 
     def config(name, train, chunks, exchange="rows"):
         run = "%s_%d_%s" % (name, chunks, exchange)
@@ -55,8 +61,12 @@ def main():
         return run, path
 
     def train(ranks, path):
-        return subprocess.run(mpirun + ["-np", str(ranks), moe, "train", path], capture_output=True,
-                              text=True, timeout=300)
+        r = subprocess.run(mpirun + ["-np", str(ranks), moe, "train", path] + on_gpu,
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode and ("no CUDA device" in r.stdout + r.stderr or "unknown device" in r.stdout + r.stderr):
+            print("skip: no CUDA device (or a build without CUDA)")
+            sys.exit(77)
+        return r
 
     def steps(run):
         """Every step's metrics.jsonl line without times, and each layer's exchange bytes."""
@@ -80,6 +90,8 @@ def main():
             return fh.read()
 
     for name, extra, ranks, counts in CASES:
+        if on_gpu and ranks > 2:
+            continue  # one GPU per rank: the machine has 2
         runs = []
         for c in counts:
             run, path = config(name, extra, c)
