@@ -8,8 +8,9 @@ AdamW moment files byte for byte.
 
   overlap.py MOE MPIRUN_ARGS... -- WORKDIR
 
-Cases (2 ranks, 8 experts, 4 a rank): fp32 with capacity drops and router jitter, bf16, and
-fp32 with train.recompute = "moe"; then 4 ranks in EP groups of 2 (expert data parallelism)
+Cases (2 ranks, 8 experts, 4 a rank): fp32 with capacity drops and router jitter, bf16,
+fp32 with train.recompute = "moe", and an expert placement (each rank's chunks are groups of
+its slots); then 4 ranks in EP groups of 2 (expert data parallelism)
 with C = 2. And the refusals: the dedup exchange, and more chunks than a rank has experts.
 Skipped (77) without MPI.
 
@@ -33,13 +34,15 @@ train = {{ steps = 4; batch_size = 2; seq_len = 32; warmup_steps = 1; lr = 3e-3;
 data = {{ dir = "{work}/data"; text = ["{work}/text.txt"]; }};
 log = {{ dir = "{work}/run_{name}"; interval = 1; }};
 checkpoint = {{ interval = 4; }};
-parallel = {{ ep_size = 2; exchange = "{exchange}"; overlap_chunks = {chunks}; }};
+parallel = {{ ep_size = 2; exchange = "{exchange}"; overlap_chunks = {chunks}; {placement} }};
 """
-CASES = [  # name, train, ranks, chunk counts (the first is the reference)
-    ("fp32", "", 2, [1, 2, 3, 4]),
-    ("bf16", 'dtype = "bf16";', 2, [1, 2, 4]),
-    ("recompute", 'recompute = "moe";', 2, [1, 4]),
-    ("edp4", "", 4, [1, 2]),
+PLACED = "expert_placement = [5, 0, 7, 2, 1, 6, 3, 4];"
+CASES = [  # name, train, ranks, chunk counts (the first is the reference), parallel extra
+    ("fp32", "", 2, [1, 2, 3, 4], ""),
+    ("bf16", 'dtype = "bf16";', 2, [1, 2, 4], ""),
+    ("recompute", 'recompute = "moe";', 2, [1, 4], ""),
+    ("placement", "", 2, [1, 2], PLACED),
+    ("edp4", "", 4, [1, 2], ""),
 ]
 
 
@@ -53,11 +56,12 @@ def main():
     device = os.environ.get("MOE_TEST_DEVICE", "cpu")
     on_gpu = ["--device", device, "--set", 'parallel.transport="nccl"'] if device != "cpu" else []
 
-    def config(name, train, chunks, exchange="rows"):
+    def config(name, train, chunks, exchange="rows", placement=""):
         run = "%s_%d_%s" % (name, chunks, exchange)
         path = os.path.join(work, run + ".cfg")
         with open(path, "w") as f:
-            f.write(BASE.format(train=train, work=work, name=run, chunks=chunks, exchange=exchange))
+            f.write(BASE.format(train=train, work=work, name=run, chunks=chunks, exchange=exchange,
+                                placement=placement))
         return run, path
 
     def train(ranks, path):
@@ -89,12 +93,12 @@ def main():
         with open(os.path.join(work, "run_" + run, "ckpt", "step_00000004", f), "rb") as fh:
             return fh.read()
 
-    for name, extra, ranks, counts in CASES:
+    for name, extra, ranks, counts, placement in CASES:
         if on_gpu and ranks > 2:
             continue  # one GPU per rank: the machine has 2
         runs = []
         for c in counts:
-            run, path = config(name, extra, c)
+            run, path = config(name, extra, c, placement=placement)
             r = train(ranks, path)
             report(r.returncode == 0, "%s, overlap_chunks %d: moe train exit %d %s" %
                    (name, c, r.returncode, (r.stdout + r.stderr)[-600:] if r.returncode else ""))
