@@ -260,6 +260,9 @@ static void plan_exchange(moe_layer *L, const int *offsets) {
             L->recv_rows[i] += L->exp_rows[ci];
         }
     }
+    const size_t blocks = (size_t)L->chunks * R * sizeof(int); // back: the same blocks
+    memcpy(L->tokb_rows, L->tok_rows, blocks), memcpy(L->tokb_at, L->tok_at, blocks);
+    memcpy(L->expb_rows, L->exp_rows, blocks), memcpy(L->expb_at, L->exp_at, blocks);
     L->local_offsets[0] = 0;
     for (int e = 0, row = 0; e < El; e++) { // where (e, i) goes in the experts' order
         for (int i = 0; i < R; i++) {
@@ -279,14 +282,42 @@ void moe_layer_exchange_reset(moe_layer *L) {
     L->received_rows = 0, L->exchange_s = 0, L->experts_s = 0;
 }
 
-// One all-to-all-v of rows of `width` reals over the layer's group, counted in its statistics.
-static void exchange_rows(moe_layer *L, void *recv, const int *recv_rows, const void *send,
-                          const int *send_rows, int width) {
+// Starts one nonblocking all-to-all-v of rows of `width` reals over the layer's group in
+// transfer slot `slot` (sizes and displacements per rank), counted in its statistics.
+static void start_rows(moe_layer *L, int slot, real *recv, const int *recv_rows, const int *recv_at,
+                       const real *send, const int *send_rows, const int *send_at, int width) {
     const size_t row = (size_t)width * sizeof(real);
     const double w0 = L->ep->wait_s;
-    L->ep->alltoallv_rows(L->ep, L->be, recv, recv_rows, send, send_rows, row);
+    L->ep->alltoallv_rows_start(L->ep, L->be, slot, recv, recv_rows, recv_at, send, send_rows,
+                                send_at, row);
     L->exchange_s += L->ep->wait_s - w0;
     for (int j = 0; j < L->ep_size; j++) L->sent_bytes[j] += (long)send_rows[j] * (long)row;
+}
+
+static void wait_rows(moe_layer *L, int slot) {
+    const double w0 = L->ep->wait_s;
+    L->ep->alltoallv_rows_wait(L->ep, L->be, slot);
+    L->exchange_s += L->ep->wait_s - w0;
+}
+
+// Chunk c's blocks, per rank (c * R): to the experts (the dispatch's blocks) or back (the
+// combine's: the same for rows).
+static void start_out(moe_layer *L, int slot, real *recv, const real *send, int c, int width) {
+    const int at = c * L->ep_size;
+    start_rows(L, slot, recv, L->exp_rows + at, L->exp_at + at, send, L->tok_rows + at,
+               L->tok_at + at, width);
+}
+static void start_back(moe_layer *L, int slot, real *recv, const real *send, int c, int width) {
+    const int at = c * L->ep_size;
+    start_rows(L, slot, recv, L->tokb_rows + at, L->tokb_at + at, send, L->expb_rows + at,
+               L->expb_at + at, width);
+}
+
+// The first packet (row) of chunk c's blocks on the experts' side, and their count.
+static int chunk_block(const int *at, const int *rows, int c, int R, int *n) {
+    *n = 0;
+    for (int i = 0; i < R; i++) *n += rows[c * R + i];
+    return at[c * R];
 }
 
 // The experts' lap, also counted as this layer's (experts_s: the hot-expert estimate).
@@ -295,30 +326,6 @@ static void lap_experts(moe_layer *L) {
     const double before = L->timer->s[MOE_T_EXPERTS];
     moe_lap(L->timer, MOE_T_EXPERTS);
     L->experts_s += L->timer->s[MOE_T_EXPERTS] - before;
-}
-
-// Starts chunk c's rows of d reals in transfer slot `slot`: to the experts (from the tokens'
-// order in `send` to the chunk layout in `recv`) or back (the reverse), counted in the layer's
-// statistics.
-static void start_chunk(moe_layer *L, int slot, real *recv, const real *send, int c,
-                        int to_experts) {
-    const int R = L->ep_size;
-    const int *tr = L->tok_rows + c * R, *ta = L->tok_at + c * R;
-    const int *er = L->exp_rows + c * R, *ea = L->exp_at + c * R;
-    const size_t row = (size_t)L->cfg.d_model * sizeof(real);
-    const double w0 = L->ep->wait_s;
-    if (to_experts)
-        L->ep->alltoallv_rows_start(L->ep, L->be, slot, recv, er, ea, send, tr, ta, row);
-    else
-        L->ep->alltoallv_rows_start(L->ep, L->be, slot, recv, tr, ta, send, er, ea, row);
-    L->exchange_s += L->ep->wait_s - w0;
-    for (int j = 0; j < R; j++) L->sent_bytes[j] += (long)(to_experts ? tr : er)[j] * (long)row;
-}
-
-static void wait_chunk(moe_layer *L, int slot) {
-    const double w0 = L->ep->wait_s;
-    L->ep->alltoallv_rows_wait(L->ep, L->be, slot);
-    L->exchange_s += L->ep->wait_s - w0;
 }
 
 // The work on one chunk's rows: experts [e0, e1) (local) from their rows in `in` to `out`.
@@ -334,75 +341,21 @@ static void exchange_pipelined(moe_layer *L, real *back, real *stage, const real
                                int lap_after) {
     moe_backend *be = L->be;
     const int C = L->chunks, R = L->ep_size, d = L->cfg.d_model;
-    start_chunk(L, 0, stage, send, 0, 1);
+    start_out(L, 0, stage, send, 0, d);
     for (int c = 0; c < C; c++) {
         const int e0 = L->chunk_expert[c], e1 = L->chunk_expert[c + 1];
-        wait_chunk(L, c);
-        if (c + 1 < C) start_chunk(L, c + 1, stage, send, c + 1, 1);
+        wait_rows(L, c);
+        if (c + 1 < C) start_out(L, c + 1, stage, send, c + 1, d);
         be->moe_copy_chunks(be, in, stage, L->to_expert + e0 * R, (e1 - e0) * R, d);
         moe_lap(L->timer, lap_before);
         work(L, e0, e1, ctx);
         lap_experts(L);
         be->moe_copy_chunks(be, stage, out, L->to_source + e0 * R, (e1 - e0) * R, d);
-        start_chunk(L, C + c, back, stage, c, 0);
+        start_back(L, C + c, back, stage, c, d);
         moe_lap(L->timer, lap_after);
     }
-    for (int c = 0; c < C; c++) wait_chunk(L, C + c);
+    for (int c = 0; c < C; c++) wait_rows(L, C + c);
     moe_lap(L->timer, lap_after);
-}
-
-// The dedup plan, sending side (host, from the readback's top-k and keep): rank r gets one
-// packet per token with a kept slot among its experts, in token order; the packet says which
-// of r's local experts each slot goes to. Then the packet counts (one all-to-all of ints) and
-// the slot lists (one of host ints) go to the receivers.
-static void plan_packets_send(moe_layer *L, int T) {
-    const int R = L->ep_size, El = L->E_local, k = L->cfg.top_k;
-    const int *topk = readback_topk(L->host_readback, L->cfg.n_experts);
-    const int *keep = readback_keep(L, L->host_readback);
-    int n = 0;
-    for (int r = 0; r < R; r++) {
-        const int first = n;
-        for (int t = 0; t < T; t++) {
-            int here = 0;
-            for (int j = 0; j < k; j++) here += keep[t * k + j] && topk[t * k + j] / El == r;
-            L->pk_home[t * R + r] = here ? n : -1;
-            if (!here) continue;
-            for (int j = 0; j < k; j++) {
-                const int e = topk[t * k + j];
-                L->pk_slots[n * k + j] = keep[t * k + j] && e / El == r ? e - r * El : -1;
-            }
-            L->pk_token[n++] = t;
-        }
-        L->send_rows[r] = n - first;
-    }
-    L->pk_sent = n;
-    L->ep->alltoall_int(L->ep, L->recv_rows, L->send_rows, 1);
-    L->ep->alltoallv_host(L->ep, L->pk_slots_in, L->recv_rows, L->pk_slots, L->send_rows,
-                          (size_t)k * sizeof(int));
-}
-
-// The dedup plan, receiving side: the local experts' rows in [local expert][source rank]
-// [token] order (the order of the rows exchange), each the copy of one received packet;
-// pk_assign is the inverse (the expert row of each received slot).
-static void plan_packets_receive(moe_layer *L) {
-    const int R = L->ep_size, El = L->E_local, k = L->cfg.top_k;
-    int P = 0;
-    for (int i = 0; i < R; i++) P += L->recv_rows[i];
-    L->pk_received = P;
-    for (int s = 0; s < P * k; s++) L->pk_assign[s] = -1;
-    int row = 0;
-    for (int e = 0; e < El; e++) {
-        L->local_offsets[e] = row;
-        for (int p = 0; p < P; p++)
-            for (int j = 0; j < k; j++)
-                if (L->pk_slots_in[p * k + j] == e) { // beyond the cap: counted, not written
-                    if (row < L->max_expert_rows) L->pk_expand[row] = p;
-                    L->pk_assign[p * k + j] = row++;
-                }
-    }
-    L->local_offsets[El] = row;
-    L->expert_offsets = L->local_offsets;
-    L->expert_rows = row;
 }
 
 // The plan's indexes to the device (what the gathers and sums below read).
@@ -413,6 +366,8 @@ static void upload_packets(moe_layer *L, int T) {
     be->copy_to_device(be, L->d_pk_home, L->pk_home, (size_t)T * L->ep_size * I);
     be->copy_to_device(be, L->d_pk_expand, L->pk_expand, (size_t)L->expert_rows * I);
     be->copy_to_device(be, L->d_pk_assign, L->pk_assign, (size_t)L->pk_received * k * I);
+    be->copy_to_device(be, L->d_pk_assign_b, L->pk_assign_b, (size_t)L->pk_received * k * I);
+    be->copy_to_device(be, L->d_pk_perm_b, L->pk_perm_b, (size_t)L->pk_received * I);
 }
 
 // The dropless memory plan (max_expert_rows below rows_bound: a cap): the rows the local
@@ -446,36 +401,19 @@ static moe_status check_row_cap(moe_layer *L, int packets) {
     return st;
 }
 
-// Dedup dispatch: each packet carries its token's row and combine weights (gathered by
-// token); the receiver copies the row once per slot it holds, into its experts' order.
+// Dedup dispatch, before the rows move: the plan, and the packets gathered by token in the
+// dispatch order (rows into xp, combine weights into w_send).
 static moe_status dispatch_packets(moe_layer *L, const real *inp, int T) {
     moe_backend *be = L->be;
     const int d = L->cfg.d_model, k = L->cfg.top_k;
-    plan_packets_send(L, T);
-    plan_packets_receive(L);
+    moe_packets_plan(L, T);
     moe_status st = check_row_cap(L, L->pk_received);
     if (st) return st;
     upload_packets(L, T);
     be->moe_permute(be, L->xp, inp, L->d_pk_token, L->pk_sent, d);
     be->moe_permute(be, L->w_send, L->weights, L->d_pk_token, L->pk_sent, k);
-    exchange_rows(L, L->xr, L->recv_rows, L->xp, L->send_rows, d);
-    exchange_rows(L, L->w_recv, L->recv_rows, L->w_send, L->send_rows, k);
     L->received_rows += L->expert_rows;
-    be->moe_permute(be, L->xe, L->xr, L->d_pk_expand, L->expert_rows, d);
     return MOE_OK;
-}
-
-// Dedup combine: the receiver sums each packet's weighted expert outputs,
-// part[p] = sum_{slots j at this rank} w[p,j] ye[row(p,j)], and one row per packet goes back;
-// the token's rank adds its packets: out[t] = sum_r part[packet(t, r)].
-static void combine_packets(moe_layer *L, real *out, int T) {
-    moe_backend *be = L->be;
-    const int d = L->cfg.d_model, k = L->cfg.top_k;
-    be->moe_combine_forward(be, L->xr, L->ye_local, L->w_recv, L->d_pk_assign, L->pk_received, k,
-                            d);
-    exchange_rows(L, L->ye, L->send_rows, L->xr, L->recv_rows, d);
-    be->zero(be, out, (size_t)T * d * sizeof(real));
-    be->moe_unpermute_add(be, out, L->ye, L->d_pk_home, T, L->ep_size, d);
 }
 
 // bf16 on one rank: the expert rows are rounded as they are gathered (dispatch) and their
@@ -569,14 +507,52 @@ static void experts_exchanged(moe_layer *L, const moe_weights *w) {
                        MOE_T_COMBINE);
 }
 
+// The dedup exchange and the experts, pipelined by chunk c: the packets whose first expert is
+// in chunk c arrive (rows into xr, weights into w_recv, the dispatch order) while chunk c-1
+// computes; chunk c's expert rows are copied out of them (xe) and computed; then each packet
+// whose last expert is in chunk c is summed, part[q] = sum_{slots j} w[q,j] ye[row(q,j)] (the
+// combine order), and its row goes back (into ye) beside the next chunk. With several
+// chunks the sums go to the backward scratch's dstage (xr still receives); with one, to xr.
+static void experts_packets(moe_layer *L, const moe_weights *w) {
+    moe_backend *be = L->be;
+    const int C = L->chunks, R = L->ep_size, d = L->cfg.d_model, k = L->cfg.top_k;
+    real *parts = C > 1 ? L->bwd->dstage : L->xr;
+    start_out(L, 0, L->xr, L->xp, 0, d);
+    start_out(L, C, L->w_recv, L->w_send, 0, k);
+    for (int c = 0; c < C; c++) {
+        const int e0 = L->chunk_expert[c], e1 = L->chunk_expert[c + 1];
+        wait_rows(L, c), wait_rows(L, C + c);
+        if (c + 1 < C) {
+            start_out(L, c + 1, L->xr, L->xp, c + 1, d);
+            start_out(L, C + c + 1, L->w_recv, L->w_send, c + 1, k);
+        }
+        const int r0 = L->expert_offsets[e0], n = L->expert_offsets[e1] - r0;
+        be->moe_permute(be, L->xe + (size_t)r0 * d, L->xr, L->d_pk_expand + r0, n, d);
+        moe_lap(L->timer, MOE_T_DISPATCH);
+        experts(L, e0, e1, w);
+        lap_experts(L);
+        int nq;
+        const int q0 = chunk_block(L->expb_at, L->expb_rows, c, R, &nq);
+        be->moe_permute(be, L->w_recv_b + (size_t)q0 * k, L->w_recv, L->d_pk_perm_b + q0, nq, k);
+        be->moe_combine_forward(be, parts + (size_t)q0 * d, L->ye_local,
+                                L->w_recv_b + (size_t)q0 * k, L->d_pk_assign_b + (size_t)q0 * k, nq,
+                                k, d);
+        start_back(L, 2 * C + c, L->ye, parts, c, d);
+        moe_lap(L->timer, MOE_T_COMBINE);
+    }
+    for (int c = 0; c < C; c++) wait_rows(L, 2 * C + c);
+    moe_lap(L->timer, MOE_T_COMBINE);
+}
+
 // Combine: out[t] = sum_j weights[t,j] ye[row(t,j)], on the token's own rank: under expert
 // parallelism the results travelled back first (experts_exchanged); the combine weights
 // never travel.
 static void combine(moe_layer *L, real *out, int T) {
     moe_backend *be = L->be;
     const moe_config *c = &L->cfg;
-    if (dedup_exchange(L)) {
-        combine_packets(L, out, T);
+    if (dedup_exchange(L)) { // the token's rank adds its packets: out[t] = sum_r part[(t, r)]
+        be->zero(be, out, (size_t)T * c->d_model * sizeof(real));
+        be->moe_unpermute_add(be, out, L->ye, L->d_pk_home, T, L->ep_size, c->d_model);
         return;
     }
     be->moe_combine_forward(be, out, L->ye, L->weights, L->assign_row, T, c->top_k, c->d_model);
@@ -619,6 +595,8 @@ moe_status moe_layer_forward(moe_layer *L, real *out, const real *inp, const moe
     moe_lap(L->timer, MOE_T_DISPATCH);
     if (rows_exchange(L)) {
         experts_exchanged(L, w);
+    } else if (dedup_exchange(L)) {
+        experts_packets(L, w);
     } else {
         experts(L, 0, L->E_local, w);
         lap_experts(L);
@@ -646,35 +624,6 @@ static void combine_backward(moe_layer *L, const real *dout, int T) {
     else
         L->be->moe_combine_backward(L->be, L->dye, L->dweights, dout, L->ye, L->weights,
                                     L->assign_row, T, c->top_k, c->d_model);
-}
-
-// Dedup combine backward: dout travels once per packet (the forward's packets, sizes as in
-// the dispatch); the receiver computes its slots' dye = w dout and dweights = dout . ye.
-static void combine_backward_packets(moe_layer *L, const real *dout) {
-    moe_backend *be = L->be;
-    moe_backward_scratch *s = L->bwd;
-    const int d = L->cfg.d_model, k = L->cfg.top_k;
-    be->moe_permute(be, s->dye, dout, L->d_pk_token, L->pk_sent, d);
-    exchange_rows(L, s->dstage, L->recv_rows, s->dye, L->send_rows, d);
-    be->moe_combine_backward(be, s->dye_e, L->dw_recv, s->dstage, L->ye_local, L->w_recv,
-                             L->d_pk_assign, L->pk_received, k, d);
-}
-
-// Dedup dispatch backward: the receiver sums each packet's slots' dxe into one row, which
-// goes back with the packet's dweights; the token's rank adds them up:
-// dinp[t] += sum_r dx[packet(t, r)], dweights[t] = sum_r dw[packet(t, r)] (each slot's is
-// nonzero at one rank only).
-static void dispatch_backward_packets(moe_layer *L, real *dinp, int T) {
-    moe_backend *be = L->be;
-    moe_backward_scratch *s = L->bwd;
-    const int d = L->cfg.d_model, k = L->cfg.top_k, R = L->ep_size;
-    be->zero(be, s->dstage, (size_t)L->pk_received * d * sizeof(real));
-    be->moe_unpermute_add(be, s->dstage, s->dxe, L->d_pk_assign, L->pk_received, k, d);
-    exchange_rows(L, s->dxp, L->send_rows, s->dstage, L->recv_rows, d);
-    exchange_rows(L, L->dw_send, L->send_rows, L->dw_recv, L->recv_rows, k);
-    be->moe_unpermute_add(be, dinp, s->dxp, L->d_pk_home, T, R, d);
-    be->zero(be, s->dweights, (size_t)T * k * sizeof(real));
-    be->moe_unpermute_add(be, s->dweights, L->dw_send, L->d_pk_home, T, R, k);
 }
 
 // The experts' backward's weights and gradients (chunk_work's context).
@@ -711,6 +660,46 @@ static void experts_backward(moe_layer *L, int e0, int e1, const void *pair) {
     be->swiglu_backward(be, s->dh13 + h, s->dact + a, L->h13 + h, x.N, ff);
     be->expert_matmul_backward_weight(be, grads->w13 + w13, s->dh13, L->xe, o, E, 2 * ff, d);
     be->expert_matmul_backward_input(be, s->dxe, s->dh13, w->w13 + w13, o, E, 2 * ff, d, 0);
+}
+
+// The dedup backward, pipelined as the forward: dout goes out once per packet in the dispatch
+// order's chunks (into dstage); chunk c's packets give their slots' dye = w dout and
+// dweights = dout . ye (the combine backward), chunk c's experts run their backward, and each
+// packet whose last expert is in chunk c sums its slots' dxe into one row (xr, free in the
+// backward), which goes back with its dweights (w_recv_b) beside the next chunk. The token's
+// rank adds them up: dinp[t] += sum_r dx[(t, r)], dweights[t] = sum_r dw[(t, r)] (each
+// slot's is nonzero at one rank only).
+static void backward_packets(moe_layer *L, real *dinp, const weights_pair *pair, const real *dout,
+                             int T) {
+    moe_backend *be = L->be;
+    moe_backward_scratch *s = L->bwd;
+    const int C = L->chunks, R = L->ep_size, d = L->cfg.d_model, k = L->cfg.top_k;
+    be->moe_permute(be, s->dye, dout, L->d_pk_token, L->pk_sent, d);
+    start_out(L, 0, s->dstage, s->dye, 0, d);
+    for (int c = 0; c < C; c++) {
+        wait_rows(L, c);
+        if (c + 1 < C) start_out(L, c + 1, s->dstage, s->dye, c + 1, d);
+        int np, nq;
+        const int p0 = chunk_block(L->exp_at, L->exp_rows, c, R, &np);
+        be->moe_combine_backward(
+            be, s->dye_e, L->dw_recv + (size_t)p0 * k, s->dstage + (size_t)p0 * d, L->ye_local,
+            L->w_recv + (size_t)p0 * k, L->d_pk_assign + (size_t)p0 * k, np, k, d);
+        moe_lap(L->timer, MOE_T_COMBINE);
+        experts_backward(L, L->chunk_expert[c], L->chunk_expert[c + 1], pair);
+        lap_experts(L);
+        const int q0 = chunk_block(L->expb_at, L->expb_rows, c, R, &nq);
+        real *dx = L->xr + (size_t)q0 * d, *dw = L->w_recv_b + (size_t)q0 * k;
+        be->zero(be, dx, (size_t)nq * d * sizeof(real));
+        be->moe_unpermute_add(be, dx, s->dxe, L->d_pk_assign_b + (size_t)q0 * k, nq, k, d);
+        be->moe_permute(be, dw, L->dw_recv, L->d_pk_perm_b + q0, nq, k);
+        start_back(L, C + c, s->dxp, L->xr, c, d);
+        start_back(L, 2 * C + c, L->dw_send, L->w_recv_b, c, k);
+        moe_lap(L->timer, MOE_T_DISPATCH);
+    }
+    for (int c = C; c < 3 * C; c++) wait_rows(L, c);
+    be->moe_unpermute_add(be, dinp, s->dxp, L->d_pk_home, T, R, d);
+    be->zero(be, s->dweights, (size_t)T * k * sizeof(real));
+    be->moe_unpermute_add(be, s->dweights, L->dw_send, L->d_pk_home, T, R, k);
 }
 
 // Dispatch backward: dinp[t] += sum_j dxp[row(t,j)] (under expert parallelism dxe came back
@@ -763,24 +752,22 @@ moe_status moe_layer_backward(moe_layer *L, real *dinp, const moe_weights *grads
         experts_from_rows(L, w, 0, L->E_local);
         lap_experts(L);
     }
-    if (dedup)
-        combine_backward_packets(L, dout);
-    else
-        combine_backward(L, dout, T);
-    moe_lap(L->timer, MOE_T_COMBINE);
     const weights_pair pair = {.grads = grads, .w = w};
     moe_backward_scratch *s = L->bwd;
-    if (rows_exchange(L)) { // dye to the experts, dxe back, pipelined as in the forward
-        exchange_pipelined(L, s->dxp, s->dstage, s->dye, s->dye_e, s->dxe, experts_backward, &pair,
-                           MOE_T_COMBINE, MOE_T_DISPATCH);
+    if (dedup) { // the combine's and the dispatch's backward around the experts', pipelined
+        backward_packets(L, dinp, &pair, dout, T);
     } else {
-        experts_backward(L, 0, L->E_local, &pair);
-        lap_experts(L);
-    }
-    if (dedup)
-        dispatch_backward_packets(L, dinp, T);
-    else
+        combine_backward(L, dout, T);
+        moe_lap(L->timer, MOE_T_COMBINE);
+        if (rows_exchange(L)) { // dye to the experts, dxe back, pipelined as in the forward
+            exchange_pipelined(L, s->dxp, s->dstage, s->dye, s->dye_e, s->dxe, experts_backward,
+                               &pair, MOE_T_COMBINE, MOE_T_DISPATCH);
+        } else {
+            experts_backward(L, 0, L->E_local, &pair);
+            lap_experts(L);
+        }
         dispatch_backward(L, dinp, T);
+    }
     moe_lap(L->timer, MOE_T_DISPATCH);
     route_backward(L, dinp, grads, inp, w, dloss);
     moe_lap(L->timer, MOE_T_ROUTER);

@@ -45,7 +45,7 @@ typedef struct {
     moe_dtype dtype;       // GEMM precision (DESIGN.md §5b): fp32 (default) or bf16 operands
                            // with fp32 accumulation; routing, losses and SwiGLU stay fp32
     moe_exchange exchange; // expert parallelism's row exchange (no effect on one rank)
-    int overlap_chunks;    // expert parallelism, exchange "rows": each exchange in this many
+    int overlap_chunks;    // expert parallelism (either exchange): each exchange in this many
                            // chunks of the local experts, chunk i+1's rows travelling while the
                            // experts compute chunk i (0 or 1: one exchange; <= E_local, <= 16)
     int n_group;           // group-limited routing (DeepSeek-V3): E experts in n_group groups,
@@ -186,27 +186,39 @@ typedef struct moe_layer {
     int *send_counts, *recv_counts;       // [R, E_local] per (rank, local expert)
     moe_row_chunk *to_expert, *to_source; // [R * E_local] the reorder and its inverse
     int *local_offsets;                   // [E_local + 1] grouped rows of the local experts
-    // the exchange "rows" in C chunks (cfg.overlap_chunks; 1: one exchange): chunk c is the
-    // local experts [chunk_expert[c], chunk_expert[c+1]); per (chunk, rank) its rows and
-    // where they start: in xp on the tokens' side (tok_*), in xr on the experts' side
-    // (exp_*), which receives them [chunk][source rank][local expert]
+    // the exchanges in C chunks (cfg.overlap_chunks; 1: one exchange): chunk c is the local
+    // experts [chunk_expert[c], chunk_expert[c+1]); per (chunk, rank) the rows (packets) that
+    // travel and where they start: on the tokens' side (tok_*), on the experts' side (exp_*),
+    // which receives them chunk by chunk ([chunk][source rank]...). What comes back travels in
+    // the same blocks (rows) or in the combine's chunks (dedup: tokb_*, expb_*, below)
     int chunks;
-    int *chunk_expert;                          // [C + 1]
-    int *tok_rows, *tok_at, *exp_rows, *exp_at; // [C, R] each
+    int *chunk_expert;                              // [C + 1]
+    int *tok_rows, *tok_at, *exp_rows, *exp_at;     // [C, R] each
+    int *tokb_rows, *tokb_at, *expb_rows, *expb_at; // [C, R] each (rows: tok_*, exp_*)
     const int *expert_offsets; // the experts' row offsets of the last forward (host)
     // the dedup exchange's plan (cfg.exchange dedup): a packet is one (token, destination
-    // rank) pair; send_rows/recv_rows then count packets. Host arrays, with device copies
-    // (d_*) of those the kernels read. P_send = T min(k, R), P_recv = R T.
-    int *pk_token;    // [P_send]    the token of each packet sent, in destination-rank order
-    int *pk_home;     // [T, R]      the packet of (token, rank), -1 when none
-    int *pk_slots;    // [P_send, k] per slot of the token: its local expert at the packet's
-                      //             rank, -1 when the slot is dropped or elsewhere
-    int *pk_slots_in; // [P_recv, k] the same for the packets received
-    int *pk_expand;   // [N_exp]     the received packet of each expert row
-    int *pk_assign;   // [P_recv, k] the expert row of each received slot, -1 none
-    int *d_pk_token, *d_pk_home, *d_pk_expand, *d_pk_assign;
+    // rank) pair; send_rows/recv_rows then count packets. A packet travels out in the chunk of
+    // its first local expert's group (g_min: its experts can start once it is there) and
+    // back in the chunk of its last (g_max: its sum is complete then). Sent, packets are in
+    // [destination][g_min][token] order (the "dispatch" order) and return into
+    // [destination][g_max][token] (the "combine" order); received, [g_min][source][token]
+    // and [g_max][source][token]; with one chunk both are the destination (source), then the
+    // token. Host arrays, with device copies (d_*) of those the kernels read.
+    // P_send = T min(k, R), P_recv = R T.
+    int *pk_token;    // [P_send]       the token of each packet sent (dispatch order)
+    int *pk_home;     // [T, R]         the combine-order packet of (token, rank), -1 none
+    int *pk_slots;    // [P_send, 1+k]  the token, then per slot its local expert at the
+                      //                packet's rank (-1 when dropped or elsewhere)
+    int *pk_slots_in; // [P_recv, 1+k]  the same as received (source, g_min, token order)
+    int *pk_expand;   // [N_exp]        the received packet (dispatch order) of each expert row
+    int *pk_assign;   // [P_recv, k]    the expert row of each received slot, -1 none
+    int *pk_assign_b; // [P_recv, k]    the same in the combine order
+    int *pk_perm_b;   // [P_recv]       the dispatch-order index of each combine-order packet
+    int *pk_order;    // [P_recv]       the received packets by source, then token
+    int *d_pk_token, *d_pk_home, *d_pk_expand, *d_pk_assign, *d_pk_assign_b, *d_pk_perm_b;
     int pk_sent, pk_received; // packets of the last forward
     real *w_send, *w_recv;    // [P_send, k], [P_recv, k] the packets' combine weights (device)
+    real *w_recv_b;           // [P_recv, k] the same in the combine order (then dw's)
     real *dw_recv, *dw_send;  // [P_recv, k], [P_send, k] their gradients, back home
     int expert_rows;          // rows the local experts computed
     // the exchanges since moe_layer_exchange_reset (host): bytes this rank sent to each rank

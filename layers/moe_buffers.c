@@ -142,20 +142,27 @@ static moe_status create_packet_buffers(moe_layer *L) {
         {(void **)&L->d_pk_home, T * R * I},
         {(void **)&L->d_pk_expand, Ne * I},
         {(void **)&L->d_pk_assign, P_recv * k * I},
+        {(void **)&L->d_pk_assign_b, P_recv * k * I},
+        {(void **)&L->d_pk_perm_b, P_recv * I},
         {(void **)&L->w_send, P_send * k * sizeof(real)},
         {(void **)&L->w_recv, P_recv * k * sizeof(real)},
+        {(void **)&L->w_recv_b, P_recv * k * sizeof(real)},
         {(void **)&L->dw_recv, P_recv * k * sizeof(real)},
         {(void **)&L->dw_send, P_send * k * sizeof(real)},
     };
     moe_status st = alloc_specs(L->be, specs, sizeof specs / sizeof specs[0], &L->bytes);
     if (st) return st;
-    L->pk_token = malloc((P_send + T * R + P_send * k + 2 * P_recv * k + Ne) * I);
+    // (pk_slots: one spare item, the plan's scratch)
+    L->pk_token = malloc((P_send + T * R + (P_send + 1) * (k + 1) + P_recv * (3 * k + 3) + Ne) * I);
     if (!L->pk_token) return moe_error(MOE_ENOMEM, "moe: out of host memory");
     L->pk_home = L->pk_token + P_send;
     L->pk_slots = L->pk_home + T * R;
-    L->pk_slots_in = L->pk_slots + P_send * k;
-    L->pk_assign = L->pk_slots_in + P_recv * k;
-    L->pk_expand = L->pk_assign + P_recv * k;
+    L->pk_slots_in = L->pk_slots + (P_send + 1) * (k + 1);
+    L->pk_assign = L->pk_slots_in + P_recv * (k + 1);
+    L->pk_assign_b = L->pk_assign + P_recv * k;
+    L->pk_perm_b = L->pk_assign_b + P_recv * k;
+    L->pk_order = L->pk_perm_b + P_recv;
+    L->pk_expand = L->pk_order + P_recv;
     return MOE_OK;
 }
 
@@ -174,7 +181,7 @@ static moe_status create_exchange_buffers(moe_layer *L) {
         return st;
     }
     const size_t C = (size_t)L->chunks;
-    L->send_rows = calloc(2 * R * El + 2 * R + El + 1 + (C + 1) + 4 * C * R, sizeof(int));
+    L->send_rows = calloc(2 * R * El + 2 * R + El + 1 + (C + 1) + 8 * C * R, sizeof(int));
     L->to_expert = calloc(2 * R * El, sizeof(moe_row_chunk));
     L->sent_bytes = calloc(R, sizeof(long));
     if (!L->send_rows || !L->to_expert || !L->sent_bytes)
@@ -187,6 +194,8 @@ static moe_status create_exchange_buffers(moe_layer *L) {
     L->tok_rows = L->chunk_expert + C + 1;
     L->tok_at = L->tok_rows + C * R, L->exp_rows = L->tok_at + C * R;
     L->exp_at = L->exp_rows + C * R;
+    L->tokb_rows = L->exp_at + C * R, L->tokb_at = L->tokb_rows + C * R;
+    L->expb_rows = L->tokb_at + C * R, L->expb_at = L->expb_rows + C * R;
     for (size_t c = 0; c <= C; c++) L->chunk_expert[c] = (int)(c * El / C);
     L->to_source = L->to_expert + R * El;
     return L->cfg.exchange == MOE_EXCHANGE_DEDUP ? create_packet_buffers(L) : MOE_OK;
@@ -260,13 +269,9 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     L->ep = sh.ep && sh.ep->size > 1 ? sh.ep : NULL;
     L->ep_size = L->ep ? L->ep->size : 1;
     L->chunks = 1; // one rank: no exchange to overlap (as cfg.exchange has no effect there)
-    if (L->ep && cfg->overlap_chunks > 1) {
-        if (cfg->exchange != MOE_EXCHANGE_ROWS)
-            return moe_error(
-                MOE_EINVAL,
-                "moe: overlap_chunks=%d needs the exchange \"rows\" (parallel.exchange; "
-                "the dedup exchange's packets span chunks)",
-                cfg->overlap_chunks);
+    // (a forward-only layer: one exchange; the pipelined dedup combine sums into the backward
+    // scratch, which it has not)
+    if (L->ep && cfg->overlap_chunks > 1 && !shape->forward_only) {
         if (cfg->overlap_chunks > L->E_local)
             return moe_error(MOE_EINVAL,
                              "moe: overlap_chunks=%d exceeds the %d experts of a rank (chunks are "
@@ -384,8 +389,9 @@ void moe_layer_free(moe_layer *L) {
             if (L->xe && !L->staged_in_bwd) L->be->free(L->be, L->xe);
             if (L->ye_local && L->owns_hidden) L->be->free(L->be, L->ye_local);
         }
-        void *packets[] = {L->d_pk_token, L->d_pk_home, L->d_pk_expand, L->d_pk_assign,
-                           L->w_send,     L->w_recv,    L->dw_recv,     L->dw_send};
+        void *packets[] = {L->d_pk_token,    L->d_pk_home,   L->d_pk_expand, L->d_pk_assign,
+                           L->d_pk_assign_b, L->d_pk_perm_b, L->w_send,      L->w_recv,
+                           L->w_recv_b,      L->dw_recv,     L->dw_send};
         for (size_t i = 0; i < sizeof packets / sizeof packets[0]; i++)
             if (packets[i]) L->be->free(L->be, packets[i]);
     }

@@ -33,6 +33,12 @@ static inline int dedup_exchange(const moe_layer *L) {
     return L->ep && L->cfg.exchange == MOE_EXCHANGE_DEDUP;
 }
 
+// The dedup exchange's plan of a forward of T tokens (layers/moe_packets.c): the packets and
+// their chunks on both sides (pk_*, tok_*, tokb_*, exp_*, expb_*, send_rows, recv_rows), the
+// local experts' rows (local_offsets, expert_rows). Host only; collective over the EP group
+// (one all-to-all of counts, one of the packets' items).
+void moe_packets_plan(moe_layer *L, int T);
+
 #pragma GCC visibility pop
 
 #endif

@@ -180,6 +180,19 @@ int main(void) {
             cfg.overlap_chunks = 1;
             cfg.exchange = MOE_EXCHANGE_DEDUP;
             outcome o = check_case(world, ep, be, cfg, T);
+            // dedup in chunks: packets out with their first expert's chunk, back with their
+            // last's; the same sums of the same products
+            for (int C = 2; C <= cfg.n_experts / ep->size; C *= 2) {
+                cfg.overlap_chunks = C;
+                chunked = check_case(world, ep, be, cfg, T);
+                same = chunked.ep_n == o.ep_n &&
+                       memcmp(chunked.ep, o.ep, o.ep_n * sizeof(double)) == 0;
+                check_true(
+                    "dedup, overlap_chunks 2..E_local: outputs, dx and gradients bit for bit",
+                    same);
+                free(chunked.ep);
+            }
+            cfg.overlap_chunks = 1;
             free(o.ep);
             o.worst = fmax(o.worst, rows.worst);
             long bytes[2] = {rows.remote_bytes, o.remote_bytes};

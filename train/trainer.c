@@ -158,14 +158,8 @@ static moe_status trainer_open_groups(trainer *t) {
                          "parallel.ep_size = %d must divide the %d ranks and "
                          "model.n_experts = %d",
                          ep, R, E);
-    // the overlap's chunks are groups of a rank's experts, under the exchange "rows" (one
-    // exchange per chunk; the dedup exchange's packets span them); no exchange, no effect
+    // the overlap's chunks are groups of a rank's experts; no exchange, no effect
     const int C = cfg->model.moe.overlap_chunks;
-    if (ep > 1 && C > 1 && cfg->model.moe.exchange != MOE_EXCHANGE_ROWS)
-        return moe_error(MOE_EINVAL,
-                         "parallel.overlap_chunks = %d needs parallel.exchange = \"rows\" (the "
-                         "dedup exchange's packets span the chunks)",
-                         C);
     if (ep > 1 && C > E / ep)
         return moe_error(MOE_EINVAL,
                          "parallel.overlap_chunks = %d exceeds the %d experts each of the %d "

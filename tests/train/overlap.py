@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The overlap of exchange and experts (parallel.overlap_chunks, docs/expert-parallelism.md):
-the exchange "rows" in C chunks of each rank's experts, chunk i+1's rows travelling while the
-experts compute chunk i, trains bit for bit as one exchange. Each case trains 4 steps under
+each exchange in C chunks of each rank's experts, chunk i+1's rows travelling while the
+experts compute chunk i, trains bit for bit as one exchange, for both exchanges (rows, dedup). Each case trains 4 steps under
 mpirun with C = 1, 2, 3 (uneven chunks) and 4 and compares every step's logged loss, gradient
 norm and load figures as text, each layer's exchange bytes, and the checkpoint's model and
 AdamW moment files byte for byte.
@@ -11,7 +11,7 @@ AdamW moment files byte for byte.
 Cases (2 ranks, 8 experts, 4 a rank): fp32 with capacity drops and router jitter, bf16,
 fp32 with train.recompute = "moe", and an expert placement (each rank's chunks are groups of
 its slots); then 4 ranks in EP groups of 2 (expert data parallelism)
-with C = 2. And the refusals: the dedup exchange, and more chunks than a rank has experts.
+with C = 2; each with both exchanges. And the refusal of more chunks than a rank has experts.
 Skipped (77) without MPI.
 
 MOE_TEST_DEVICE=cuda (scripts/gpu_check.sh, where there are 2 GPUs): the 2-rank cases on the
@@ -37,12 +37,16 @@ checkpoint = {{ interval = 4; }};
 parallel = {{ ep_size = 2; exchange = "{exchange}"; overlap_chunks = {chunks}; {placement} }};
 """
 PLACED = "expert_placement = [5, 0, 7, 2, 1, 6, 3, 4];"
-CASES = [  # name, train, ranks, chunk counts (the first is the reference), parallel extra
-    ("fp32", "", 2, [1, 2, 3, 4], ""),
-    ("bf16", 'dtype = "bf16";', 2, [1, 2, 4], ""),
-    ("recompute", 'recompute = "moe";', 2, [1, 4], ""),
-    ("placement", "", 2, [1, 2], PLACED),
-    ("edp4", "", 4, [1, 2], ""),
+CASES = [  # name, train, ranks, chunk counts (the first is the reference), exchange, parallel extra
+    ("fp32", "", 2, [1, 2, 3, 4], "rows", ""),
+    ("fp32", "", 2, [1, 2, 3, 4], "dedup", ""),
+    ("bf16", 'dtype = "bf16";', 2, [1, 2, 4], "rows", ""),
+    ("bf16", 'dtype = "bf16";', 2, [1, 4], "dedup", ""),
+    ("recompute", 'recompute = "moe";', 2, [1, 4], "rows", ""),
+    ("recompute", 'recompute = "moe";', 2, [1, 4], "dedup", ""),
+    ("placement", "", 2, [1, 2], "dedup", PLACED),
+    ("edp4", "", 4, [1, 2], "rows", ""),
+    ("edp4", "", 4, [1, 2], "dedup", ""),
 ]
 
 
@@ -93,12 +97,13 @@ def main():
         with open(os.path.join(work, "run_" + run, "ckpt", "step_00000004", f), "rb") as fh:
             return fh.read()
 
-    for name, extra, ranks, counts, placement in CASES:
+    for case, extra, ranks, counts, exchange, placement in CASES:
+        name = "%s, %s" % (case, exchange)
         if on_gpu and ranks > 2:
             continue  # one GPU per rank: the machine has 2
         runs = []
         for c in counts:
-            run, path = config(name, extra, c, placement=placement)
+            run, path = config(case, extra, c, exchange, placement)
             r = train(ranks, path)
             report(r.returncode == 0, "%s, overlap_chunks %d: moe train exit %d %s" %
                    (name, c, r.returncode, (r.stdout + r.stderr)[-600:] if r.returncode else ""))
@@ -116,13 +121,12 @@ def main():
             report(len(files) >= 3 and all(same), "%s, overlap_chunks %d: model, exp_avg and "
                    "exp_avg_sq files byte for byte (%d files)" % (name, c, len(files)))
 
-    # refusals, naming the key
-    for chunks, exchange, want in [(2, "dedup", 'parallel.overlap_chunks = 2 needs parallel.exchange = "rows"'),
-                                   (8, "rows", "parallel.overlap_chunks = 8 exceeds the 4 experts")]:
-        _, path = config("refuse", "", chunks, exchange)
-        r = train(2, path)
-        report(r.returncode != 0 and want in r.stdout + r.stderr,
-               "overlap_chunks %d, exchange %s refused: %s" % (chunks, exchange, (r.stdout + r.stderr).strip()[-300:]))
+    # the refusal, naming the key
+    _, path = config("refuse", "", 8)
+    r = train(2, path)
+    want = "parallel.overlap_chunks = 8 exceeds the 4 experts"
+    report(r.returncode != 0 and want in r.stdout + r.stderr,
+           "overlap_chunks 8 refused: %s" % (r.stdout + r.stderr).strip()[-300:])
     report.exit()
 
 
