@@ -228,55 +228,6 @@ static void route(moe_layer *L, const real *inp, const moe_weights *w, int T, in
     if (L->coactivation) count_coactivations(L, readback_topk(L->host_readback, E), T);
 }
 
-// The exchange plan of a forward (expert parallelism), from the kept rows per global expert
-// (offsets, host): rank j of the group gets this rank's rows of experts [j El, (j+1) El),
-// contiguous in xp; the per-local-expert counts go both ways in one all-to-all of ints. In
-// chunks of local experts (L->chunks, 1: the whole), chunk c's rows for rank j start at its
-// first expert's offset in xp; what arrives is [chunk][source rank][local expert] in xr and
-// the experts want [local expert][source rank].
-static void plan_exchange(moe_layer *L, const int *offsets) {
-    const int R = L->ep_size, El = L->E_local;
-    for (int j = 0; j < R; j++) {
-        for (int e = 0; e < El; e++)
-            L->send_counts[j * El + e] = offsets[j * El + e + 1] - offsets[j * El + e];
-        L->send_rows[j] = offsets[(j + 1) * El] - offsets[j * El];
-        L->recv_rows[j] = 0;
-    }
-    L->ep->alltoall_int(L->ep, L->recv_counts, L->send_counts, El);
-    int at = 0; // rows of (c, i, e) in the order they arrive
-    for (int c = 0; c < L->chunks; c++) {
-        const int e0 = L->chunk_expert[c], e1 = L->chunk_expert[c + 1];
-        for (int i = 0; i < R; i++) {
-            const int ci = c * R + i;
-            L->tok_at[ci] = offsets[i * El + e0];
-            L->tok_rows[ci] = offsets[i * El + e1] - offsets[i * El + e0];
-            L->exp_at[ci] = at;
-            for (int e = e0; e < e1; e++) {
-                const int n = L->recv_counts[i * El + e];
-                L->to_expert[e * R + i] = (moe_row_chunk){.src = at, .rows = n};
-                at += n;
-            }
-            L->exp_rows[ci] = at - L->exp_at[ci];
-            L->recv_rows[i] += L->exp_rows[ci];
-        }
-    }
-    const size_t blocks = (size_t)L->chunks * R * sizeof(int); // back: the same blocks
-    memcpy(L->tokb_rows, L->tok_rows, blocks), memcpy(L->tokb_at, L->tok_at, blocks);
-    memcpy(L->expb_rows, L->exp_rows, blocks), memcpy(L->expb_at, L->exp_at, blocks);
-    L->local_offsets[0] = 0;
-    for (int e = 0, row = 0; e < El; e++) { // where (e, i) goes in the experts' order
-        for (int i = 0; i < R; i++) {
-            moe_row_chunk *c = &L->to_expert[e * R + i];
-            c->dst = row, row += c->rows;
-            L->to_source[e * R + i] =
-                (moe_row_chunk){.src = c->dst, .dst = c->src, .rows = c->rows};
-        }
-        L->local_offsets[e + 1] = row;
-    }
-    L->expert_offsets = L->local_offsets;
-    L->expert_rows = at;
-}
-
 void moe_layer_exchange_reset(moe_layer *L) {
     if (L->sent_bytes) memset(L->sent_bytes, 0, (size_t)L->ep_size * sizeof(long));
     L->received_rows = 0, L->exchange_s = 0, L->experts_s = 0;
@@ -439,7 +390,7 @@ static moe_status dispatch(moe_layer *L, const real *inp, const int *offsets, in
     else
         be->moe_permute(be, L->xp, inp, L->row_token, offsets[E], d);
     if (!L->ep) return MOE_OK;
-    plan_exchange(L, offsets); // the rows travel with the experts' work (experts_exchanged)
+    moe_rows_plan(L, offsets); // the rows travel with the experts' work (experts_exchanged)
     moe_status st = check_row_cap(L, 0);
     if (st) return st;
     L->received_rows += L->expert_rows;

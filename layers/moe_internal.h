@@ -33,7 +33,13 @@ static inline int dedup_exchange(const moe_layer *L) {
     return L->ep && L->cfg.exchange == MOE_EXCHANGE_DEDUP;
 }
 
-// The dedup exchange's plan of a forward of T tokens (layers/moe_packets.c): the packets and
+// The rows exchange's plan of a forward (layers/moe_plan.c), from the kept rows per global
+// expert (offsets [E+1], host): counts, the chunks' blocks on both sides, the regrouping by
+// local expert (to_expert, to_source, local_offsets, expert_rows). Collective over the EP
+// group (one all-to-all of counts).
+void moe_rows_plan(moe_layer *L, const int *offsets);
+
+// The dedup exchange's plan of a forward of T tokens (layers/moe_plan.c): the packets and
 // their chunks on both sides (pk_*, tok_*, tokb_*, exp_*, expb_*, send_rows, recv_rows), the
 // local experts' rows (local_offsets, expert_rows). Host only; collective over the EP group
 // (one all-to-all of counts, one of the packets' items).

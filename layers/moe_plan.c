@@ -1,12 +1,69 @@
-// The dedup exchange's plan (layers/moe.h, cfg.exchange dedup): which packets travel, in which
-// chunk, and where every row goes on both sides. Host index work only; layers/moe.c moves
-// the rows. A packet is one (token, destination rank) pair carrying the token's row once for
-// all its kept slots at that rank. With C chunks of local experts (cfg.overlap_chunks), a
-// packet goes out in the chunk of its first slot's group (g_min) and its sum comes back in
-// the chunk of its last (g_max); with one chunk this is the plain dedup plan.
+// The exchange plans of a forward under expert parallelism (layers/moe.h, DESIGN.md §4): which
+// rows travel, in which chunk (cfg.overlap_chunks), and where every row goes on both sides.
+// Host index work only; layers/moe.c moves the rows.
+//   rows:  one row per kept assignment; chunk c is the rows of chunk c's local experts.
+//   dedup: a packet is one (token, destination rank) pair carrying the token's row once for
+//          all its kept slots at that rank; it goes out in the chunk of its first slot's
+//          group (g_min) and its sum comes back in the chunk of its last (g_max); with one
+//          chunk this is the plain dedup plan.
 #include "layers/moe_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+// ---- rows --------------------------------------------------------------------------------
+
+// The exchange plan of a forward (expert parallelism), from the kept rows per global expert
+// (offsets, host): rank j of the group gets this rank's rows of experts [j El, (j+1) El),
+// contiguous in xp; the per-local-expert counts go both ways in one all-to-all of ints. In
+// chunks of local experts (L->chunks, 1: the whole), chunk c's rows for rank j start at its
+// first expert's offset in xp; what arrives is [chunk][source rank][local expert] in xr and
+// the experts want [local expert][source rank].
+void moe_rows_plan(moe_layer *L, const int *offsets) {
+    const int R = L->ep_size, El = L->E_local;
+    for (int j = 0; j < R; j++) {
+        for (int e = 0; e < El; e++)
+            L->send_counts[j * El + e] = offsets[j * El + e + 1] - offsets[j * El + e];
+        L->send_rows[j] = offsets[(j + 1) * El] - offsets[j * El];
+        L->recv_rows[j] = 0;
+    }
+    L->ep->alltoall_int(L->ep, L->recv_counts, L->send_counts, El);
+    int at = 0; // rows of (c, i, e) in the order they arrive
+    for (int c = 0; c < L->chunks; c++) {
+        const int e0 = L->chunk_expert[c], e1 = L->chunk_expert[c + 1];
+        for (int i = 0; i < R; i++) {
+            const int ci = c * R + i;
+            L->tok_at[ci] = offsets[i * El + e0];
+            L->tok_rows[ci] = offsets[i * El + e1] - offsets[i * El + e0];
+            L->exp_at[ci] = at;
+            for (int e = e0; e < e1; e++) {
+                const int n = L->recv_counts[i * El + e];
+                L->to_expert[e * R + i] = (moe_row_chunk){.src = at, .rows = n};
+                at += n;
+            }
+            L->exp_rows[ci] = at - L->exp_at[ci];
+            L->recv_rows[i] += L->exp_rows[ci];
+        }
+    }
+    const size_t blocks = (size_t)L->chunks * R * sizeof(int); // back: the same blocks
+    memcpy(L->tokb_rows, L->tok_rows, blocks), memcpy(L->tokb_at, L->tok_at, blocks);
+    memcpy(L->expb_rows, L->exp_rows, blocks), memcpy(L->expb_at, L->exp_at, blocks);
+    L->local_offsets[0] = 0;
+    for (int e = 0, row = 0; e < El; e++) { // where (e, i) goes in the experts' order
+        for (int i = 0; i < R; i++) {
+            moe_row_chunk *c = &L->to_expert[e * R + i];
+            c->dst = row, row += c->rows;
+            L->to_source[e * R + i] =
+                (moe_row_chunk){.src = c->dst, .dst = c->src, .rows = c->rows};
+        }
+        L->local_offsets[e + 1] = row;
+    }
+    L->expert_offsets = L->local_offsets;
+    L->expert_rows = at;
+}
+
+// ---- dedup -------------------------------------------------------------------------------
+
 
 // The chunk of local expert e (chunks are runs of local experts).
 static int chunk_of(const moe_layer *L, int e) {
