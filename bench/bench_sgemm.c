@@ -2,7 +2,10 @@
 // training benchmark divides the model's FLOP rate by. fp32: the BLAS's sgemm; bf16: the CPU
 // backend's matmul_bf16 (A, B bf16, C fp32: OpenBLAS sbgemm, oneDNN or emulated, whichever
 // path a bf16 training run takes here; "gemm_path" names it).
-//   bench_sgemm [--m 2048] [--n 1024] [--k 1024] [--reps 7] [--dtype fp32|bf16] [--json]
+// --ta / --tb transpose A / B (stored [K, M] / [N, K]), as the model's GEMMs do: the rate of
+// each GEMM of a training step at its own shape (docs/measurements/*-cpu-profile-*.md).
+//   bench_sgemm [--m 2048] [--n 1024] [--k 1024] [--ta] [--tb] [--reps 7] [--dtype fp32|bf16]
+//               [--json]
 #define _POSIX_C_SOURCE 200809L // clock_gettime
 #include "layers/cpu/cblas.h"
 #include <stdio.h>
@@ -17,7 +20,7 @@
 #include "layers/status.h"
 
 int main(int argc, char **argv) {
-    int m = 2048, n = 1024, k = 1024, reps = 7, json = 0, bf16 = 0;
+    int m = 2048, n = 1024, k = 1024, reps = 7, json = 0, bf16 = 0, ta = 0, tb = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--m") && i + 1 < argc)
             m = atoi(argv[++i]);
@@ -34,6 +37,10 @@ int main(int argc, char **argv) {
             bf16 = !strcmp(d, "bf16");
         } else if (!strcmp(argv[i], "--json"))
             json = 1;
+        else if (!strcmp(argv[i], "--ta"))
+            ta = 1;
+        else if (!strcmp(argv[i], "--tb"))
+            tb = 1;
         else
             moe_fatal("bench_sgemm: unknown argument '%s'", argv[i]);
     }
@@ -56,21 +63,24 @@ int main(int argc, char **argv) {
     for (int r = -2; r < reps; r++) {
         double t0 = bench_now();
         if (bf16)
-            be->matmul_bf16(be, c, a16, b16, m, n, k, 0, 0, 0);
+            be->matmul_bf16(be, c, a16, b16, m, n, k, ta, tb, 0);
         else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1, a, k, b, n, 0, c, n);
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                        tb ? CblasTrans : CblasNoTrans, m, n, k, 1, a, ta ? m : k, b, tb ? k : n, 0,
+                        c, n);
         if (r >= 0) t[r] = bench_now() - t0;
     }
     const double med = bench_median(t, reps);
     double gflops = 2.0 * m * n * k / med * 1e-9;
     const char *dtype = bf16 ? "bf16" : "fp32";
     if (json)
-        printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"dtype\":\"%s\",\"median_s\":%.6f,\"gflops\":%.2f,"
-               "\"blas_kernel\":\"%s\",\"gemm_path\":\"%s\"}\n",
-               m, n, k, dtype, med, gflops, moe_blas_kernel(), path);
+        printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"op\":\"%c%c\",\"dtype\":\"%s\",\"median_s\":%.6f,"
+               "\"gflops\":%.2f,\"blas_kernel\":\"%s\",\"gemm_path\":\"%s\"}\n",
+               m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N', dtype, med, gflops, moe_blas_kernel(),
+               path);
     else
-        printf("%s GEMM %dx%dx%d: %.2f GFLOP/s (median of %d, BLAS kernels %s, %s)\n", dtype, m, n,
-               k, gflops, reps, moe_blas_kernel(), path);
+        printf("%s GEMM %dx%dx%d %c%c: %.2f GFLOP/s (median of %d, BLAS kernels %s, %s)\n", dtype,
+               m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N', gflops, reps, moe_blas_kernel(), path);
     if (be) be->destroy(be);
     free(a), free(b), free(c), free(t), free(a16), free(b16);
     return 0;

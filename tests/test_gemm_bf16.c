@@ -9,7 +9,10 @@
 //     bf16-ROUNDED operands within 1e-5 * sum_k |a_ik b_kj| (what fp32 accumulation in any
 //     summation order guarantees), which fails if an operand is rounded twice, an
 //     accumulation runs in bf16 or a transpose is wrong.
-//   - the fused bf16 SwiGLU kernels against the unfused kernels they replace, bit for bit.
+//   - the fused bf16 SwiGLU kernels against the unfused kernels they replace, bit for bit;
+//   - the grouped GEMMs' loop (cpu_expert_gemms) hands each GEMM to the library where the
+//     library may thread it: outside any parallel region with fewer than four experts per
+//     thread, each on one thread of a parallel region with more.
 // Every CPU path runs: emulated always, native through OpenBLAS's cblas_sbgemm when the
 // OpenBLAS loaded has it (test_gemm_bf16_standin: a stand-in sbgemm, tests/sbgemm_standin.c)
 // and through oneDNN's dnnl_gemm_bf16bf16f32 when libdnnl is there and the CPU has bf16
@@ -21,9 +24,11 @@
 #include <string.h>
 
 #include <dlfcn.h>
+#include <omp.h>
 
 #include "layers/bf16.h"
 #include "layers/cpu/cpu_backend.h"
+#include "layers/cpu/cpu_kernels.h"
 #include "test_backend.h"
 #include "test_util.h"
 
@@ -400,6 +405,51 @@ static void test_dispatch_bf16(void) {
     free(x), free(y), free(w);
 }
 
+// The loop's calls, as the GEMM sees them: the parallel nesting level and the team's size.
+typedef struct {
+    int calls, max_level, max_team;
+} seen_calls;
+static void record_call(void *ctx, int trans_a, int trans_b, int m, int n, int kd, const void *a,
+                        int lda, const void *b, int ldb, real beta, real *c, int ldc) {
+    (void)trans_a, (void)trans_b, (void)m, (void)n, (void)kd, (void)a, (void)lda, (void)b;
+    (void)ldb, (void)beta, (void)c, (void)ldc;
+    seen_calls *s = ctx;
+    const int level = omp_get_level(), team = omp_get_num_threads();
+#pragma omp critical(record_call)
+    {
+        s->calls++;
+        s->max_level = level > s->max_level ? level : s->max_level;
+        s->max_team = team > s->max_team ? team : s->max_team;
+    }
+}
+
+// With fewer than four experts per thread, the GEMMs must run outside any parallel region
+// (level 0): inside an `omp parallel if (0)` region OpenBLAS and oneDNN run one thread, which
+// made a 4-expert shakespeare step 1.4x (fp32) to 1.8x (bf16) slower on 2 threads.
+static void test_expert_threading(void) {
+    const int threads = omp_get_max_threads() < 2 ? 2 : omp_get_max_threads(),
+              saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    int offsets[4 * 16 + 1];
+    for (int E = 1; E <= 4 * threads; E += 4 * threads - 1) {
+        for (int e = 0; e <= E; e++) offsets[e] = 3 * e;
+        for (int pass = CPU_EXPERT_FORWARD; pass <= CPU_EXPERT_BACKWARD_WEIGHT; pass++) {
+            seen_calls s = {0, 0, 0};
+            float c[1];
+            cpu_expert_gemms((cpu_expert_pass)pass, c, c, c, 4, offsets, E, 1, 1, 0, record_call,
+                             &s);
+            char what[120];
+            snprintf(what, sizeof what,
+                     "cpu_expert_gemms pass %d, %d experts on %d threads: "
+                     "%d calls, level %d, team %d",
+                     pass, E, threads, s.calls, s.max_level, s.max_team);
+            check_true(what, s.calls == E && (E < 4 * threads ? s.max_level == 0 && s.max_team == 1
+                                                              : s.max_level == 1));
+        }
+    }
+    omp_set_num_threads(saved);
+}
+
 int main(int argc, char **argv) {
     // --require-native: the native path must run (test_gemm_bf16_standin links a stand-in)
     const int require_native = argc > 1 && !strcmp(argv[1], "--require-native");
@@ -410,6 +460,7 @@ int main(int argc, char **argv) {
     test_swiglu_bf16();
     test_dispatch_bf16();
     if (strncmp(be->name, "cpu", 3) == 0) {
+        test_expert_threading();
         // auto picks a native path wherever one can run: a CPU with bf16 instructions and
         // oneDNN installed (sanitizer builds leave oneDNN out, layers/cpu/gemm_bf16.c)
         const int picked = ((cpu_state *)be->state)->bf16_native;
