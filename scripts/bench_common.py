@@ -11,9 +11,43 @@ Each column is (label, python, extra arguments, environment, is fp32):
                          emulates bf16, ~30x slower than its own fp32 here
 """
 import os
+import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# A learning rate so small that the routing stays where initialisation put it (balanced) in
+# both programs over the measured steps: at the config's 2e-3 the byte model collapses onto
+# 2 of 8 experts within ~5 steps, which makes larger (faster) expert GEMMs and a different
+# workload from a real run's. The cost of a step does not depend on the rate otherwise.
+BENCH_LR = 1e-5
+
+
+def cfg_values(path):
+    """The numbers of a libconfig file we need (key = value; at any depth)."""
+    text = open(path).read()
+    vals = {}
+    for key in ["vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "n_experts",
+                "top_k", "batch_size", "seq_len", "tie_embeddings"]:
+        m = re.search(r"^\s*%s\s*=\s*([0-9a-z]+)\s*;" % key, text, re.M)
+        if m:
+            vals[key] = {"true": 1, "false": 0}.get(m.group(1), None)
+            if vals[key] is None:
+                vals[key] = int(m.group(1))
+    vals.setdefault("tie_embeddings", 0)
+    vals.setdefault("n_kv_heads", vals["n_heads"])
+    return vals
+
+
+def bench_train_sets(steps, dtype, threads, log_dir):
+    """moe train's --set arguments of a timed run (bench_train, bench_step): no warmup, BENCH_LR
+    throughout, no evaluation but the final one (one batch), dropless, into log_dir."""
+    sets = ["train.steps=%d" % steps, "train.warmup_steps=0", "train.lr=%g" % BENCH_LR,
+            "train.min_lr=%g" % BENCH_LR, "train.eval_interval=0", 'train.dtype="%s"' % dtype,
+            "train.eval_batches=1", "model.capacity_factor=0.0", "train.threads=%d" % threads,
+            'log.dir="%s"' % log_dir]
+    return [a for s in sets for a in ("--set", s)] + ["--overwrite"]
 
 
 def torch_variants(args, env):

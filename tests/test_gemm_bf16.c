@@ -427,23 +427,23 @@ static void record_call(void *ctx, int trans_a, int trans_b, int m, int n, int k
 // (level 0): inside an `omp parallel if (0)` region OpenBLAS and oneDNN run one thread, which
 // made a 4-expert shakespeare step 1.4x (fp32) to 1.8x (bf16) slower on 2 threads.
 static void test_expert_threading(void) {
-    const int threads = omp_get_max_threads() < 2 ? 2 : omp_get_max_threads(),
-              saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    int offsets[4 * 16 + 1];
-    for (int E = 1; E <= 4 * threads; E += 4 * threads - 1) {
-        for (int e = 0; e <= E; e++) offsets[e] = 3 * e;
+    enum { THREADS = 2, EXPERTS_MAX = 4 * THREADS, ROWS = 3 };
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(THREADS);
+    int offsets[EXPERTS_MAX + 1];
+    float buf[ROWS * EXPERTS_MAX]; // every operand and output: 1 x 1 weights, ROWS rows each
+    for (int E = 1; E <= EXPERTS_MAX; E += EXPERTS_MAX - 1) { // below, and at, 4 per thread
+        for (int e = 0; e <= E; e++) offsets[e] = ROWS * e;
         for (int pass = CPU_EXPERT_FORWARD; pass <= CPU_EXPERT_BACKWARD_WEIGHT; pass++) {
             seen_calls s = {0, 0, 0};
-            float c[1];
-            cpu_expert_gemms((cpu_expert_pass)pass, c, c, c, 4, offsets, E, 1, 1, 0, record_call,
-                             &s);
+            cpu_expert_gemms((cpu_expert_pass)pass, buf, buf, buf, sizeof(float), offsets, E, 1, 1,
+                             0, record_call, &s);
             char what[120];
             snprintf(what, sizeof what,
                      "cpu_expert_gemms pass %d, %d experts on %d threads: "
                      "%d calls, level %d, team %d",
-                     pass, E, threads, s.calls, s.max_level, s.max_team);
-            check_true(what, s.calls == E && (E < 4 * threads ? s.max_level == 0 && s.max_team == 1
+                     pass, E, THREADS, s.calls, s.max_level, s.max_team);
+            check_true(what, s.calls == E && (E < 4 * THREADS ? s.max_level == 0 && s.max_team == 1
                                                               : s.max_level == 1));
         }
     }
