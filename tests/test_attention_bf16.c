@@ -184,12 +184,12 @@ int main(int argc, char **argv) {
         {1, 256, 6, 2, 32}, // configs/shakespeare.cfg's heads
     };
     int natives = 0;
-    for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_REFERENCE; path++) {
+    for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_AMX; path++) {
         if (!cpu_backend_set_bf16_gemm(be, path)) {
             printf("-- %s: not run, its library is not here\n", cpu_bf16_path_name(path));
             continue;
         }
-        natives += path == CPU_BF16_SBGEMM || path == CPU_BF16_ONEDNN;
+        natives += path == CPU_BF16_SBGEMM || path == CPU_BF16_ONEDNN || path == CPU_BF16_AMX;
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             check_shape(be, shapes[i], 300 + i, cpu_bf16_path_name(path));
     }

@@ -295,6 +295,11 @@ static void test_gemms(const char *path) {
             test_matmul(17, 9, 301, ta, tb, 1);
         }
     test_matmul(1, 65, 64, 0, 1, 0); // a decode step's shape
+    // AMX: whole 32-row blocks read in place (kd 96) and spread over the threads; a few rows
+    // against transposed weights (c^T computed) with beta 1
+    test_matmul(160, 100, 96, 0, 1, 0);
+    test_matmul(160, 100, 96, 1, 0, 1);
+    test_matmul(8, 300, 64, 1, 1, 1);
     const int rows[5] = {13, 0, 29, 1, 40};
     test_experts(rows, 5, 46, 33);
     const int many[12] = {3, 5, 0, 7, 2, 9, 1, 4, 6, 8, 2, 3}; // >= 4 experts per thread
@@ -473,11 +478,12 @@ int main(int argc, char **argv) {
         check_true("auto: a native path where the CPU and an installed library allow one",
                    !could || picked != CPU_BF16_EMULATED);
         int natives = 0;
-        for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_REFERENCE; path++) {
+        for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_AMX; path++) {
             if (cpu_backend_set_bf16_gemm(be, path)) {
                 test_gemms(cpu_bf16_path_name(path));
                 test_row_count(cpu_bf16_path_name(path), path == CPU_BF16_REFERENCE);
-                natives += path == CPU_BF16_SBGEMM || path == CPU_BF16_ONEDNN;
+                natives +=
+                    path == CPU_BF16_SBGEMM || path == CPU_BF16_ONEDNN || path == CPU_BF16_AMX;
             } else {
                 printf("-- %s: not run, its library is not here\n", cpu_bf16_path_name(path));
             }

@@ -59,7 +59,15 @@ int cpu_backend_set_threads(moe_backend *be, int requested);
 // asked for: tests, MOE_BF16_GEMM=reference) is a plain loop whose every output is one sum in
 // k order, so a row's result never depends on how many rows the GEMM has (a BLAS's does:
 // other row counts, other kernels), which parity tests between row groupings need in bf16.
-enum { CPU_BF16_EMULATED = 0, CPU_BF16_SBGEMM = 1, CPU_BF16_ONEDNN = 2, CPU_BF16_REFERENCE = 3 };
+// CPU_BF16_AMX (layers/cpu/amx.c) is moe.c's own GEMM on AMX tiles, where the CPU has AMX-BF16
+// and Linux grants the process its tile state.
+enum {
+    CPU_BF16_EMULATED = 0,
+    CPU_BF16_SBGEMM = 1,
+    CPU_BF16_ONEDNN = 2,
+    CPU_BF16_REFERENCE = 3,
+    CPU_BF16_AMX = 4,
+};
 // AddressSanitizer builds leave oneDNN out (CPU_NO_ONEDNN 1): once libdnnl is loaded,
 // LeakSanitizer's exit-time scan of thread-local storage crashes ("Tracer caught signal 11";
 // GCC 12's ASan, oneDNN 2.6.3), and ASan cannot see into oneDNN's JIT kernels anyway. Those
@@ -91,6 +99,14 @@ void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m
                    real alpha, const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
                    real *c, int ldc);
 size_t cpu_gemm_bf16_ws(int m, int n, int kd);
+// layers/cpu/amx.c: 1 when this build has the AMX kernel, the CPU AMX-BF16 (and AVX512-BW/VL)
+// and Linux gave this process the tile state (arch_prctl); then cpu_amx_gemm_bf16 computes
+// c [m, n] = alpha op(a) op(b) + beta c as cpu_gemm_bf16 does (beta 0: c is not read), spread
+// over the threads when called outside a parallel region.
+int cpu_amx_available(void);
+void cpu_amx_gemm_bf16(int trans_a, int trans_b, int m, int n, int kd, float alpha,
+                       const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, float beta, float *c,
+                       int ldc);
 // moe_blas_kernel(), the BLAS's kernel family, which sets the sgemm rate (on an AVX-512 Xeon:
 // 250 GFLOP/s with OpenBLAS's Haswell kernels, 450-470 with SkylakeX), is in layers/blas.h.
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max

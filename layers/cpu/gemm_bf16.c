@@ -1,8 +1,11 @@
 // bf16 GEMMs (operands bf16, accumulation and output fp32) and the fp32 <-> bf16 conversions
 // of the CPU backend (DESIGN.md §5b). Paths, chosen when the backend is created:
 //
-//   native    a library's bf16 GEMM, where the CPU has bf16 instructions (AVX512-BF16 or
-//             AMX-BF16, CPUID), in this order:
+//   native    a bf16 GEMM on the CPU's bf16 instructions (AVX512-BF16 or AMX-BF16, CPUID),
+//             the first of:
+//             amx     moe's own kernel on AMX tiles (layers/cpu/amx.c), where the CPU has
+//                     AMX-BF16 and Linux grants the tile state: on a Xeon with AMX it runs
+//                     the model's small GEMMs 1.1-2.5x faster than oneDNN 2.6 (docs/bf16.md);
 //             sbgemm  OpenBLAS's cblas_sbgemm, when the OpenBLAS loaded at run time exports
 //                     it (built with BUILD_BFLOAT16: Debian 12's and PyPI's do not);
 //             onednn  oneDNN's dnnl_gemm_bf16bf16f32 (Debian: libdnnl2, which scripts/test.sh
@@ -24,7 +27,7 @@
 //             experts see other row counts than one rank's, run bf16 on it, and a backend
 //             created row_invariant (moe_backend_options) always takes it.
 //
-// MOE_BF16_GEMM=auto|native|sbgemm|onednn|emulated|reference (environment, read at create)
+// MOE_BF16_GEMM=auto|native|amx|sbgemm|onednn|emulated|reference (environment, read at create)
 // forces a path; the tests use cpu_backend_set_bf16_gemm. describe() says which path runs
 // and why.
 #define _GNU_SOURCE
@@ -130,18 +133,33 @@ const char *cpu_bf16_path_name(int path) {
     case CPU_BF16_SBGEMM: return "OpenBLAS sbgemm";
     case CPU_BF16_ONEDNN: return "oneDNN dnnl_gemm_bf16bf16f32";
     case CPU_BF16_REFERENCE: return "reference";
+    case CPU_BF16_AMX: return "AMX tiles";
     default: return "emulated";
     }
 }
 
-// The first native library found (CPU_BF16_EMULATED: none).
+// moe's own AMX kernel (layers/cpu/amx.c) can run here; not in the f64 build.
+static int amx_here(void) {
+#ifdef MOE_REAL_DOUBLE
+    return 0;
+#else
+    return cpu_amx_available();
+#endif
+}
+
+// The first native path found (CPU_BF16_EMULATED: none): moe's AMX kernel, which beats
+// oneDNN 2.6 at every shape a training step runs (docs/bf16.md), then the libraries.
 static int first_native(void) {
-    return sbgemm ? CPU_BF16_SBGEMM : dnnl_gemm ? CPU_BF16_ONEDNN : CPU_BF16_EMULATED;
+    return amx_here()  ? CPU_BF16_AMX
+           : sbgemm    ? CPU_BF16_SBGEMM
+           : dnnl_gemm ? CPU_BF16_ONEDNN
+                       : CPU_BF16_EMULATED;
 }
 
 static int path_available(int path) {
     return path == CPU_BF16_EMULATED || path == CPU_BF16_REFERENCE ||
-           (path == CPU_BF16_SBGEMM && sbgemm) || (path == CPU_BF16_ONEDNN && dnnl_gemm);
+           (path == CPU_BF16_SBGEMM && sbgemm) || (path == CPU_BF16_ONEDNN && dnnl_gemm) ||
+           (path == CPU_BF16_AMX && amx_here());
 }
 
 int cpu_has_bf16_instructions(void) {
@@ -168,6 +186,12 @@ static moe_status chosen_path(int hw, int *path) {
         *path = CPU_BF16_EMULATED;
     } else if (!strcmp(env, "reference")) {
         *path = CPU_BF16_REFERENCE;
+    } else if (!strcmp(env, "amx")) {
+        *path = CPU_BF16_AMX;
+        if (!amx_here())
+            return moe_error(MOE_EINVAL,
+                             "MOE_BF16_GEMM=amx: this CPU, build or kernel cannot run AMX-BF16 "
+                             "tiles");
     } else if (!strcmp(env, "native") || !strcmp(env, "sbgemm") || !strcmp(env, "onednn")) {
         *path = !strcmp(env, "sbgemm")   ? CPU_BF16_SBGEMM
                 : !strcmp(env, "onednn") ? CPU_BF16_ONEDNN
@@ -180,8 +204,8 @@ static moe_status chosen_path(int hw, int *path) {
                              dnnl_gemm ? ", whose bf16 GEMM works: MOE_BF16_GEMM=onednn" : "");
     } else {
         return moe_error(MOE_EINVAL,
-                         "MOE_BF16_GEMM='%s': expected auto, native, sbgemm, onednn, emulated or "
-                         "reference",
+                         "MOE_BF16_GEMM='%s': expected auto, native, sbgemm, onednn, amx, "
+                         "emulated or reference",
                          env);
     }
     return MOE_OK;
@@ -202,6 +226,8 @@ moe_status cpu_bf16_select(cpu_state *s) {
     else if (s->bf16_native == CPU_BF16_SBGEMM)
         snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (OpenBLAS sbgemm%s)",
                  hw ? "" : "; forced, no AVX512-BF16/AMX: slow");
+    else if (s->bf16_native == CPU_BF16_AMX)
+        snprintf(s->bf16_line, sizeof s->bf16_line, "bf16: native (moe's AMX kernel)");
     else if (s->bf16_native == CPU_BF16_REFERENCE)
         snprintf(s->bf16_line, sizeof s->bf16_line,
                  "bf16: reference (forced by MOE_BF16_GEMM: a plain loop, slow)");
@@ -273,6 +299,10 @@ void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m
     const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
                                tb = trans_b ? CblasTrans : CblasNoTrans;
 #ifndef MOE_REAL_DOUBLE // the f64 build (finite differences) has only the emulated path
+    if (s->bf16_native == CPU_BF16_AMX) {
+        cpu_amx_gemm_bf16(trans_a, trans_b, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
     if (s->bf16_native == CPU_BF16_SBGEMM) {
         sbgemm(CblasRowMajor, ta, tb, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
         return;

@@ -58,7 +58,7 @@ check "MOE_BF16_GEMM=reference: says so, eval $lr vs $l16 within 1e-4 (the same 
 
 echo "a bad dtype is refused"
 MOE_BF16_GEMM=fast "$moe" eval --ckpt "$ck" --data "$work/data/val.bin" --dtype bf16 > "$work/bad0.out" 2>&1
-check "MOE_BF16_GEMM=fast: exit 1 naming the variable and the choices (rc $?)" "grep -q \"MOE_BF16_GEMM='fast': expected auto, native, sbgemm, onednn, emulated or reference\" '$work/bad0.out'"
+check "MOE_BF16_GEMM=fast: exit 1 naming the variable and the choices (rc $?)" "grep -q \"MOE_BF16_GEMM='fast': expected auto, native, sbgemm, onednn, amx, emulated or reference\" '$work/bad0.out'"
 "$moe" eval --ckpt "$ck" --data "$work/data/val.bin" --dtype fp16 > "$work/bad.out" 2>&1
 check "--dtype fp16: exit 1 naming the option (rc $?)" "grep -q \"dtype 'fp16': expected fp32 or bf16\" '$work/bad.out'"
 "$moe" train "$work/tiny.cfg" --set train.dtype='"f16"' --set log.dir="\"$work/bad\"" > "$work/bad2.out" 2>&1
