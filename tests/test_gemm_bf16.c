@@ -300,6 +300,8 @@ static void test_gemms(const char *path) {
     test_matmul(160, 100, 96, 0, 1, 0);
     test_matmul(160, 100, 96, 1, 0, 1);
     test_matmul(8, 300, 64, 1, 1, 1);
+    test_matmul(40, 300, 2048, 0, 1, 0); // op(b) packed in two panels of columns
+    test_matmul(40, 330, 256, 0, 1, 1);  // c^T for 40 rows against long weights
     const int rows[5] = {13, 0, 29, 1, 40};
     test_experts(rows, 5, 46, 33);
     const int many[12] = {3, 5, 0, 7, 2, 9, 1, 4, 6, 8, 2, 3}; // >= 4 experts per thread

@@ -133,7 +133,7 @@ const char *cpu_bf16_path_name(int path) {
     case CPU_BF16_SBGEMM: return "OpenBLAS sbgemm";
     case CPU_BF16_ONEDNN: return "oneDNN dnnl_gemm_bf16bf16f32";
     case CPU_BF16_REFERENCE: return "reference";
-    case CPU_BF16_AMX: return "AMX tiles";
+    case CPU_BF16_AMX: return "moe AMX kernel";
     default: return "emulated";
     }
 }
