@@ -79,6 +79,9 @@ void cuda_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const in
 
 // expert.cu: SwiGLU
 void cuda_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff);
+void cuda_expert_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, real *h13,
+                                     const moe_bf16 *inp, const moe_bf16 *w13, const int *offsets,
+                                     int n_experts, int ff, int d);
 void cuda_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, const real *h13,
                               int N, int ff);
 void cuda_swiglu_backward_bf16(moe_backend *be, moe_bf16 *dh13_16, const real *dact,

@@ -38,6 +38,15 @@ void cuda_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 
     cuda_expert_forward_typed(be, out, inp, weight, offsets, n_experts, n_out, n_in, CUDA_R_16BF,
                               sizeof(moe_bf16));
 }
+// The composition the contract names (cuBLAS then the SwiGLU kernel): no fused form on CUDA yet.
+void cuda_expert_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, real *h13,
+                                     const moe_bf16 *inp, const moe_bf16 *w13, const int *offsets,
+                                     int n_experts, int ff, int d) {
+    cuda_expert_matmul_forward_bf16(be, h13, inp, w13, offsets, n_experts, 2 * ff, d);
+    const size_t r0 = (size_t)offsets[0];
+    cuda_swiglu_forward_bf16(be, act16 + r0 * ff, h13_16 ? h13_16 + r0 * 2 * ff : NULL,
+                             h13 + r0 * 2 * ff, offsets[n_experts] - offsets[0], ff);
+}
 void cuda_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
                                             const moe_bf16 *weight, const int *offsets,
                                             int n_experts, int n_out, int n_in, int accumulate) {

@@ -313,6 +313,16 @@ struct moe_backend {
     // backward).                     act16 [N, ff] bf16; h13_16 [N, 2ff] bf16 or NULL; h13 [N, 2ff]
     void (*swiglu_forward_bf16)(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, const real *h13,
                                 int N, int ff);
+    // The bf16 layer's first expert GEMM and its SwiGLU in one call, where a backend can fuse
+    // them (the CPU's AMX path: h13 never leaves the cache): the same bits as
+    // expert_matmul_forward_bf16 (h13 = inp w13^T) followed by swiglu_forward_bf16 on rows
+    // [offsets[0], offsets[E]). Every tensor is indexed by the absolute row, as
+    // expert_matmul_forward_bf16's; h13 is scratch that a fused backend may leave unwritten.
+    //   act16 [N, ff] bf16; h13_16 [N, 2ff] bf16 or NULL; h13 [N, 2ff]; inp [N, d] bf16;
+    //   w13 [E, 2ff, d] bf16; offsets: host [E+1]
+    void (*expert_swiglu_forward_bf16)(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16,
+                                       real *h13, const moe_bf16 *inp, const moe_bf16 *w13,
+                                       const int *offsets, int n_experts, int ff, int d);
     // dh13_16 = bf16(swiglu_backward(dact, h13_16 widened)): the gradient rounded once, for its
     // two GEMMs.                     dh13_16 [N, 2ff] bf16; dact [N, ff]; h13_16 [N, 2ff] bf16
     void (*swiglu_backward_bf16)(moe_backend *be, moe_bf16 *dh13_16, const real *dact,

@@ -424,10 +424,9 @@ static void experts_from_rows(moe_layer *L, const moe_weights *w, int e0, int e1
     const expert_range x = range_of(L, e0, e1);
     const size_t h = x.r0 * 2 * ff, a = x.r0 * ff;
     if (L->cfg.dtype == MOE_DTYPE_BF16) {
-        be->expert_matmul_forward_bf16(be, L->h13, L->xe16, w->w13_16 + x.w13, x.offsets, x.E,
-                                       2 * ff, d);
-        // h13_16: the backward's
-        be->swiglu_forward_bf16(be, L->act16 + a, L->h13_16 + h, L->h13 + h, x.N, ff);
+        // h13_16: the backward's; h13 scratch
+        be->expert_swiglu_forward_bf16(be, L->act16, L->h13_16, L->h13, L->xe16, w->w13_16 + x.w13,
+                                       x.offsets, x.E, ff, d);
         be->expert_matmul_forward_bf16(be, L->ye_local, L->act16, w->w2_16 + x.w2, x.offsets, x.E,
                                        d, ff);
         return;

@@ -249,9 +249,9 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     if (st) return st;
     if (cfg->dtype == MOE_DTYPE_BF16 &&
         (!be->to_bf16 || !be->from_bf16 || !be->matmul_bf16 || !be->expert_matmul_forward_bf16 ||
-         !be->swiglu_forward_bf16 || !be->swiglu_backward_bf16 || !be->moe_permute_bf16 ||
-         !be->moe_combine_backward_bf16 || !be->expert_matmul_backward_input_bf16 ||
-         !be->expert_matmul_backward_weight_bf16))
+         !be->swiglu_forward_bf16 || !be->swiglu_backward_bf16 || !be->expert_swiglu_forward_bf16 ||
+         !be->moe_permute_bf16 || !be->moe_combine_backward_bf16 ||
+         !be->expert_matmul_backward_input_bf16 || !be->expert_matmul_backward_weight_bf16))
         return moe_error(MOE_EINVAL,
                          "moe: backend %s has no bf16 kernels yet (dtype bf16 needs them; fp32 "
                          "runs on it)",

@@ -327,6 +327,49 @@ static int same_bits(const void *d_a, const void *d_b, size_t bytes) {
     return same;
 }
 
+// expert_swiglu_forward_bf16 against expert_matmul_forward_bf16 + swiglu_forward_bf16 on this
+// backend's path, bit for bit: experts of 0, 3 (few rows), 17 (c^T), 33, 40 and 100 rows
+// (partial 32-row blocks) from row 5 on (offsets[0] != 0), ff a multiple of 16 (fused on AMX)
+// and not (unfused), 9 experts (run in parallel on 2 threads) and two experts of 300 and 260
+// rows (each GEMM spread over the threads).
+static void check_expert_swiglu(const int *rows, int E, int ff, int d) {
+    int offsets[16] = {5};
+    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + rows[e];
+    const int N = offsets[E];
+    operand x = make_operand((size_t)N * d, 1.0), w = make_operand((size_t)E * 2 * ff * d, 0.1);
+    const size_t nh = (size_t)N * 2 * ff, na = (size_t)N * ff;
+    real *h13 = be->alloc(be, nh * sizeof(real));
+    moe_bf16 *act[2], *k[2];
+    unsigned char *zeros = calloc(nh * sizeof(real), 1), *nans = malloc(nh * sizeof(real));
+    memset(nans, 0xff, nh * sizeof(real));
+    for (int v = 0; v < 2; v++) act[v] = upload(zeros, na * 2), k[v] = upload(zeros, nh * 2);
+    be->expert_matmul_forward_bf16(be, h13, x.d, w.d, offsets, E, 2 * ff, d);
+    be->swiglu_forward_bf16(be, act[0] + (size_t)offsets[0] * ff,
+                            k[0] + (size_t)offsets[0] * 2 * ff, h13 + (size_t)offsets[0] * 2 * ff,
+                            N - offsets[0], ff);
+    be->copy_to_device(be, h13, nans, nh * sizeof(real)); // NaN: the fused kernel must not read it
+    be->expert_swiglu_forward_bf16(be, act[1], k[1], h13, x.d, w.d, offsets, E, ff, d);
+    char what[160];
+    snprintf(what, sizeof what,
+             "expert_swiglu_forward_bf16 == expert GEMM + swiglu_forward_bf16 (E=%d ff=%d d=%d): "
+             "act, h13_16",
+             E, ff, d);
+    check_true(what, same_bits(act[0], act[1], na * 2) && same_bits(k[0], k[1], nh * 2));
+    for (int v = 0; v < 2; v++) be->free(be, act[v]), be->free(be, k[v]);
+    be->free(be, h13);
+    free(zeros), free(nans);
+    free_operand(&x), free_operand(&w);
+}
+
+static void test_expert_swiglu(void) {
+    const int rows[6] = {40, 0, 3, 17, 100, 33}, big[2] = {300, 260},
+              many[9] = {33, 40, 64, 35, 50, 1, 70, 36, 45}; // >= 4 per thread: in parallel
+    check_expert_swiglu(rows, 6, 48, 64);
+    check_expert_swiglu(many, 9, 32, 64);
+    check_expert_swiglu(rows, 6, 40, 96);
+    check_expert_swiglu(big, 2, 64, 192);
+}
+
 static void test_swiglu_bf16(void) {
     printf("-- fused SwiGLU (bf16)\n");
     const int N = 37, ff = 29;
@@ -483,6 +526,7 @@ int main(int argc, char **argv) {
         for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_AMX; path++) {
             if (cpu_backend_set_bf16_gemm(be, path)) {
                 test_gemms(cpu_bf16_path_name(path));
+                test_expert_swiglu();
                 test_row_count(cpu_bf16_path_name(path), path == CPU_BF16_REFERENCE);
                 natives +=
                     path == CPU_BF16_SBGEMM || path == CPU_BF16_ONEDNN || path == CPU_BF16_AMX;
@@ -493,6 +537,7 @@ int main(int argc, char **argv) {
         check_true("a native path ran (--require-native)", !require_native || natives > 0);
     } else {
         test_gemms(be->name);
+        test_expert_swiglu();
     }
     printf("%s\n", test_failures() ? "FAILED" : "all passed");
     return test_failures() != 0;

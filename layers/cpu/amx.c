@@ -41,6 +41,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "layers/cpu/swiglu.h"
+
 #define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-bf16")))
 
 // ---- may this process use AMX? ---------------------------------------------------------
@@ -251,26 +253,35 @@ AMX_TARGET static void store_block(const amx_gemm *g, int i0, int j0, int direct
         }
 }
 
-// Rows i0 .. i0+31 of c against every column, 32 columns at a time. op(a)'s tiles are read
-// in place when they can be (a not transposed, 32 whole rows, kd a multiple of 32: 16 rows
-// of 64 bytes at a's stride), else packed into this thread's buffer first.
+// Where the tiles of op(a)'s rows i0 .. i0+31 are: tile (t, kc) at pa + t step_t + kc step_k,
+// its 16 rows sa bytes apart.
+typedef struct {
+    const char *pa;
+    size_t sa, step_t, step_k;
+} a_tiles;
+
+// op(a)'s tiles are read in place when they can be (a not transposed, 32 whole rows, kd a
+// multiple of 32: 16 rows of 64 bytes at a's stride), else packed into this thread's buffer.
+AMX_TARGET static a_tiles a_block(const amx_gemm *g, int i0) {
+    if (!g->trans_a && i0 + 32 <= g->m && g->kd % 32 == 0) {
+        const size_t sa = (size_t)g->lda * 2;
+        return (a_tiles){(const char *)(g->a + (size_t)i0 * g->lda), sa, 16 * sa, 64};
+    }
+    uint32_t *ap = grow(&a_buf, &a_cap, (size_t)g->kc * 2 * TILE_WORDS);
+    for (int kc = 0; kc < g->kc; kc++)
+        for (int t = 0; t < 2; t++)
+            pack_a_tile(ap + (size_t)(kc * 2 + t) * TILE_WORDS, g->a, g->lda, g->trans_a, g->m,
+                        g->kd, i0 + 16 * t, kc * 32);
+    return (a_tiles){(const char *)ap, 64, TILE_WORDS * 4, 2 * TILE_WORDS * 4};
+}
+
+// Rows i0 .. i0+31 of c against every column, 32 columns at a time.
 AMX_TARGET static void row_block(const amx_gemm *g, int i0) {
     const int whole_rows = i0 + 32 <= g->m,
               in_place = !g->c_trans && (g->beta == 0 || (g->beta == 1 && g->alpha == 1));
-    const char *pa; // tile (t, kc) of op(a) at pa + t step_t + kc step_k, rows sa bytes apart
-    size_t sa, step_t, step_k;
-    if (!g->trans_a && whole_rows && g->kd % 32 == 0) {
-        pa = (const char *)(g->a + (size_t)i0 * g->lda);
-        sa = (size_t)g->lda * 2, step_t = 16 * sa, step_k = 64;
-    } else {
-        uint32_t *ap = grow(&a_buf, &a_cap, (size_t)g->kc * 2 * TILE_WORDS);
-        for (int kc = 0; kc < g->kc; kc++)
-            for (int t = 0; t < 2; t++)
-                pack_a_tile(ap + (size_t)(kc * 2 + t) * TILE_WORDS, g->a, g->lda, g->trans_a, g->m,
-                            g->kd, i0 + 16 * t, kc * 32);
-        pa = (const char *)ap;
-        sa = 64, step_t = TILE_WORDS * 4, step_k = 2 * TILE_WORDS * 4;
-    }
+    const a_tiles at = a_block(g, i0);
+    const char *pa = at.pa;
+    const size_t sa = at.sa, step_t = at.step_t, step_k = at.step_k;
     for (int jb = 0; jb < g->nb; jb += 2) {
         const int j0 = jb * 16, direct = in_place && whole_rows && j0 + 32 <= g->n;
         float *c = g->c + (size_t)i0 * g->ldc + j0;
@@ -363,6 +374,11 @@ few_rows(int m, int n, int kd, float alpha, const moe_bf16 *a, int lda, const mo
 
 AMX_TARGET static void gemm_panel(amx_gemm *g);
 
+// cpu_amx_gemm_bf16 computes c^T (below) for these shapes.
+static int swap_rows(int m, int n, int kd, int trans_b) {
+    return trans_b && n >= 32 && (m < 32 || (m <= 128 && kd >= 256 && n >= 8 * m));
+}
+
 AMX_TARGET void cpu_amx_gemm_bf16(int trans_a, int trans_b, int m, int n, int kd, float alpha,
                                   const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb,
                                   float beta, float *c, int ldc) {
@@ -376,7 +392,7 @@ AMX_TARGET void cpu_amx_gemm_bf16(int trans_a, int trans_b, int m, int n, int kd
     // rows read in place and the few columns of op(a)^T packed. 8 x 1024 x 1024: 101 -> 340
     // GFLOP/s; 64 x 32000 x 1024: 482 -> 850 (oneDNN 744). Not for a short kd (attention's
     // 64 x 256 x 32), where c^T's element-wise store would cost more than the packing saves.
-    const int swap = trans_b && n >= 32 && (m < 32 || (m <= 128 && kd >= 256 && n >= 8 * m));
+    const int swap = swap_rows(m, n, kd, trans_b);
     amx_gemm g = {swap ? 0 : trans_a,
                   swap ? !trans_a : trans_b,
                   swap ? n : m,
@@ -435,6 +451,104 @@ AMX_TARGET static void gemm_panel(amx_gemm *g) {
     }
 }
 
+// ---- an expert's first GEMM with SwiGLU as its epilogue ----------------------------------
+// h = a w13^T, [h1 | h3] = h (ff columns each), act = bf16(silu(h1) h3), h13_16 = bf16(h):
+// the tiles of gate columns j .. j+15 and of the up columns ff+j .. ff+j+15 are computed side
+// by side (accumulators 0, 2 and 1, 3), and the SwiGLU reads them from a 32 x 32 block in L1.
+// h never goes to memory in fp32 (12 MiB a layer of shakespeare's written, then read back).
+// The same bits as cpu_amx_gemm_bf16 followed by swiglu_forward_bf16: every h value is the
+// same sum of the same tiles, and swiglu_row_bf16 is the unfused kernel's element math.
+
+// Op(b)'s tiles of gate columns [p0, p0 + 16 np16) (blocks 0 .. np16-1) and of their up
+// columns ff + p0 .. (blocks np16 .. 2 np16-1), blocks [jb0, jb1) of those.
+AMX_TARGET static void pack_swiglu_blocks(const amx_gemm *g, uint32_t *bp, int ff, int p0, int np16,
+                                          int jb0, int jb1) {
+    for (int jb = jb0; jb < jb1; jb++) {
+        const int col = jb < np16 ? p0 + 16 * jb : ff + p0 + 16 * (jb - np16);
+        for (int kc = 0; kc < g->kc; kc++)
+            pack_b_tile(bp + ((size_t)jb * g->kc + kc) * TILE_WORDS, g->b, g->ldb, 1, g->n, g->kd,
+                        col, kc * 32);
+    }
+}
+
+AMX_TARGET static void swiglu_row_block(const amx_gemm *g, int i0, int ff, int p0, int np16,
+                                        moe_bf16 *act16, moe_bf16 *h13_16) {
+    const a_tiles at = a_block(g, i0);
+    const int rows = g->m - i0 < 32 ? g->m - i0 : 32;
+    float t[32][32] __attribute__((aligned(64)));
+    for (int jb = 0; jb < np16; jb++) {
+        const uint32_t *bg = g->bp + (size_t)jb * g->kc * TILE_WORDS,
+                       *bu = g->bp + (size_t)(np16 + jb) * g->kc * TILE_WORDS;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int kc = 0; kc < g->kc; kc++) {
+            _tile_loadd(4, at.pa + kc * at.step_k, at.sa);
+            _tile_loadd(5, at.pa + kc * at.step_k + at.step_t, at.sa);
+            _tile_loadd(6, bg + (size_t)kc * TILE_WORDS, 64);
+            _tile_loadd(7, bu + (size_t)kc * TILE_WORDS, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, &t[0][0], 128); // t[r] = h1 of 16 columns, then their h3
+        _tile_stored(1, &t[0][16], 128);
+        _tile_stored(2, &t[16][0], 128);
+        _tile_stored(3, &t[16][16], 128);
+        const int j = p0 + 16 * jb;
+        for (int r = 0; r < rows; r++) {
+            const size_t row = (size_t)(i0 + r);
+            moe_bf16 *k = h13_16 ? h13_16 + row * 2 * ff : NULL;
+            swiglu_row_bf16(act16 + row * ff + j, k ? k + j : NULL, k ? k + ff + j : NULL, t[r],
+                            t[r] + 16, 16);
+        }
+    }
+}
+
+AMX_TARGET void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, int lda,
+                                    const moe_bf16 *w13, moe_bf16 *act16, moe_bf16 *h13_16,
+                                    float *h13) {
+    if (m <= 0) return;
+    if (ff % 16 || m < 4 || swap_rows(m, 2 * ff, kd, 1)) { // the GEMM's other paths, then
+        cpu_amx_gemm_bf16(0, 1, m, 2 * ff, kd, 1, a, lda, w13, kd, 0, h13, 2 * ff);
+        cpu_swiglu_rows_bf16(act16, h13_16, h13, m, ff);
+        return;
+    }
+    amx_gemm g = {0, 1,   m,   2 * ff, kd,     (kd + 31) / 32, 0, 1,   0,
+                  a, w13, lda, kd,     2 * ff, NULL,           0, NULL};
+    if (g.kc == 0) g.kc = 1;
+    // gate columns a panel: with their up columns at most 1 MiB of packed tiles
+    const int panel = 16 * (g.kc < 512 ? 512 / g.kc : 1), row_blocks = (m + 31) / 32;
+    for (int p0 = 0; p0 < ff; p0 += panel) {
+        const int np16 = (ff - p0 < panel ? ff - p0 : panel) / 16;
+        uint32_t *bp = grow(&b_buf, &b_cap, (size_t)2 * np16 * g.kc * TILE_WORDS);
+        g.bp = bp;
+        const int spread = !omp_in_parallel() && omp_get_max_threads() > 1 &&
+                           cpu_parallel_worth((size_t)m * 32 * np16 * (kd > 32 ? kd / 32 : 1));
+        if (!spread) {
+            configure_tiles();
+            pack_swiglu_blocks(&g, bp, ff, p0, np16, 0, 2 * np16);
+            for (int ib = 0; ib < row_blocks; ib++)
+                swiglu_row_block(&g, ib * 32, ff, p0, np16, act16, h13_16);
+            _tile_release();
+            continue;
+        }
+#pragma omp parallel
+        {
+            configure_tiles();
+#pragma omp for schedule(static)
+            for (int jb = 0; jb < 2 * np16; jb++)
+                pack_swiglu_blocks(&g, bp, ff, p0, np16, jb, jb + 1);
+#pragma omp for schedule(static)
+            for (int ib = 0; ib < row_blocks; ib++)
+                swiglu_row_block(&g, ib * 32, ff, p0, np16, act16, h13_16);
+            _tile_release();
+        }
+    }
+}
+
 #else // no AMX in this build (not x86-64, or a compiler without AMX intrinsics)
 
 int cpu_amx_available(void) { return 0; }
@@ -444,6 +558,13 @@ void cpu_amx_gemm_bf16(int trans_a, int trans_b, int m, int n, int kd, float alp
                        int ldc) {
     (void)trans_a, (void)trans_b, (void)m, (void)n, (void)kd, (void)alpha, (void)a, (void)lda;
     (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+    moe_fatal("cpu: the AMX bf16 GEMM is not in this build");
+}
+
+void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, int lda, const moe_bf16 *w13,
+                         moe_bf16 *act16, moe_bf16 *h13_16, float *h13) {
+    (void)m, (void)ff, (void)kd, (void)a, (void)lda, (void)w13, (void)act16, (void)h13_16;
+    (void)h13;
     moe_fatal("cpu: the AMX bf16 GEMM is not in this build");
 }
 

@@ -94,6 +94,7 @@ static const moe_backend cpu_table = {
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
     .swiglu_forward_bf16 = cpu_swiglu_forward_bf16,
+    .expert_swiglu_forward_bf16 = cpu_expert_swiglu_forward_bf16,
     .swiglu_backward_bf16 = cpu_swiglu_backward_bf16,
     .router_losses = cpu_router_losses,
     .router_backward = cpu_router_backward,

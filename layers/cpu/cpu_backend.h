@@ -107,6 +107,12 @@ int cpu_amx_available(void);
 void cpu_amx_gemm_bf16(int trans_a, int trans_b, int m, int n, int kd, float alpha,
                        const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, float beta, float *c,
                        int ldc);
+// One expert's h = a w13^T followed by SwiGLU (layers/cpu/amx.c): act16 [m, ff] =
+// bf16(silu(h1) h3), h13_16 [m, 2ff] = bf16(h) unless NULL, the same bits as
+// cpu_amx_gemm_bf16 into h13 then swiglu_forward_bf16; h13 [m, 2ff] is scratch, written only
+// for the shapes that run unfused. a [m, kd] (row stride lda), w13 [2ff, kd] bf16.
+void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, int lda, const moe_bf16 *w13,
+                         moe_bf16 *act16, moe_bf16 *h13_16, float *h13);
 // moe_blas_kernel(), the BLAS's kernel family, which sets the sgemm rate (on an AVX-512 Xeon:
 // 250 GFLOP/s with OpenBLAS's Haswell kernels, 450-470 with SkylakeX), is in layers/blas.h.
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max

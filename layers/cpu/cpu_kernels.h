@@ -134,6 +134,13 @@ void cpu_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int
 
 // expert.c
 void cpu_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff);
+// expert.c: swiglu_forward_bf16's work, callable from inside a kernel (spread over the threads
+// unless already in a parallel region)
+void cpu_swiglu_rows_bf16(moe_bf16 *act16, moe_bf16 *h13_16, const real *h13, int N, int ff);
+// gemm_bf16.c: the grouped first expert GEMM with its SwiGLU (backend.h)
+void cpu_expert_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, real *h13,
+                                    const moe_bf16 *inp, const moe_bf16 *w13, const int *offsets,
+                                    int n_experts, int ff, int d);
 void cpu_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, const real *h13,
                              int N, int ff);
 void cpu_swiglu_backward_bf16(moe_backend *be, moe_bf16 *dh13_16, const real *dact,

@@ -1,17 +1,9 @@
 // SwiGLU, the expert activation: act = silu(h1) * h3, with [h1 | h3] one row of h13.
+#include <omp.h>
+
 #include "layers/bf16.h"
 #include "layers/cpu/cpu_kernels.h"
-#include "layers/cpu/vec_math.h"
-
-// One element of SwiGLU and of its gradient (every CPU SwiGLU kernel, fp32 and bf16, so that
-// they give the same values): act = silu(h1) h3; dh1 = g h3 silu'(h1), dh3 = g silu(h1) with
-// silu'(a) = s (1 + a (1 - s)), s = sigmoid(a).
-static inline real swiglu_one(real h1, real h3) { return h1 / (1 + vec_exp(-h1)) * h3; }
-static inline void swiglu_grad_one(real *dh1, real *dh3, real g, real a, real h3) {
-    const real s = 1 / (1 + vec_exp(-a)); // sigmoid(a)
-    *dh1 = g * h3 * s * (1 + a * (1 - s));
-    *dh3 = g * a * s;
-}
+#include "layers/cpu/swiglu.h"
 
 void cpu_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff) {
     CPU_KERNEL(be);
@@ -37,15 +29,16 @@ void cpu_swiglu_backward(moe_backend *be, real *dh13, const real *dact, const re
 void cpu_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, const real *h13,
                              int N, int ff) {
     CPU_KERNEL(be);
-#pragma omp parallel for schedule(static) if (cpu_parallel_worth((size_t)N * ff))
+    cpu_swiglu_rows_bf16(act16, h13_16, h13, N, ff);
+}
+
+void cpu_swiglu_rows_bf16(moe_bf16 *act16, moe_bf16 *h13_16, const real *h13, int N, int ff) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
+                                              cpu_parallel_worth((size_t)N * ff))
     for (int r = 0; r < N; r++) {
         const real *h = h13 + (size_t)r * 2 * ff;
-        moe_bf16 *a = act16 + (size_t)r * ff;
-        for (int i = 0; i < ff; i++) a[i] = moe_f32_to_bf16((float)swiglu_one(h[i], h[ff + i]));
-        if (h13_16) {
-            moe_bf16 *k = h13_16 + (size_t)r * 2 * ff;
-            for (int i = 0; i < 2 * ff; i++) k[i] = moe_f32_to_bf16((float)h[i]);
-        }
+        moe_bf16 *k = h13_16 ? h13_16 + (size_t)r * 2 * ff : NULL;
+        swiglu_row_bf16(act16 + (size_t)r * ff, k, k ? k + ff : NULL, h, h + ff, ff);
     }
 }
 

@@ -403,6 +403,46 @@ void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *
                    max_rows(offsets, n_experts), n_out, n_in);
 }
 
+// The first expert GEMM and its SwiGLU. On the AMX path each expert's GEMM ends in the SwiGLU
+// (cpu_amx_swiglu_bf16: h13 stays in cache); elsewhere the two kernels' work in turn.
+typedef struct {
+    moe_bf16 *act16, *h13_16;
+    const real *h13; // the base of the rows the grouped loop hands out
+    int ff;
+} swiglu_ctx;
+
+#ifndef MOE_REAL_DOUBLE
+static void expert_swiglu(void *ctx, int trans_a, int trans_b, int m, int n, int kd, const void *a,
+                          int lda, const void *b, int ldb, real beta, real *c, int ldc) {
+    (void)trans_a, (void)trans_b, (void)n, (void)ldb, (void)beta, (void)ldc; // 0, 1, 2ff, kd, 0
+    const swiglu_ctx *x = ctx;
+    const size_t row = (size_t)(c - x->h13) / (2 * (size_t)x->ff); // the expert's first row
+    cpu_amx_swiglu_bf16(m, x->ff, kd, a, lda, b, x->act16 + row * x->ff,
+                        x->h13_16 ? x->h13_16 + row * 2 * x->ff : NULL, c);
+}
+#endif
+
+void cpu_expert_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, real *h13,
+                                    const moe_bf16 *inp, const moe_bf16 *w13, const int *offsets,
+                                    int n_experts, int ff, int d) {
+    CPU_KERNEL(be);
+    const cpu_state *s = be->state;
+#ifndef MOE_REAL_DOUBLE
+    if (s->bf16_native == CPU_BF16_AMX && !s->row_invariant) {
+        swiglu_ctx ctx = {act16, h13_16, h13, ff};
+        cpu_expert_gemms(CPU_EXPERT_FORWARD, h13, inp, w13, sizeof(moe_bf16), offsets, n_experts,
+                         2 * ff, d, 0, expert_swiglu, &ctx);
+        return;
+    }
+#endif
+    (void)s;
+    expert_gemms16(be, CPU_EXPERT_FORWARD, h13, inp, w13, offsets, n_experts, 2 * ff, d, 0,
+                   max_rows(offsets, n_experts), 2 * ff, d);
+    const size_t r0 = (size_t)offsets[0];
+    cpu_swiglu_rows_bf16(act16 + r0 * ff, h13_16 ? h13_16 + r0 * 2 * ff : NULL, h13 + r0 * 2 * ff,
+                         offsets[n_experts] - offsets[0], ff);
+}
+
 void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
                                            const moe_bf16 *weight, const int *offsets,
                                            int n_experts, int n_out, int n_in, int accumulate) {
