@@ -275,6 +275,22 @@ AMX_TARGET static a_tiles a_block(const amx_gemm *g, int i0) {
     return (a_tiles){(const char *)ap, 64, TILE_WORDS * 4, 2 * TILE_WORDS * 4};
 }
 
+// The 2 x 2 product over every chunk of k: accumulators 0, 1 (rows 0-15) and 2, 3 (rows
+// 16-31) += a's two tiles times the column blocks b0 and b1 (kc tiles each, 1 KiB apart).
+AMX_TARGET static inline void tiles_2x2(const a_tiles *at, const uint32_t *b0, const uint32_t *b1,
+                                        int kc) {
+    for (int k = 0; k < kc; k++) {
+        _tile_loadd(4, at->pa + k * at->step_k, at->sa);
+        _tile_loadd(5, at->pa + k * at->step_k + at->step_t, at->sa);
+        _tile_loadd(6, b0 + (size_t)k * TILE_WORDS, 64);
+        _tile_loadd(7, b1 + (size_t)k * TILE_WORDS, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+}
+
 // Rows i0 .. i0+31 of c against every column, 32 columns at a time.
 AMX_TARGET static void row_block(const amx_gemm *g, int i0) {
     const int whole_rows = i0 + 32 <= g->m,
@@ -300,16 +316,7 @@ AMX_TARGET static void row_block(const amx_gemm *g, int i0) {
         const uint32_t *b0 = g->bp + (size_t)jb * g->kc * TILE_WORDS,
                        *b1 = b0 + (size_t)g->kc * TILE_WORDS;
         if (j0 + 16 < g->n && i0 + 16 < g->m)
-            for (int kc = 0; kc < g->kc; kc++) {
-                _tile_loadd(4, pa + kc * step_k, sa);
-                _tile_loadd(5, pa + kc * step_k + step_t, sa);
-                _tile_loadd(6, b0 + (size_t)kc * TILE_WORDS, 64);
-                _tile_loadd(7, b1 + (size_t)kc * TILE_WORDS, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
+            tiles_2x2(&at, b0, b1, g->kc);
         else if (i0 + 16 < g->m) // 16 columns or fewer left: tiles 1 and 3 stay zero
             for (int kc = 0; kc < g->kc; kc++) {
                 _tile_loadd(4, pa + kc * step_k, sa);
@@ -483,16 +490,7 @@ AMX_TARGET static void swiglu_row_block(const amx_gemm *g, int i0, int ff, int p
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        for (int kc = 0; kc < g->kc; kc++) {
-            _tile_loadd(4, at.pa + kc * at.step_k, at.sa);
-            _tile_loadd(5, at.pa + kc * at.step_k + at.step_t, at.sa);
-            _tile_loadd(6, bg + (size_t)kc * TILE_WORDS, 64);
-            _tile_loadd(7, bu + (size_t)kc * TILE_WORDS, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
+        tiles_2x2(&at, bg, bu, g->kc);
         _tile_stored(0, &t[0][0], 128); // t[r] = h1 of 16 columns, then their h3
         _tile_stored(1, &t[0][16], 128);
         _tile_stored(2, &t[16][0], 128);
