@@ -2,7 +2,8 @@
 // alpha op(a) op(b) + beta c, a and b bf16, c fp32, accumulation in fp32. The CPU backend's
 // bf16 path "amx" (layers/cpu/gemm_bf16.c), chosen for the model's small shapes, where a
 // library's per-call cost (checks, packing into its own layouts, threading) outweighs the
-// arithmetic: attention's 64 x 256 x 32 blocks take 6 us in oneDNN 2.6 and about 1 here.
+// arithmetic: attention's 64 x 256 x 32 blocks take 6 us in oneDNN 2.6 and 3 here (one
+// thread of a Xeon; docs/measurements/2026-12-06-amx-gemm-xeon.md has the shapes).
 //
 // The instruction: TDPBF16PS c, a, b computes, for a tile c of 16 x 16 fp32, a tile a of
 // 16 rows x 32 bf16 and a tile b of 16 x 16 pairs of bf16 ("VNNI" layout: b's row p holds
@@ -14,11 +15,15 @@
 // packed here into tiles of 1 KiB, zero-padded at every edge (rows, columns, odd k), so the
 // kernel needs no edge cases until it writes c.
 //
-// Blocking: op(b) is packed whole (every 16-column block, every 32-deep chunk of k); then
-// each block of 32 rows of op(a) is packed and multiplied against it, 32 columns at a time,
-// by 4 accumulator tiles (0-3), 2 tiles of a (4, 5) and 2 of b (6, 7):
+// Blocking: op(b) is packed a panel of columns at a time (every 16-column block, every
+// 32-deep chunk of k; at most 1 MiB); then each block of 32 rows of op(a), read in place or
+// packed, is multiplied against it, 32 columns at a time, by 4 accumulator tiles (0-3),
+// 2 tiles of a (4, 5) and 2 of b (6, 7):
 //     [c0 c1]   +=  [a0] [b0 b1]      for each chunk of 32 k
 //     [c2 c3]       [a1]
+// Few rows against weights stored [n, kd] swap the roles (c^T = b op(a)^T), and 1-3 rows
+// use AVX512-BF16 dot products (few_rows). The experts' first GEMM can end in the SwiGLU
+// (cpu_amx_swiglu_bf16, at the end of the file).
 // Every output is one sum over k in chunk order whatever the thread count, so results are
 // deterministic. TDPBF16PS treats bf16 subnormal inputs as zero and flushes subnormal
 // outputs (Intel SDM), a difference from the other paths far below bf16's own rounding.
@@ -60,7 +65,9 @@ static void amx_probe(void) {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
     const int avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
     const int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
-    if (!(avx512bw && avx512vl && amx_bf16 && amx_tile)) return;
+    // AVX512-BF16 (few_rows' VDPBF16PS): every AMX CPU so far has it, but check
+    const int avx512_bf16 = (int)a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5) & 1;
+    if (!(avx512bw && avx512vl && amx_bf16 && amx_tile && avx512_bf16)) return;
     amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 

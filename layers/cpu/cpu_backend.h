@@ -99,7 +99,7 @@ void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m
                    real alpha, const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, real beta,
                    real *c, int ldc);
 size_t cpu_gemm_bf16_ws(int m, int n, int kd);
-// layers/cpu/amx.c: 1 when this build has the AMX kernel, the CPU AMX-BF16 (and AVX512-BW/VL)
+// layers/cpu/amx.c: 1 when this build has the AMX kernel, the CPU AMX-BF16 (and AVX512-BW/VL/BF16)
 // and Linux gave this process the tile state (arch_prctl); then cpu_amx_gemm_bf16 computes
 // c [m, n] = alpha op(a) op(b) + beta c as cpu_gemm_bf16 does (beta 0: c is not read), spread
 // over the threads when called outside a parallel region.
