@@ -352,36 +352,60 @@ AMX_TARGET static void pack_b_blocks(const amx_gemm *g, uint32_t *bp, int jb0, i
                         g->kd, jb * 16, kc * 32);
 }
 
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+// v[0..15] -> one vector whose lane j is the sum of v[j]'s 16 lanes: pairs of vectors added
+// lane-wise after interleaving (words, then pairs of words), then the 128-bit lanes.
+BF16_TARGET static inline __m512 sum16(const __m512 v[16]) {
+    __m512 w[8], x[4];
+    for (int k = 0; k < 8; k++) // lane l: [a0+a2, b0+b2, a1+a3, b1+b3] of v[2k], v[2k+1]
+        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                             _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 4; k++) { // lane l: the lane's sums of v[4k .. 4k+3]
+        const __m512d a = _mm512_castps_pd(w[2 * k]), b = _mm512_castps_pd(w[2 * k + 1]);
+        x[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x44),
+                                     _mm512_shuffle_f32x4(x[0], x[1], 0xee)),
+                 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x44),
+                                     _mm512_shuffle_f32x4(x[2], x[3], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88),
+                         _mm512_shuffle_f32x4(z01, z23, 0xdd));
+}
+
 // A few rows (m < 4, a not transposed) against weights stored [n, kd] (decode steps):
 // c[i][j] = alpha (a_i . b_j) + beta c[i][j], each dot product 32 bf16 at a time by
-// VDPBF16PS (AVX512-BF16, which every AMX CPU has) and summed across the vector at the end.
-// The rows of b are read once, in order; tiles would read them 16 rows at a time across b's
-// stride. 1 x 1024 x 1024 on 2 threads (Xeon, AMX): tiles 47 GFLOP/s, this 86, oneDNN 2.6
-// 106-120; from 4 rows on, the tiles (c^T) are faster than both.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
-few_rows(int m, int n, int kd, float alpha, const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb,
-         float beta, float *c, int ldc) {
+// VDPBF16PS (AVX512-BF16, which every AMX CPU has), 16 columns at once, their 16 partial
+// vectors summed together at the end (sum16). The rows of b are read once, in order; tiles
+// would read them 16 rows at a time across b's stride.
+BF16_TARGET static void few_rows(int m, int n, int kd, float alpha, const moe_bf16 *a, int lda,
+                                 const moe_bf16 *b, int ldb, float beta, float *c, int ldc) {
     const int spread =
         !omp_in_parallel() && omp_get_max_threads() > 1 && cpu_parallel_worth((size_t)n * kd / 8);
 #pragma omp parallel for schedule(static) if (spread)
-    for (int j0 = 0; j0 < n; j0 += 4) {
-        const int nj = n - j0 < 4 ? n - j0 : 4;
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int nj = n - j0 < 16 ? n - j0 : 16;
         for (int i = 0; i < m; i++) {
-            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                             _mm512_setzero_ps()};
-            for (int k0 = 0; k0 < kd; k0 += 32) {
+            __m512 acc[16];
+            for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+            for (int k0 = 0; k0 < kd; k0 += 32) { // 16 columns always, so acc stays in registers
                 const __mmask32 mk = first32(kd - k0);
                 const __m512bh x = (__m512bh)_mm512_maskz_loadu_epi16(mk, a + (size_t)i * lda + k0);
-                for (int j = 0; j < nj; j++)
-                    acc[j] = _mm512_dpbf16_ps(
-                        acc[j], x,
-                        (__m512bh)_mm512_maskz_loadu_epi16(mk, b + (size_t)(j0 + j) * ldb + k0));
+                for (int j = 0; j < 16; j++) {
+                    const int jr = j < nj ? j0 + j : j0; // past n: nothing loaded
+                    acc[j] = _mm512_dpbf16_ps(acc[j], x,
+                                              (__m512bh)_mm512_maskz_loadu_epi16(
+                                                  j < nj ? mk : 0, b + (size_t)jr * ldb + k0));
+                }
             }
-            for (int j = 0; j < nj; j++) {
-                float *cij = c + (size_t)i * ldc + j0 + j;
-                const float sum = _mm512_reduce_add_ps(acc[j]);
-                *cij = beta == 0 ? alpha * sum : alpha * sum + beta * *cij;
-            }
+            const __mmask16 mj = first16(nj);
+            float *ci = c + (size_t)i * ldc + j0;
+            __m512 v = _mm512_mul_ps(_mm512_set1_ps(alpha), sum16(acc));
+            if (beta != 0)
+                v = _mm512_add_ps(
+                    v, _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(mj, ci)));
+            _mm512_mask_storeu_ps(ci, mj, v);
         }
     }
 }
