@@ -295,6 +295,7 @@ static void test_gemms(const char *path) {
             test_matmul(17, 9, 301, ta, tb, 1);
         }
     test_matmul(1, 65, 64, 0, 1, 0); // a decode step's shape
+    test_matmul(3, 40, 70, 0, 1, 1); // decode rows, beta 1, a partial chunk of k
     // AMX: whole 32-row blocks read in place (kd 96) and spread over the threads; a few rows
     // against transposed weights (c^T computed) with beta 1
     test_matmul(160, 100, 96, 0, 1, 0);
