@@ -5,7 +5,8 @@
 //             the first of:
 //             amx     moe's own kernel on AMX tiles (layers/cpu/amx.c), where the CPU has
 //                     AMX-BF16 and Linux grants the tile state: on a Xeon with AMX it runs
-//                     the model's small GEMMs 1.1-2.5x faster than oneDNN 2.6 (docs/bf16.md);
+//                     the training step's GEMMs as fast as oneDNN 2.6 or up to 2.9x faster
+//                     (docs/bf16.md);
 //             sbgemm  OpenBLAS's cblas_sbgemm, when the OpenBLAS loaded at run time exports
 //                     it (built with BUILD_BFLOAT16: Debian 12's and PyPI's do not);
 //             onednn  oneDNN's dnnl_gemm_bf16bf16f32 (Debian: libdnnl2, which scripts/test.sh
