@@ -239,6 +239,14 @@ static moe_status adopt_hidden(moe_layer *L, const moe_layer *src) {
     return MOE_OK;
 }
 
+// Every kernel a bf16 layer calls is in the backend's table.
+static int has_bf16_kernels(const moe_backend *be) {
+    return be->to_bf16 && be->from_bf16 && be->matmul_bf16 && be->expert_matmul_forward_bf16 &&
+           be->swiglu_forward_bf16 && be->swiglu_backward_bf16 && be->expert_swiglu_forward_bf16 &&
+           be->moe_permute_bf16 && be->moe_combine_backward_bf16 &&
+           be->expert_matmul_backward_input_bf16 && be->expert_matmul_backward_weight_bf16;
+}
+
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
                             const moe_layer_shape *shape) {
     memset(L, 0, sizeof *L);
@@ -247,11 +255,7 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
     if (!be) return moe_error(MOE_EINVAL, "moe: backend is NULL");
     moe_status st = moe_config_check(cfg);
     if (st) return st;
-    if (cfg->dtype == MOE_DTYPE_BF16 &&
-        (!be->to_bf16 || !be->from_bf16 || !be->matmul_bf16 || !be->expert_matmul_forward_bf16 ||
-         !be->swiglu_forward_bf16 || !be->swiglu_backward_bf16 || !be->expert_swiglu_forward_bf16 ||
-         !be->moe_permute_bf16 || !be->moe_combine_backward_bf16 ||
-         !be->expert_matmul_backward_input_bf16 || !be->expert_matmul_backward_weight_bf16))
+    if (cfg->dtype == MOE_DTYPE_BF16 && !has_bf16_kernels(be))
         return moe_error(MOE_EINVAL,
                          "moe: backend %s has no bf16 kernels yet (dtype bf16 needs them; fp32 "
                          "runs on it)",

@@ -139,28 +139,20 @@ const char *cpu_bf16_path_name(int path) {
     }
 }
 
-// moe's own AMX kernel (layers/cpu/amx.c) can run here; not in the f64 build.
-static int amx_here(void) {
-#ifdef MOE_REAL_DOUBLE
-    return 0;
-#else
-    return cpu_amx_available();
-#endif
-}
-
-// The first native path found (CPU_BF16_EMULATED: none): moe's AMX kernel, which beats
-// oneDNN 2.6 at every shape a training step runs (docs/bf16.md), then the libraries.
+// The first native path found (CPU_BF16_EMULATED: none): moe's AMX kernel (0 in the f64
+// build), as fast as oneDNN 2.6 or faster at every shape a training step runs (docs/bf16.md),
+// then the libraries.
 static int first_native(void) {
-    return amx_here()  ? CPU_BF16_AMX
-           : sbgemm    ? CPU_BF16_SBGEMM
-           : dnnl_gemm ? CPU_BF16_ONEDNN
-                       : CPU_BF16_EMULATED;
+    return cpu_amx_available() ? CPU_BF16_AMX
+           : sbgemm            ? CPU_BF16_SBGEMM
+           : dnnl_gemm         ? CPU_BF16_ONEDNN
+                               : CPU_BF16_EMULATED;
 }
 
 static int path_available(int path) {
     return path == CPU_BF16_EMULATED || path == CPU_BF16_REFERENCE ||
            (path == CPU_BF16_SBGEMM && sbgemm) || (path == CPU_BF16_ONEDNN && dnnl_gemm) ||
-           (path == CPU_BF16_AMX && amx_here());
+           (path == CPU_BF16_AMX && cpu_amx_available());
 }
 
 int cpu_has_bf16_instructions(void) {
@@ -189,7 +181,7 @@ static moe_status chosen_path(int hw, int *path) {
         *path = CPU_BF16_REFERENCE;
     } else if (!strcmp(env, "amx")) {
         *path = CPU_BF16_AMX;
-        if (!amx_here())
+        if (!cpu_amx_available())
             return moe_error(MOE_EINVAL,
                              "MOE_BF16_GEMM=amx: this CPU, build or kernel cannot run AMX-BF16 "
                              "tiles");
