@@ -162,6 +162,9 @@ static void cuda_fill_table(moe_backend *be) {
     be->swiglu_backward = cuda_swiglu_backward;
     be->swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
     be->expert_swiglu_forward_bf16 = cuda_expert_swiglu_forward_bf16;
+    be->expert_swiglu_backward_bf16 = cuda_expert_swiglu_backward_bf16;
+    be->expert_swiglu_forward = cuda_expert_swiglu_forward;
+    be->expert_swiglu_backward = cuda_expert_swiglu_backward;
     be->swiglu_backward_bf16 = cuda_swiglu_backward_bf16;
     be->router_losses = cuda_router_losses;
     be->router_backward = cuda_router_backward;

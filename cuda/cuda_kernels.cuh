@@ -79,6 +79,15 @@ void cuda_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const in
 
 // expert.cu: SwiGLU
 void cuda_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff);
+void cuda_expert_swiglu_forward(moe_backend *be, real *act, real *h13, const real *inp,
+                                const real *w13, const int *offsets, int n_experts, int ff, int d);
+void cuda_expert_swiglu_backward(moe_backend *be, real *dh13, real *dact, const real *dout,
+                                 const real *w2, const real *h13, const int *offsets, int n_experts,
+                                 int ff, int d);
+void cuda_expert_swiglu_backward_bf16(moe_backend *be, moe_bf16 *dh13_16, real *dact,
+                                      const moe_bf16 *dout, const moe_bf16 *w2,
+                                      const moe_bf16 *h13_16, const int *offsets, int n_experts,
+                                      int ff, int d);
 void cuda_expert_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, real *h13,
                                      const moe_bf16 *inp, const moe_bf16 *w13, const int *offsets,
                                      int n_experts, int ff, int d);

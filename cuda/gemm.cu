@@ -217,3 +217,19 @@ void cuda_expert_matmul_backward_weight(moe_backend *be, real *dweight, const re
     cuda_expert_backward_weight_typed(be, dweight, dout, inp, offsets, n_experts, n_out, n_in,
                                       CUDA_R_32F, sizeof(real));
 }
+// The compositions the contracts name (cuBLAS, then the SwiGLU kernel): no fused form on CUDA
+// yet, where h13 and dact round-trip through HBM at a small fraction of the GEMMs' time.
+void cuda_expert_swiglu_forward(moe_backend *be, real *act, real *h13, const real *inp,
+                                const real *w13, const int *offsets, int n_experts, int ff, int d) {
+    cuda_expert_matmul_forward(be, h13, inp, w13, offsets, n_experts, 2 * ff, d);
+    const size_t r0 = (size_t)offsets[0];
+    cuda_swiglu_forward(be, act + r0 * ff, h13 + r0 * 2 * ff, offsets[n_experts] - offsets[0], ff);
+}
+void cuda_expert_swiglu_backward(moe_backend *be, real *dh13, real *dact, const real *dout,
+                                 const real *w2, const real *h13, const int *offsets, int n_experts,
+                                 int ff, int d) {
+    cuda_expert_matmul_backward_input(be, dact, dout, w2, offsets, n_experts, d, ff, 0);
+    const size_t r0 = (size_t)offsets[0];
+    cuda_swiglu_backward(be, dh13 + r0 * 2 * ff, dact + r0 * ff, h13 + r0 * 2 * ff,
+                         offsets[n_experts] - offsets[0], ff);
+}

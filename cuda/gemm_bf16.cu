@@ -53,6 +53,15 @@ void cuda_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const m
     cuda_expert_backward_input_typed(be, dinp, dout, weight, offsets, n_experts, n_out, n_in,
                                      accumulate, CUDA_R_16BF, sizeof(moe_bf16));
 }
+void cuda_expert_swiglu_backward_bf16(moe_backend *be, moe_bf16 *dh13_16, real *dact,
+                                      const moe_bf16 *dout, const moe_bf16 *w2,
+                                      const moe_bf16 *h13_16, const int *offsets, int n_experts,
+                                      int ff, int d) {
+    cuda_expert_matmul_backward_input_bf16(be, dact, dout, w2, offsets, n_experts, d, ff, 0);
+    const size_t r0 = (size_t)offsets[0];
+    cuda_swiglu_backward_bf16(be, dh13_16 + r0 * 2 * ff, dact + r0 * ff, h13_16 + r0 * 2 * ff,
+                              offsets[n_experts] - offsets[0], ff);
+}
 void cuda_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
                                              const moe_bf16 *inp, const int *offsets, int n_experts,
                                              int n_out, int n_in) {

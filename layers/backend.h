@@ -307,6 +307,23 @@ struct moe_backend {
     // silu'(a) = s * (1 + a * (1 - s)), s = sigmoid(a).   dh13 [N, 2ff]; dact [N, ff]
     void (*swiglu_backward)(moe_backend *be, real *dh13, const real *dact, const real *h13, int N,
                             int ff);
+    // The experts' GEMM next to the SwiGLU and its SwiGLU in one call, so that a backend can run
+    // the SwiGLU on each expert's rows while they are in cache (the CPU: right after the
+    // expert's GEMM, on the same thread). Every tensor is indexed by the absolute row, as the
+    // grouped GEMMs' (rows [offsets[0], offsets[E])); the same bits as the two kernels:
+    //   expert_swiglu_forward  = expert_matmul_forward (h13 = inp w13^T, kept for the backward),
+    //                            then swiglu_forward (act).
+    //                            act [N, ff]; h13 [N, 2ff]; inp [N, d]; w13 [E, 2ff, d]
+    //   expert_swiglu_backward = expert_matmul_backward_input (dact = dout w2, not accumulated:
+    //                            scratch), then swiglu_backward (dh13).
+    //                            dh13 [N, 2ff]; dact [N, ff]; dout [N, d]; w2 [E, d, ff];
+    //                            h13 [N, 2ff]; offsets: host [E+1]
+    void (*expert_swiglu_forward)(moe_backend *be, real *act, real *h13, const real *inp,
+                                  const real *w13, const int *offsets, int n_experts, int ff,
+                                  int d);
+    void (*expert_swiglu_backward)(moe_backend *be, real *dh13, real *dact, const real *dout,
+                                   const real *w2, const real *h13, const int *offsets,
+                                   int n_experts, int ff, int d);
     // The bf16 layer's SwiGLU, each in one pass (the same values as swiglu_forward followed by
     // to_bf16, and from_bf16 + swiglu_backward + to_bf16, bit for bit on one backend):
     // act16 = bf16(swiglu(h13)), and h13_16 = bf16(h13) unless h13_16 is NULL (kept for the
@@ -327,6 +344,14 @@ struct moe_backend {
     // two GEMMs.                     dh13_16 [N, 2ff] bf16; dact [N, ff]; h13_16 [N, 2ff] bf16
     void (*swiglu_backward_bf16)(moe_backend *be, moe_bf16 *dh13_16, const real *dact,
                                  const moe_bf16 *h13_16, int N, int ff);
+    // expert_matmul_backward_input_bf16 (dact = dout w2, not accumulated: scratch), then
+    // swiglu_backward_bf16 (dh13_16), as expert_swiglu_backward; dh13_16 must not overlap dout.
+    //   dh13_16 [N, 2ff] bf16; dact [N, ff]; dout [N, d] bf16; w2 [E, d, ff] bf16;
+    //   h13_16 [N, 2ff] bf16; offsets: host [E+1]
+    void (*expert_swiglu_backward_bf16)(moe_backend *be, moe_bf16 *dh13_16, real *dact,
+                                        const moe_bf16 *dout, const moe_bf16 *w2,
+                                        const moe_bf16 *h13_16, const int *offsets, int n_experts,
+                                        int ff, int d);
 
     // ---- router losses ---------------------------------------------------
     // With s' = probs, f_e = counts[e]/(k T), P_e = mean_t s'_e, B = T / seq_len sequences:

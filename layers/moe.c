@@ -422,7 +422,6 @@ static void experts_from_rows(moe_layer *L, const moe_weights *w, int e0, int e1
     moe_backend *be = L->be;
     const int d = L->cfg.d_model, ff = L->cfg.d_ff;
     const expert_range x = range_of(L, e0, e1);
-    const size_t h = x.r0 * 2 * ff, a = x.r0 * ff;
     if (L->cfg.dtype == MOE_DTYPE_BF16) {
         // h13_16: the backward's; h13 scratch
         be->expert_swiglu_forward_bf16(be, L->act16, L->h13_16, L->h13, L->xe16, w->w13_16 + x.w13,
@@ -431,8 +430,7 @@ static void experts_from_rows(moe_layer *L, const moe_weights *w, int e0, int e1
                                        d, ff);
         return;
     }
-    be->expert_matmul_forward(be, L->h13, L->xe, w->w13 + x.w13, x.offsets, x.E, 2 * ff, d);
-    be->swiglu_forward(be, L->act + a, L->h13 + h, x.N, ff);
+    be->expert_swiglu_forward(be, L->act, L->h13, L->xe, w->w13 + x.w13, x.offsets, x.E, ff, d);
     be->expert_matmul_forward(be, L->ye_local, L->act, w->w2 + x.w2, x.offsets, x.E, d, ff);
 }
 
@@ -592,22 +590,23 @@ static void experts_backward(moe_layer *L, int e0, int e1, const void *pair) {
     const int d = L->cfg.d_model, ff = L->cfg.d_ff;
     const expert_range x = range_of(L, e0, e1);
     const int *o = x.offsets, E = x.E;
-    const size_t w13 = x.w13, w2 = x.w2, h = x.r0 * 2 * ff, a = x.r0 * ff;
+    const size_t w13 = x.w13, w2 = x.w2;
     if (L->cfg.dtype == MOE_DTYPE_BF16) { // each output gradient rounded once, for two GEMMs
         if (!bf16_rows_direct(L))
             be->to_bf16(be, s->g16 + x.r0 * d, s->dye_e + x.r0 * d, (size_t)x.N * d);
+        // dh13_16 in the fp32 dh13 (free in a bf16 backward), apart from dY in g16
+        moe_bf16 *dh13_16 = (moe_bf16 *)s->dh13;
         be->expert_matmul_backward_weight_bf16(be, grads->w2 + w2, s->g16, L->act16, o, E, d, ff);
-        be->expert_matmul_backward_input_bf16(be, s->dact, s->g16, w->w2_16 + w2, o, E, d, ff, 0);
-        be->swiglu_backward_bf16(be, s->g16 + h, s->dact + a, L->h13_16 + h, x.N, ff);
-        be->expert_matmul_backward_weight_bf16(be, grads->w13 + w13, s->g16, L->xe16, o, E, 2 * ff,
+        be->expert_swiglu_backward_bf16(be, dh13_16, s->dact, s->g16, w->w2_16 + w2, L->h13_16, o,
+                                        E, ff, d);
+        be->expert_matmul_backward_weight_bf16(be, grads->w13 + w13, dh13_16, L->xe16, o, E, 2 * ff,
                                                d);
-        be->expert_matmul_backward_input_bf16(be, s->dxe, s->g16, w->w13_16 + w13, o, E, 2 * ff, d,
+        be->expert_matmul_backward_input_bf16(be, s->dxe, dh13_16, w->w13_16 + w13, o, E, 2 * ff, d,
                                               0);
         return;
     }
     be->expert_matmul_backward_weight(be, grads->w2 + w2, s->dye_e, L->act, o, E, d, ff);
-    be->expert_matmul_backward_input(be, s->dact, s->dye_e, w->w2 + w2, o, E, d, ff, 0);
-    be->swiglu_backward(be, s->dh13 + h, s->dact + a, L->h13 + h, x.N, ff);
+    be->expert_swiglu_backward(be, s->dh13, s->dact, s->dye_e, w->w2 + w2, L->h13, o, E, ff, d);
     be->expert_matmul_backward_weight(be, grads->w13 + w13, s->dh13, L->xe, o, E, 2 * ff, d);
     be->expert_matmul_backward_input(be, s->dxe, s->dh13, w->w13 + w13, o, E, 2 * ff, d, 0);
 }

@@ -122,10 +122,10 @@ typedef struct {
     real *dye_e;     // [N_exp, d]   the same rows at their experts (one rank: == dye)
     real *dstage;    // [N_exp, d]   exchange staging (expert parallelism only, else NULL)
     real *dact;      // [N_exp, ff]
-    real *dh13;      // [N_exp, 2ff]
+    real *dh13;      // [N_exp, 2ff]  (bf16: holds the rounded dh13_16 [N_exp, 2ff] bf16)
     real *dxe;       // [N_exp, d]   gradient of the experts' input rows
     real *dxp;       // [N_send, d]  the same, back on the sending side (== dxe with one rank)
-    moe_bf16 *g16;   // bf16: [max(T E, N_exp 2ff, N_exp d)] an output gradient, rounded to bf16
+    moe_bf16 *g16;   // bf16: [max(T E, N_exp d)] an output gradient, rounded to bf16
                      // as the operand of the next two GEMMs (NULL in fp32)
     real *h13_stage; // bf16: [N_exp, 2ff] fp32 h13 of the layer being computed (the forward's
                      // GEMM output, read by SwiGLU only): dh13's memory (NULL in fp32)

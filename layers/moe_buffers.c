@@ -105,8 +105,8 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
     if ((st = alloc_specs(be, specs, n_specs, &s->bytes))) return st;
     s->be = be;
     if (cfg->dtype == MOE_DTYPE_BF16) {
+        // dlogits or dY rounded (the experts' dh13_16 goes into dh13: see h13_stage)
         size_t g = T * E;
-        g = g > 2 * Ne * ff ? g : 2 * Ne * ff;
         g = g > Ne * d ? g : Ne * d;
         buffer_spec b16 = {(void **)&s->g16, g * sizeof(moe_bf16)};
         if ((st = alloc_specs(be, &b16, 1, &s->bytes))) {
@@ -114,7 +114,7 @@ moe_status moe_backward_scratch_init(moe_backward_scratch *s, moe_backend *be,
             return st;
         }
         // the forward's fp32 h13 (read by SwiGLU only) lives in dh13, which the bf16 backward
-        // does not use (its SwiGLU writes the rounded gradient into g16 directly)
+        // uses only for its rounded dh13_16 (half the bytes), after the forward is done
         s->h13_stage = s->dh13;
     }
     if (!ep) s->dye_e = s->dye, s->dxp = s->dxe; // one rank: the experts' rows are its own
@@ -243,8 +243,9 @@ static moe_status adopt_hidden(moe_layer *L, const moe_layer *src) {
 static int has_bf16_kernels(const moe_backend *be) {
     return be->to_bf16 && be->from_bf16 && be->matmul_bf16 && be->expert_matmul_forward_bf16 &&
            be->swiglu_forward_bf16 && be->swiglu_backward_bf16 && be->expert_swiglu_forward_bf16 &&
-           be->moe_permute_bf16 && be->moe_combine_backward_bf16 &&
-           be->expert_matmul_backward_input_bf16 && be->expert_matmul_backward_weight_bf16;
+           be->expert_swiglu_backward_bf16 && be->moe_permute_bf16 &&
+           be->moe_combine_backward_bf16 && be->expert_matmul_backward_input_bf16 &&
+           be->expert_matmul_backward_weight_bf16;
 }
 
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,

@@ -329,25 +329,27 @@ static int same_bits(const void *d_a, const void *d_b, size_t bytes) {
 }
 
 // expert_swiglu_forward_bf16 against expert_matmul_forward_bf16 + swiglu_forward_bf16 on this
-// backend's path, bit for bit: experts of 0, 3 (few rows), 17 (c^T), 33, 40 and 100 rows
-// (partial 32-row blocks) from row 5 on (offsets[0] != 0), ff a multiple of 16 (fused on AMX)
-// and not (unfused), 9 experts (run in parallel on 2 threads) and two experts of 300 and 260
-// rows (each GEMM spread over the threads).
+// backend's path, bit for bit, and expert_swiglu_backward_bf16 against
+// expert_matmul_backward_input_bf16 + swiglu_backward_bf16: experts of 0, 3 (few rows), 17
+// (c^T), 33, 40 and 100 rows (partial 32-row blocks) from row 5 on (offsets[0] != 0), ff a
+// multiple of 16 (fused on AMX) and not (unfused), 9 experts (run in parallel on 2 threads) and
+// two experts of 300 and 260 rows (each GEMM spread over the threads).
 static void check_expert_swiglu(const int *rows, int E, int ff, int d) {
     int offsets[16] = {5};
     for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + rows[e];
-    const int N = offsets[E];
+    const int N = offsets[E], r0 = offsets[0];
     operand x = make_operand((size_t)N * d, 1.0), w = make_operand((size_t)E * 2 * ff * d, 0.1);
+    operand dy = make_operand((size_t)N * d, 1.0), w2 = make_operand((size_t)E * d * ff, 0.1);
     const size_t nh = (size_t)N * 2 * ff, na = (size_t)N * ff;
-    real *h13 = be->alloc(be, nh * sizeof(real));
-    moe_bf16 *act[2], *k[2];
+    real *h13 = be->alloc(be, nh * sizeof(real)), *dact = be->alloc(be, na * sizeof(real));
+    moe_bf16 *act[2], *k[2], *dh[2];
     unsigned char *zeros = calloc(nh * sizeof(real), 1), *nans = malloc(nh * sizeof(real));
     memset(nans, 0xff, nh * sizeof(real));
-    for (int v = 0; v < 2; v++) act[v] = upload(zeros, na * 2), k[v] = upload(zeros, nh * 2);
+    for (int v = 0; v < 2; v++)
+        act[v] = upload(zeros, na * 2), k[v] = upload(zeros, nh * 2), dh[v] = upload(zeros, nh * 2);
     be->expert_matmul_forward_bf16(be, h13, x.d, w.d, offsets, E, 2 * ff, d);
-    be->swiglu_forward_bf16(be, act[0] + (size_t)offsets[0] * ff,
-                            k[0] + (size_t)offsets[0] * 2 * ff, h13 + (size_t)offsets[0] * 2 * ff,
-                            N - offsets[0], ff);
+    be->swiglu_forward_bf16(be, act[0] + (size_t)r0 * ff, k[0] + (size_t)r0 * 2 * ff,
+                            h13 + (size_t)r0 * 2 * ff, N - r0, ff);
     be->copy_to_device(be, h13, nans, nh * sizeof(real)); // NaN: the fused kernel must not read it
     be->expert_swiglu_forward_bf16(be, act[1], k[1], h13, x.d, w.d, offsets, E, ff, d);
     char what[160];
@@ -356,19 +358,84 @@ static void check_expert_swiglu(const int *rows, int E, int ff, int d) {
              "act, h13_16",
              E, ff, d);
     check_true(what, same_bits(act[0], act[1], na * 2) && same_bits(k[0], k[1], nh * 2));
-    for (int v = 0; v < 2; v++) be->free(be, act[v]), be->free(be, k[v]);
-    be->free(be, h13);
+    be->expert_matmul_backward_input_bf16(be, dact, dy.d, w2.d, offsets, E, d, ff, 0);
+    be->swiglu_backward_bf16(be, dh[0] + (size_t)r0 * 2 * ff, dact + (size_t)r0 * ff,
+                             k[0] + (size_t)r0 * 2 * ff, N - r0, ff);
+    be->copy_to_device(be, dact, nans, na * sizeof(real));
+    be->expert_swiglu_backward_bf16(be, dh[1], dact, dy.d, w2.d, k[0], offsets, E, ff, d);
+    snprintf(what, sizeof what,
+             "expert_swiglu_backward_bf16 == expert input-gradient GEMM + swiglu_backward_bf16 "
+             "(E=%d ff=%d d=%d)",
+             E, ff, d);
+    check_true(what, same_bits(dh[0], dh[1], nh * 2));
+    for (int v = 0; v < 2; v++) be->free(be, act[v]), be->free(be, k[v]), be->free(be, dh[v]);
+    be->free(be, h13), be->free(be, dact);
     free(zeros), free(nans);
-    free_operand(&x), free_operand(&w);
+    free_operand(&x), free_operand(&w), free_operand(&dy), free_operand(&w2);
 }
 
-static void test_expert_swiglu(void) {
-    const int rows[6] = {40, 0, 3, 17, 100, 33}, big[2] = {300, 260},
-              many[9] = {33, 40, 64, 35, 50, 1, 70, 36, 45}; // >= 4 per thread: in parallel
-    check_expert_swiglu(rows, 6, 48, 64);
-    check_expert_swiglu(many, 9, 32, 64);
-    check_expert_swiglu(rows, 6, 40, 96);
-    check_expert_swiglu(big, 2, 64, 192);
+// The fp32 twins, expert_swiglu_forward and expert_swiglu_backward, against the two kernels
+// each names, bit for bit (act and h13; dh13), on the same rows.
+static void check_expert_swiglu32(const int *rows, int E, int ff, int d) {
+    int offsets[16] = {5};
+    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + rows[e];
+    const int N = offsets[E], r0 = offsets[0];
+    const size_t nx = (size_t)N * d, nw = (size_t)E * 2 * ff * d, nh = (size_t)N * 2 * ff,
+                 na = (size_t)N * ff;
+    real *hx = malloc(nw * sizeof(real));
+    for (size_t i = 0; i < nw; i++) hx[i] = (real)rng_normal(&rng);
+    real *x = upload(hx, nx * sizeof(real)), *dy = upload(hx + nx, nx * sizeof(real));
+    for (size_t i = 0; i < nw; i++) hx[i] *= (real)0.1;
+    real *w13 = upload(hx, nw * sizeof(real)), *w2 = upload(hx + nw / 2, nw / 2 * sizeof(real));
+    unsigned char *zeros = calloc(nh * sizeof(real), 1);
+    real *h[2], *act[2], *dh[2], *dact = be->alloc(be, na * sizeof(real));
+    for (int v = 0; v < 2; v++)
+        h[v] = upload(zeros, nh * sizeof(real)), act[v] = upload(zeros, na * sizeof(real)),
+        dh[v] = upload(zeros, nh * sizeof(real));
+    be->expert_matmul_forward(be, h[0], x, w13, offsets, E, 2 * ff, d);
+    be->swiglu_forward(be, act[0] + (size_t)r0 * ff, h[0] + (size_t)r0 * 2 * ff, N - r0, ff);
+    be->expert_swiglu_forward(be, act[1], h[1], x, w13, offsets, E, ff, d);
+    char what[160];
+    snprintf(what, sizeof what,
+             "expert_swiglu_forward == expert GEMM + swiglu_forward (E=%d ff=%d d=%d): act, h13", E,
+             ff, d);
+    check_true(what, same_bits(act[0], act[1], na * sizeof(real)) &&
+                         same_bits(h[0], h[1], nh * sizeof(real)));
+    be->expert_matmul_backward_input(be, dact, dy, w2, offsets, E, d, ff, 0);
+    be->swiglu_backward(be, dh[0] + (size_t)r0 * 2 * ff, dact + (size_t)r0 * ff,
+                        h[0] + (size_t)r0 * 2 * ff, N - r0, ff);
+    be->zero(be, dact, na * sizeof(real));
+    be->expert_swiglu_backward(be, dh[1], dact, dy, w2, h[0], offsets, E, ff, d);
+    snprintf(what, sizeof what,
+             "expert_swiglu_backward == expert input-gradient GEMM + swiglu_backward (E=%d ff=%d "
+             "d=%d)",
+             E, ff, d);
+    check_true(what, same_bits(dh[0], dh[1], nh * sizeof(real)));
+    for (int v = 0; v < 2; v++) be->free(be, h[v]), be->free(be, act[v]), be->free(be, dh[v]);
+    void *bufs[] = {dact, x, dy, w13, w2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    free(hx), free(zeros);
+}
+
+// >= 4 experts per thread: in parallel, each GEMM (and its SwiGLU) on one thread
+static const int swiglu_rows[6] = {40, 0, 3, 17, 100, 33}, swiglu_big[2] = {300, 260},
+                 swiglu_many[9] = {33, 40, 64, 35, 50, 1, 70, 36, 45},
+                 swiglu_wide[9] = {200, 130, 5, 300, 129, 0, 140, 260, 17};
+
+// The row sets above, against ff a multiple of 16 (fused on AMX) and not (40: unfused).
+static void expert_swiglu_cases(void (*check)(const int *rows, int E, int ff, int d)) {
+    check(swiglu_rows, 6, 48, 64);
+    check(swiglu_many, 9, 32, 64);
+    check(swiglu_wide, 9, 48, 64);
+    check(swiglu_rows, 6, 40, 96);
+    check(swiglu_big, 2, 64, 192);
+}
+
+static void test_expert_swiglu(void) { expert_swiglu_cases(check_expert_swiglu); }
+
+static void test_expert_swiglu32(void) {
+    printf("-- fp32 experts' GEMM and SwiGLU in one call\n");
+    expert_swiglu_cases(check_expert_swiglu32);
 }
 
 static void test_swiglu_bf16(void) {
@@ -509,6 +576,7 @@ int main(int argc, char **argv) {
     printf("backend: %s\n", be->describe(be));
     test_conversions();
     test_swiglu_bf16();
+    test_expert_swiglu32();
     test_dispatch_bf16();
     if (strncmp(be->name, "cpu", 3) == 0) {
         test_expert_threading();

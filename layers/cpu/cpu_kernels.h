@@ -61,6 +61,21 @@ void cpu_expert_gemms(cpu_expert_pass pass, real *c, const void *x, const void *
                       const int *offsets, int n_experts, int n_out, int n_in, int accumulate,
                       cpu_expert_gemm_fn gemm_e, void *ctx);
 
+// gemm.c: gemm_e for cpu_expert_gemms that runs `gemm` (with gemm_ctx), then rows(rows_ctx, r,
+// m) on the m output rows it wrote, r = the first one's index in c0 (rows of c_row reals): a
+// row kernel right after each expert's GEMM, on the same thread, its rows still in cache.
+typedef struct {
+    cpu_expert_gemm_fn gemm;
+    void *gemm_ctx;
+    const real *c0;
+    size_t c_row;
+    void (*rows)(const void *rows_ctx, size_t r, int m);
+    const void *rows_ctx;
+} cpu_gemm_then_rows;
+void cpu_expert_gemm_then_rows(void *ctx, int trans_a, int trans_b, int m, int n, int kd,
+                               const void *a, int lda, const void *b, int ldb, real beta, real *c,
+                               int ldc);
+
 // gemm.c: c [m, n] = alpha op(a) op(b) + beta c (row strides lda, ldb, ldc of the operands as
 // stored), every output one sum in l order, so that a row's bits never depend on m: a and b
 // are real, or moe_bf16 (widened exactly) when bf16. The fp32 GEMMs of a row-invariant backend
@@ -79,6 +94,11 @@ void cpu_expert_matmul_backward_input(moe_backend *be, real *dinp, const real *d
 void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const real *dout,
                                        const real *inp, const int *offsets, int n_experts,
                                        int n_out, int n_in);
+void cpu_expert_swiglu_forward(moe_backend *be, real *act, real *h13, const real *inp,
+                               const real *w13, const int *offsets, int n_experts, int ff, int d);
+void cpu_expert_swiglu_backward(moe_backend *be, real *dh13, real *dact, const real *dout,
+                                const real *w2, const real *h13, const int *offsets, int n_experts,
+                                int ff, int d);
 
 // gemm_bf16.c
 void cpu_matmul_bf16(moe_backend *be, real *c, const moe_bf16 *a, const moe_bf16 *b, int m, int n,
@@ -134,13 +154,22 @@ void cpu_moe_unpermute_add(moe_backend *be, real *dx, const real *dxp, const int
 
 // expert.c
 void cpu_swiglu_forward(moe_backend *be, real *act, const real *h13, int N, int ff);
-// expert.c: swiglu_forward_bf16's work, callable from inside a kernel (spread over the threads
-// unless already in a parallel region)
+// expert.c: the SwiGLU kernels' work over N rows, callable from inside a kernel (spread over the
+// threads unless already in a parallel region): swiglu_forward, swiglu_backward and their bf16
+// twins
+void cpu_swiglu_rows(real *act, const real *h13, int N, int ff);
+void cpu_swiglu_grad_rows(real *dh13, const real *dact, const real *h13, int N, int ff);
 void cpu_swiglu_rows_bf16(moe_bf16 *act16, moe_bf16 *h13_16, const real *h13, int N, int ff);
+void cpu_swiglu_grad_rows_bf16(moe_bf16 *dh13_16, const real *dact, const moe_bf16 *h13_16, int N,
+                               int ff);
 // gemm_bf16.c: the grouped first expert GEMM with its SwiGLU (backend.h)
 void cpu_expert_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, real *h13,
                                     const moe_bf16 *inp, const moe_bf16 *w13, const int *offsets,
                                     int n_experts, int ff, int d);
+void cpu_expert_swiglu_backward_bf16(moe_backend *be, moe_bf16 *dh13_16, real *dact,
+                                     const moe_bf16 *dout, const moe_bf16 *w2,
+                                     const moe_bf16 *h13_16, const int *offsets, int n_experts,
+                                     int ff, int d);
 void cpu_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *h13_16, const real *h13,
                              int N, int ff);
 void cpu_swiglu_backward_bf16(moe_backend *be, moe_bf16 *dh13_16, const real *dact,

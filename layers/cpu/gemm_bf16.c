@@ -377,15 +377,18 @@ static void expert_gemm16(void *ctx, int trans_a, int trans_b, int m, int n, int
 }
 
 // The pass's GEMMs over the bf16 operands x and y, with a workspace slot per thread for
-// GEMMs of up to m x n x kd (m, n, kd of the largest expert's GEMM).
+// GEMMs of up to m x n x kd (m, n, kd of the largest expert's GEMM); then (or NULL): a row
+// kernel after each expert's GEMM (its gemm and gemm_ctx are set here).
 static void expert_gemms16(moe_backend *be, cpu_expert_pass pass, real *c, const moe_bf16 *x,
                            const moe_bf16 *y, const int *offsets, int n_experts, int n_out,
-                           int n_in, int accumulate, int m, int n, int kd) {
+                           int n_in, int accumulate, int m, int n, int kd,
+                           cpu_gemm_then_rows *then) {
     cpu_state *s = be->state;
     const size_t per = cpu_gemm_bf16_ws(m, n, kd);
     expert_ctx ctx = {s, workspace(s, per, omp_get_max_threads()), per};
+    if (then) then->gemm = expert_gemm16, then->gemm_ctx = &ctx;
     cpu_expert_gemms(pass, c, x, y, sizeof(moe_bf16), offsets, n_experts, n_out, n_in, accumulate,
-                     expert_gemm16, &ctx);
+                     then ? cpu_expert_gemm_then_rows : expert_gemm16, then ? (void *)then : &ctx);
 }
 
 void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *inp,
@@ -393,25 +396,40 @@ void cpu_expert_matmul_forward_bf16(moe_backend *be, real *out, const moe_bf16 *
                                     int n_out, int n_in) {
     CPU_KERNEL(be);
     expert_gemms16(be, CPU_EXPERT_FORWARD, out, inp, weight, offsets, n_experts, n_out, n_in, 0,
-                   max_rows(offsets, n_experts), n_out, n_in);
+                   max_rows(offsets, n_experts), n_out, n_in, NULL);
 }
 
-// The first expert GEMM and its SwiGLU. On the AMX path each expert's GEMM ends in the SwiGLU
-// (cpu_amx_swiglu_bf16: h13 stays in cache); elsewhere the two kernels' work in turn.
+// The experts' SwiGLU right after each expert's GEMM (gemm.c's cpu_gemm_then_rows). On the
+// AMX path the first GEMM ends in the SwiGLU itself (cpu_amx_swiglu_bf16: h13 stays in L1).
+// Forward: out16 = act16, keep16 = h13_16 (or NULL), in = h13; backward: out16 = dh13_16,
+// in = dact, h13_16. in is what the GEMM wrote.
 typedef struct {
-    moe_bf16 *act16, *h13_16;
-    const real *h13; // the base of the rows the grouped loop hands out
+    moe_bf16 *out16, *keep16;
+    const real *in;
+    const moe_bf16 *h13_16;
     int ff;
 } swiglu_ctx;
+
+static void swiglu_fwd_rows16(const void *ctx, size_t r, int n) {
+    const swiglu_ctx *x = ctx;
+    cpu_swiglu_rows_bf16(x->out16 + r * x->ff, x->keep16 ? x->keep16 + r * 2 * x->ff : NULL,
+                         x->in + r * 2 * x->ff, n, x->ff);
+}
+
+static void swiglu_bwd_rows16(const void *ctx, size_t r, int n) {
+    const swiglu_ctx *x = ctx;
+    cpu_swiglu_grad_rows_bf16(x->out16 + r * 2 * x->ff, x->in + r * x->ff,
+                              x->h13_16 + r * 2 * x->ff, n, x->ff);
+}
 
 #ifndef MOE_REAL_DOUBLE
 static void expert_swiglu(void *ctx, int trans_a, int trans_b, int m, int n, int kd, const void *a,
                           int lda, const void *b, int ldb, real beta, real *c, int ldc) {
     (void)trans_a, (void)trans_b, (void)n, (void)ldb, (void)beta, (void)ldc; // 0, 1, 2ff, kd, 0
     const swiglu_ctx *x = ctx;
-    const size_t row = (size_t)(c - x->h13) / (2 * (size_t)x->ff); // the expert's first row
-    cpu_amx_swiglu_bf16(m, x->ff, kd, a, lda, b, x->act16 + row * x->ff,
-                        x->h13_16 ? x->h13_16 + row * 2 * x->ff : NULL, c);
+    const size_t row = (size_t)(c - x->in) / (2 * (size_t)x->ff); // the expert's first row
+    cpu_amx_swiglu_bf16(m, x->ff, kd, a, lda, b, x->out16 + row * x->ff,
+                        x->keep16 ? x->keep16 + row * 2 * x->ff : NULL, c);
 }
 #endif
 
@@ -420,20 +438,29 @@ void cpu_expert_swiglu_forward_bf16(moe_backend *be, moe_bf16 *act16, moe_bf16 *
                                     int n_experts, int ff, int d) {
     CPU_KERNEL(be);
     const cpu_state *s = be->state;
+    const swiglu_ctx rows = {act16, h13_16, h13, NULL, ff};
 #ifndef MOE_REAL_DOUBLE
     if (s->bf16_native == CPU_BF16_AMX && !s->row_invariant) {
-        swiglu_ctx ctx = {act16, h13_16, h13, ff};
         cpu_expert_gemms(CPU_EXPERT_FORWARD, h13, inp, w13, sizeof(moe_bf16), offsets, n_experts,
-                         2 * ff, d, 0, expert_swiglu, &ctx);
+                         2 * ff, d, 0, expert_swiglu, (void *)&rows);
         return;
     }
 #endif
     (void)s;
+    cpu_gemm_then_rows then = {NULL, NULL, h13, 2 * (size_t)ff, swiglu_fwd_rows16, &rows};
     expert_gemms16(be, CPU_EXPERT_FORWARD, h13, inp, w13, offsets, n_experts, 2 * ff, d, 0,
-                   max_rows(offsets, n_experts), 2 * ff, d);
-    const size_t r0 = (size_t)offsets[0];
-    cpu_swiglu_rows_bf16(act16 + r0 * ff, h13_16 ? h13_16 + r0 * 2 * ff : NULL, h13 + r0 * 2 * ff,
-                         offsets[n_experts] - offsets[0], ff);
+                   max_rows(offsets, n_experts), 2 * ff, d, &then);
+}
+
+void cpu_expert_swiglu_backward_bf16(moe_backend *be, moe_bf16 *dh13_16, real *dact,
+                                     const moe_bf16 *dout, const moe_bf16 *w2,
+                                     const moe_bf16 *h13_16, const int *offsets, int n_experts,
+                                     int ff, int d) {
+    CPU_KERNEL(be);
+    const swiglu_ctx rows = {dh13_16, NULL, dact, h13_16, ff};
+    cpu_gemm_then_rows then = {NULL, NULL, dact, (size_t)ff, swiglu_bwd_rows16, &rows};
+    expert_gemms16(be, CPU_EXPERT_BACKWARD_INPUT, dact, dout, w2, offsets, n_experts, d, ff, 0,
+                   max_rows(offsets, n_experts), ff, d, &then);
 }
 
 void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const moe_bf16 *dout,
@@ -441,7 +468,7 @@ void cpu_expert_matmul_backward_input_bf16(moe_backend *be, real *dinp, const mo
                                            int n_experts, int n_out, int n_in, int accumulate) {
     CPU_KERNEL(be);
     expert_gemms16(be, CPU_EXPERT_BACKWARD_INPUT, dinp, dout, weight, offsets, n_experts, n_out,
-                   n_in, accumulate, max_rows(offsets, n_experts), n_in, n_out);
+                   n_in, accumulate, max_rows(offsets, n_experts), n_in, n_out, NULL);
 }
 
 void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, const moe_bf16 *dout,
@@ -449,5 +476,5 @@ void cpu_expert_matmul_backward_weight_bf16(moe_backend *be, real *dweight, cons
                                             int n_out, int n_in) {
     CPU_KERNEL(be);
     expert_gemms16(be, CPU_EXPERT_BACKWARD_WEIGHT, dweight, dout, inp, offsets, n_experts, n_out,
-                   n_in, 0, n_out, n_in, max_rows(offsets, n_experts));
+                   n_in, 0, n_out, n_in, max_rows(offsets, n_experts), NULL);
 }
