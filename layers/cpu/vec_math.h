@@ -40,6 +40,57 @@ static inline float vec_exp(float x) {
     memcpy(&scale, &scale_bits, sizeof scale);
     return under ? 0.0f : p * scale;
 }
+
+// ---- 16 lanes at a time, where the build targets AVX-512 (MOE_NATIVE on such a CPU) --------
+// For loops the compiler does not turn into good vector code by itself: a row's softmax, where
+// `omp simd reduction` ends each row in a chain of 32 scalar adds (its lanes summed in order),
+// which at attention's row lengths (64 to 256) took as long as the row's exps.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define MOE_VEC16 1
+
+// vec_exp on each lane: the same operations in the same order, so the same bits (layers/cpu is
+// compiled without FMA contraction). MINPS and MAXPS return their second operand when either
+// is NaN, so NaN stays NaN as in the comparisons above.
+static inline __m512 vec_exp16(__m512 x) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);
+    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 t = _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), magic);
+    const __m512 n = _mm512_sub_ps(t, magic);
+    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
+                      _mm512_set1_ps(1.0f));
+    const __m512i scale = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_castps_si512(t), _mm512_set1_epi32((int)(127u - 0x4B400000u))), 23);
+    return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(scale));
+}
+
+// moe_f32_to_bf16 on each lane (round to nearest even, NaN made quiet): 16 bf16 values.
+static inline __m256i vec_to_bf16_16(__m512 v) {
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), odd), 16);
+    const __mmask16 nan = _mm512_cmp_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000), _MM_CMPINT_NLE);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+// The lanes [j, n) of a 16-lane step at j (all 16 when n - j >= 16).
+static inline __mmask16 vec_lanes16(int j, int n) {
+    return n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+}
+#endif
 #endif
 
 #endif
