@@ -382,8 +382,9 @@ static void check_expert_swiglu32(const int *rows, int E, int ff, int d) {
     const int N = offsets[E], r0 = offsets[0];
     const size_t nx = (size_t)N * d, nw = (size_t)E * 2 * ff * d, nh = (size_t)N * 2 * ff,
                  na = (size_t)N * ff;
-    real *hx = malloc(nw * sizeof(real));
-    for (size_t i = 0; i < nw; i++) hx[i] = (real)rng_normal(&rng);
+    const size_t nr = 2 * nx > nw ? 2 * nx : nw; // x and dy, then w13 and w2, from hx
+    real *hx = malloc(nr * sizeof(real));
+    for (size_t i = 0; i < nr; i++) hx[i] = (real)rng_normal(&rng);
     real *x = upload(hx, nx * sizeof(real)), *dy = upload(hx + nx, nx * sizeof(real));
     for (size_t i = 0; i < nw; i++) hx[i] *= (real)0.1;
     real *w13 = upload(hx, nw * sizeof(real)), *w2 = upload(hx + nw / 2, nw / 2 * sizeof(real));
