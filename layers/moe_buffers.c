@@ -248,6 +248,26 @@ static int has_bf16_kernels(const moe_backend *be) {
            be->expert_matmul_backward_weight_bf16;
 }
 
+// The backward scratch the shape hands over, else (a layer on its own, not forward-only) one
+// of the layer's own; the layer's gradient pointers into it.
+static moe_status attach_backward_scratch(moe_layer *L, const moe_layer_shape *shape,
+                                          const moe_layer_shape *sh) {
+    L->bwd = shape->scratch;
+    if (!L->bwd && !shape->forward_only) {
+        L->bwd = malloc(sizeof *L->bwd);
+        if (!L->bwd) return moe_error(MOE_ENOMEM, "moe: out of host memory");
+        L->owns_bwd = 1;
+        moe_status st = moe_backward_scratch_init(L->bwd, L->be, &L->cfg, sh);
+        if (st) return st;
+        L->bytes += L->bwd->bytes;
+    }
+    if (L->bwd) {
+        L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
+        L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
+    }
+    return MOE_OK;
+}
+
 moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg,
                             const moe_layer_shape *shape) {
     memset(L, 0, sizeof *L);
@@ -333,25 +353,8 @@ moe_status moe_layer_create(moe_layer *L, moe_backend *be, const moe_config *cfg
         moe_layer_free(L);
         return st;
     }
-    L->bwd = shape->scratch;
-    if (!L->bwd && !shape->forward_only) { // a layer on its own: its own scratch
-        L->bwd = malloc(sizeof *L->bwd);
-        if (!L->bwd) {
-            moe_layer_free(L);
-            return moe_error(MOE_ENOMEM, "moe: out of host memory");
-        }
-        L->owns_bwd = 1;
-        if ((st = moe_backward_scratch_init(L->bwd, be, cfg, &sh))) {
-            moe_layer_free(L);
-            return st;
-        }
-        L->bytes += L->bwd->bytes;
-    }
-    if (L->bwd) {
-        L->dlogits = L->bwd->dlogits, L->dweights = L->bwd->dweights, L->dye = L->bwd->dye;
-        L->dact = L->bwd->dact, L->dh13 = L->bwd->dh13, L->dxp = L->bwd->dxp;
-    }
-    if (cfg->dtype == MOE_DTYPE_BF16 && L->bwd && (st = stage_in_scratch(L))) {
+    if ((st = attach_backward_scratch(L, shape, &sh)) ||
+        (cfg->dtype == MOE_DTYPE_BF16 && L->bwd && (st = stage_in_scratch(L)))) {
         moe_layer_free(L);
         return st;
     }

@@ -185,7 +185,7 @@ void cpu_expert_matmul_backward_weight(moe_backend *be, real *dweight, const rea
 // ---- an expert's GEMM, then a row kernel on its output rows ---------------------------------
 // The SwiGLU right after each expert's GEMM, on the same thread, while the expert's rows are in
 // cache: measured on a 2-core Xeon, the SwiGLU over the whole of h13 reads it back from memory
-// (12 MiB a layer at shakespeare's size) at about a third of its in-cache speed. Each call of
+// (12 MiB a layer at shakespeare's size) at a quarter to a third of its in-cache speed. Each call of
 // the GEMM and of the row kernel is the one the two separate kernels make, so the results are
 // theirs, bit for bit.
 

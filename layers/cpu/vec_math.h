@@ -86,6 +86,11 @@ static inline __m256i vec_to_bf16_16(__m512 v) {
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
+// 16 bf16 values widened exactly (moe_bf16_to_f32 on each lane).
+static inline __m512 vec_from_bf16_16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // The lanes [j, n) of a 16-lane step at j (all 16 when n - j >= 16).
 static inline __mmask16 vec_lanes16(int j, int n) {
     return n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
