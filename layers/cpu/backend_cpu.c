@@ -11,13 +11,13 @@ static cpu_state *state_of(moe_backend *be) { return be->state; }
 
 static void *cpu_alloc(moe_backend *be, size_t bytes) {
     if (state_of(be)->strict) return cpu_strict_alloc(be, bytes);
-    return calloc(1, bytes ? bytes : 1);
+    return cpu_host_alloc(bytes);
 }
 static void cpu_free(moe_backend *be, void *ptr) {
     if (state_of(be)->strict)
         cpu_strict_free(be, ptr);
     else
-        free(ptr);
+        cpu_host_free(ptr);
 }
 // One copy for all three directions: host and device memory are the same here. Each is a
 // kernel scope, so strict mode opens the device side (and the host side is plain memory).

@@ -128,6 +128,11 @@ void *cpu_strict_alloc(moe_backend *be, size_t bytes);
 void cpu_strict_free(moe_backend *be, void *ptr);
 void cpu_strict_release(moe_backend *be); // unmaps what is left (destroy)
 
+// The plain backend's memory (layers/cpu/host_memory.c): bytes zeroed, or NULL when out of
+// memory; buffers of 2 MiB or more on transparent huge pages (MOE_HUGE_PAGES=0: not).
+void *cpu_host_alloc(size_t bytes);
+void cpu_host_free(void *p);
+
 #pragma GCC visibility pop
 
 #endif
