@@ -64,9 +64,12 @@ void cpu_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n) {
 
 // ---- the native libraries ------------------------------------------------------------------
 
-typedef void (*sbgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint,
-                          blasint, blasint, float, const moe_bf16 *, blasint, const moe_bf16 *,
-                          blasint, float, float *, blasint);
+// OpenBLAS's cblas_sbgemm, found at run time (dlsym), declared here in plain ints: its enums
+// are ints in the ABI, and its blasint is int in the LP64 build moe links. Other BLAS headers
+// (MKL's, BLIS's) have no blasint and spell the order's enum differently.
+typedef void (*sbgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                          const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, float beta,
+                          float *c, int ldc);
 // oneDNN's C API (dnnl.h, not needed to build): row-major C = alpha op(A) op(B) + beta C,
 // 'N' or 'T' per operand; returns dnnl_status_t, 0 on success.
 typedef int (*dnnl_bf16_fn)(char, char, int64_t, int64_t, int64_t, float, const moe_bf16 *, int64_t,
@@ -297,7 +300,7 @@ void cpu_gemm_bf16(const cpu_state *s, real *ws, int trans_a, int trans_b, int m
         return;
     }
     if (s->bf16_native == CPU_BF16_SBGEMM) {
-        sbgemm(CblasRowMajor, ta, tb, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
+        sbgemm(CblasRowMajor, (int)ta, (int)tb, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
     if (s->bf16_native == CPU_BF16_ONEDNN) {
