@@ -88,14 +88,14 @@ moe_isa moe_blas_kernel_isa(const char *family) {
         {"zen4", MOE_ISA_AVX512},
         {"zen5", MOE_ISA_AVX512},
         // MKL (moe_blas_kernel's names of its code paths)
-        {"compatible (generic)", MOE_ISA_SSE},
+        {"compatible", MOE_ISA_SSE},
         {"SSE4.2", MOE_ISA_SSE},
         {"AVX", MOE_ISA_AVX},
         {"AVX2", MOE_ISA_AVX2},
         {"AVX-512", MOE_ISA_AVX512},
-        {"AVX-512 (VNNI)", MOE_ISA_AVX512},
-        {"AVX-512 (BF16)", MOE_ISA_AVX512},
-        {"AVX-512 (AMX)", MOE_ISA_AVX512},
+        {"AVX-512 VNNI", MOE_ISA_AVX512},
+        {"AVX-512 BF16", MOE_ISA_AVX512},
+        {"AVX-512 AMX", MOE_ISA_AVX512},
     };
     for (size_t i = 0; family && i < sizeof known / sizeof known[0]; i++)
         if (!strcasecmp(family, known[i].name)) return known[i].isa;
@@ -149,16 +149,16 @@ const char *moe_blas_kernel(void) {
     } paths[] = {{MKL_CBWR_AVX2, "AVX2"},
                  {MKL_CBWR_AVX512, "AVX-512"},
 #ifdef MKL_CBWR_AVX512_E1
-                 {MKL_CBWR_AVX512_E1, "AVX-512 (VNNI)"},
+                 {MKL_CBWR_AVX512_E1, "AVX-512 VNNI"},
 #endif
 #ifdef MKL_CBWR_AVX512_E2
-                 {MKL_CBWR_AVX512_E2, "AVX-512 (BF16)"},
+                 {MKL_CBWR_AVX512_E2, "AVX-512 BF16"},
 #endif
 #ifdef MKL_CBWR_AVX512_E3
-                 {MKL_CBWR_AVX512_E3, "AVX-512 (AMX)"},
+                 {MKL_CBWR_AVX512_E3, "AVX-512 AMX"},
 #endif
                  {MKL_CBWR_SSE4_2, "SSE4.2"},
-                 {MKL_CBWR_COMPATIBLE, "compatible (generic)"}};
+                 {MKL_CBWR_COMPATIBLE, "compatible"}};
     const int b = mkl_cbwr_get_auto_branch();
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
         if (paths[i].branch == b) return paths[i].name;
