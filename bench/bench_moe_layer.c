@@ -206,10 +206,10 @@ int main(int argc, char **argv) {
         printf("{\"impl\":\"moe.c\",\"dtype\":\"%s\",\"T\":%d,\"d\":%d,\"ff\":%d,\"E\":%d,"
                "\"k\":%d,\"shared\":%d,\"layer_median_s\":%.6f,\"gemm_median_s\":%.6f,\"R_layer\":%"
                ".4f,"
-               "\"gemm_gflops\":%.2f,\"max_over_mean\":%.4f,\"blas_kernel\":\"%s\","
-               "\"gemm_path\":\"%s\"}\n",
+               "\"gemm_gflops\":%.2f,\"max_over_mean\":%.4f,\"blas\":\"%s\","
+               "\"blas_kernel\":\"%s\",\"gemm_path\":\"%s\"}\n",
                bf16 ? "bf16" : "fp32", T, d, ff, E, k, S, ml, mg, ml / mg, flops / mg * 1e-9,
-               st.max_over_mean, moe_blas_kernel(), path);
+               st.max_over_mean, moe_blas_name(), moe_blas_kernel(), path);
     else
         printf("T=%d d=%d ff=%d E=%d k=%d shared=%d %s: layer fwd+bwd %.4f s, expert GEMMs %.4f s "
                "(%.1f GFLOP/s), R_layer %.3f, max/mean load %.3f, BLAS kernels %s; %s\n",

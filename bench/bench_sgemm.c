@@ -73,14 +73,19 @@ int main(int argc, char **argv) {
     const double med = bench_median(t, reps);
     double gflops = 2.0 * m * n * k / med * 1e-9;
     const char *dtype = bf16 ? "bf16" : "fp32";
+    // the BLAS's name and version, without OpenBLAS's build options ("OpenBLAS 0.3.21 ...")
+    const char *name = moe_blas_name(), *sp = strchr(name, ' '),
+               *sp2 = sp ? strchr(sp + 1, ' ') : 0;
+    const int name_len = sp2 ? (int)(sp2 - name) : (int)strlen(name);
     if (json)
         printf("{\"m\":%d,\"n\":%d,\"k\":%d,\"op\":\"%c%c\",\"dtype\":\"%s\",\"median_s\":%.6f,"
-               "\"gflops\":%.2f,\"blas_kernel\":\"%s\",\"gemm_path\":\"%s\"}\n",
-               m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N', dtype, med, gflops, moe_blas_kernel(),
-               path);
+               "\"gflops\":%.2f,\"blas\":\"%.*s\",\"blas_kernel\":\"%s\",\"gemm_path\":\"%s\"}\n",
+               m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N', dtype, med, gflops, name_len, name,
+               moe_blas_kernel(), path);
     else
-        printf("%s GEMM %dx%dx%d %c%c: %.2f GFLOP/s (median of %d, BLAS kernels %s, %s)\n", dtype,
-               m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N', gflops, reps, moe_blas_kernel(), path);
+        printf("%s GEMM %dx%dx%d %c%c: %.2f GFLOP/s (median of %d, %.*s, kernels %s, %s)\n", dtype,
+               m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N', gflops, reps, name_len, name,
+               moe_blas_kernel(), path);
     if (be) be->destroy(be);
     free(a), free(b), free(c), free(t), free(a16), free(b16);
     return 0;
