@@ -1,6 +1,6 @@
 // MoE layer benchmark: forward+backward of the layer vs. the same expert GEMMs alone.
 //
-//   R_layer = bench_median(layer fwd+bwd) / bench_median(its 9 expert GEMMs per expert, cblas_sgemm)
+//   R_layer = bench_median(layer fwd+bwd) / bench_median(its expert GEMMs alone, on the same path)
 //
 // The GEMM-only baseline uses the row counts the layer's router produced in the same
 // run, so the ratio is the cost of everything that is not an expert GEMM (router,
@@ -16,7 +16,6 @@
 // the backend's bf16 grouped kernels (six calls, one per GEMM kind over all experts, on the
 // layer's bf16 operands: the path describe() names, native sbgemm or emulated).
 #define _POSIX_C_SOURCE 200809L // clock_gettime
-#include "layers/cpu/cblas.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -38,12 +37,13 @@ static void fill_normal(float *x, size_t n, float std, unsigned *seed) {
     }
 }
 
-// The expert GEMMs of forward and backward, one cblas call each per expert
-// (w1 and w3 stacked as w13 [2ff, d], as the layer stores them). Here all six GEMMs of an
-// expert run back to back; the layer runs each GEMM kind over all experts in turn.
-static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float *h13, float *act,
-                         float *ye, float *dye, float *dact, float *dh13, float *dxp,
-                         const float *w13, const float *w2, float *dw13, float *dw2) {
+// The expert GEMMs of forward and backward, one backend matmul each per expert (the fp32
+// path the layer's GEMMs take: the BLAS, or oneDNN's sgemm; layers/cpu/gemm.c), w1 and w3
+// stacked as w13 [2ff, d], as the layer stores them. Here all six GEMMs of an expert run back
+// to back; the layer runs each GEMM kind over all experts in turn.
+static void expert_gemms(moe_backend *be, const int *off, int E, int d, int ff, float *xp,
+                         float *h13, float *act, float *ye, float *dye, float *dact, float *dh13,
+                         float *dxp, const float *w13, const float *w2, float *dw13, float *dw2) {
     const int f2 = 2 * ff;
     // the same threading as the layer's grouped GEMM (layers/cpu/gemm.c): experts over the
     // OpenMP threads when there are at least four per thread, else threaded calls
@@ -55,19 +55,13 @@ static void expert_gemms(const int *off, int E, int d, int ff, float *xp, float 
         const float *W13 = w13 + (size_t)e * f2 * d, *W2 = w2 + (size_t)e * d * ff;
         float *D13 = dw13 + (size_t)e * f2 * d, *D2 = dw2 + (size_t)e * d * ff;
         // forward: h13 = x W13^T, ye = act W2^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, f2, d, 1, xp + r * d, d, W13, d, 0,
-                    h13 + r * f2, f2);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d, ff, 1, act + r * ff, ff, W2, ff,
-                    0, ye + r * d, d);
+        be->matmul(be, h13 + r * f2, xp + r * d, W13, n, f2, d, 0, 1, 0);
+        be->matmul(be, ye + r * d, act + r * ff, W2, n, d, ff, 0, 1, 0);
         // backward: dW2 += dye^T act, dact = dye W2, dW13 += dh13^T x, dx = dh13 W13
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, ff, n, 1, dye + r * d, d,
-                    act + r * ff, ff, 1, D2, ff);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, ff, d, 1, dye + r * d, d, W2, ff,
-                    0, dact + r * ff, ff);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, f2, d, n, 1, dh13 + r * f2, f2,
-                    xp + r * d, d, 1, D13, d);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, f2, 1, dh13 + r * f2, f2, W13,
-                    d, 0, dxp + r * d, d);
+        be->matmul(be, D2, dye + r * d, act + r * ff, d, ff, n, 1, 0, 1);
+        be->matmul(be, dact + r * ff, dye + r * d, W2, n, ff, d, 0, 0, 0);
+        be->matmul(be, D13, dh13 + r * f2, xp + r * d, f2, d, n, 1, 0, 1);
+        be->matmul(be, dxp + r * d, dh13 + r * f2, W13, n, d, f2, 0, 0, 0);
     }
 }
 
@@ -191,7 +185,7 @@ int main(int argc, char **argv) {
             expert_gemms_bf16(be, &L, &w, &g, dye16, dh13_16);
             t2 = bench_now();
         } else {
-            expert_gemms(L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact,
+            expert_gemms(be, L.host_counts + E, E, d, ff, L.xp, L.h13, L.act, L.ye, L.dye, L.dact,
                          L.dh13, L.dxp, w.w13, w.w2, g.w13, g.w2);
             if (S) shared_fwd_bwd(be, &sm, y, dx, x, dout, T, d, 1);
             t2 = bench_now();
@@ -201,7 +195,8 @@ int main(int argc, char **argv) {
     double ml = bench_median(t_layer, reps), mg = bench_median(t_gemm, reps);
     // dropless: N = T*k rows; the shared expert's 6 GEMMs of T x d x s (w13's count twice)
     double flops = 9.0 * 2.0 * (double)T * k * d * ff + 9.0 * 2.0 * (double)T * d * S;
-    const char *path = bf16 ? ((cpu_state *)be->state)->bf16_line : "fp32";
+    const cpu_state *cs = be->state;
+    const char *path = bf16 ? cs->bf16_line : *cs->fp32_line ? cs->fp32_line : "fp32: sgemm";
     if (json)
         printf("{\"impl\":\"moe.c\",\"dtype\":\"%s\",\"T\":%d,\"d\":%d,\"ff\":%d,\"E\":%d,"
                "\"k\":%d,\"shared\":%d,\"layer_median_s\":%.6f,\"gemm_median_s\":%.6f,\"R_layer\":%"

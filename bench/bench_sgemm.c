@@ -1,7 +1,8 @@
 // The machine's GEMM rate: median GFLOP/s of C[M,N] = A[M,K] B[K,N], the yardstick the
-// training benchmark divides the model's FLOP rate by. fp32: the BLAS's sgemm; bf16: the CPU
-// backend's matmul_bf16 (A, B bf16, C fp32: OpenBLAS sbgemm, oneDNN or emulated, whichever
-// path a bf16 training run takes here; "gemm_path" names it).
+// training benchmark divides the model's FLOP rate by, on the CPU backend's path that a
+// training run takes here ("gemm_path" names it): fp32 its matmul (the BLAS's sgemm, or
+// oneDNN's on an Intel CPU with AVX-512: layers/cpu/gemm.c), bf16 its matmul_bf16 (A, B bf16,
+// C fp32: moe's AMX kernel, OpenBLAS sbgemm, oneDNN or emulated).
 // --ta / --tb transpose A / B (stored [K, M] / [N, K]), as the model's GEMMs do: the rate of
 // each GEMM of a training step at its own shape (docs/measurements/*-cpu-profile-*.md).
 //   bench_sgemm [--m 2048] [--n 1024] [--k 1024] [--ta] [--tb] [--reps 7] [--dtype fp32|bf16]
@@ -49,15 +50,18 @@ int main(int argc, char **argv) {
           *c = malloc((size_t)m * n * 4);
     for (size_t i = 0; i < (size_t)m * k; i++) a[i] = (float)(i % 13) * 0.01f;
     for (size_t i = 0; i < (size_t)k * n; i++) b[i] = (float)(i % 7) * 0.01f;
+    // both precisions through the CPU backend, so that the rate is that of the path a training
+    // run takes here: fp32 the BLAS's sgemm or oneDNN's (gemm.c), bf16 gemm_bf16.c's path
     moe_backend *be = NULL;
+    if (moe_backend_create(&be, "cpu", NULL)) moe_fatal("%s", moe_last_error());
+    const cpu_state *st = be->state;
     moe_bf16 *a16 = NULL, *b16 = NULL;
-    const char *path = "sgemm";
+    const char *path = st->fp32_onednn ? "oneDNN sgemm" : "sgemm";
     if (bf16) {
-        if (moe_backend_create(&be, "cpu", NULL)) moe_fatal("%s", moe_last_error());
         a16 = malloc((size_t)m * k * 2), b16 = malloc((size_t)k * n * 2);
         for (size_t i = 0; i < (size_t)m * k; i++) a16[i] = moe_f32_to_bf16(a[i]);
         for (size_t i = 0; i < (size_t)k * n; i++) b16[i] = moe_f32_to_bf16(b[i]);
-        path = cpu_bf16_path_name(((cpu_state *)be->state)->bf16_native);
+        path = cpu_bf16_path_name(st->bf16_native);
     }
     double *t = malloc(reps * sizeof(double));
     for (int r = -2; r < reps; r++) {
@@ -65,9 +69,7 @@ int main(int argc, char **argv) {
         if (bf16)
             be->matmul_bf16(be, c, a16, b16, m, n, k, ta, tb, 0);
         else
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                        tb ? CblasTrans : CblasNoTrans, m, n, k, 1, a, ta ? m : k, b, tb ? k : n, 0,
-                        c, n);
+            be->matmul(be, c, a, b, m, n, k, ta, tb, 0);
         if (r >= 0) t[r] = bench_now() - t0;
     }
     const double med = bench_median(t, reps);
@@ -86,7 +88,7 @@ int main(int argc, char **argv) {
         printf("%s GEMM %dx%dx%d %c%c: %.2f GFLOP/s (median of %d, %.*s, kernels %s, %s)\n", dtype,
                m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N', gflops, reps, name_len, name,
                moe_blas_kernel(), path);
-    if (be) be->destroy(be);
+    be->destroy(be);
     free(a), free(b), free(c), free(t), free(a16), free(b16);
     return 0;
 }

@@ -42,8 +42,9 @@ static void cpu_zero(moe_backend *be, void *ptr, size_t bytes) {
 static const char *cpu_describe(moe_backend *be) {
     cpu_state *s = state_of(be);
     const char *note = moe_blas_note();
-    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s%s%s); %s; threads: %d%s%s",
-             moe_blas_name(), moe_blas_kernel(), *note ? ", " : "", note, s->bf16_line, s->threads,
+    snprintf(s->line, sizeof s->line, "BLAS: %s (kernels %s%s%s); %s%s%s; threads: %d%s%s",
+             moe_blas_name(), moe_blas_kernel(), *note ? ", " : "", note, s->fp32_line,
+             *s->fp32_line ? "; " : "", s->bf16_line, s->threads,
              s->row_invariant ? "; row-invariant (GEMMs and attention as plain loops, slow)" : "",
              s->strict ? "; strict memory (test mode, slow)" : "");
     return s->line;
@@ -151,6 +152,7 @@ moe_status cpu_backend_create(moe_backend **out, const moe_backend_options *opt,
     const char *ri = getenv("MOE_ROW_INVARIANT");
     s->row_invariant = (opt && opt->row_invariant) || (ri && !strcmp(ri, "1"));
     moe_status st = cpu_bf16_select(s); // after row_invariant: it picks the reference path
+    if (!st) st = cpu_fp32_select(s);
     if (st) {
         free(be);
         free(s);

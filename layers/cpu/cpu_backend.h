@@ -5,6 +5,8 @@
 #ifndef MOE_CPU_BACKEND_H
 #define MOE_CPU_BACKEND_H
 
+#include <stdint.h>
+
 #include "layers/backend.h"
 #include "layers/blas.h"
 
@@ -12,6 +14,22 @@
 #pragma GCC visibility push(hidden)
 
 // One mapping of strict-mode memory: a whole number of pages, PROT_NONE outside kernels.
+// oneDNN (layers/cpu/onednn.c), loaded on the first call: its bf16 GEMM and its sgemm, each
+// NULL when absent or when its probe failed; name: "oneDNN 2.6.3", or why there is none.
+typedef int (*cpu_onednn_bf16_fn)(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const moe_bf16 *a, int64_t lda, const moe_bf16 *b,
+                                  int64_t ldb, float beta, float *c, int64_t ldc);
+typedef int (*cpu_onednn_f32_fn)(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
+                                 float alpha, const float *a, int64_t lda, const float *b,
+                                 int64_t ldb, float beta, float *c, int64_t ldc);
+typedef struct {
+    int loaded; // the library is loaded (its GEMMs may still have failed their probes)
+    cpu_onednn_bf16_fn gemm_bf16;
+    cpu_onednn_f32_fn sgemm;
+    char name[64];
+} cpu_onednn;
+const cpu_onednn *cpu_onednn_load(void);
+
 typedef struct {
     void *base;
     size_t len;
@@ -26,11 +44,14 @@ typedef struct cpu_state {
     int row_invariant; // moe_backend_options.row_invariant (or MOE_ROW_INVARIANT=1): the fp32
                        // GEMMs are cpu_gemm_row_invariant, the bf16 ones the reference path,
                        // the cached attention one query row at a time (layers/cpu/gemm.c)
-    char line[448];    // describe()
+    char line[640];    // describe()
+    // fp32 GEMMs (layers/cpu/gemm.c): oneDNN's sgemm, or NULL for the BLAS's
+    cpu_onednn_f32_fn fp32_onednn;
+    char fp32_line[128]; // the path, for describe() ("" for the BLAS)
     // bf16 GEMMs (layers/cpu/gemm_bf16.c)
     int bf16_native;     // the *_bf16 GEMMs' path: CPU_BF16_EMULATED (widen, then sgemm),
                          // CPU_BF16_SBGEMM (OpenBLAS), CPU_BF16_ONEDNN or CPU_BF16_REFERENCE
-    char bf16_line[200]; // the path, for describe()
+    char bf16_line[256]; // the path, for describe()
     real *bf16_ws;       // the emulated path's widening workspace (host), bf16_ws_n reals
     size_t bf16_ws_n;
 } cpu_state;
@@ -82,6 +103,13 @@ enum {
 #ifndef CPU_NO_ONEDNN
 #define CPU_NO_ONEDNN 0
 #endif
+// The fp32 GEMMs' path (layers/cpu/gemm.c), from MOE_FP32_GEMM=auto|blas|onednn (read at
+// create; auto: oneDNN's sgemm on an Intel CPU with AVX-512 where oneDNN loads, else the
+// BLAS); an error for another value, or for onednn where it does not load.
+moe_status cpu_fp32_select(cpu_state *s);
+// Tests: 1 selects oneDNN's sgemm (returns 0, changing nothing, where it does not load), 0 the
+// BLAS (returns 1).
+int cpu_backend_set_fp32_gemm(moe_backend *be, int onednn);
 moe_status cpu_bf16_select(cpu_state *s);
 // "OpenBLAS sbgemm", "oneDNN dnnl_gemm_bf16bf16f32", "emulated", "reference".
 const char *cpu_bf16_path_name(int path);

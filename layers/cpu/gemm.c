@@ -9,6 +9,9 @@
 // each call. Experts with no rows are skipped.
 #include "layers/cpu/cblas.h"
 #include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "layers/bf16.h"
 #include "layers/cpu/cpu_kernels.h"
@@ -19,9 +22,73 @@
 #define cblas_gemm cblas_sgemm
 #endif
 
-static void gemm(int trans_a, int trans_b, int m, int n, int kd, real alpha, const real *a, int lda,
-                 const real *b, int ldb, real beta, real *c, int ldc) {
+// ---- the path: the BLAS, or oneDNN's sgemm ---------------------------------------------------
+// oneDNN's JIT sgemm runs the model's shapes faster than OpenBLAS's SkylakeX kernels on an
+// Intel CPU with AVX-512: a 2-core Xeon (AMX), GFLOP/s on scripts/bench_blas's groups,
+// shakespeare experts 256 -> 344, shakespeare dense 252 -> 337; the fp32 shakespeare step
+// 166-172 -> 139-141 ms (docs/measurements/2026-12-06-huge-pages-xeon.md). On AMD (Zen 3-5)
+// the two were within 5-16% per GEMM, and no faster in training: the BLAS stays there.
+// Attention's 64-row blocks stay on the BLAS everywhere (attention.c): oneDNN's per-call cost
+// is the larger at those shapes.
+
+static int intel_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
+
+static const char *onednn_line(cpu_state *s, const cpu_onednn *o, const char *why) {
+    snprintf(s->fp32_line, sizeof s->fp32_line, "fp32: %s dnnl_sgemm%s", o->name, why);
+    return s->fp32_line;
+}
+
+moe_status cpu_fp32_select(cpu_state *s) {
+    const char *env = getenv("MOE_FP32_GEMM");
+    const int automatic = !env || !*env || !strcmp(env, "auto");
+    s->fp32_onednn = NULL, s->fp32_line[0] = 0;
+    if (!automatic && strcmp(env, "blas") && strcmp(env, "onednn"))
+        return moe_error(MOE_EINVAL, "MOE_FP32_GEMM='%s': expected auto, blas or onednn", env);
+    if ((automatic && !intel_avx512()) || (env && !strcmp(env, "blas"))) return MOE_OK;
+    const cpu_onednn *o = cpu_onednn_load();
+    if (!o->sgemm) {
+        if (automatic) return MOE_OK;
+        return moe_error(MOE_EINVAL, "MOE_FP32_GEMM=onednn: %s%s", o->name,
+                         o->loaded ? ", whose dnnl_sgemm failed its probe" : "");
+    }
+    s->fp32_onednn = o->sgemm;
+    onednn_line(s, o, automatic ? "" : " (MOE_FP32_GEMM)");
+    return MOE_OK;
+}
+
+int cpu_backend_set_fp32_gemm(moe_backend *be, int onednn) {
+    cpu_state *s = be->state;
+    const cpu_onednn *o = onednn ? cpu_onednn_load() : NULL;
+    if (onednn && !o->sgemm) return 0;
+    s->fp32_onednn = onednn ? o->sgemm : NULL;
+    if (onednn)
+        onednn_line(s, o, " (set)");
+    else
+        s->fp32_line[0] = 0;
+    return 1;
+}
+
+// c [m, n] = alpha op(a) op(b) + beta c on the state's path.
+static void gemm(const cpu_state *s, int trans_a, int trans_b, int m, int n, int kd, real alpha,
+                 const real *a, int lda, const real *b, int ldb, real beta, real *c, int ldc) {
     if (m == 0 || n == 0) return;
+#ifndef MOE_REAL_DOUBLE
+    if (s->fp32_onednn) {
+        const int e = s->fp32_onednn(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, kd, alpha, a,
+                                     lda, b, ldb, beta, c, ldc);
+        if (e) moe_fatal("cpu: %s failed (status %d) on %dx%dx%d", s->fp32_line, e, m, n, kd);
+        return;
+    }
+#else
+    (void)s; // the f64 build: the BLAS's dgemm only
+#endif
     cblas_gemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                trans_b ? CblasTrans : CblasNoTrans, m, n, kd, alpha, a, lda, b, ldb, beta, c, ldc);
 }
@@ -89,7 +156,7 @@ void cpu_matmul(moe_backend *be, real *c, const real *a, const real *b, int m, i
     if (((const cpu_state *)be->state)->row_invariant)
         cpu_gemm_ordered(0, trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, n);
     else
-        gemm(trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, n);
+        gemm(be->state, trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, n);
 }
 
 // ---- the grouped GEMMs' loop (fp32 here, bf16 in gemm_bf16.c) ------------------------------
@@ -156,7 +223,7 @@ static void expert_gemm32(void *ctx, int trans_a, int trans_b, int m, int n, int
     if (((const cpu_state *)ctx)->row_invariant)
         cpu_gemm_ordered(0, trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, ldc);
     else
-        gemm(trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, ldc);
+        gemm(ctx, trans_a, trans_b, m, n, kd, 1, a, lda, b, ldb, beta, c, ldc);
 }
 
 void cpu_expert_matmul_forward(moe_backend *be, real *out, const real *inp, const real *weight,

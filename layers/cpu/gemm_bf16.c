@@ -70,65 +70,21 @@ void cpu_from_bf16(moe_backend *be, real *out, const moe_bf16 *in, size_t n) {
 typedef void (*sbgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                           const moe_bf16 *a, int lda, const moe_bf16 *b, int ldb, float beta,
                           float *c, int ldc);
-// oneDNN's C API (dnnl.h, not needed to build): row-major C = alpha op(A) op(B) + beta C,
-// 'N' or 'T' per operand; returns dnnl_status_t, 0 on success.
-typedef int (*dnnl_bf16_fn)(char, char, int64_t, int64_t, int64_t, float, const moe_bf16 *, int64_t,
-                            const moe_bf16 *, int64_t, float, float *, int64_t);
-typedef struct {
-    int major, minor, patch;
-    const char *hash;
-    unsigned cpu_runtime, gpu_runtime;
-} dnnl_version_info;
-
-static sbgemm_fn sbgemm;       // process-wide, as the libraries are
-static dnnl_bf16_fn dnnl_gemm; // NULL: no oneDNN, or one that refused the probe
-static char dnnl_name[64];     // "oneDNN 2.6.3", or why it is not used
+static sbgemm_fn sbgemm;             // process-wide, as the libraries are
+static cpu_onednn_bf16_fn dnnl_gemm; // NULL: no oneDNN, or one that refused the probe
+static char dnnl_name[96];           // "oneDNN 2.6.3", or why it is not used
 static pthread_once_t found = PTHREAD_ONCE_INIT;
-
-#if !defined(MOE_REAL_DOUBLE) && !CPU_NO_ONEDNN
-// oneDNN: the first of its sonames that loads, kept when a 2x2x2 GEMM gives the right answer.
-static void find_onednn(void) {
-    static const char *names[] = {"libdnnl.so.3", "libdnnl.so.2"};
-    void *lib = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++)
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        snprintf(dnnl_name, sizeof dnnl_name, "no oneDNN (libdnnl2)");
-        return;
-    }
-    void *g = dlsym(lib, "dnnl_gemm_bf16bf16f32"), *v = dlsym(lib, "dnnl_version");
-    const dnnl_version_info *(*version)(void) = NULL;
-    dnnl_bf16_fn gemm = NULL;
-    memcpy(&gemm, &g, sizeof gemm); // object to function pointer, as POSIX allows
-    memcpy(&version, &v, sizeof version);
-    const dnnl_version_info *ver = version ? version() : NULL;
-    if (ver)
-        snprintf(dnnl_name, sizeof dnnl_name, "oneDNN %d.%d.%d", ver->major, ver->minor,
-                 ver->patch);
-    else
-        snprintf(dnnl_name, sizeof dnnl_name, "oneDNN");
-    // [1 2; 3 4] [5 6; 7 8] = [19 22; 43 50], exact in bf16 and fp32
-    const moe_bf16 a[4] = {0x3f80, 0x4000, 0x4040, 0x4080}, b[4] = {0x40a0, 0x40c0, 0x40e0, 0x4100};
-    float c[4] = {0};
-    if (!gemm || gemm('N', 'N', 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2) != 0 || c[0] != 19 ||
-        c[1] != 22 || c[2] != 43 || c[3] != 50) {
-        snprintf(dnnl_name + strlen(dnnl_name), sizeof dnnl_name - strlen(dnnl_name),
-                 " refused its bf16 GEMM here");
-        return; // the library stays loaded: unloading C++ runtimes is not worth the risk
-    }
-    dnnl_gemm = gemm;
-}
-#elif !defined(MOE_REAL_DOUBLE)
-static void find_onednn(void) {
-    snprintf(dnnl_name, sizeof dnnl_name, "oneDNN left out of sanitizer builds");
-}
-#endif
 
 static void find_libraries(void) {
 #ifndef MOE_REAL_DOUBLE // the f64 build (finite differences) has no fp32 output to give them
     void *f = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
     memcpy(&sbgemm, &f, sizeof sbgemm);
-    if (cpu_has_bf16_instructions() || getenv("MOE_BF16_GEMM")) find_onednn();
+    if (cpu_has_bf16_instructions() || getenv("MOE_BF16_GEMM")) {
+        const cpu_onednn *o = cpu_onednn_load();
+        dnnl_gemm = o->gemm_bf16;
+        snprintf(dnnl_name, sizeof dnnl_name, "%s%s", o->name,
+                 o->loaded && !o->gemm_bf16 ? " refused its bf16 GEMM here" : "");
+    }
 #endif
 }
 
