@@ -113,7 +113,16 @@ static void kernel_family(const char *name, char *buf, size_t n) {
         void (*ver)(mkl_version *) = (void (*)(mkl_version *))sym("MKL_Get_Version");
         mkl_version v = {0};
         if (ver) ver(&v);
-        if (v.processor) snprintf(buf, n, "%d.%d: %s", v.major, v.update, v.processor);
+        // "Intel(R) Advanced Vector Extensions 512 (Intel(R) AVX-512) with support for INT8,
+        // BF16, FP16 (limited) instructions, and Intel(R) Advanced Matrix Extensions ...": the
+        // short name in its first parentheses, and AMX when it says so
+        const char *p = v.processor, *l = p ? strstr(p, "(Intel(R) ") : NULL,
+                   *r = l ? strchr(l + 10, ')') : NULL;
+        if (l && r)
+            snprintf(buf, n, "%d.%d: %.*s%s", v.major, v.update, (int)(r - l - 10), l + 10,
+                     strstr(p, "Matrix Extensions") ? " + AMX" : "");
+        else if (p)
+            snprintf(buf, n, "%d.%d: %.60s", v.major, v.update, p);
     } else if (!strcmp(name, "dnnl")) {
         int (*isa)(void) = (int (*)(void))sym("dnnl_get_effective_cpu_isa");
         static const struct {
