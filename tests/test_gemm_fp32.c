@@ -108,15 +108,6 @@ static void check_grouped(moe_backend *be, const char *path) {
     free(x), free(w), free(dy), free(y), free(dx0), free(dx), free(dw0), free(dw);
 }
 
-static int intel_avx512(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    return __builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f");
-#else
-    return 0;
-#endif
-}
-
 static moe_backend *create(const char *env, moe_status *st) {
     if (env)
         setenv("MOE_FP32_GEMM", env, 1);
@@ -138,7 +129,7 @@ int main(void) {
     cpu_backend_set_threads(be, 2);
     const cpu_state *s = be->state;
     check_true("auto: oneDNN's sgemm exactly on an Intel CPU with AVX-512 where it loads",
-               (s->fp32_onednn != NULL) == (intel_avx512() && o->sgemm != NULL));
+               (s->fp32_onednn != NULL) == (cpu_intel_avx512() && o->sgemm != NULL));
     check_true("the BLAS path is set", cpu_backend_set_fp32_gemm(be, 0) && !s->fp32_onednn);
     check_matmul(be, "BLAS");
     check_grouped(be, "BLAS");

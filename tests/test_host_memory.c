@@ -13,14 +13,6 @@
 #include "layers/cpu/cpu_backend.h"
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HOST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HOST_ASAN 1
-#endif
-#endif
-
 enum { MIB = 1 << 20 };
 
 static double resident_mib(void) {
@@ -95,12 +87,8 @@ static void lazy(void) {
 
 int main(void) {
     const size_t sizes[] = {0, 1, 4096, 2 * MIB - 1, 2 * MIB, 5 * MIB + 3, 33 * MIB};
-#ifdef HOST_ASAN
-    const int asan = 1;
-    printf("(AddressSanitizer: calloc's buffers, only zeroing checked)\n");
-#else
-    const int asan = 0;
-#endif
+    const int asan = CPU_ASAN;
+    if (asan) printf("(AddressSanitizer: calloc's buffers, only zeroing checked)\n");
     if (!asan) lazy();
     const int thp = kernel_has_thp() && !asan;
     for (int round = 0; round < 2; round++) // the second round reuses what the first freed

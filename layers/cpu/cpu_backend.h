@@ -89,24 +89,28 @@ enum {
     CPU_BF16_REFERENCE = 3,
     CPU_BF16_AMX = 4,
 };
+// CPU_ASAN: 1 in AddressSanitizer builds (GCC's or clang's).
+#if defined(__SANITIZE_ADDRESS__)
+#define CPU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CPU_ASAN 1
+#endif
+#endif
+#ifndef CPU_ASAN
+#define CPU_ASAN 0
+#endif
 // AddressSanitizer builds leave oneDNN out (CPU_NO_ONEDNN 1): once libdnnl is loaded,
 // LeakSanitizer's exit-time scan of thread-local storage crashes ("Tracer caught signal 11";
 // GCC 12's ASan, oneDNN 2.6.3), and ASan cannot see into oneDNN's JIT kernels anyway. Those
-// builds run bf16 emulated where no sbgemm is loaded.
-#if defined(__SANITIZE_ADDRESS__)
-#define CPU_NO_ONEDNN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define CPU_NO_ONEDNN 1
-#endif
-#endif
-#ifndef CPU_NO_ONEDNN
-#define CPU_NO_ONEDNN 0
-#endif
+// builds run bf16 emulated where no sbgemm is loaded, and fp32 on the BLAS.
+#define CPU_NO_ONEDNN CPU_ASAN
 // The fp32 GEMMs' path (layers/cpu/gemm.c), from MOE_FP32_GEMM=auto|blas|onednn (read at
 // create; auto: oneDNN's sgemm on an Intel CPU with AVX-512 where oneDNN loads, else the
 // BLAS); an error for another value, or for onednn where it does not load.
 moe_status cpu_fp32_select(cpu_state *s);
+// 1 on an Intel CPU with AVX-512F (where auto picks oneDNN's sgemm).
+int cpu_intel_avx512(void);
 // Tests: 1 selects oneDNN's sgemm (returns 0, changing nothing, where it does not load), 0 the
 // BLAS (returns 1).
 int cpu_backend_set_fp32_gemm(moe_backend *be, int onednn);

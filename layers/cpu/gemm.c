@@ -31,7 +31,7 @@
 // Attention's 64-row blocks stay on the BLAS everywhere (attention.c): oneDNN's per-call cost
 // is the larger at those shapes.
 
-static int intel_avx512(void) {
+int cpu_intel_avx512(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     return __builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f");
@@ -51,7 +51,7 @@ moe_status cpu_fp32_select(cpu_state *s) {
     s->fp32_onednn = NULL, s->fp32_line[0] = 0;
     if (!automatic && strcmp(env, "blas") && strcmp(env, "onednn"))
         return moe_error(MOE_EINVAL, "MOE_FP32_GEMM='%s': expected auto, blas or onednn", env);
-    if ((automatic && !intel_avx512()) || (env && !strcmp(env, "blas"))) return MOE_OK;
+    if ((automatic && !cpu_intel_avx512()) || (env && !strcmp(env, "blas"))) return MOE_OK;
     const cpu_onednn *o = cpu_onednn_load();
     if (!o->sgemm) {
         if (automatic) return MOE_OK;

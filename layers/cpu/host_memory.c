@@ -26,15 +26,7 @@
 
 #include "layers/cpu/cpu_kernels.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HOST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HOST_ASAN 1
-#endif
-#endif
-
-#if defined(MADV_HUGEPAGE) && !defined(HOST_ASAN)
+#if defined(MADV_HUGEPAGE) && !CPU_ASAN
 
 enum { HUGE_PAGE = 2 << 20 };
 
