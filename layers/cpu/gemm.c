@@ -80,7 +80,7 @@ static void gemm(const cpu_state *s, int trans_a, int trans_b, int m, int n, int
                  const real *a, int lda, const real *b, int ldb, real beta, real *c, int ldc) {
     if (m == 0 || n == 0) return;
 #ifndef MOE_REAL_DOUBLE
-    if (s->fp32_onednn) {
+    if (s->fp32_onednn && kd > 0) { // oneDNN refuses k = 0 (c = beta c): the BLAS does that
         const int e = s->fp32_onednn(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, kd, alpha, a,
                                      lda, b, ldb, beta, c, ldc);
         if (e) moe_fatal("cpu: %s failed (status %d) on %dx%dx%d", s->fp32_line, e, m, n, kd);
