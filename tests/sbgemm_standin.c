@@ -4,24 +4,28 @@
 // transposes, beta) would never run here. The backend finds it with dlsym as it would find
 // OpenBLAS's. Written from the CBLAS contract, row-major only:
 //   C = alpha op(A) op(B) + beta C,  A, B bf16, C fp32, sums in double.
-#include <cblas.h>
+// Declared in plain ints, as layers/cpu/gemm_bf16.c calls it (the CBLAS enums are ints in the
+// ABI: row-major 101, transposed 112; blasint is int in an LP64 OpenBLAS), so that it builds
+// with every MOE_BLAS, whose headers spell these types differently or not at all.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-void cblas_sbgemm(OPENBLAS_CONST enum CBLAS_ORDER Order, OPENBLAS_CONST enum CBLAS_TRANSPOSE TransA,
-                  OPENBLAS_CONST enum CBLAS_TRANSPOSE TransB, OPENBLAS_CONST blasint M,
-                  OPENBLAS_CONST blasint N, OPENBLAS_CONST blasint K, OPENBLAS_CONST float alpha,
-                  OPENBLAS_CONST bfloat16 *A, OPENBLAS_CONST blasint lda,
-                  OPENBLAS_CONST bfloat16 *B, OPENBLAS_CONST blasint ldb, OPENBLAS_CONST float beta,
-                  float *C, OPENBLAS_CONST blasint ldc) {
-    if (Order != CblasRowMajor) abort();
-    for (blasint i = 0; i < M; i++)
-        for (blasint j = 0; j < N; j++) {
+enum { ROW_MAJOR = 101, TRANS = 112 };
+
+void cblas_sbgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                  const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C,
+                  int ldc);
+void cblas_sbgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                  const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C,
+                  int ldc) {
+    if (order != ROW_MAJOR) abort();
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
             double s = 0;
-            for (blasint p = 0; p < K; p++) {
-                const uint16_t a = TransA == CblasTrans ? A[p * lda + i] : A[i * lda + p];
-                const uint16_t b = TransB == CblasTrans ? B[j * ldb + p] : B[p * ldb + j];
+            for (int p = 0; p < K; p++) {
+                const uint16_t a = trans_a == TRANS ? A[p * lda + i] : A[i * lda + p];
+                const uint16_t b = trans_b == TRANS ? B[j * ldb + p] : B[p * ldb + j];
                 const uint32_t ua = (uint32_t)a << 16, ub = (uint32_t)b << 16;
                 float fa, fb;
                 memcpy(&fa, &ua, 4), memcpy(&fb, &ub, 4);
