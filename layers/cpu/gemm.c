@@ -79,8 +79,14 @@ int cpu_backend_set_fp32_gemm(moe_backend *be, int onednn) {
 static void gemm(const cpu_state *s, int trans_a, int trans_b, int m, int n, int kd, real alpha,
                  const real *a, int lda, const real *b, int ldb, real beta, real *c, int ldc) {
     if (m == 0 || n == 0) return;
+    if (kd == 0) { // c = beta c here: a CBLAS wants lda >= max(1, k) (BLIS refuses 0), oneDNN k > 0
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++)
+                c[(size_t)i * ldc + j] = beta == 0 ? 0 : beta * c[(size_t)i * ldc + j];
+        return;
+    }
 #ifndef MOE_REAL_DOUBLE
-    if (s->fp32_onednn && kd > 0) { // oneDNN refuses k = 0 (c = beta c): the BLAS does that
+    if (s->fp32_onednn) {
         const int e = s->fp32_onednn(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, kd, alpha, a,
                                      lda, b, ldb, beta, c, ldc);
         if (e) moe_fatal("cpu: %s failed (status %d) on %dx%dx%d", s->fp32_line, e, m, n, kd);
