@@ -2,8 +2,8 @@
 // dnnl_sgemm (where oneDNN loads; not in sanitizer builds). matmul (k = 0 too; every transpose, beta 0
 // and 1, odd sizes) and the three grouped GEMMs (an empty expert, accumulate) against a double
 // GEMM of the same operands, within fp32 accumulation error; the choice (MOE_FP32_GEMM:
-// auto picks oneDNN on an Intel CPU with AVX-512 where it loads, blas and onednn force, other
-// values are refused naming the variable).
+// auto picks oneDNN on an Intel CPU with AVX-512 where it loads, blas and onednn force, a
+// row-invariant backend takes neither, other values are refused naming the variable).
 #define _POSIX_C_SOURCE 200809L // setenv
 #include <math.h>
 #include <stdio.h>
@@ -152,6 +152,13 @@ int main(void) {
                o->sgemm ? st == MOE_OK && be && ((cpu_state *)be->state)->fp32_onednn
                         : st != MOE_OK && strstr(moe_last_error(), "MOE_FP32_GEMM=onednn"));
     if (be) be->destroy(be);
+    setenv("MOE_FP32_GEMM", "onednn", 1); // row-invariant: plain loops whatever it says
+    moe_backend_options ri = {.row_invariant = 1};
+    st = moe_backend_create(&be, "cpu", &ri);
+    check_true("row-invariant: no oneDNN sgemm, and the header does not name one",
+               st == MOE_OK && !((cpu_state *)be->state)->fp32_onednn &&
+                   !strstr(be->describe(be), "dnnl_sgemm"));
+    if (st == MOE_OK) be->destroy(be);
     be = create("fastest", &st);
     check_true("MOE_FP32_GEMM=fastest: refused, naming the variable",
                st != MOE_OK && !be && strstr(moe_last_error(), "MOE_FP32_GEMM='fastest'"));

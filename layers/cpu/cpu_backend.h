@@ -13,7 +13,6 @@
 // Not installed: what this header declares stays inside libmoe (hidden in libmoe.so).
 #pragma GCC visibility push(hidden)
 
-// One mapping of strict-mode memory: a whole number of pages, PROT_NONE outside kernels.
 // oneDNN (layers/cpu/onednn.c), loaded on the first call: its bf16 GEMM and its sgemm, each
 // NULL when absent or when its probe failed; name: "oneDNN 2.6.3", or why there is none.
 typedef int (*cpu_onednn_bf16_fn)(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
@@ -30,6 +29,7 @@ typedef struct {
 } cpu_onednn;
 const cpu_onednn *cpu_onednn_load(void);
 
+// One mapping of strict-mode memory: a whole number of pages, PROT_NONE outside kernels.
 typedef struct {
     void *base;
     size_t len;
@@ -107,7 +107,8 @@ enum {
 #define CPU_NO_ONEDNN CPU_ASAN
 // The fp32 GEMMs' path (layers/cpu/gemm.c), from MOE_FP32_GEMM=auto|blas|onednn (read at
 // create; auto: oneDNN's sgemm on an Intel CPU with AVX-512 where oneDNN loads, else the
-// BLAS); an error for another value, or for onednn where it does not load.
+// BLAS; row_invariant: neither, its GEMMs are plain loops); an error for another value, or for
+// onednn where it does not load.
 moe_status cpu_fp32_select(cpu_state *s);
 // 1 on an Intel CPU with AVX-512F (where auto picks oneDNN's sgemm).
 int cpu_intel_avx512(void);

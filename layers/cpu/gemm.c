@@ -40,9 +40,8 @@ int cpu_intel_avx512(void) {
 #endif
 }
 
-static const char *onednn_line(cpu_state *s, const cpu_onednn *o, const char *why) {
+static void onednn_line(cpu_state *s, const cpu_onednn *o, const char *why) {
     snprintf(s->fp32_line, sizeof s->fp32_line, "fp32: %s dnnl_sgemm%s", o->name, why);
-    return s->fp32_line;
 }
 
 moe_status cpu_fp32_select(cpu_state *s) {
@@ -51,7 +50,8 @@ moe_status cpu_fp32_select(cpu_state *s) {
     s->fp32_onednn = NULL, s->fp32_line[0] = 0;
     if (!automatic && strcmp(env, "blas") && strcmp(env, "onednn"))
         return moe_error(MOE_EINVAL, "MOE_FP32_GEMM='%s': expected auto, blas or onednn", env);
-    if ((automatic && !cpu_intel_avx512()) || (env && !strcmp(env, "blas"))) return MOE_OK;
+    if (s->row_invariant || (automatic && !cpu_intel_avx512()) || (env && !strcmp(env, "blas")))
+        return MOE_OK; // (row-invariant: cpu_gemm_ordered, whatever MOE_FP32_GEMM says)
     const cpu_onednn *o = cpu_onednn_load();
     if (!o->sgemm) {
         if (automatic) return MOE_OK;
