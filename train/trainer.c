@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 
 #include "data/files.h"
+#include "layers/profile.h"
 #include "layers/rng.h"
 #include "layers/timing.h"
 #include "train/capacity.h"
@@ -702,12 +703,14 @@ static void test_kill(const trainer *t, int64_t step) {
 // One step, from the gradients to its logs, alerts and checkpoint.
 static moe_status trainer_run_step(trainer *t, int64_t step) {
     test_kill(t, step);
+    moe_profile_step_begin(step + 1);
     const double t0 = moe_clock_s();
     step_result s = {.step = step};
     moe_status st = trainer_step(t, &s);
     if (st) return st;
     if (!step_is_finite(&s)) return trainer_skip(t, &s);
     trainer_update(t, &s, t0);
+    moe_profile_step_end(step + 1, step + 1 == t->cfg->steps); // (before the validation)
     trainer_capacity(t, &s);
     trainer_coactivation(t);
     if ((st = moe_trainer_log_load(t, &s)) || (st = trainer_validate(t, &s)) ||

@@ -22,10 +22,11 @@
     cpu_profile_scope cpu_profile_scope_ __attribute__((cleanup(cpu_profile_end), unused)) = \
         cpu_profile_begin(__func__, &cpu_profile_slot_)
 
-// MOE_PROFILE's scope of one kernel call (slot NULL: not counted).
+// MOE_PROFILE's scope of one kernel call (slot NULL: not counted; depth_taken 0: not even nested).
 typedef struct {
     int *slot;
     double t0;
+    int depth_taken; // 1: this call took a level of the nesting depth
 } cpu_profile_scope;
 cpu_profile_scope cpu_profile_begin(const char *name, int *slot);
 void cpu_profile_end(cpu_profile_scope *s);

@@ -7,6 +7,7 @@
 // attention (its small GEMMs and its softmax together) and the rest, against the wall time
 // from the first kernel's start to the last one's end; what is not in any kernel is the host's
 // orchestration (the layers, the optimizer's loop over regions, logging, data).
+// MOE_PROFILE_FROM=N narrows the table to training steps N .. the last (layers/profile.h).
 #define _POSIX_C_SOURCE 200809L // clock_gettime
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 
 #include "layers/cpu/cpu_kernels.h"
+#include "layers/profile.h"
 
 #define PROFILE_SLOTS 96
 
@@ -26,6 +28,8 @@ static int cpu_profile_on = -1; // -1: MOE_PROFILE not read yet
 static profile_slot slots[PROFILE_SLOTS];
 static int n_slots, depth;
 static double first_start = -1, last_end;
+static int64_t window_from, window_to; // MOE_PROFILE_FROM's steps (0: the whole process)
+static int paused;                     // after the window's last step
 
 static double now(void) {
     struct timespec ts;
@@ -39,6 +43,12 @@ static int by_time(const void *a, const void *b) {
 }
 
 static void print_table(void) {
+    if (window_from && !window_to) {
+        fprintf(stderr,
+                "\nMOE_PROFILE: no table: the run ended before step %lld (MOE_PROFILE_FROM)\n",
+                (long long)window_from);
+        return;
+    }
     if (!n_slots) return;
     qsort(slots, (size_t)n_slots, sizeof slots[0], by_time);
     double all = 0, gemm = 0, attn = 0;
@@ -48,7 +58,12 @@ static void print_table(void) {
         if (strstr(slots[i].name, "attention")) attn += slots[i].seconds;
     }
     const double wall = last_end - first_start;
-    fprintf(stderr, "\nMOE_PROFILE: CPU kernels, %.3f s from the first kernel to the last\n", wall);
+    char window[80] = "";
+    if (window_to)
+        snprintf(window, sizeof window, " of steps %lld..%lld (%lld steps)", (long long)window_from,
+                 (long long)window_to, (long long)(window_to - window_from + 1));
+    fprintf(stderr, "\nMOE_PROFILE: CPU kernels%s, %.3f s from the first kernel to the last\n",
+            window, wall);
     fprintf(stderr, "%-34s %9s %10s %7s\n", "kernel", "calls", "seconds", "% wall");
     for (int i = 0; i < n_slots; i++)
         fprintf(stderr, "%-34s %9ld %10.4f %6.1f%%\n", slots[i].name, slots[i].calls,
@@ -66,14 +81,24 @@ static int profile_enabled(void) {
     if (cpu_profile_on < 0) {
         const char *e = getenv("MOE_PROFILE");
         cpu_profile_on = e && *e && strcmp(e, "0");
+        const char *from = getenv("MOE_PROFILE_FROM");
+        if (cpu_profile_on && from && *from) {
+            char *end;
+            window_from = strtoll(from, &end, 10);
+            if (*end || window_from < 1)
+                moe_fatal("MOE_PROFILE_FROM=%s: expected a step number >= 1", from);
+            paused = 1; // until that step begins
+        }
         if (cpu_profile_on) atexit(print_table);
     }
     return cpu_profile_on;
 }
 
 cpu_profile_scope cpu_profile_begin(const char *name, int *slot) {
-    cpu_profile_scope s = {NULL, 0};
-    if (!profile_enabled() || depth++) return s; // nested: the outer kernel counts it
+    cpu_profile_scope s = {NULL, 0, 0};
+    if (!profile_enabled() || paused) return s;
+    s.depth_taken = 1;
+    if (depth++) return s; // nested: the outer kernel counts it
     if (*slot < 0) {
         if (n_slots == PROFILE_SLOTS) return s;
         *slot = n_slots;
@@ -86,10 +111,21 @@ cpu_profile_scope cpu_profile_begin(const char *name, int *slot) {
 }
 
 void cpu_profile_end(cpu_profile_scope *s) {
-    if (cpu_profile_on <= 0) return;
+    if (!s->depth_taken) return;
     depth--;
     if (!s->slot) return;
     last_end = now();
     slots[*s->slot].calls++;
     slots[*s->slot].seconds += last_end - s->t0;
+}
+
+void moe_profile_step_begin(int64_t step) {
+    if (!profile_enabled() || step != window_from) return;
+    for (int i = 0; i < n_slots; i++) slots[i].calls = 0, slots[i].seconds = 0;
+    first_start = -1, paused = 0;
+}
+
+void moe_profile_step_end(int64_t step, int last) {
+    if (!profile_enabled() || !window_from || step < window_from) return;
+    window_to = step, paused = last;
 }

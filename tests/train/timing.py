@@ -7,11 +7,16 @@ add up to at least 70% and at most 101% of step_s (median over steps: the laps c
 the experts' lap per layer is at most the step's experts phase, and its hottest expert's share
 at least its coldest's; the checkpoint after step 20 is logged with step 21; `moe stats` prints
 the breakdown and its --json shares sum to 1; with log.timing = false no record has them.
+MOE_PROFILE's window (layers/profile.h): with MOE_PROFILE_FROM=31 the kernel table counts
+steps 31..40 only (AdamW's calls a step as in the whole run's table, the cross-entropy's
+forward 10 calls: the final evaluation's left out); a bad value is an error naming the
+variable, and a window past the run's end says so instead of printing an empty table.
 
   timing.py MOE WORKDIR
 """
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -22,12 +27,36 @@ from runlib import Report, fresh_work  # noqa: E402
 PHASES = ["attention", "router", "dispatch", "experts", "combine", "dense"]
 
 
+def kernel_calls(table):
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(cpu_\w+)\s+(\d+)\s", table, re.M)}
+
+
+def profile_window(run, report):
+    whole = kernel_calls(run("prof", True, {"MOE_PROFILE": "1"}))
+    err = run("prof", True, {"MOE_PROFILE": "1", "MOE_PROFILE_FROM": "31"})
+    window = kernel_calls(err)
+    report("MOE_PROFILE: CPU kernels of steps 31..40 (10 steps)," in err,
+           "MOE_PROFILE_FROM=31: the table's header names steps 31..40")
+    adam_w, adam = window.get("cpu_adamw_update", 0), whole.get("cpu_adamw_update", 0)
+    report(adam_w > 0 and adam_w * 40 == adam * 10,
+           "AdamW: %d calls in steps 31..40, %d in all 40 steps" % (adam_w, adam))
+    ce_w, ce = window.get("cpu_cross_entropy_forward", 0), whole.get("cpu_cross_entropy_forward", 0)
+    report(ce_w == 10 and ce > 40, "cross-entropy forward: %d calls in the window (the final "
+           "evaluation's left out), %d in the whole run" % (ce_w, ce))
+    r = run("prof", True, {"MOE_PROFILE": "1", "MOE_PROFILE_FROM": "3x"}, fail_ok=True)
+    report(r.returncode != 0 and "MOE_PROFILE_FROM=3x" in r.stderr,
+           "MOE_PROFILE_FROM=3x: exit %d, %s" % (r.returncode, r.stderr.strip()[-90:]))
+    err = run("prof", True, {"MOE_PROFILE": "1", "MOE_PROFILE_FROM": "41"})
+    report("the run ended before step 41" in err and "cpu_adamw_update" not in err,
+           "MOE_PROFILE_FROM=41 in a 40-step run: no table, and it says why")
+
+
 def main():
     moe, work = sys.argv[1], sys.argv[2]
     fresh_work(work, 2, 40000)
     report = Report()
 
-    def run(name, timing):
+    def run(name, timing, env=None, fail_ok=False):
         cfg = os.path.join(work, name + ".cfg")
         with open(cfg, "w") as f:
             f.write("""model = { vocab_size = 256; d_model = 64; n_layers = 2; n_heads = 4; d_ff = 64;
@@ -37,9 +66,14 @@ data = { dir = "%s/data"; text = ["%s/text.txt"]; };
 log = { dir = "%s/run_%s"; interval = 100; timing = %s; };
 checkpoint = { interval = 20; };
 """ % (work, work, work, name, "true" if timing else "false"))
-        r = subprocess.run([moe, "train", cfg], capture_output=True, text=True)
+        r = subprocess.run([moe, "train", cfg, "--overwrite"], capture_output=True, text=True,
+                           env=dict(os.environ, **(env or {})))
+        if fail_ok:
+            return r
         if r.returncode:
             sys.exit("timing: FAIL: moe train %s\n%s" % (cfg, r.stderr[-2000:]))
+        if env:
+            return r.stderr
         d = os.path.join(work, "run_" + name)
         return d, [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))], \
             [json.loads(l) for l in open(os.path.join(d, "expert_load.jsonl"))]
@@ -66,6 +100,7 @@ checkpoint = { interval = 20; };
     share = json.loads(r.stdout)["time"]["share"]
     total = sum(v for k, v in share.items() if k != "exchange_wait")
     report(abs(total - 1) < 1e-9, "moe stats --json: the shares (phases, optimizer, other) sum to %.12f" % total)
+    profile_window(run, report)
     d, metrics, loads = run("off", False)
     report(not any("time" in r for r in metrics) and not any("expert_s" in l for l in loads),
            "log.timing = false: no time, no expert_s")
