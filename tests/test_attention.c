@@ -286,20 +286,25 @@ static void check_finite_differences(moe_backend *be, shape sh) {
 // vec_math.h's 16-lane twins, which attention.c's AVX-512 loops use, against the scalar
 // functions bit for bit: vec_exp16 == vec_exp on a sweep of [-100, 100] in steps of 1/1024
 // (the clamps at -87 and 88 inside), +-inf, NaN, -0 and denormals; vec_to_bf16_16 ==
-// moe_f32_to_bf16 on every 65521st bit pattern (all classes: NaN, inf, denormals, ties).
+// moe_f32_to_bf16 on every 65521st bit pattern (all classes: NaN, inf, denormals, ties);
+// vec_to_bf16_16_normal the same on those patterns but the subnormals, and on every output
+// of the exp sweep (what attention rounds with it).
 static void check_vec16(void) {
     printf("16-lane exp and bf16 rounding == the scalar functions\n");
     float x[16];
-    long bad_exp = 0, bad_bf16 = 0, n_exp = 0, n_bf16 = 0;
+    long bad_exp = 0, bad_bf16 = 0, n_exp = 0, n_bf16 = 0, bad_normal = 0, n_normal = 0;
     const float special[8] = {INFINITY, -INFINITY, NAN, -0.0f, 1e-40f, -1e-40f, -87.0f, 88.0f};
     for (long i = -102400 - 8; i <= 102400; i += 16) {
         for (int l = 0; l < 16; l++)
             x[l] = i + l < -102400 ? special[(i + l + 102400 + 8) % 8] : (float)(i + l) / 1024;
         float y[16];
+        uint16_t e16[16];
         _mm512_storeu_ps(y, vec_exp16(_mm512_loadu_ps(x)));
-        for (int l = 0; l < 16; l++, n_exp++) {
+        _mm256_storeu_si256((__m256i *)e16, vec_to_bf16_16_normal(_mm512_loadu_ps(y)));
+        for (int l = 0; l < 16; l++, n_exp++, n_normal++) {
             const float want = vec_exp(x[l]);
             bad_exp += memcmp(&want, &y[l], sizeof want) != 0;
+            bad_normal += e16[l] != moe_f32_to_bf16(y[l]);
         }
     }
     for (uint64_t b = 0; b < ((uint64_t)1 << 32); b += 16 * 65521) {
@@ -307,9 +312,14 @@ static void check_vec16(void) {
             const uint32_t u = (uint32_t)(b + (uint64_t)l * 65521);
             memcpy(&x[l], &u, sizeof u);
         }
-        uint16_t h[16];
+        uint16_t h[16], hn[16];
         _mm256_storeu_si256((__m256i *)h, vec_to_bf16_16(_mm512_loadu_ps(x)));
-        for (int l = 0; l < 16; l++, n_bf16++) bad_bf16 += h[l] != moe_f32_to_bf16(x[l]);
+        _mm256_storeu_si256((__m256i *)hn, vec_to_bf16_16_normal(_mm512_loadu_ps(x)));
+        for (int l = 0; l < 16; l++, n_bf16++) {
+            bad_bf16 += h[l] != moe_f32_to_bf16(x[l]);
+            if (fpclassify(x[l]) != FP_SUBNORMAL)
+                n_normal++, bad_normal += hn[l] != moe_f32_to_bf16(x[l]);
+        }
     }
     char what[120];
     snprintf(what, sizeof what, "vec_exp16 == vec_exp: %ld of %ld differ", bad_exp, n_exp);
@@ -317,6 +327,10 @@ static void check_vec16(void) {
     snprintf(what, sizeof what, "vec_to_bf16_16 == moe_f32_to_bf16: %ld of %ld differ", bad_bf16,
              n_bf16);
     check_true(what, bad_bf16 == 0);
+    snprintf(what, sizeof what,
+             "vec_to_bf16_16_normal == moe_f32_to_bf16 away from subnormals: %ld of %ld differ",
+             bad_normal, n_normal);
+    check_true(what, bad_normal == 0);
 }
 #endif
 

@@ -77,7 +77,7 @@ static real exp_sum(real *e, moe_bf16 *e16, const real *s, real mx, int w) {
         const __m512 x = vec_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), m));
         acc = _mm512_mask_add_ps(acc, k, acc, x);
         if (e) _mm512_mask_storeu_ps(e + j, k, x);
-        if (e16) _mm256_mask_storeu_epi16(e16 + j, k, vec_to_bf16_16(x));
+        if (e16) _mm256_mask_storeu_epi16(e16 + j, k, vec_to_bf16_16_normal(x));
     }
     return _mm512_reduce_add_ps(acc);
 #else

@@ -86,6 +86,19 @@ static inline __m256i vec_to_bf16_16(__m512 v) {
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
+// The same for values that are zero or normal, as exp's are (vec_exp returns 0 below -87 and
+// at least e^-87 > FLT_MIN above): AVX512-BF16's VCVTNEPS2BF16 rounds to nearest even as
+// above and makes NaN quiet the same way, but flushes subnormal inputs to zero, so it is
+// only the same bits away from them. One instruction instead of ten: attention's row of
+// exps into bf16, 0.65 -> 0.53 ns an element (Xeon with AMX, rows of 64-256).
+static inline __m256i vec_to_bf16_16_normal(__m512 v) {
+#ifdef __AVX512BF16__
+    return (__m256i)_mm512_cvtneps_pbh(v);
+#else
+    return vec_to_bf16_16(v);
+#endif
+}
+
 // 16 bf16 values widened exactly (moe_bf16_to_f32 on each lane).
 static inline __m512 vec_from_bf16_16(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
