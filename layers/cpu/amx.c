@@ -578,6 +578,110 @@ AMX_TARGET void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, in
     }
 }
 
+// ---- attention's backward scores with the softmax backward as their epilogue ---------------
+#ifdef MOE_VEC16 // (its epilogue is vec_math.h's 16-lane code)
+// For a block of n query rows (query i0 + i) against columns j < cols:
+//     S = q k^T and dP = do v^T   (tiles side by side: accumulators 0, 1 and 2, 3)
+//     p = exp(fl(scale S) - lse_i),  ds = fl(fl(p fl(dP - D_i)) scale)      for j <= i0 + i
+// into p16 = bf16(p), ds16 = bf16(ds) [n, ld16]. S and dP never go to memory in fp32: the
+// unfused path (layers/cpu/attention.c) stored both [n, cols] blocks, scaled S in a pass of
+// its own, then read them back for the exps and for ds. The same bits as that path: each S
+// and dP is the same sum of the same tiles, scaled as store_block scales, and the element
+// math is exp_sum's and the ds loop's (masked entries: p = +0 and ds = +0 (dP - D) scale up
+// to the row's 16-lane width w, +0 beyond; see attention.c's row_width).
+
+// Tiles of op(b) = x^T for x [cols, kd] (row stride ld): 16-column blocks, then chunks of k.
+AMX_TARGET static void pack_rows_transposed(uint32_t *bp, const moe_bf16 *x, int ld, int cols,
+                                            int kd, int nb, int kc) {
+    for (int jb = 0; jb < nb; jb++)
+        for (int c = 0; c < kc; c++)
+            pack_b_tile(bp + ((size_t)jb * kc + c) * TILE_WORDS, x, ld, 1, cols, kd, jb * 16,
+                        c * 32);
+}
+
+// The epilogue of 16 rows (r0 ..) and 32 columns (j0 ..): t[r] = S (32 columns), then dP.
+AMX_TARGET static void softmax_backward_tiles(const cpu_amx_attn_bwd *x, int r0, int j0,
+                                              float t[16][64]) {
+    const __m512 scale = _mm512_set1_ps(x->scale);
+    const int rows = x->n - r0 < 16 ? x->n - r0 : 16;
+    for (int r = 0; r < rows; r++) {
+        const int i = r0 + r, last = x->i0 + i;
+        const int w = ((last + 16) & ~15) < x->cols ? (last + 16) & ~15 : x->cols;
+        const __m512 lse = _mm512_set1_ps(x->lse[i]), D = _mm512_set1_ps(x->D[i]);
+        moe_bf16 *p16 = x->p16 + (size_t)i * x->ld16, *ds16 = x->ds16 + (size_t)i * x->ld16;
+        for (int h = 0; h < 32; h += 16) {
+            const int j = j0 + h;
+            if (j >= x->cols) break;
+            const __mmask16 k = vec_lanes16(j, x->cols);
+            __m256i pb = _mm256_setzero_si256(), db = _mm256_setzero_si256();
+            if (j < w) {
+                const __mmask16 valid = vec_lanes16(j, last + 1); // j .. last
+                const __m512 sc = _mm512_mul_ps(scale, _mm512_load_ps(&t[r][h]));
+                const __m512 p = _mm512_maskz_mov_ps(valid, vec_exp16(_mm512_sub_ps(sc, lse)));
+                const __m512 dp = _mm512_load_ps(&t[r][32 + h]);
+                pb = vec_to_bf16_16_normal(p);
+                db = vec_to_bf16_16(_mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(dp, D)), scale));
+            }
+            _mm256_mask_storeu_epi16(p16 + j, k, pb);
+            _mm256_mask_storeu_epi16(ds16 + j, k, db);
+        }
+    }
+}
+
+AMX_TARGET int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
+    const int kc = (x->hd + 31) / 32, nb = (x->cols + 15) / 16, nb2 = (nb + 1) / 2 * 2;
+    uint32_t *bk = grow(&b_buf, &b_cap, (size_t)2 * nb2 * kc * TILE_WORDS + 4 * kc * TILE_WORDS);
+    uint32_t *bv = bk + (size_t)nb2 * kc * TILE_WORDS, *aq = bv + (size_t)nb2 * kc * TILE_WORDS,
+             *ad = aq + (size_t)2 * kc * TILE_WORDS;
+    if (nb < nb2) // an odd number of 16-column blocks: the pair's second tiles are zeros
+        for (int c = 0; c < kc; c++) {
+            memset(bk + ((size_t)nb * kc + c) * TILE_WORDS, 0, TILE_WORDS * 4);
+            memset(bv + ((size_t)nb * kc + c) * TILE_WORDS, 0, TILE_WORDS * 4);
+        }
+    pack_rows_transposed(bk, x->k, x->ldk, x->cols, x->hd, nb, kc);
+    pack_rows_transposed(bv, x->v, x->ldk, x->cols, x->hd, nb, kc);
+    float t[16][64] __attribute__((aligned(64)));
+    configure_tiles();
+    for (int r0 = 0; r0 < x->n; r0 += 16) {
+        for (int c = 0; c < kc; c++) { // this row group's q and do tiles, every chunk of k
+            pack_a_tile(aq + (size_t)c * TILE_WORDS, x->q, x->ldq, 0, x->n, x->hd, r0, c * 32);
+            pack_a_tile(ad + (size_t)c * TILE_WORDS, x->dO, x->ldo, 0, x->n, x->hd, r0, c * 32);
+        }
+        for (int jb = 0; jb < nb; jb += 2) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int c = 0; c < kc; c++) {
+                const size_t b0 = ((size_t)jb * kc + c) * TILE_WORDS, b1 = b0 + kc * TILE_WORDS;
+                _tile_loadd(4, aq + (size_t)c * TILE_WORDS, 64);
+                _tile_loadd(5, ad + (size_t)c * TILE_WORDS, 64);
+                _tile_loadd(6, bk + b0, 64);
+                _tile_loadd(7, bk + b1, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(6, bv + b0, 64);
+                _tile_loadd(7, bv + b1, 64);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, &t[0][0], 256);
+            _tile_stored(1, &t[0][16], 256);
+            _tile_stored(2, &t[0][32], 256);
+            _tile_stored(3, &t[0][48], 256);
+            softmax_backward_tiles(x, r0, jb * 16, t);
+        }
+    }
+    _tile_release();
+    return 1;
+}
+#else
+int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
+    (void)x;
+    return 0;
+}
+#endif
+
 #else // no AMX in this build (not x86-64, or a compiler without AMX intrinsics)
 
 int cpu_amx_available(void) { return 0; }
@@ -595,6 +699,11 @@ void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, int lda, cons
     (void)m, (void)ff, (void)kd, (void)a, (void)lda, (void)w13, (void)act16, (void)h13_16;
     (void)h13;
     moe_fatal("cpu: the AMX bf16 GEMM is not in this build");
+}
+
+int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
+    (void)x;
+    return 0;
 }
 
 #endif

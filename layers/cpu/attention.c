@@ -392,6 +392,45 @@ void cpu_attention_forward_bf16(moe_backend *be, real *out, real *lse, const moe
                   forward_block16, &t);
 }
 
+// D_i = dO_i . o_i of the block's row i (FlashAttention-2's rowsum(dP * P)), both bf16,
+// summed in fp32
+static real row_D(const tensors16 *t, const attn_shape *a, const attn_block *k, int i) {
+    const size_t at = k->o + (size_t)i * a->H * a->hd;
+    return dot_bf16(t->dout + at, t->o + at, a->hd);
+}
+
+// On the AMX path: p16 and ds16 of the block straight from the tiles of S and dP
+// (cpu_amx_attention_scores_bwd, the same bits); 0 elsewhere (the loops below do it).
+static int softmax_backward_amx(const tensors16 *t, const attn_shape *a, const attn_block *k,
+                                moe_bf16 *p16, moe_bf16 *ds16) {
+#ifdef MOE_REAL_DOUBLE // (the f64 build's bf16 GEMMs are the emulated path's)
+    (void)t, (void)a, (void)k, (void)p16, (void)ds16;
+    return 0;
+#else
+    if (t->st->bf16_native != CPU_BF16_AMX || t->st->row_invariant) return 0;
+    real D[ATTN_BLOCK];
+    for (int i = 0; i < k->n; i++) D[i] = row_D(t, a, k, i);
+    const cpu_amx_attn_bwd x = {.n = k->n,
+                                .cols = k->cols,
+                                .hd = a->hd,
+                                .i0 = k->i0,
+                                .scale = a->scale,
+                                .q = t->qkv + k->q,
+                                .dO = t->dout + k->o,
+                                .ldq = a->row,
+                                .ldo = a->H * a->hd,
+                                .k = t->qkv + k->k,
+                                .v = t->qkv + k->v,
+                                .ldk = a->row,
+                                .lse = t->lse + k->l,
+                                .D = D,
+                                .p16 = p16,
+                                .ds16 = ds16,
+                                .ld16 = k->cols};
+    return cpu_amx_attention_scores_bwd(&x);
+#endif
+}
+
 static void backward_block16(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
     const tensors16 *t = ctx;
     const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd;
@@ -400,32 +439,33 @@ static void backward_block16(const void *ctx, const attn_shape *a, const attn_bl
     real *ds = p + (size_t)ATTN_BLOCK * a->S, *ws = p + (size_t)3 * ATTN_BLOCK * a->S;
     moe_bf16 *p16 = (moe_bf16 *)(p + (size_t)2 * ATTN_BLOCK * a->S),
              *ds16 = p16 + (size_t)ATTN_BLOCK * a->S;
-    // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal; p16 = bf16(p)
-    cpu_gemm_bf16(t->st, ws, 0, 1, n, cols, hd, a->scale, q, row, kk, row, 0, p, cols);
-    for (int i = 0; i < n; i++) {
-        const int last = k->i0 + i, w = row_width(last, cols);
-        real *pi = p + (size_t)i * cols;
-        moe_bf16 *pi16 = p16 + (size_t)i * cols;
-        mask_row(pi, last, w);
-        exp_sum(pi, pi16, pi, t->lse[k->l + i], w);
-        zero_tail16(pi16, w, cols);
-    }
-    // dp = dO v^T; dv += p16^T dO
-    cpu_gemm_bf16(t->st, ws, 0, 1, n, cols, hd, 1, dO, orow, v, row, 0, ds, cols);
-    cpu_gemm_bf16(t->st, ws, 1, 0, cols, hd, n, 1, p16, cols, dO, orow, 1, t->dqkv + k->v, row);
-    // ds16 = bf16(p * (dp - D) * scale), D_i = dO_i . o_i (both bf16, summed in fp32); masked
-    // entries have p = 0
-    for (int i = 0; i < n; i++) {
-        const moe_bf16 *oi = t->o + k->o + (size_t)i * orow, *dOi = dO + (size_t)i * orow;
-        const real *pi = p + (size_t)i * cols, *dsi = ds + (size_t)i * cols;
-        moe_bf16 *dsi16 = ds16 + (size_t)i * cols;
-        const int w = row_width(k->i0 + i, cols);
-        const real D = dot_bf16(dOi, oi, hd);
+    if (!softmax_backward_amx(t, a, k, p16, ds16)) {
+        // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal; p16 = bf16(p)
+        cpu_gemm_bf16(t->st, ws, 0, 1, n, cols, hd, a->scale, q, row, kk, row, 0, p, cols);
+        for (int i = 0; i < n; i++) {
+            const int last = k->i0 + i, w = row_width(last, cols);
+            real *pi = p + (size_t)i * cols;
+            moe_bf16 *pi16 = p16 + (size_t)i * cols;
+            mask_row(pi, last, w);
+            exp_sum(pi, pi16, pi, t->lse[k->l + i], w);
+            zero_tail16(pi16, w, cols);
+        }
+        // dp = dO v^T; ds16 = bf16(p * (dp - D) * scale), D_i = dO_i . o_i (both bf16, summed
+        // in fp32); masked entries have p = 0
+        cpu_gemm_bf16(t->st, ws, 0, 1, n, cols, hd, 1, dO, orow, v, row, 0, ds, cols);
+        for (int i = 0; i < n; i++) {
+            const real *pi = p + (size_t)i * cols, *dsi = ds + (size_t)i * cols;
+            moe_bf16 *dsi16 = ds16 + (size_t)i * cols;
+            const int w = row_width(k->i0 + i, cols);
+            const real D = row_D(t, a, k, i);
 #pragma omp simd
-        for (int j = 0; j < w; j++)
-            dsi16[j] = moe_f32_to_bf16((float)(pi[j] * (dsi[j] - D) * a->scale));
-        zero_tail16(dsi16, w, cols);
+            for (int j = 0; j < w; j++)
+                dsi16[j] = moe_f32_to_bf16((float)(pi[j] * (dsi[j] - D) * a->scale));
+            zero_tail16(dsi16, w, cols);
+        }
     }
+    // dv += p16^T dO
+    cpu_gemm_bf16(t->st, ws, 1, 0, cols, hd, n, 1, p16, cols, dO, orow, 1, t->dqkv + k->v, row);
     // dq = ds16 k; dk += ds16^T q
     cpu_gemm_bf16(t->st, ws, 0, 0, n, hd, cols, 1, ds16, cols, kk, row, 0, t->dqkv + k->q, row);
     cpu_gemm_bf16(t->st, ws, 1, 0, cols, hd, n, 1, ds16, cols, q, row, 1, t->dqkv + k->k, row);

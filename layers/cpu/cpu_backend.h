@@ -146,6 +146,23 @@ void cpu_amx_gemm_bf16(int trans_a, int trans_b, int m, int n, int kd, float alp
 // for the shapes that run unfused. a [m, kd] (row stride lda), w13 [2ff, kd] bf16.
 void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, int lda, const moe_bf16 *w13,
                          moe_bf16 *act16, moe_bf16 *h13_16, float *h13);
+// bf16 attention's backward for one block of n query rows (queries i0 .. i0+n-1) of one head
+// against its columns j < cols (layers/cpu/amx.c): S = q k^T, dP = do v^T on AMX tiles, then
+//   p16 = bf16(exp(scale S - lse_i)), ds16 = bf16(p (dP - D_i) scale)   (j <= i0 + i; else 0)
+// the same bits as cpu_amx_gemm_bf16's two products followed by attention.c's row loops.
+// Returns 0 (nothing done) in a build without it (no AMX, or no AVX-512 target).
+typedef struct {
+    int n, cols, hd, i0;
+    float scale;
+    const moe_bf16 *q, *dO; // [n, hd] at row strides ldq, ldo
+    int ldq, ldo;
+    const moe_bf16 *k, *v; // [cols, hd] at row stride ldk
+    int ldk;
+    const float *lse, *D; // [n]
+    moe_bf16 *p16, *ds16; // [n, ld16]: columns [0, cols) written
+    int ld16;
+} cpu_amx_attn_bwd;
+int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x);
 // moe_blas_kernel(), the BLAS's kernel family, which sets the sgemm rate (on an AVX-512 Xeon:
 // 250 GFLOP/s with OpenBLAS's Haswell kernels, 450-470 with SkylakeX), is in layers/blas.h.
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max
