@@ -675,8 +675,95 @@ AMX_TARGET int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
     _tile_release();
     return 1;
 }
+// ---- attention's forward of a query block, the softmax between its two products ------------
+// For 16 query rows at a time: S = q k^T on tiles into a [16, cols] buffer (L1), scaled as
+// store_block scales (fl(scale S)); the caller's softmax turns its rows into e16 = bf16(exp(S -
+// max)) and 1 / sum (attention.c's exp_row_bf16); then o = (e16 v) / sum on tiles, each o
+// element fl(sum * inv) as the unfused path's GEMM and its pass over o. The unfused path
+// stored the block's [64, cols] scores and its [64, hd] output to memory and read both back.
+
+// Tiles of op(b) = x for x [kd, n] (row stride ld): 16-column blocks of n, then chunks of kd.
+AMX_TARGET static void pack_rows(uint32_t *bp, const moe_bf16 *x, int ld, int n, int kd, int nb,
+                                 int kc) {
+    for (int jb = 0; jb < nb; jb++)
+        for (int c = 0; c < kc; c++)
+            pack_b_tile(bp + ((size_t)jb * kc + c) * TILE_WORDS, x, ld, 0, n, kd, jb * 16, c * 32);
+}
+
+// Zero tiles for the second block of a pair when the blocks are odd in number.
+static void zero_pad_tiles(uint32_t *bp, int nb, int kc) {
+    if (nb % 2) memset(bp + (size_t)nb * kc * TILE_WORDS, 0, (size_t)kc * TILE_WORDS * 4);
+}
+
+// The 16 x 32 product of a row group's A tiles (a: kc tiles, 1 KiB apart, or in place at
+// stride sa) and the pair of column blocks jb, jb+1 of packed b, into t (row stride ldt floats).
+AMX_TARGET static void tiles_1x2(const char *a, size_t sa, size_t step, const uint32_t *bp, int jb,
+                                 int kc, float *t, int ldt) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int c = 0; c < kc; c++) {
+        _tile_loadd(4, a + c * step, sa);
+        _tile_loadd(6, bp + ((size_t)jb * kc + c) * TILE_WORDS, 64);
+        _tile_loadd(7, bp + ((size_t)(jb + 1) * kc + c) * TILE_WORDS, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+    }
+    _tile_stored(0, t, (size_t)ldt * 4);
+    _tile_stored(1, t + 16, (size_t)ldt * 4);
+}
+
+AMX_TARGET int cpu_amx_attention_forward_block(const cpu_amx_attn_fwd *x) {
+    const int kc = (x->hd + 31) / 32, nb = (x->cols + 15) / 16, nb2 = (nb + 1) / 2 * 2;
+    const int cc = (x->cols + 31) / 32, hb = (x->hd + 15) / 16, hb2 = (hb + 1) / 2 * 2;
+    const int lds = nb2 * 16, lde = cc * 32; // the scores' and e16's row strides
+    const size_t tiles = (size_t)nb2 * kc + (size_t)hb2 * cc + kc,
+                 floats = (size_t)16 * lds + 16 * (size_t)hb2 * 16, halves = (size_t)16 * lde;
+    uint32_t *bk = grow(&b_buf, &b_cap, tiles * TILE_WORDS + floats + (halves + 1) / 2);
+    uint32_t *bv = bk + (size_t)nb2 * kc * TILE_WORDS, *aq = bv + (size_t)hb2 * cc * TILE_WORDS;
+    float *s = (float *)(aq + (size_t)kc * TILE_WORDS), *o = s + (size_t)16 * lds;
+    moe_bf16 *e16 = (moe_bf16 *)(o + (size_t)16 * hb2 * 16);
+    pack_rows_transposed(bk, x->k, x->ldk, x->cols, x->hd, nb, kc); // k^T
+    zero_pad_tiles(bk, nb, kc);
+    pack_rows(bv, x->v, x->ldk, x->hd, x->cols, hb, cc); // v
+    zero_pad_tiles(bv, hb, cc);
+    memset(e16, 0, halves * sizeof(moe_bf16)); // columns [cols, lde) stay 0 (the last chunk)
+    const __m512 scale = _mm512_set1_ps(x->scale);
+    float inv[16];
+    configure_tiles();
+    for (int r0 = 0; r0 < x->n; r0 += 16) {
+        const int rows = x->n - r0 < 16 ? x->n - r0 : 16;
+        for (int c = 0; c < kc; c++)
+            pack_a_tile(aq + (size_t)c * TILE_WORDS, x->q, x->ldq, 0, x->n, x->hd, r0, c * 32);
+        for (int jb = 0; jb < nb; jb += 2)
+            tiles_1x2((const char *)aq, 64, TILE_WORDS * 4, bk, jb, kc, s + jb * 16, lds);
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < x->cols; j += 16) {
+                const __mmask16 k = vec_lanes16(j, x->cols);
+                float *sj = s + (size_t)r * lds + j;
+                _mm512_mask_storeu_ps(sj, k, _mm512_mul_ps(scale, _mm512_maskz_loadu_ps(k, sj)));
+            }
+        x->softmax(x->ctx, s, lds, e16, lde, inv, r0, rows);
+        for (int hb0 = 0; hb0 < hb; hb0 += 2)
+            tiles_1x2((const char *)e16, (size_t)lde * 2, 64, bv, hb0, cc, o + hb0 * 16, hb2 * 16);
+        for (int r = 0; r < rows; r++) {
+            float *out = x->out + (size_t)(r0 + r) * x->ldo;
+            const __m512 v = _mm512_set1_ps(inv[r]);
+            for (int c = 0; c < x->hd; c += 16) {
+                const __mmask16 k = vec_lanes16(c, x->hd);
+                _mm512_mask_storeu_ps(
+                    out + c, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, o + r * hb2 * 16 + c), v));
+            }
+        }
+    }
+    _tile_release();
+    return 1;
+}
 #else
 int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
+    (void)x;
+    return 0;
+}
+int cpu_amx_attention_forward_block(const cpu_amx_attn_fwd *x) {
     (void)x;
     return 0;
 }
@@ -702,6 +789,11 @@ void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, int lda, cons
 }
 
 int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
+    (void)x;
+    return 0;
+}
+
+int cpu_amx_attention_forward_block(const cpu_amx_attn_fwd *x) {
     (void)x;
     return 0;
 }

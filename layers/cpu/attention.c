@@ -366,9 +366,52 @@ typedef struct {
     const real *lse;
 } tensors16;
 
+// The AMX forward's softmax (cpu_amx_attention_forward_block) of rows r0 .. of block k.
+typedef struct {
+    const tensors16 *t;
+    const attn_block *k;
+} softmax_ctx;
+
+#ifndef MOE_REAL_DOUBLE
+static void softmax_rows16(const void *ctx, float *s, int lds, moe_bf16 *e16, int lde, float *inv,
+                           int r0, int rows) {
+    const softmax_ctx *x = ctx;
+    for (int r = 0; r < rows; r++)
+        x->t->lse_out[x->k->l + r0 + r] = exp_row_bf16(
+            e16 + (size_t)r * lde, inv + r, s + (size_t)r * lds, x->k->i0 + r0 + r, x->k->cols);
+}
+#endif
+
+// On the AMX path: the block in one call, the scores and the output never stored to memory
+// in fp32 (the same bits); 0 elsewhere.
+static int forward_amx(const tensors16 *t, const attn_shape *a, const attn_block *k) {
+#ifdef MOE_REAL_DOUBLE
+    (void)t, (void)a, (void)k;
+    return 0;
+#else
+    if (t->st->bf16_native != CPU_BF16_AMX || t->st->row_invariant) return 0;
+    const softmax_ctx ctx = {t, k};
+    const cpu_amx_attn_fwd x = {.n = k->n,
+                                .cols = k->cols,
+                                .hd = a->hd,
+                                .scale = a->scale,
+                                .q = t->qkv + k->q,
+                                .ldq = a->row,
+                                .k = t->qkv + k->k,
+                                .v = t->qkv + k->v,
+                                .ldk = a->row,
+                                .out = t->out + k->o,
+                                .ldo = a->H * a->hd,
+                                .softmax = softmax_rows16,
+                                .ctx = &ctx};
+    return cpu_amx_attention_forward_block(&x);
+#endif
+}
+
 // p [n, cols] = scale * q_block k^T; e16 = bf16(exp(p - max)); o = (e16 v) / sum
 static void forward_block16(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
     const tensors16 *t = ctx;
+    if (forward_amx(t, a, k)) return;
     const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd;
     moe_bf16 *e16 = (moe_bf16 *)(p + (size_t)2 * ATTN_BLOCK * a->S);
     real *ws = p + (size_t)3 * ATTN_BLOCK * a->S, *o = t->out + k->o, inv[ATTN_BLOCK];

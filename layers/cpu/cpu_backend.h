@@ -163,6 +163,25 @@ typedef struct {
     int ld16;
 } cpu_amx_attn_bwd;
 int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x);
+// bf16 attention's forward of one block of n query rows against its columns j < cols: 16 rows
+// at a time, s = fl(scale q k^T) [rows, lds] on AMX tiles, then softmax(ctx, s, lds, e16, lde,
+// inv, r0, rows) (the caller's: e16 [rows, lde] bf16 with columns [cols, lde) left 0, inv
+// [rows] = 1 / the rows' sums, rows r0 .. of the block), then out = (e16 v) inv. The same bits
+// as cpu_amx_gemm_bf16's two products around the caller's softmax. 0: not in this build.
+typedef struct {
+    int n, cols, hd;
+    float scale;
+    const moe_bf16 *q; // [n, hd] at row stride ldq
+    int ldq;
+    const moe_bf16 *k, *v; // [cols, hd] at row stride ldk
+    int ldk;
+    float *out; // [n, hd] at row stride ldo
+    int ldo;
+    void (*softmax)(const void *ctx, float *s, int lds, moe_bf16 *e16, int lde, float *inv, int r0,
+                    int rows);
+    const void *ctx;
+} cpu_amx_attn_fwd;
+int cpu_amx_attention_forward_block(const cpu_amx_attn_fwd *x);
 // moe_blas_kernel(), the BLAS's kernel family, which sets the sgemm rate (on an AVX-512 Xeon:
 // 250 GFLOP/s with OpenBLAS's Haswell kernels, 450-470 with SkylakeX), is in layers/blas.h.
 // The whole CPUs of a cgroup CPU quota, rounded up: v2's cpu.max ("QUOTA PERIOD" or "max
