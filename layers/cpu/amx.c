@@ -758,15 +758,7 @@ AMX_TARGET int cpu_amx_attention_forward_block(const cpu_amx_attn_fwd *x) {
     _tile_release();
     return 1;
 }
-#else
-int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
-    (void)x;
-    return 0;
-}
-int cpu_amx_attention_forward_block(const cpu_amx_attn_fwd *x) {
-    (void)x;
-    return 0;
-}
+#define MOE_AMX_ATTENTION 1
 #endif
 
 #else // no AMX in this build (not x86-64, or a compiler without AMX intrinsics)
@@ -788,6 +780,9 @@ void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, int lda, cons
     moe_fatal("cpu: the AMX bf16 GEMM is not in this build");
 }
 
+#endif
+
+#ifndef MOE_AMX_ATTENTION // no AMX, or no AVX-512 target: attention.c's loops do it
 int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
     (void)x;
     return 0;
@@ -797,5 +792,4 @@ int cpu_amx_attention_forward_block(const cpu_amx_attn_fwd *x) {
     (void)x;
     return 0;
 }
-
 #endif
