@@ -1,6 +1,7 @@
 // The bf16 attention kernels (layers/cpu/attention.c, attention_forward_bf16 and
 // attention_backward_bf16) on every bf16 GEMM path this machine has, at the shapes of
-// test_attention.c and the default model's (S = 256, hd = 32):
+// test_attention.c, the default model's (S = 256, hd = 32) and heads of several 32-wide chunks
+// (hd = 72, 128: the AMX blocks' loops over chunks of k):
 //   - against a direct evaluation in double of the bf16 rule of layers/backend.h (q, k, v,
 //     do, o widened from bf16; E = exp(S - m), P and dS rounded to bf16 where they enter a
 //     product): 5e-5 relative (a rounding of E may flip where fp32 and double scores differ);
@@ -182,6 +183,8 @@ int main(int argc, char **argv) {
         {3, 70, 6, 1, 8},   // MQA
         {2, 2, 2, 1, 4},    // two tokens
         {1, 256, 6, 2, 32}, // configs/shakespeare.cfg's heads
+        {1, 100, 4, 2, 72}, // hd of several 32-wide chunks, the last one partial (AMX: kc 3)
+        {1, 96, 2, 1, 128}, // Mixtral's and Qwen3's hd
     };
     int natives = 0;
     for (int path = CPU_BF16_EMULATED; path <= CPU_BF16_AMX; path++) {
