@@ -29,7 +29,7 @@ static profile_slot slots[PROFILE_SLOTS];
 static int n_slots, depth;
 static double first_start = -1, last_end;
 static int64_t window_from, window_to; // MOE_PROFILE_FROM's steps (0: the whole process)
-static int paused;                     // after the window's last step
+static int paused, window_open;        // paused: before the window and after its last step
 
 static double now(void) {
     struct timespec ts;
@@ -119,13 +119,14 @@ void cpu_profile_end(cpu_profile_scope *s) {
     slots[*s->slot].seconds += last_end - s->t0;
 }
 
+// The window opens at the first step from N on (a resumed run may start past N), once.
 void moe_profile_step_begin(int64_t step) {
-    if (!profile_enabled() || step != window_from) return;
+    if (!profile_enabled() || !window_from || window_open || step < window_from) return;
     for (int i = 0; i < n_slots; i++) slots[i].calls = 0, slots[i].seconds = 0;
-    first_start = -1, paused = 0;
+    first_start = -1, paused = 0, window_open = 1, window_from = step;
 }
 
 void moe_profile_step_end(int64_t step, int last) {
-    if (!profile_enabled() || !window_from || step < window_from) return;
+    if (!profile_enabled() || !window_open) return;
     window_to = step, paused = last;
 }

@@ -10,7 +10,8 @@ the breakdown and its --json shares sum to 1; with log.timing = false no record 
 MOE_PROFILE's window (layers/profile.h): with MOE_PROFILE_FROM=31 the kernel table counts
 steps 31..40 only (AdamW's calls a step as in the whole run's table, the cross-entropy's
 forward 10 calls: the final evaluation's left out); a bad value is an error naming the
-variable, and a window past the run's end says so instead of printing an empty table.
+variable, and a window past the run's end says so instead of printing an empty table; in a
+run resumed at step 21 the window of MOE_PROFILE_FROM=11 opens at step 21.
 
   timing.py MOE WORKDIR
 """
@@ -31,7 +32,7 @@ def kernel_calls(table):
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(cpu_\w+)\s+(\d+)\s", table, re.M)}
 
 
-def profile_window(run, report):
+def profile_window(run, report, moe, work):
     whole = kernel_calls(run("prof", True, {"MOE_PROFILE": "1"}))
     err = run("prof", True, {"MOE_PROFILE": "1", "MOE_PROFILE_FROM": "31"})
     window = kernel_calls(err)
@@ -49,6 +50,15 @@ def profile_window(run, report):
     err = run("prof", True, {"MOE_PROFILE": "1", "MOE_PROFILE_FROM": "41"})
     report("the run ended before step 41" in err and "cpu_adamw_update" not in err,
            "MOE_PROFILE_FROM=41 in a 40-step run: no table, and it says why")
+    # a run resumed past N: the window opens at its first step
+    ckpt = os.path.join(work, "run_prof", "ckpt", "step_00000020")
+    r = subprocess.run([moe, "train", os.path.join(work, "prof.cfg"), "--resume", ckpt],
+                       capture_output=True, text=True,
+                       env=dict(os.environ, MOE_PROFILE="1", MOE_PROFILE_FROM="11"))
+    report(r.returncode == 0 and "MOE_PROFILE: CPU kernels of steps 21..40 (20 steps)," in r.stderr
+           and kernel_calls(r.stderr).get("cpu_adamw_update", 0) * 40 == adam * 20,
+           "MOE_PROFILE_FROM=11, resumed at step 21: the table of steps 21..40 (exit %d)"
+           % r.returncode)
 
 
 def main():
@@ -100,7 +110,7 @@ checkpoint = { interval = 20; };
     share = json.loads(r.stdout)["time"]["share"]
     total = sum(v for k, v in share.items() if k != "exchange_wait")
     report(abs(total - 1) < 1e-9, "moe stats --json: the shares (phases, optimizer, other) sum to %.12f" % total)
-    profile_window(run, report)
+    profile_window(run, report, moe, work)
     d, metrics, loads = run("off", False)
     report(not any("time" in r for r in metrics) and not any("expert_s" in l for l in loads),
            "log.timing = false: no time, no expert_s")
