@@ -590,13 +590,16 @@ AMX_TARGET void cpu_amx_swiglu_bf16(int m, int ff, int kd, const moe_bf16 *a, in
 // math is exp_sum's and the ds loop's (masked entries: p = +0 and ds = +0 (dP - D) scale up
 // to the row's 16-lane width w, +0 beyond; see attention.c's row_width).
 
-// Tiles of op(b) = x^T for x [cols, kd] (row stride ld): 16-column blocks, then chunks of k.
-AMX_TARGET static void pack_rows_transposed(uint32_t *bp, const moe_bf16 *x, int ld, int cols,
-                                            int kd, int nb, int kc) {
+// The nb 16-column blocks of op(b) [kd, n] (op(b) = x, or x^T when trans; row stride ld),
+// each as its kc chunks of k, and when nb is odd a block of zero tiles after them, so that the
+// kernels can take the blocks in pairs.
+AMX_TARGET static void pack_panel(uint32_t *bp, const moe_bf16 *x, int ld, int trans, int n, int kd,
+                                  int nb, int kc) {
     for (int jb = 0; jb < nb; jb++)
         for (int c = 0; c < kc; c++)
-            pack_b_tile(bp + ((size_t)jb * kc + c) * TILE_WORDS, x, ld, 1, cols, kd, jb * 16,
+            pack_b_tile(bp + ((size_t)jb * kc + c) * TILE_WORDS, x, ld, trans, n, kd, jb * 16,
                         c * 32);
+    if (nb % 2) memset(bp + (size_t)nb * kc * TILE_WORDS, 0, (size_t)kc * TILE_WORDS * 4);
 }
 
 // The epilogue of 16 rows (r0 ..) and 32 columns (j0 ..): t[r] = S (32 columns), then dP.
@@ -633,13 +636,8 @@ AMX_TARGET int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
     uint32_t *bk = grow(&b_buf, &b_cap, (size_t)2 * nb2 * kc * TILE_WORDS + 4 * kc * TILE_WORDS);
     uint32_t *bv = bk + (size_t)nb2 * kc * TILE_WORDS, *aq = bv + (size_t)nb2 * kc * TILE_WORDS,
              *ad = aq + (size_t)2 * kc * TILE_WORDS;
-    if (nb < nb2) // an odd number of 16-column blocks: the pair's second tiles are zeros
-        for (int c = 0; c < kc; c++) {
-            memset(bk + ((size_t)nb * kc + c) * TILE_WORDS, 0, TILE_WORDS * 4);
-            memset(bv + ((size_t)nb * kc + c) * TILE_WORDS, 0, TILE_WORDS * 4);
-        }
-    pack_rows_transposed(bk, x->k, x->ldk, x->cols, x->hd, nb, kc);
-    pack_rows_transposed(bv, x->v, x->ldk, x->cols, x->hd, nb, kc);
+    pack_panel(bk, x->k, x->ldk, 1, x->cols, x->hd, nb, kc); // k^T
+    pack_panel(bv, x->v, x->ldk, 1, x->cols, x->hd, nb, kc); // v^T
     float t[16][64] __attribute__((aligned(64)));
     configure_tiles();
     for (int r0 = 0; r0 < x->n; r0 += 16) {
@@ -675,25 +673,13 @@ AMX_TARGET int cpu_amx_attention_scores_bwd(const cpu_amx_attn_bwd *x) {
     _tile_release();
     return 1;
 }
+
 // ---- attention's forward of a query block, the softmax between its two products ------------
 // For 16 query rows at a time: S = q k^T on tiles into a [16, cols] buffer (L1), scaled as
 // store_block scales (fl(scale S)); the caller's softmax turns its rows into e16 = bf16(exp(S -
 // max)) and 1 / sum (attention.c's exp_row_bf16); then o = (e16 v) / sum on tiles, each o
 // element fl(sum * inv) as the unfused path's GEMM and its pass over o. The unfused path
 // stored the block's [64, cols] scores and its [64, hd] output to memory and read both back.
-
-// Tiles of op(b) = x for x [kd, n] (row stride ld): 16-column blocks of n, then chunks of kd.
-AMX_TARGET static void pack_rows(uint32_t *bp, const moe_bf16 *x, int ld, int n, int kd, int nb,
-                                 int kc) {
-    for (int jb = 0; jb < nb; jb++)
-        for (int c = 0; c < kc; c++)
-            pack_b_tile(bp + ((size_t)jb * kc + c) * TILE_WORDS, x, ld, 0, n, kd, jb * 16, c * 32);
-}
-
-// Zero tiles for the second block of a pair when the blocks are odd in number.
-static void zero_pad_tiles(uint32_t *bp, int nb, int kc) {
-    if (nb % 2) memset(bp + (size_t)nb * kc * TILE_WORDS, 0, (size_t)kc * TILE_WORDS * 4);
-}
 
 // The 16 x 32 product of a row group's A tiles (a: kc tiles, 1 KiB apart, or in place at
 // stride sa) and the pair of column blocks jb, jb+1 of packed b, into t (row stride ldt floats).
@@ -722,10 +708,8 @@ AMX_TARGET int cpu_amx_attention_forward_block(const cpu_amx_attn_fwd *x) {
     uint32_t *bv = bk + (size_t)nb2 * kc * TILE_WORDS, *aq = bv + (size_t)hb2 * cc * TILE_WORDS;
     float *s = (float *)(aq + (size_t)kc * TILE_WORDS), *o = s + (size_t)16 * lds;
     moe_bf16 *e16 = (moe_bf16 *)(o + (size_t)16 * hb2 * 16);
-    pack_rows_transposed(bk, x->k, x->ldk, x->cols, x->hd, nb, kc); // k^T
-    zero_pad_tiles(bk, nb, kc);
-    pack_rows(bv, x->v, x->ldk, x->hd, x->cols, hb, cc); // v
-    zero_pad_tiles(bv, hb, cc);
+    pack_panel(bk, x->k, x->ldk, 1, x->cols, x->hd, nb, kc); // k^T
+    pack_panel(bv, x->v, x->ldk, 0, x->hd, x->cols, hb, cc); // v
     memset(e16, 0, halves * sizeof(moe_bf16)); // columns [cols, lde) stay 0 (the last chunk)
     const __m512 scale = _mm512_set1_ps(x->scale);
     float inv[16];
