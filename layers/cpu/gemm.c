@@ -26,7 +26,7 @@
 // oneDNN's JIT sgemm runs the model's shapes faster than OpenBLAS's SkylakeX kernels on an
 // Intel CPU with AVX-512: a 2-core Xeon (AMX), GFLOP/s on scripts/bench_blas's groups,
 // shakespeare experts 256 -> 344, shakespeare dense 252 -> 337; the fp32 shakespeare step
-// 166-172 -> 139-141 ms (docs/measurements/2026-12-06-huge-pages-xeon.md). On AMD (Zen 3-5)
+// 170-175 -> 145-149 ms (docs/measurements/2026-12-06-huge-pages-xeon.md). On AMD (Zen 3-5)
 // the two were within 5-16% per GEMM, and no faster in training: the BLAS stays there.
 // Attention's 64-row blocks stay on the BLAS everywhere (attention.c): oneDNN's per-call cost
 // is the larger at those shapes.
