@@ -145,15 +145,33 @@ static real dot_bf16(const moe_bf16 *a, const moe_bf16 *b, int n) {
 // Causal attention works in blocks of query rows: rows [i0, i0+n) attend to columns [0, i0+n)
 // only, so the GEMMs skip the masked upper triangle beyond each block (62.5% of the full
 // S x S work when S is 4 blocks, 53% at 16; measured at S = 256, H = 6, hd = 32: fwd+bwd
-// 7.6 -> 5.6 ms). Within a block the few masked entries are computed and then zeroed.
+// 7.6 -> 5.6 ms). Within a block the few masked entries are computed and then zeroed (the
+// fp32 products of attention_gemm.c skip them by tiles of 8 rows).
 // A block's scores [n, cols] live in a per-thread slot of the scratch and are never kept:
-// a slot is [2, ATTN_BLOCK, S] (P and dP of the backward; the forward uses the first half).
+// a slot is [2, ATTN_BLOCK, S] (P and dP of the backward; the forward uses the first half),
+// and more below for each precision.
 // One slot holds a whole row block, so each block is one GEMM per product (no online
 // rescaling of partial outputs, which on the CPU would cut the GEMMs into ATTN_BLOCK^2
 // pieces); scratch grows with threads x S, not with B H S^2.
 #define ATTN_BLOCK 64
 
-static size_t slot_reals(int S) { return (size_t)2 * ATTN_BLOCK * S; }
+// Every slot begins with what it keeps across the blocks its thread runs in one call (reset as
+// the call begins): the fp32 kernels' k^T and v^T of one kv head, columns [0, cols) packed
+// from the rows at src. A thread's next block is mostly of the same kv head (a forward's next
+// query block, a backward's next query head of the group), and packing k^T for each block
+// again took 7% of fp32 attention's time (shakespeare's shape, Xeon).
+typedef struct {
+    const real *src;
+    int cols;
+} packed_rows;
+typedef struct {
+    packed_rows kt, vt;
+} slot_head;
+#define SLOT_HEAD_REALS 16 // sizeof(slot_head), rounded up to 64 bytes of floats
+_Static_assert(sizeof(slot_head) <= SLOT_HEAD_REALS * sizeof(float), "slot_head");
+
+// The fp32 kernels' slot: P and dP (dS) [2, ATTN_BLOCK, S], then k^T and v^T [2, hd, S].
+static size_t slot_reals(int S, int hd) { return (2 * (size_t)ATTN_BLOCK + 2 * (size_t)hd) * S; }
 
 // The bf16 kernels' slot: P and dP (dS) in fp32 as above, their bf16 roundings [2, ATTN_BLOCK,
 // S] (half as many reals), and the emulated bf16 GEMM's widened operands (the largest of the
@@ -167,19 +185,30 @@ static size_t ws_reals(int S, int hd) {
 static size_t slot16_reals(int S, int hd) { return (size_t)3 * ATTN_BLOCK * S + ws_reals(S, hd); }
 
 size_t cpu_attention_scratch_size(moe_backend *be, int S, int hd) {
-    const size_t a = slot_reals(S), b = slot16_reals(S, hd);
-    return (size_t)((const cpu_state *)be->state)->threads * (a > b ? a : b);
+    const size_t a = slot_reals(S, hd), b = slot16_reals(S, hd);
+    return (size_t)((const cpu_state *)be->state)->threads * (SLOT_HEAD_REALS + (a > b ? a : b));
 }
 
-// Threads for a loop over `tasks`: at most one per slot (of `slot` reals) of the scratch; 1
-// below the fork threshold (the `if` of the loop then runs it on the calling thread, slot 0).
-static int attention_threads(size_t scratch_size, size_t slot, int S, const char *who) {
-    const size_t slots = scratch_size / slot;
+// Threads for a loop over `tasks`: at most one per slot (its head and `slot` reals) of the
+// scratch; 1 below the fork threshold (the `if` of the loop then runs it on the calling
+// thread, slot 0). Each slot's head is reset.
+static int attention_threads(real *scratch, size_t scratch_size, size_t slot, int S,
+                             const char *who) {
+    const size_t slots = scratch_size / (SLOT_HEAD_REALS + slot);
     if (slots < 1)
         moe_fatal("%s: scratch of %zu reals is below one slot (%zu) for S = %d", who, scratch_size,
                   slot, S);
-    const int nt = omp_get_max_threads();
-    return slots < (size_t)nt ? (int)slots : nt;
+    const int nt = slots < (size_t)omp_get_max_threads() ? (int)slots : omp_get_max_threads();
+    for (int t = 0; t < nt; t++) {
+        slot_head *h = (slot_head *)(scratch + (size_t)t * (SLOT_HEAD_REALS + slot));
+        h->kt.src = h->vt.src = NULL, h->kt.cols = h->vt.cols = 0;
+    }
+    return nt;
+}
+
+// Thread t's slot: its head, then `slot` reals.
+static slot_head *head_at(real *scratch, size_t slot, int t) {
+    return (slot_head *)(scratch + (size_t)t * (SLOT_HEAD_REALS + slot));
 }
 
 // ---- the task loops, shared by both precisions -------------------------------------------
@@ -221,8 +250,9 @@ static attn_block block_at(const attn_shape *a, int b, int h, int i0) {
     return k;
 }
 
-// The work of one block, on the calling thread's slot of the scratch.
-typedef void (*block_fn)(const void *ctx, const attn_shape *a, const attn_block *k, real *slot);
+// The work of one block, on the calling thread's slot of the scratch (head: its head).
+typedef void (*block_fn)(const void *ctx, const attn_shape *a, const attn_block *k, slot_head *head,
+                         real *slot);
 
 static int worth_threads(const attn_shape *a) {
     return cpu_parallel_worth((size_t)a->B * a->H * a->S * a->S * a->hd);
@@ -231,14 +261,15 @@ static int worth_threads(const attn_shape *a) {
 // The forward: one task per (sequence, head, query block); each owns its rows of out and lse.
 static void forward_tasks(const attn_shape *a, real *scratch, size_t scratch_size, size_t slot,
                           const char *who, block_fn fn, const void *ctx) {
-    const int nt = attention_threads(scratch_size, slot, a->S, who);
+    const int nt = attention_threads(scratch, scratch_size, slot, a->S, who);
     const int nb = (a->S + ATTN_BLOCK - 1) / ATTN_BLOCK;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) num_threads(nt) if (worth_threads(a))
     for (int b = 0; b < a->B; b++)
         for (int h = 0; h < a->H; h++)
             for (int blk = 0; blk < nb; blk++) {
                 const attn_block k = block_at(a, b, h, blk * ATTN_BLOCK);
-                fn(ctx, a, &k, scratch + (size_t)omp_get_thread_num() * slot);
+                slot_head *head = head_at(scratch, slot, omp_get_thread_num());
+                fn(ctx, a, &k, head, (real *)head + SLOT_HEAD_REALS);
             }
 }
 
@@ -246,7 +277,7 @@ static void forward_tasks(const attn_shape *a, real *scratch, size_t scratch_siz
 // blocks of its query heads sum into them in a fixed order (no races, no atomics).
 static void backward_tasks(const attn_shape *a, real *dqkv, real *scratch, size_t scratch_size,
                            size_t slot, const char *who, block_fn fn, const void *ctx) {
-    const int nt = attention_threads(scratch_size, slot, a->S, who), group = a->H / a->KV;
+    const int nt = attention_threads(scratch, scratch_size, slot, a->S, who), group = a->H / a->KV;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt) if (worth_threads(a))
     for (int b = 0; b < a->B; b++)
         for (int g = 0; g < a->KV; g++) {
@@ -258,7 +289,8 @@ static void backward_tasks(const attn_shape *a, real *dqkv, real *scratch, size_
             for (int h = g * group; h < (g + 1) * group; h++)
                 for (int i0 = 0; i0 < a->S; i0 += ATTN_BLOCK) {
                     const attn_block k = block_at(a, b, h, i0);
-                    fn(ctx, a, &k, scratch + (size_t)omp_get_thread_num() * slot);
+                    slot_head *head = head_at(scratch, slot, omp_get_thread_num());
+                    fn(ctx, a, &k, head, (real *)head + SLOT_HEAD_REALS);
                 }
         }
 }
@@ -271,16 +303,29 @@ typedef struct {
     const real *qkv, *dout, *o, *lse;
 } tensors32;
 
+// b^T [hd, S] of the rows from b in *bt, its columns [0, cols) packed, those of earlier blocks
+// of the same kv head kept (p's head, slot_head).
+static const real *packed_t(packed_rows *pk, real *bt, const real *b, const attn_shape *a,
+                            int cols) {
+    if (pk->src != b) pk->src = b, pk->cols = 0;
+    if (pk->cols < cols) cpu_attention_transpose(bt, a->S, b, a->row, pk->cols, cols, a->hd);
+    if (pk->cols < cols) pk->cols = cols;
+    return bt;
+}
+
 // p [n, cols] = scale * q_block k^T; softmax row by row; o_block = p v
-static void forward_block32(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
+// (attention_gemm.c's products: the causal triangle skipped)
+static void forward_block32(const void *ctx, const attn_shape *a, const attn_block *k,
+                            slot_head *head, real *p) {
     const tensors32 *t = ctx;
     const int n = k->n, cols = k->cols, hd = a->hd, row = a->row;
-    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, a->scale, t->qkv + k->q, row,
-               t->qkv + k->k, row, 0, p, cols);
+    const real *kt = packed_t(&head->kt, p + (size_t)2 * ATTN_BLOCK * a->S, t->qkv + k->k, a, cols);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_COLS, k->i0, n, cols, hd, a->scale, t->qkv + k->q,
+                       (size_t)row, 1, kt, a->S, 0, p, cols);
     for (int i = 0; i < n; i++)
         t->lse_out[k->l + i] = causal_softmax_row(p + (size_t)i * cols, k->i0 + i, cols);
-    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, p, cols, t->qkv + k->v,
-               row, 0, t->out + k->o, a->H * hd);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_HI, k->i0, n, hd, cols, 1, p, (size_t)cols, 1,
+                       t->qkv + k->v, row, 0, t->out + k->o, a->H * hd);
 }
 
 void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv,
@@ -288,46 +333,49 @@ void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qk
     CPU_KERNEL(be);
     const attn_shape a = shape_of(sh);
     const tensors32 t = {out, lse, NULL, qkv, NULL, NULL, NULL};
-    forward_tasks(&a, scratch, scratch_size, slot_reals(sh.S), "attention_forward", forward_block32,
-                  &t);
+    forward_tasks(&a, scratch, scratch_size, slot_reals(sh.S, sh.hd), "attention_forward",
+                  forward_block32, &t);
 }
 
-static void backward_block32(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
+static void backward_block32(const void *ctx, const attn_shape *a, const attn_block *k,
+                             slot_head *head, real *p) {
     const tensors32 *t = ctx;
-    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd;
+    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd, i0 = k->i0;
     const real *q = t->qkv + k->q, *kk = t->qkv + k->k, *v = t->qkv + k->v, *dO = t->dout + k->o;
-    real *ds = p + (size_t)ATTN_BLOCK * a->S;
+    real *ds = p + (size_t)ATTN_BLOCK * a->S, *bt = p + (size_t)2 * ATTN_BLOCK * a->S;
+    const real *kt = packed_t(&head->kt, bt, kk, a, cols),
+               *vt = packed_t(&head->vt, bt + (size_t)hd * a->S, v, a, cols);
     // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal
-    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, a->scale, q, row, kk, row, 0,
-               p, cols);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_COLS, i0, n, cols, hd, a->scale, q, (size_t)row, 1, kt, a->S,
+                       0, p, cols);
     for (int i = 0; i < n; i++) {
-        const int last = k->i0 + i, w = row_width(last, cols);
+        const int last = i0 + i, w = row_width(last, cols);
         real *pi = p + (size_t)i * cols;
         mask_row(pi, last, w);
         exp_sum(pi, NULL, pi, t->lse[k->l + i], w);
         zero_tail(pi, w, cols);
     }
     // dp = dO v^T; dv += p^T dO (over the block's columns)
-    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, hd, 1, dO, orow, v, row, 0, ds,
-               cols);
-    cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, p, cols, dO, orow, 1,
-               t->dqkv + k->v, row);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_COLS, i0, n, cols, hd, 1, dO, (size_t)orow, 1, vt, a->S, 0,
+                       ds, cols);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_LO, i0, cols, hd, n, 1, p, 1, (size_t)cols, dO, orow, 1,
+                       t->dqkv + k->v, row);
     // ds = p * (dp - D) * scale, D_i = dO_i . o_i; masked entries have p = 0
     for (int i = 0; i < n; i++) {
         const real *oi = t->o + k->o + (size_t)i * orow, *dOi = dO + (size_t)i * orow,
                    *pi = p + (size_t)i * cols;
         real *dsi = ds + (size_t)i * cols;
         const real D = dot(dOi, oi, hd);
-        const int w = row_width(k->i0 + i, cols);
+        const int w = row_width(i0 + i, cols);
 #pragma omp simd
         for (int j = 0; j < w; j++) dsi[j] = pi[j] * (dsi[j] - D) * a->scale;
         zero_tail(dsi, w, cols);
     }
     // dq = ds k; dk += ds^T q
-    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, cols, 1, ds, cols, kk, row, 0,
-               t->dqkv + k->q, row);
-    cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, n, 1, ds, cols, q, row, 1,
-               t->dqkv + k->k, row);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_HI, i0, n, hd, cols, 1, ds, (size_t)cols, 1, kk, row, 0,
+                       t->dqkv + k->q, row);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_LO, i0, cols, hd, n, 1, ds, 1, (size_t)cols, q, row, 1,
+                       t->dqkv + k->k, row);
 }
 
 void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const real *qkv,
@@ -336,7 +384,7 @@ void cpu_attention_backward(moe_backend *be, real *dqkv, const real *dout, const
     CPU_KERNEL(be);
     const attn_shape a = shape_of(sh);
     const tensors32 t = {NULL, NULL, dqkv, qkv, dout, out, lse};
-    backward_tasks(&a, dqkv, scratch, scratch_size, slot_reals(sh.S), "attention_backward",
+    backward_tasks(&a, dqkv, scratch, scratch_size, slot_reals(sh.S, sh.hd), "attention_backward",
                    backward_block32, &t);
 }
 
@@ -409,7 +457,9 @@ static int forward_amx(const tensors16 *t, const attn_shape *a, const attn_block
 }
 
 // p [n, cols] = scale * q_block k^T; e16 = bf16(exp(p - max)); o = (e16 v) / sum
-static void forward_block16(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
+static void forward_block16(const void *ctx, const attn_shape *a, const attn_block *k,
+                            slot_head *head, real *p) {
+    (void)head;
     const tensors16 *t = ctx;
     if (forward_amx(t, a, k)) return;
     const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd;
@@ -474,7 +524,9 @@ static int softmax_backward_amx(const tensors16 *t, const attn_shape *a, const a
 #endif
 }
 
-static void backward_block16(const void *ctx, const attn_shape *a, const attn_block *k, real *p) {
+static void backward_block16(const void *ctx, const attn_shape *a, const attn_block *k,
+                             slot_head *head, real *p) {
+    (void)head;
     const tensors16 *t = ctx;
     const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd;
     const moe_bf16 *q = t->qkv + k->q, *kk = t->qkv + k->k, *v = t->qkv + k->v,

@@ -219,6 +219,26 @@ void cpu_attention_backward_bf16(moe_backend *be, real *dqkv, const moe_bf16 *do
                                  const moe_bf16 *qkv16, const moe_bf16 *out16, const real *lse,
                                  moe_attention_shape sh, real *scratch, size_t scratch_size);
 size_t cpu_attention_scratch_size(moe_backend *be, int S, int hd);
+// attention_gemm.c: the fp32 kernels' block products, on one thread.
+// cpu_attention_gemm: c [m, n] = alpha sum_l a(i, l) b[l, :] + beta c (beta 0 or 1), with
+// a(i, l) = a[i ars + l als] (one of ars, als is 1: a [m, kd] or a^T), b [kd, n] (row stride
+// ldb). The causal triangle of a query block whose row 0 is query diag, modes:
+//   CPU_ATTN_CAUSAL_COLS  only c's entries (i, j) with j < 16 ceil((diag + i + 1) / 16) are
+//                         sure to be written (attention.c's row widths);
+//   CPU_ATTN_CAUSAL_L_HI  a(i, l) is 0 for l > diag + i (p v, ds k: the sum stops there);
+//   CPU_ATTN_CAUSAL_L_LO  a(i, l) is 0 for i > diag + l (p^T do, ds^T q: it starts there).
+// cpu_attention_transpose: bt [kd, j] = b [j, kd]^T for the columns j0 <= j < j1 (row strides
+// ldbt, ldb): k^T and v^T for q k^T and do v^T (as b of cpu_attention_gemm).
+typedef enum {
+    CPU_ATTN_CAUSAL_NONE,
+    CPU_ATTN_CAUSAL_COLS,
+    CPU_ATTN_CAUSAL_L_HI,
+    CPU_ATTN_CAUSAL_L_LO,
+} cpu_attn_causal;
+void cpu_attention_gemm(cpu_attn_causal causal, int diag, int m, int n, int kd, real alpha,
+                        const real *a, size_t ars, size_t als, const real *b, int ldb, real beta,
+                        real *c, int ldc);
+void cpu_attention_transpose(real *bt, int ldbt, const real *b, int ldb, int j0, int j1, int kd);
 // cross_entropy.c
 void cpu_cross_entropy_forward(moe_backend *be, real *losses, const real *logits,
                                const int *targets, int T, int V);
