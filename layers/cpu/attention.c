@@ -170,8 +170,21 @@ typedef struct {
 #define SLOT_HEAD_REALS 16 // sizeof(slot_head), rounded up to 64 bytes of floats
 _Static_assert(sizeof(slot_head) <= SLOT_HEAD_REALS * sizeof(float), "slot_head");
 
-// The fp32 kernels' slot: P and dP (dS) [2, ATTN_BLOCK, S], then k^T and v^T [2, hd, S].
-static size_t slot_reals(int S, int hd) { return (2 * (size_t)ATTN_BLOCK + 2 * (size_t)hd) * S; }
+// The fp32 kernels' row stride for `cols` columns: whole 16-float vectors, and never a multiple
+// of 128 floats. Rows 512 B apart (or 2^k times that) fall in the same few L1 sets: the rows
+// of p that a tile of p v broadcasts from, the n rows p^T do reads down a column, the hd rows
+// of k^T in q k^T. One thread, 64 x 2048 blocks, GFLOP/s, stride 2048 -> 2064: AVX-512 q k^T
+// 111 -> 127, p v 135 -> 147, p^T do 113 -> 124; AVX2 67 -> 76, 80 -> 79, 67 -> 79.
+static int ld_of(int cols) {
+    const int ld = (cols + 15) & ~15;
+    return ld % 128 ? ld : ld + 16;
+}
+
+// The fp32 kernels' slot: P and dP (dS) [2, ATTN_BLOCK, ld], then k^T and v^T [2, hd, ld],
+// ld = ld_of(S).
+static size_t slot_reals(int S, int hd) {
+    return (2 * (size_t)ATTN_BLOCK + 2 * (size_t)hd) * (size_t)ld_of(S);
+}
 
 // The bf16 kernels' slot: P and dP (dS) in fp32 as above, their bf16 roundings [2, ATTN_BLOCK,
 // S] (half as many reals), and the emulated bf16 GEMM's widened operands (the largest of the
@@ -303,12 +316,12 @@ typedef struct {
     const real *qkv, *dout, *o, *lse;
 } tensors32;
 
-// b^T [hd, S] of the rows from b in *bt, its columns [0, cols) packed, those of earlier blocks
-// of the same kv head kept (p's head, slot_head).
+// b^T [hd, ld_of(S)] of the rows from b in *bt, its columns [0, cols) packed, those of earlier
+// blocks of the same kv head kept (p's head, slot_head).
 static const real *packed_t(packed_rows *pk, real *bt, const real *b, const attn_shape *a,
                             int cols) {
     if (pk->src != b) pk->src = b, pk->cols = 0;
-    if (pk->cols < cols) cpu_attention_transpose(bt, a->S, b, a->row, pk->cols, cols, a->hd);
+    if (pk->cols < cols) cpu_attention_transpose(bt, ld_of(a->S), b, a->row, pk->cols, cols, a->hd);
     if (pk->cols < cols) pk->cols = cols;
     return bt;
 }
@@ -318,14 +331,15 @@ static const real *packed_t(packed_rows *pk, real *bt, const real *b, const attn
 static void forward_block32(const void *ctx, const attn_shape *a, const attn_block *k,
                             slot_head *head, real *p) {
     const tensors32 *t = ctx;
-    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row;
-    const real *kt = packed_t(&head->kt, p + (size_t)2 * ATTN_BLOCK * a->S, t->qkv + k->k, a, cols);
+    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, ld = ld_of(cols),
+              ldS = ld_of(a->S);
+    const real *kt = packed_t(&head->kt, p + (size_t)2 * ATTN_BLOCK * ldS, t->qkv + k->k, a, cols);
     cpu_attention_gemm(CPU_ATTN_CAUSAL_COLS, k->i0, n, cols, hd, a->scale, t->qkv + k->q,
-                       (size_t)row, 1, kt, a->S, 0, p, cols);
+                       (size_t)row, 1, kt, ldS, 0, p, ld);
     for (int i = 0; i < n; i++)
-        t->lse_out[k->l + i] = causal_softmax_row(p + (size_t)i * cols, k->i0 + i, cols);
-    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_HI, k->i0, n, hd, cols, 1, p, (size_t)cols, 1,
-                       t->qkv + k->v, row, 0, t->out + k->o, a->H * hd);
+        t->lse_out[k->l + i] = causal_softmax_row(p + (size_t)i * ld, k->i0 + i, cols);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_HI, k->i0, n, hd, cols, 1, p, (size_t)ld, 1, t->qkv + k->v,
+                       row, 0, t->out + k->o, a->H * hd);
 }
 
 void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qkv,
@@ -340,31 +354,32 @@ void cpu_attention_forward(moe_backend *be, real *out, real *lse, const real *qk
 static void backward_block32(const void *ctx, const attn_shape *a, const attn_block *k,
                              slot_head *head, real *p) {
     const tensors32 *t = ctx;
-    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd, i0 = k->i0;
+    const int n = k->n, cols = k->cols, hd = a->hd, row = a->row, orow = a->H * hd, i0 = k->i0,
+              ld = ld_of(cols), ldS = ld_of(a->S);
     const real *q = t->qkv + k->q, *kk = t->qkv + k->k, *v = t->qkv + k->v, *dO = t->dout + k->o;
-    real *ds = p + (size_t)ATTN_BLOCK * a->S, *bt = p + (size_t)2 * ATTN_BLOCK * a->S;
+    real *ds = p + (size_t)ATTN_BLOCK * ldS, *bt = p + (size_t)2 * ATTN_BLOCK * ldS;
     const real *kt = packed_t(&head->kt, bt, kk, a, cols),
-               *vt = packed_t(&head->vt, bt + (size_t)hd * a->S, v, a, cols);
+               *vt = packed_t(&head->vt, bt + (size_t)hd * ldS, v, a, cols);
     // p [n, cols] = exp(scale * q_block k^T - lse), 0 beyond the diagonal
-    cpu_attention_gemm(CPU_ATTN_CAUSAL_COLS, i0, n, cols, hd, a->scale, q, (size_t)row, 1, kt, a->S,
-                       0, p, cols);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_COLS, i0, n, cols, hd, a->scale, q, (size_t)row, 1, kt, ldS,
+                       0, p, ld);
     for (int i = 0; i < n; i++) {
         const int last = i0 + i, w = row_width(last, cols);
-        real *pi = p + (size_t)i * cols;
+        real *pi = p + (size_t)i * ld;
         mask_row(pi, last, w);
         exp_sum(pi, NULL, pi, t->lse[k->l + i], w);
         zero_tail(pi, w, cols);
     }
     // dp = dO v^T; dv += p^T dO (over the block's columns)
-    cpu_attention_gemm(CPU_ATTN_CAUSAL_COLS, i0, n, cols, hd, 1, dO, (size_t)orow, 1, vt, a->S, 0,
-                       ds, cols);
-    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_LO, i0, cols, hd, n, 1, p, 1, (size_t)cols, dO, orow, 1,
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_COLS, i0, n, cols, hd, 1, dO, (size_t)orow, 1, vt, ldS, 0,
+                       ds, ld);
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_LO, i0, cols, hd, n, 1, p, 1, (size_t)ld, dO, orow, 1,
                        t->dqkv + k->v, row);
     // ds = p * (dp - D) * scale, D_i = dO_i . o_i; masked entries have p = 0
     for (int i = 0; i < n; i++) {
         const real *oi = t->o + k->o + (size_t)i * orow, *dOi = dO + (size_t)i * orow,
-                   *pi = p + (size_t)i * cols;
-        real *dsi = ds + (size_t)i * cols;
+                   *pi = p + (size_t)i * ld;
+        real *dsi = ds + (size_t)i * ld;
         const real D = dot(dOi, oi, hd);
         const int w = row_width(i0 + i, cols);
 #pragma omp simd
@@ -372,9 +387,9 @@ static void backward_block32(const void *ctx, const attn_shape *a, const attn_bl
         zero_tail(dsi, w, cols);
     }
     // dq = ds k; dk += ds^T q
-    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_HI, i0, n, hd, cols, 1, ds, (size_t)cols, 1, kk, row, 0,
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_HI, i0, n, hd, cols, 1, ds, (size_t)ld, 1, kk, row, 0,
                        t->dqkv + k->q, row);
-    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_LO, i0, cols, hd, n, 1, ds, 1, (size_t)cols, q, row, 1,
+    cpu_attention_gemm(CPU_ATTN_CAUSAL_L_LO, i0, cols, hd, n, 1, ds, 1, (size_t)ld, q, row, 1,
                        t->dqkv + k->k, row);
 }
 
