@@ -170,6 +170,10 @@ typedef struct {
 #define SLOT_HEAD_REALS 16 // sizeof(slot_head), rounded up to 64 bytes of floats
 _Static_assert(sizeof(slot_head) <= SLOT_HEAD_REALS * sizeof(float), "slot_head");
 
+// A thread's share of the scratch: its head, then `slot` reals, rounded up to 16 reals so that
+// every head (pointers) and slot starts 64-byte aligned from the scratch's start.
+static size_t stride_of(size_t slot) { return SLOT_HEAD_REALS + ((slot + 15) & ~(size_t)15); }
+
 // The fp32 kernels' row stride for `cols` columns: whole 16-float vectors, and never a multiple
 // of 128 floats. Rows 512 B apart (or 2^k times that) fall in the same few L1 sets: the rows
 // of p that a tile of p v broadcasts from, the n rows p^T do reads down a column, the hd rows
@@ -199,7 +203,12 @@ static size_t slot16_reals(int S, int hd) { return (size_t)3 * ATTN_BLOCK * S + 
 
 size_t cpu_attention_scratch_size(moe_backend *be, int S, int hd) {
     const size_t a = slot_reals(S, hd), b = slot16_reals(S, hd);
-    return (size_t)((const cpu_state *)be->state)->threads * (SLOT_HEAD_REALS + (a > b ? a : b));
+    return (size_t)((const cpu_state *)be->state)->threads * stride_of(a > b ? a : b);
+}
+
+// Thread t's slot: its head, then `slot` reals.
+static slot_head *head_at(real *scratch, size_t slot, int t) {
+    return (slot_head *)(scratch + (size_t)t * stride_of(slot));
 }
 
 // Threads for a loop over `tasks`: at most one per slot (its head and `slot` reals) of the
@@ -207,21 +216,16 @@ size_t cpu_attention_scratch_size(moe_backend *be, int S, int hd) {
 // thread, slot 0). Each slot's head is reset.
 static int attention_threads(real *scratch, size_t scratch_size, size_t slot, int S,
                              const char *who) {
-    const size_t slots = scratch_size / (SLOT_HEAD_REALS + slot);
+    const size_t slots = scratch_size / stride_of(slot);
     if (slots < 1)
         moe_fatal("%s: scratch of %zu reals is below one slot (%zu) for S = %d", who, scratch_size,
-                  slot, S);
+                  stride_of(slot), S);
     const int nt = slots < (size_t)omp_get_max_threads() ? (int)slots : omp_get_max_threads();
     for (int t = 0; t < nt; t++) {
-        slot_head *h = (slot_head *)(scratch + (size_t)t * (SLOT_HEAD_REALS + slot));
+        slot_head *h = head_at(scratch, slot, t);
         h->kt.src = h->vt.src = NULL, h->kt.cols = h->vt.cols = 0;
     }
     return nt;
-}
-
-// Thread t's slot: its head, then `slot` reals.
-static slot_head *head_at(real *scratch, size_t slot, int t) {
-    return (slot_head *)(scratch + (size_t)t * (SLOT_HEAD_REALS + slot));
 }
 
 // ---- the task loops, shared by both precisions -------------------------------------------
