@@ -2,7 +2,8 @@
 // registers (AVX-512, or AVX2 with FMA), skipping the causal triangle. The BLAS ran these shapes
 // (64 query rows, the columns 64 .. S, an inner size of hd = 32 or of 64) at 0.55 of its
 // large-GEMM rate: each call packs both operands for an inner loop of 32. Here nothing is
-// packed but k^T for q k^T, and the output tile stays in registers for the whole sum.
+// packed but k^T and v^T (for q k^T and do v^T, by cpu_attention_transpose, kept across a kv
+// head's blocks by attention.c), and the output tile stays in registers for the whole sum.
 //
 // c [m, n] = alpha sum_l a(i, l) b[l, :] + beta c, a(i, l) = a[i ars + l als] (so a or a^T, of
 // any row stride), b's rows at stride ldb. A tile of c is TILE_ROWS rows x 2 vectors: per l two
@@ -35,7 +36,7 @@ static inline vec zero(void) { return _mm512_setzero_ps(); }
 static inline vec madd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 static inline vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
-// the lanes k of column j0 .. of rows l of b (row stride ldb): b[j0 + t, l] for lane t
+// element l of b's rows 0 .. (row stride ldb) in the lanes k: b[t ldb + l] in lane t
 static inline vec gather(lanes k, const real *b, int ldb, int l) {
     const __m512i rows =
         _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
