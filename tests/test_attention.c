@@ -347,7 +347,7 @@ int main(void) {
         {1, 128, 4, 4, 16}, // MHA, 2 full blocks
         {3, 70, 6, 1, 8},   // MQA: 6 query heads on one kv head
         {2, 2, 2, 1, 4},    // two tokens (row 0 attends to itself only: dq_0 = 0)
-        {1, 203, 2, 1, 32}, // shakespeare's head size; a last block of 11 rows (8-row tiles)
+        {1, 203, 2, 1, 32}, // shakespeare's head size; a last block of 11 rows (tile tails)
         {1, 90, 2, 2, 72},  // a head of 32 + 32 + 8 columns (attention_gemm.c's masked tail)
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

@@ -146,7 +146,7 @@ static real dot_bf16(const moe_bf16 *a, const moe_bf16 *b, int n) {
 // only, so the GEMMs skip the masked upper triangle beyond each block (62.5% of the full
 // S x S work when S is 4 blocks, 53% at 16; measured at S = 256, H = 6, hd = 32: fwd+bwd
 // 7.6 -> 5.6 ms). Within a block the few masked entries are computed and then zeroed (the
-// fp32 products of attention_gemm.c skip them by tiles of 8 rows).
+// fp32 products of attention_gemm.c skip them by tiles of rows).
 // A block's scores [n, cols] live in a per-thread slot of the scratch and are never kept:
 // a slot is [2, ATTN_BLOCK, S] (P and dP of the backward; the forward uses the first half),
 // and more below for each precision.
@@ -325,8 +325,10 @@ typedef struct {
 static const real *packed_t(packed_rows *pk, real *bt, const real *b, const attn_shape *a,
                             int cols) {
     if (pk->src != b) pk->src = b, pk->cols = 0;
-    if (pk->cols < cols) cpu_attention_transpose(bt, ld_of(a->S), b, a->row, pk->cols, cols, a->hd);
-    if (pk->cols < cols) pk->cols = cols;
+    if (pk->cols < cols) {
+        cpu_attention_transpose(bt, ld_of(a->S), b, a->row, pk->cols, cols, a->hd);
+        pk->cols = cols;
+    }
     return bt;
 }
 

@@ -28,8 +28,9 @@
 // shakespeare experts 256 -> 344, shakespeare dense 252 -> 337; the fp32 shakespeare step
 // 170-175 -> 145-149 ms (docs/measurements/2026-12-06-huge-pages-xeon.md). On AMD (Zen 3-5)
 // the two were within 5-16% per GEMM, and no faster in training: the BLAS stays there.
-// Attention's 64-row blocks stay on the BLAS everywhere (attention.c): oneDNN's per-call cost
-// is the larger at those shapes.
+// Attention's 64-row blocks are not GEMMs of this file: moe's own products in registers
+// (attention_gemm.c; the BLAS where the build has neither AVX2 + FMA nor AVX-512), as
+// oneDNN's per-call cost is the larger at those shapes.
 
 int cpu_intel_avx512(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
